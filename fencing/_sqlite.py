@@ -1,0 +1,147 @@
+"""A SQLite connection owned by one worker thread, shared by the embedded backend and store.
+
+SQLite calls block, so they run off the event loop on a dedicated single thread
+that owns the connection (SQLite connections must not hop threads). The database
+is opened in WAL mode with ``synchronous=FULL`` (a committed token or fence
+survives power loss) and every write transaction starts with ``BEGIN IMMEDIATE``
+so concurrent writers (even other processes on the same file) serialise instead of
+failing on upgrade. Driver errors become ``BackendUnavailableError`` here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+from fencing.errors import BackendUnavailableError, FencingError
+
+T = TypeVar("T")
+
+BUSY_TIMEOUT_MS = 5000
+
+
+def sqlite_path(url: str) -> str:
+    """The file a ``sqlite:`` URL names: its path, as written.
+
+    ``sqlite:///var/lib/fencing/leases.db`` is absolute; ``sqlite:data/leases.db``
+    (or ``sqlite://data/leases.db``) is relative to the working directory;
+    ``sqlite://`` alone is a private in-memory database.
+    """
+    parts = urlsplit(url)
+    if parts.netloc:
+        return parts.netloc + parts.path
+    path = parts.path
+    if path.startswith("//"):
+        path = path[1:]
+    return path or ":memory:"
+
+
+class SQLiteDatabase:
+    """One SQLite file, migrated on open, used through :meth:`run` and :meth:`transaction`."""
+
+    def __init__(self, path: str | Path, migrations: Sequence[str]) -> None:
+        self.path = str(path)
+        self._migrations = list(migrations)
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+
+    async def open(self) -> None:
+        if self._executor is not None:
+            return
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
+        await self.run(self._connect)
+
+    def _connect(self) -> None:
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            self._conn = conn
+            self._migrate(conn)
+        except sqlite3.Error as exc:
+            raise BackendUnavailableError(
+                f"cannot open sqlite database {self.path}: {exc}"
+            ) from exc
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            (version,) = conn.execute("PRAGMA user_version").fetchone()
+            for number, script in enumerate(self._migrations, start=1):
+                if number > version:
+                    for statement in script.split(";"):
+                        if statement.strip():
+                            conn.execute(statement)
+                    conn.execute(f"PRAGMA user_version={number}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    async def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+
+        def _close() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await asyncio.get_running_loop().run_in_executor(executor, _close)
+        executor.shutdown(wait=True)
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the database thread."""
+        if self._executor is None:
+            raise BackendUnavailableError(f"sqlite database {self.path} is closed")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(conn)`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the database thread.
+
+        Any exception rolls the transaction back; our own errors pass through and
+        SQLite errors become ``BackendUnavailableError`` (cause chained).
+        """
+
+        def _tx() -> T:
+            conn = self._conn
+            if conn is None:
+                raise BackendUnavailableError(f"sqlite database {self.path} is closed")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = fn(conn)
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+                return result
+            except FencingError:
+                raise
+            except sqlite3.Error as exc:
+                raise BackendUnavailableError(f"sqlite error on {self.path}: {exc}") from exc
+
+        return await self.run(_tx)
+
+    async def query(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run a read-only ``fn(conn)`` in autocommit mode on the database thread."""
+
+        def _q() -> T:
+            conn = self._conn
+            if conn is None:
+                raise BackendUnavailableError(f"sqlite database {self.path} is closed")
+            try:
+                return fn(conn)
+            except sqlite3.Error as exc:
+                raise BackendUnavailableError(f"sqlite error on {self.path}: {exc}") from exc
+
+        return await self.run(_q)

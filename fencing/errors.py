@@ -1,0 +1,197 @@
+"""The exceptions of the fencing SDK and servers, one tree with data on attributes.
+
+::
+
+    FencingError                      root: catch this to catch everything below
+    ├── StaleTokenError               the guard saw a newer token (.current_token)
+    ├── LeaseHeldError                someone else holds the lease (.holder, .remaining_ms)
+    │   └── AcquireTimeoutError       ... and acquire(timeout=...) ran out (also a TimeoutError)
+    ├── LeaseLost                     the lease is no longer yours (expired, taken, released)
+    ├── InvalidArgumentError          a request field is out of its limits (.field)
+    ├── BackendUnavailableError       the server or the store behind it is down; safe to retry
+    ├── DeadlineExceededError         the call's deadline passed: its effect is unknown
+    ├── UnauthenticatedError          no or bad credentials
+    └── PermissionDeniedError         authenticated, but not allowed this action
+
+Each maps to exactly one gRPC status code and ``google.rpc.ErrorInfo.reason``
+through the registry in :mod:`fencing._status`, used by servers and clients alike,
+so an exception raised in a server arrives as the same exception in the client.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class FencingError(Exception):
+    """Root of every error the fencing SDK raises on purpose."""
+
+    reason: ClassVar[str] = "UNKNOWN"
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.reason)
+        self.message = message or self.reason
+
+    def metadata(self) -> dict[str, str]:
+        """Structured data sent in ``ErrorInfo.metadata`` (string values only)."""
+        return {}
+
+    @classmethod
+    def from_metadata(cls, message: str, metadata: dict[str, str]) -> FencingError:
+        """Rebuild the exception on the receiving side of a status."""
+        return cls(message)
+
+
+class StaleTokenError(FencingError):
+    """A write or fence carried a token older than one the guard already saw.
+
+    ``current_token`` is the guard's fence for the resource at rejection time.
+    Nothing of the rejected request was applied.
+    """
+
+    reason = "STALE_TOKEN"
+
+    def __init__(
+        self, message: str = "", *, resource: str = "", token: int = 0, current_token: int = 0
+    ) -> None:
+        super().__init__(
+            message or f"token {token} is stale for {resource!r}: fence is {current_token}"
+        )
+        self.resource = resource
+        self.token = token
+        self.current_token = current_token
+
+    def metadata(self) -> dict[str, str]:
+        return {
+            "resource": self.resource,
+            "token": str(self.token),
+            "current_token": str(self.current_token),
+        }
+
+    @classmethod
+    def from_metadata(cls, message: str, metadata: dict[str, str]) -> StaleTokenError:
+        return cls(
+            message,
+            resource=metadata.get("resource", ""),
+            token=int(metadata.get("token", "0") or 0),
+            current_token=int(metadata.get("current_token", "0") or 0),
+        )
+
+
+class LeaseHeldError(FencingError):
+    """Someone else holds an unexpired lease on the resource."""
+
+    reason = "LEASE_HELD"
+
+    def __init__(
+        self, message: str = "", *, resource: str = "", holder: str = "", remaining_ms: int = 0
+    ) -> None:
+        super().__init__(message or f"{resource!r} is held by {holder!r} for {remaining_ms} ms")
+        self.resource = resource
+        self.holder = holder
+        self.remaining_ms = remaining_ms
+
+    def metadata(self) -> dict[str, str]:
+        return {
+            "resource": self.resource,
+            "holder": self.holder,
+            "remaining_ms": str(self.remaining_ms),
+        }
+
+    @classmethod
+    def from_metadata(cls, message: str, metadata: dict[str, str]) -> LeaseHeldError:
+        return cls(
+            message,
+            resource=metadata.get("resource", ""),
+            holder=metadata.get("holder", ""),
+            remaining_ms=int(metadata.get("remaining_ms", "0") or 0),
+        )
+
+
+class AcquireTimeoutError(LeaseHeldError, TimeoutError):
+    """``acquire(timeout=...)`` waited the whole timeout and the lease stayed held."""
+
+
+class LeaseLost(FencingError):
+    """The lease is no longer the caller's: it expired, was taken over, or was released.
+
+    Raised by ``Renew``/``Release`` with a token that is not the current unexpired
+    lease, by ``Lease.check()`` once renewal failed or the local deadline passed,
+    and out of ``hold(...)`` blocks whose lease was lost.
+    """
+
+    reason = "LEASE_LOST"
+
+    def __init__(self, message: str = "", *, resource: str = "", token: int = 0) -> None:
+        super().__init__(message or f"lease on {resource!r} with token {token} is lost")
+        self.resource = resource
+        self.token = token
+
+    def metadata(self) -> dict[str, str]:
+        return {"resource": self.resource, "token": str(self.token)}
+
+    @classmethod
+    def from_metadata(cls, message: str, metadata: dict[str, str]) -> LeaseLost:
+        return cls(
+            message,
+            resource=metadata.get("resource", ""),
+            token=int(metadata.get("token", "0") or 0),
+        )
+
+
+class InvalidArgumentError(FencingError, ValueError):
+    """A request field is outside its documented limits; ``field`` names it."""
+
+    reason = "INVALID_ARGUMENT"
+
+    def __init__(self, message: str = "", *, field: str = "") -> None:
+        super().__init__(message or f"invalid {field}")
+        self.field = field
+
+    def metadata(self) -> dict[str, str]:
+        return {"field": self.field}
+
+    @classmethod
+    def from_metadata(cls, message: str, metadata: dict[str, str]) -> InvalidArgumentError:
+        return cls(message, field=metadata.get("field", ""))
+
+
+class BackendUnavailableError(FencingError):
+    """The store behind the server is unreachable; the request had no effect or
+    its effect is unknown only where the docs of the call say so. Safe to retry."""
+
+    reason = "BACKEND_UNAVAILABLE"
+
+
+class DeadlineExceededError(FencingError, TimeoutError):
+    """The call's deadline passed before an answer came: it may or may not have taken
+    effect (a chaos history records it as ``info``). Retrying an ``Acquire`` with the
+    same ``request_id`` is safe; a ``Write`` is safe to retry with an idempotency key."""
+
+    reason = "DEADLINE_EXCEEDED"
+
+
+class UnauthenticatedError(FencingError):
+    """The call carried no valid credentials."""
+
+    reason = "UNAUTHENTICATED"
+
+
+class PermissionDeniedError(FencingError):
+    """The caller is authenticated but not allowed this action on this resource."""
+
+    reason = "PERMISSION_DENIED"
+
+
+__all__ = [
+    "AcquireTimeoutError",
+    "BackendUnavailableError",
+    "DeadlineExceededError",
+    "FencingError",
+    "InvalidArgumentError",
+    "LeaseHeldError",
+    "LeaseLost",
+    "PermissionDeniedError",
+    "StaleTokenError",
+    "UnauthenticatedError",
+]

@@ -1,0 +1,45 @@
+"""The fence rule: one pure function, applied inside each store's own transaction.
+
+A store reads the resource's fence (highest token applied or promised), asks
+:func:`admit` whether a write with ``token`` may proceed and what the fence becomes,
+and writes the data and the new fence in the same transaction (G3). It never reads
+in one call and writes in another.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from fencing.errors import StaleTokenError
+
+
+class FenceMode(StrEnum):
+    """How a guard judges a write's token.
+
+    ``monotonic``: token >= fence (the default). ``off``: accept every token; exists
+    only as the chaos harness's control, to show the violations fencing prevents.
+    """
+
+    MONOTONIC = "monotonic"
+    OFF = "off"
+
+
+def admit(resource: str, token: int, fence: int, mode: FenceMode = FenceMode.MONOTONIC) -> int:
+    """Return the fence after accepting a write with ``token``, or raise ``StaleTokenError``.
+
+    Equal tokens are admitted, so one holder can write many times under one lease.
+    """
+    if mode is FenceMode.MONOTONIC and token < fence:
+        raise StaleTokenError(resource=resource, token=token, current_token=fence)
+    return max(token, fence)
+
+
+def advance(resource: str, token: int, fence: int) -> int:
+    """Return the fence after an explicit ``Fence(token)`` (a promise): never lowers it.
+
+    A promise with a token older than the fence is refused with ``StaleTokenError``,
+    because it tells the caller that a newer holder already fenced the resource.
+    """
+    if token < fence:
+        raise StaleTokenError(resource=resource, token=token, current_token=fence)
+    return token

@@ -1,0 +1,95 @@
+"""Build and run the guard: a function builds it, the caller serves it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from fencing._server import BuiltServer, Service, build_server
+from fencing.v1 import guard_pb2_grpc
+from guard.fence import FenceMode
+from guard.service import GuardService
+from guard.stores import GuardStore, open_store
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "fencing.v1.GuardService"
+#: How long a write's idempotency key is remembered (and so deduplicated) by default.
+DEFAULT_IDEMPOTENCY_RETENTION_S = 24 * 3600
+PRUNE_INTERVAL_S = 60.0
+
+
+@dataclass
+class GuardServer:
+    """A started guard. ``address`` is host:port as bound."""
+
+    built: BuiltServer
+    store: GuardStore
+    service: GuardService
+    address: str
+    retention_s: float = DEFAULT_IDEMPOTENCY_RETENTION_S
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        return self.built.port
+
+    async def _prune_forever(self) -> None:
+        while True:
+            await asyncio.sleep(PRUNE_INTERVAL_S)
+            cutoff = time.time_ns() // 1_000_000 - int(self.retention_s * 1000)
+            try:
+                pruned = await self.store.prune_idempotency(cutoff)
+            except Exception:
+                log.exception("pruning idempotency keys failed; will retry")
+            else:
+                if pruned:
+                    log.info(
+                        "pruned %d idempotency keys older than %.0f s", pruned, self.retention_s
+                    )
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop serving: health NOT_SERVING, drain for ``grace`` seconds, close the store."""
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.built.set_serving(False)
+        await self.built.server.stop(grace)
+        await self.store.close()
+
+
+def guard_services(store: GuardStore, mode: FenceMode) -> tuple[GuardService, list[Service]]:
+    service = GuardService(store, mode)
+    return service, [
+        Service(SERVICE_NAME, service, guard_pb2_grpc.add_GuardServiceServicer_to_server)
+    ]
+
+
+async def start_guard(
+    store: GuardStore | str,
+    address: str = "127.0.0.1:50052",
+    *,
+    mode: FenceMode = FenceMode.MONOTONIC,
+    retention_s: float = DEFAULT_IDEMPOTENCY_RETENTION_S,
+    reflection: bool = False,
+) -> GuardServer:
+    """Open ``store`` (an object or a URL), bind ``address`` (port 0 picks one), start."""
+    st = open_store(store) if isinstance(store, str) else store
+    await st.open()
+    try:
+        service, services = guard_services(st, mode)
+        built = await build_server(address, services, reflection_enabled=reflection)
+        await built.server.start()
+    except BaseException:
+        await st.close()
+        raise
+    if mode is FenceMode.OFF:
+        log.warning("FENCING IS OFF: this guard accepts stale tokens. Use only as a chaos control.")
+    host = address.rsplit(":", 1)[0]
+    running = GuardServer(built, st, service, f"{host}:{built.port}", retention_s)
+    running._tasks.append(asyncio.create_task(running._prune_forever()))
+    return running

@@ -1,0 +1,29 @@
+"""Fenced stores, chosen by URL: ``memory://``, ``sqlite:///path``, later ``postgres://``,
+``redis://``. See :mod:`guard.stores.base` for the Protocol."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from fencing._sqlite import sqlite_path
+from fencing.errors import InvalidArgumentError
+from guard.stores.base import GuardStore, WriteResult
+
+
+def open_store(url: str) -> GuardStore:
+    """Build (not yet open) the store a URL names."""
+    scheme = urlsplit(url).scheme
+    if scheme == "memory":
+        from guard.stores.memory import MemoryStore
+
+        return MemoryStore()
+    if scheme == "sqlite":
+        from guard.stores.sqlite import SQLiteStore
+
+        return SQLiteStore(sqlite_path(url))
+    raise InvalidArgumentError(
+        f"unsupported guard store {url!r}: use memory:// or sqlite:///path", field="store"
+    )
+
+
+__all__ = ["GuardStore", "WriteResult", "open_store"]

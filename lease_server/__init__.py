@@ -1,0 +1,1 @@
+"""The fencing lease server: leases whose every grant carries a larger fencing token."""

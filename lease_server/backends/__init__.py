@@ -1,0 +1,30 @@
+"""Lease backends, chosen by URL: ``memory://``, ``sqlite:///path``, later ``postgres://``,
+``redis://``. See :mod:`lease_server.backends.base` for the Protocol."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from fencing._sqlite import sqlite_path
+from fencing.errors import InvalidArgumentError
+from lease_server.backends.base import LeaseBackend
+from lease_server.clock import Clock
+
+
+def open_backend(url: str, clock: Clock | None = None) -> LeaseBackend:
+    """Build (not yet open) the backend a URL names."""
+    scheme = urlsplit(url).scheme
+    if scheme == "memory":
+        from lease_server.backends.memory import MemoryBackend
+
+        return MemoryBackend(clock)
+    if scheme == "sqlite":
+        from lease_server.backends.sqlite import SQLiteBackend
+
+        return SQLiteBackend(sqlite_path(url), clock)
+    raise InvalidArgumentError(
+        f"unsupported lease backend {url!r}: use memory:// or sqlite:///path", field="backend"
+    )
+
+
+__all__ = ["LeaseBackend", "open_backend", "sqlite_path"]
