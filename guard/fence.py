@@ -16,11 +16,15 @@ from fencing.errors import StaleTokenError
 class FenceMode(StrEnum):
     """How a guard judges a write's token.
 
-    ``monotonic``: token >= fence (the default). ``off``: accept every token; exists
-    only as the chaos harness's control, to show the violations fencing prevents.
+    ``monotonic``: token >= fence (the default). ``strict``: also the token must be
+    the live, unexpired lease at commit time, checked by the store in the write's own
+    transaction (needs the store and the lease backend in one PostgreSQL database or
+    one Redis). ``off``: accept every token; exists only as the chaos harness's
+    control, to show the violations fencing prevents. Never use it in production.
     """
 
     MONOTONIC = "monotonic"
+    STRICT = "strict"
     OFF = "off"
 
 

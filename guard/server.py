@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from fencing._server import BuiltServer, Service, build_server
+from fencing.errors import InvalidArgumentError
 from fencing.v1 import guard_pb2_grpc
 from guard.fence import FenceMode
 from guard.service import GuardService
@@ -79,6 +80,12 @@ async def start_guard(
 ) -> GuardServer:
     """Open ``store`` (an object or a URL), bind ``address`` (port 0 picks one), start."""
     st = open_store(store) if isinstance(store, str) else store
+    if mode is FenceMode.STRICT and not st.supports_strict:
+        raise InvalidArgumentError(
+            f"fence mode strict needs a store that shares a database with the lease backend "
+            f"(postgres or redis); {st.name} cannot check the live lease",
+            field="fence_mode",
+        )
     await st.open()
     try:
         service, services = guard_services(st, mode)

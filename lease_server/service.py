@@ -40,6 +40,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
     def __init__(self, backend: LeaseBackend, waiters: WaitQueues | None = None) -> None:
         self.backend = backend
         self.waiters = waiters or WaitQueues()
+        backend.on_release(self.waiters.notify)
 
     @rpc
     async def Acquire(self, request: lease_pb2.AcquireRequest, context: Context) -> lease_pb2.Lease:

@@ -28,6 +28,9 @@ class WriteResult:
 
 class GuardStore(Protocol):
     name: str
+    #: True if ``write(..., mode=FenceMode.STRICT)`` can check the live lease in the
+    #: write's own transaction (the lease backend lives in the same database).
+    supports_strict: bool
 
     async def open(self) -> None:
         """Connect and create or upgrade the schema. Idempotent."""

@@ -13,6 +13,7 @@ from guard.stores.base import WriteResult
 
 class MemoryStore:
     name = "memory"
+    supports_strict = False
 
     def __init__(self) -> None:
         self._fences: dict[str, int] = {}

@@ -63,6 +63,7 @@ class SQLiteStore:
     """Fences and data in one SQLite file (``sqlite:///path/to/guard.db``)."""
 
     name = "sqlite"
+    supports_strict = False
 
     def __init__(self, path: str | Path) -> None:
         self._db = SQLiteDatabase(path, MIGRATIONS)

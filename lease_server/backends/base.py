@@ -9,6 +9,7 @@ To add a backend, add a file beside this one and a branch in ``open_backend``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from lease_server.leases import Grant, Held, LeaseInfo
@@ -43,3 +44,11 @@ class LeaseBackend(Protocol):
 
     async def describe(self, resource: str) -> LeaseInfo:
         """Current state; an unknown resource is free with ``last_token == 0``."""
+
+    def on_release(self, callback: Callable[[str], None]) -> None:
+        """Register ``callback(resource)`` for releases made through *other* processes.
+
+        Backends that can observe them (PostgreSQL LISTEN/NOTIFY, Redis pub/sub) call
+        it from the event loop so waiters wake promptly; embedded backends, which only
+        see their own process, keep the callback and never call it.
+        """

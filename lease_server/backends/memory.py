@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from lease_server import leases
 from lease_server.clock import Clock, SystemClock
 from lease_server.leases import Grant, Held, LeaseInfo, LeaseRecord
@@ -48,3 +50,7 @@ class MemoryBackend:
 
     async def describe(self, resource: str) -> LeaseInfo:
         return leases.describe(self._get(resource), self._clock.now_ms())
+
+    def on_release(self, callback: Callable[[str], None]) -> None:
+        # Only this process changes this state: the service already wakes its own waiters.
+        return None

@@ -9,6 +9,7 @@ restart (SIGTERM or SIGKILL) never hands out a token twice (G1). Each call is on
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 from fencing._sqlite import SQLiteDatabase
@@ -107,3 +108,7 @@ class SQLiteBackend:
             return leases.describe(_load(conn, resource), self._clock.now_ms())
 
         return await self._db.query(q)
+
+    def on_release(self, callback: Callable[[str], None]) -> None:
+        # Only this process changes this state: the service already wakes its own waiters.
+        return None

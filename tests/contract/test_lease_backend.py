@@ -1,0 +1,135 @@
+"""The lease backend contract: every implementation in tests/backends.py passes it."""
+
+from __future__ import annotations
+
+import pytest
+
+from fencing.errors import LeaseLost
+from lease_server.backends.base import LeaseBackend
+from lease_server.leases import Grant, Held
+from tests.backends import TimeControl
+
+Pair = tuple[LeaseBackend, TimeControl]
+
+
+async def grant(
+    backend: LeaseBackend,
+    resource: str,
+    holder: str = "a",
+    ttl_ms: int = 10_000,
+    request_id: str = "",
+) -> Grant:
+    outcome = await backend.acquire(resource, holder, ttl_ms, request_id)
+    assert isinstance(outcome, Grant), outcome
+    return outcome
+
+
+async def test_first_acquire_gets_token_one(lease_backend: Pair) -> None:
+    backend, _ = lease_backend
+    g = await grant(backend, "r")
+    assert (g.resource, g.holder, g.token) == ("r", "a", 1)
+    assert 0 < g.ttl_ms <= 10_000
+    info = await backend.describe("r")
+    assert info.held and info.holder == "a" and info.token == 1 and info.last_token == 1
+    assert 0 < info.remaining_ms <= 10_000
+
+
+async def test_held_lease_is_refused_with_holder_and_remaining(lease_backend: Pair) -> None:
+    backend, _ = lease_backend
+    await grant(backend, "r", "a")
+    outcome = await backend.acquire("r", "b", 5000, "")
+    assert isinstance(outcome, Held)
+    assert outcome.holder == "a" and outcome.token == 1 and 0 < outcome.remaining_ms <= 10_000
+    # The same holder asking again without its request id is refused too: not re-entrant.
+    assert isinstance(await backend.acquire("r", "a", 5000, ""), Held)
+
+
+async def test_expired_lease_is_taken_over_with_a_larger_token(lease_backend: Pair) -> None:
+    backend, time = lease_backend
+    await grant(backend, "r", "a", ttl_ms=200)
+    await time.sleep(250)
+    assert not (await backend.describe("r")).held
+    g = await grant(backend, "r", "b")
+    assert g.token == 2 and g.holder == "b"
+
+
+async def test_release_frees_and_the_counter_survives(lease_backend: Pair) -> None:
+    backend, _ = lease_backend
+    g1 = await grant(backend, "r")
+    await backend.release("r", g1.token, "a")
+    info = await backend.describe("r")
+    assert not info.held and info.token == 0 and info.last_token == 1
+    g2 = await grant(backend, "r", "b")
+    assert g2.token == 2
+
+
+async def test_tokens_are_per_resource(lease_backend: Pair) -> None:
+    backend, _ = lease_backend
+    assert (await grant(backend, "x")).token == 1
+    assert (await grant(backend, "y")).token == 1
+    info = await backend.describe("never")
+    assert not info.held and info.last_token == 0 and info.holder == ""
+
+
+async def test_renew_extends_only_the_current_lease(lease_backend: Pair) -> None:
+    backend, time = lease_backend
+    g = await grant(backend, "r", ttl_ms=300)
+    await time.sleep(150)
+    renewed = await backend.renew("r", g.token, "a", 300)
+    assert renewed.token == g.token and renewed.ttl_ms == 300
+    await time.sleep(200)  # past the first expiry, within the renewed one
+    assert (await backend.describe("r")).held
+    with pytest.raises(LeaseLost):
+        await backend.renew("r", g.token + 1, "a", 300)
+    with pytest.raises(LeaseLost):
+        await backend.renew("r", g.token, "someone-else", 300)
+    # An empty holder skips the holder check: the token is the proof.
+    assert (await backend.renew("r", g.token, "", 300)).token == g.token
+
+
+async def test_an_expired_lease_cannot_be_renewed_or_released(lease_backend: Pair) -> None:
+    backend, time = lease_backend
+    g = await grant(backend, "r", ttl_ms=150)
+    await time.sleep(200)
+    with pytest.raises(LeaseLost) as lost:
+        await backend.renew("r", g.token, "a", 1000)
+    assert lost.value.resource == "r" and lost.value.token == g.token
+    with pytest.raises(LeaseLost):
+        await backend.release("r", g.token, "a")
+    assert (await grant(backend, "r", "b")).token == 2
+
+
+async def test_release_twice_or_by_another_holder_is_lost(lease_backend: Pair) -> None:
+    backend, _ = lease_backend
+    g = await grant(backend, "r")
+    with pytest.raises(LeaseLost):
+        await backend.release("r", g.token, "b")
+    await backend.release("r", g.token, "a")
+    with pytest.raises(LeaseLost):
+        await backend.release("r", g.token, "a")
+
+
+async def test_old_token_is_lost_after_takeover(lease_backend: Pair) -> None:
+    backend, time = lease_backend
+    old = await grant(backend, "r", "a", ttl_ms=150)
+    await time.sleep(200)
+    new = await grant(backend, "r", "b")
+    with pytest.raises(LeaseLost):
+        await backend.renew("r", old.token, "a", 1000)
+    with pytest.raises(LeaseLost):
+        await backend.release("r", old.token, "a")
+    assert (await backend.describe("r")).token == new.token
+
+
+async def test_retried_acquire_returns_the_same_lease(lease_backend: Pair) -> None:
+    backend, time = lease_backend
+    first = await grant(backend, "r", "a", request_id="req-1")
+    await time.sleep(50)
+    again = await grant(backend, "r", "a", request_id="req-1")
+    assert again.token == first.token and again.replayed
+    assert again.ttl_ms <= first.ttl_ms
+    # Another holder presenting the same request id does not get the lease.
+    assert isinstance(await backend.acquire("r", "b", 1000, "req-1"), Held)
+    # A new request id from the same holder is a new request: refused while held.
+    assert isinstance(await backend.acquire("r", "a", 1000, "req-2"), Held)
+    assert (await backend.describe("r")).last_token == first.token
