@@ -10,6 +10,20 @@ from guard.stores.base import GuardStore
 from lease_server.backends.base import LeaseBackend
 from tests.backends import GUARD_STORES, LEASE_BACKENDS, TimeControl
 
+#: Registry entries that need a server, and the marker their tests get.
+SERVER_MARKS = {"postgres": pytest.mark.postgres}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that runs on a server-backed implementation with its marker."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None:
+            continue
+        for value in callspec.params.values():
+            if isinstance(value, str) and value in SERVER_MARKS:
+                item.add_marker(SERVER_MARKS[value])
+
 
 @pytest.fixture(params=sorted(LEASE_BACKENDS))
 async def lease_backend(
