@@ -52,8 +52,7 @@ def register(sub: Any) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    data = Path(args.data_dir)
-    data.mkdir(parents=True, exist_ok=True)
+    data: Path = args.data_path
     leases = await start_lease_server(f"sqlite:{data / 'leases.db'}", args.lease_addr)
     try:
         guard = await start_guard(
@@ -64,7 +63,7 @@ async def _serve(args: argparse.Namespace) -> None:
         raise
     print(f"lease server listening on {leases.address}", flush=True)
     print(f"guard listening on {guard.address} (fence mode {args.fence_mode})", flush=True)
-    print(f"data in {data.resolve()}; stop with Ctrl-C or SIGTERM", flush=True)
+    print(f"data in {data}; stop with Ctrl-C or SIGTERM", flush=True)
     signal_name = await wait_for_signal()
     print(f"{signal_name}: draining for up to {args.grace:g} s", flush=True)
     await asyncio.gather(guard.stop(args.grace), leases.stop(args.grace))
@@ -73,5 +72,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
+    args.data_path = Path(args.data_dir).resolve()
+    args.data_path.mkdir(parents=True, exist_ok=True)
     asyncio.run(_serve(args))
     return 0
