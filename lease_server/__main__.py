@@ -21,7 +21,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--backend",
         default=os.environ.get("FENCING_BACKEND", "sqlite:fencing-data/leases.db"),
-        help="memory://, sqlite:///path (env FENCING_BACKEND; default %(default)s)",
+        help=(
+            "memory://, sqlite:///path, postgresql://user@host/db?schema=fencing "
+            "(env FENCING_BACKEND; default %(default)s)"
+        ),
     )
     p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
     p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM")
