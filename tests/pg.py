@@ -138,6 +138,12 @@ class Cluster:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and any(_alive(v) for v in victims):
             time.sleep(0.02)
+        # PostgreSQL treats a lock file whose PID still exists as a running server, and in
+        # a container whose init does not reap, the killed postmaster lingers as a zombie.
+        # After a real crash that PID is gone: make it so.
+        socket_file = self.root / f".s.PGSQL.{self.port}"
+        for lock in (self.data / "postmaster.pid", Path(f"{socket_file}.lock"), socket_file):
+            lock.unlink(missing_ok=True)
 
     def destroy(self) -> None:
         with contextlib.suppress(Exception):

@@ -16,15 +16,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from fencing import AcquireTimeoutError, LeaseClient, LeaseLost
 from tests import pg
+from tests.e2e.tokens import Granted, check_tokens
 
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e]
 
@@ -83,34 +82,6 @@ def url() -> Iterator[str]:
         import asyncio
 
         asyncio.run(pg.drop_schema(dsn, schema))
-
-
-@dataclass(frozen=True)
-class Granted:
-    resource: str
-    token: int
-    invoked: float
-    completed: float
-    server: int
-
-
-def check_tokens(grants: list[Granted]) -> None:
-    """Unique per resource; a grant completed before another was invoked has a smaller token."""
-    by_resource: dict[str, list[Granted]] = defaultdict(list)
-    for g in grants:
-        by_resource[g.resource].append(g)
-    for resource, items in by_resource.items():
-        tokens = [g.token for g in items]
-        assert len(tokens) == len(set(tokens)), f"{resource}: a token was granted twice"
-        done = sorted(items, key=lambda g: g.completed)
-        j, highest = 0, 0
-        for g in sorted(items, key=lambda g: g.invoked):
-            while j < len(done) and done[j].completed < g.invoked:
-                highest = max(highest, done[j].token)
-                j += 1
-            assert g.token > highest, (
-                f"{resource}: token {g.token} was granted after token {highest} had completed"
-            )
 
 
 def test_two_servers_grant_unique_increasing_tokens(url: str) -> None:
