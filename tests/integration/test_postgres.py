@@ -4,22 +4,25 @@ and fencing inside your own transactions."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from fencing import pg
+from fencing import GuardClient, LeaseClient, pg
 from fencing.errors import (
     BackendUnavailableError,
     InvalidArgumentError,
     LeaseLost,
     StaleTokenError,
 )
+from fencing.testing import running_servers
 from fencing.types import Put, Record
 from guard.fence import FenceMode
+from guard.server import start_guard
 from guard.stores import open_store
 from guard.stores.postgres import PostgresStore
 from lease_server.backends import open_backend
@@ -35,6 +38,15 @@ async def schema() -> AsyncIterator[tuple[str, str]]:
     """``(dsn, schema)``: a fresh schema name, dropped after the test."""
     async with testpg.fresh_schema() as pair:
         yield pair
+
+
+@pytest.fixture
+def schema_url() -> Iterator[str]:
+    """A fresh schema as a ``?schema=`` URL, for servers built from URLs; dropped after."""
+    dsn = testpg.test_dsn()
+    name = f"{testpg.SCHEMA_PREFIX}{secrets.token_hex(6)}"
+    yield testpg.with_schema(dsn, name)
+    asyncio.run(testpg.drop_schema(dsn, name))
 
 
 @pytest.fixture
@@ -230,6 +242,29 @@ async def test_strict_rejects_an_expired_lease_that_monotonic_accepts(
     control = await store.write("acct", grant.token, [Put("k", b"late")])
     assert control.fence == grant.token
     assert await store.read("acct", "k") == Record(b"late", grant.token)
+
+
+def test_a_strict_guard_over_grpc_refuses_an_expired_lease(schema_url: str) -> None:
+    """End to end: the strict guard says LEASE_LOST; a monotonic guard (the control) accepts."""
+    backend, store = PostgresBackend(schema_url), PostgresStore(schema_url)
+    with running_servers(backend, store, mode=FenceMode.STRICT) as servers:
+        control = servers.call(start_guard(PostgresStore(schema_url), "127.0.0.1:0"))
+        try:
+            with (
+                LeaseClient(servers.lease_address, holder="a") as leases,
+                GuardClient(servers.guard_address) as strict,
+                GuardClient(control.address) as monotonic,
+            ):
+                lease = leases.acquire("acct", ttl=0.3)
+                assert strict.put(lease, "k", b"live") == lease.token
+                time.sleep(0.4)  # expired; nobody takes it over
+                with pytest.raises(LeaseLost):
+                    strict.put(lease, "k", b"late")
+                assert strict.read("acct", "k") == Record(b"live", lease.token)
+                assert monotonic.put(lease, "k", b"late") == lease.token
+                assert strict.read("acct", "k") == Record(b"late", lease.token)
+        finally:
+            servers.call(control.stop(0))
 
 
 async def test_strict_after_a_takeover(backend: PostgresBackend, store: PostgresStore) -> None:
