@@ -377,3 +377,13 @@ async def test_prune_deletes_in_batches(
         await store.write("r", 1, [Put("k", b"v")], idempotency_key=f"key-{i}")
     assert await store.prune_idempotency(time.time_ns() // 1_000_000 + 1000) == 7
     assert not (await store.write("r", 1, [Put("k", b"v")], idempotency_key="key-0")).replayed
+
+
+async def test_bench_direct_write_measures_something() -> None:
+    """bench/postgres.py stays runnable (a smoke test, no figures asserted)."""
+    from bench.postgres import direct_write
+
+    dsn = testpg.test_dsn()
+    for batch in (False, True):
+        figures = await direct_write(dsn, 2, 0.2, batch=batch)
+        assert figures["ops_per_s"] > 0 and figures["concurrency"] == 2
