@@ -164,8 +164,25 @@ def migrations() -> tuple[Migration, ...]:
     return tuple(found)
 
 
+async def _applied_versions(conn: psycopg.AsyncConnection[TupleRow], schema: str) -> set[int]:
+    """Versions recorded in ``<schema>.schema_migrations`` (empty if there is no such table)."""
+    table = sql.SQL("{}.schema_migrations").format(sql.Identifier(schema)).as_string(conn)
+    cur = await conn.execute("SELECT to_regclass(%s)", (table,))
+    row = await cur.fetchone()
+    if row is None or row[0] is None:
+        return set()
+    cur = await conn.execute(
+        sql.SQL("SELECT version FROM {}.schema_migrations").format(sql.Identifier(schema))
+    )
+    return {int(r[0]) for r in await cur.fetchall()}
+
+
 async def _apply_migrations(conn: psycopg.AsyncConnection[TupleRow], schema: str) -> list[int]:
     ident = sql.Identifier(schema)
+    # Up to date: no DDL, no lock, so servers may run as a role that cannot create schemas
+    # once an owner has run `fencing migrate`.
+    if {m.version for m in migrations()} <= await _applied_versions(conn, schema):
+        return []
     async with conn.transaction():
         # Two servers starting at once: the second waits here, then finds nothing to do.
         await conn.execute(
@@ -179,8 +196,7 @@ async def _apply_migrations(conn: psycopg.AsyncConnection[TupleRow], schema: str
             " name text NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        cur = await conn.execute("SELECT version FROM schema_migrations")
-        done = {int(row[0]) for row in await cur.fetchall()}
+        done = await _applied_versions(conn, schema)
         applied = []
         for migration in migrations():
             if migration.version in done:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from fencing import GuardClient, LeaseClient, pg
 from fencing.errors import (
@@ -108,6 +109,32 @@ async def test_migrate_is_idempotent_and_safe_to_race(schema: tuple[str, str]) -
         ),
     )
     assert [(v, n) for v, n in rows] == [(m.version, m.name) for m in pg.migrations()]
+
+
+async def test_servers_need_no_ddl_rights_once_migrated(schema: tuple[str, str]) -> None:
+    """After an owner ran ``migrate``, a role that cannot create schemas can serve."""
+    dsn, name = schema
+    role = f"fencing_app_{secrets.token_hex(4)}"
+    s, r = sql.Identifier(name), sql.Identifier(role)
+    await pg.migrate(dsn, name)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+        await admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(r))
+        try:
+            await admin.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, r))
+            await admin.execute(
+                sql.SQL(
+                    "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {} TO {}"
+                ).format(s, r)
+            )
+            backend = PostgresBackend(make_conninfo(dsn, user=role), name)
+            await backend.open()
+            try:
+                assert isinstance(await backend.acquire("r", "a", 1000, ""), Grant)
+            finally:
+                await backend.close()
+        finally:
+            await admin.execute(sql.SQL("DROP OWNED BY {}").format(r))
+            await admin.execute(sql.SQL("DROP ROLE {}").format(r))
 
 
 def test_every_migration_starts_with_a_header_comment() -> None:
