@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
@@ -22,7 +24,7 @@ from fencing.errors import (
 )
 from fencing.testing import running_servers
 from fencing.types import Put, Record
-from guard.fence import FenceMode
+from guard.fence import FenceMode, admit, advance
 from guard.server import start_guard
 from guard.stores import open_store
 from guard.stores.postgres import PostgresStore
@@ -414,3 +416,43 @@ async def test_bench_direct_write_measures_something() -> None:
     for batch in (False, True):
         figures = await direct_write(dsn, 2, 0.2, batch=batch)
         assert figures["ops_per_s"] > 0 and figures["concurrency"] == 2
+
+
+STEPS = st.lists(
+    st.tuples(st.sampled_from(["monotonic", "off", "fence"]), st.integers(1, 6)),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(steps=STEPS)
+async def test_the_sql_fence_rule_is_the_pure_rule(
+    store: PostgresStore, steps: list[tuple[str, int]]
+) -> None:
+    """guard_write and check_and_advance decide exactly as guard.fence.admit/advance do."""
+    resource, fence = f"prop-{secrets.token_hex(4)}", 0
+    for kind, token in steps:
+        try:
+            if kind == "fence":
+                expected = advance(resource, token, fence)
+            else:
+                expected = admit(resource, token, fence, FenceMode(kind))
+        except StaleTokenError:
+            with pytest.raises(StaleTokenError) as stale:
+                if kind == "fence":
+                    await store.fence(resource, token)
+                else:
+                    await store.write(resource, token, [Put("k", b"v")], mode=FenceMode(kind))
+            assert stale.value.current_token == fence
+            continue
+        if kind == "fence":
+            assert await store.fence(resource, token) == expected
+        else:
+            result = await store.write(resource, token, [Put("k", b"v")], mode=FenceMode(kind))
+            assert result.fence == expected
+            assert await store.read(resource, "k") == Record(b"v", token)
+        fence = expected
+        assert await store.describe_fence(resource) == fence
