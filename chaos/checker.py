@@ -421,9 +421,7 @@ def _duplicate_effects(resource: str, rops: Sequence[Operation]) -> list[Violati
         if not dups:
             continue
         culprits = [
-            o.op_id
-            for o in rops
-            if o.op == "write" and o.idempotency_key in dups and not o.fail
+            o.op_id for o in rops if o.op == "write" and o.idempotency_key in dups and not o.fail
         ]
         listed = ", ".join(f"{k!r} x{seen[k]}" for k in dups)
         out.append(

@@ -179,8 +179,9 @@ class HistoryWriter:
     interleaved with another. ``fsync=True`` also survives a machine crash, at the
     cost of one disk flush per event; the harness only needs process crashes.
 
-    Opening a file whose last line is partial (a previous writer was killed
-    mid-line) cuts that partial line off first, so the new lines start clean.
+    Opening a file whose last line lacks its newline (a previous writer was killed
+    mid-line) first repairs it the way :func:`read_history` reads it: a line that
+    decodes is kept and terminated, any other is cut off, so new lines start clean.
     Thread-safe; usable as a context manager. ``write`` after ``close`` raises
     ``ValueError``.
     """
@@ -190,9 +191,9 @@ class HistoryWriter:
         self._fsync = fsync
         self._lock = threading.Lock()
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._cut_partial_tail()
+        self._repair_tail()
 
-    def _cut_partial_tail(self) -> None:
+    def _repair_tail(self) -> None:
         assert self._fd is not None
         size = os.fstat(self._fd).st_size
         if size == 0:
@@ -200,7 +201,7 @@ class HistoryWriter:
         with open(self.path, "rb") as f:
             # Scan back in blocks for the last newline; lines are short, so one block
             # is nearly always enough.
-            end = size
+            end, tail = size, b""
             while end > 0:
                 start = max(0, end - 4096)
                 f.seek(start)
@@ -209,10 +210,14 @@ class HistoryWriter:
                     return
                 cut = block.rfind(b"\n")
                 if cut >= 0:
-                    os.truncate(self.path, start + cut + 1)
-                    return
-                end = start
-        os.truncate(self.path, 0)
+                    tail = block[cut + 1 :] + tail
+                    break
+                tail, end = block + tail, start
+        if _decodes(tail):
+            # Killed between the record and its newline: the record is whole, keep it.
+            os.write(self._fd, b"\n")
+        else:
+            os.truncate(self.path, size - len(tail))
 
     def write(self, event: Event) -> None:
         """Append ``event`` as one line, handed to the kernel before returning."""
@@ -266,22 +271,33 @@ def read_history(paths: StrPath | Iterable[StrPath]) -> list[Event]:
 
 
 def _read_file(path: Path) -> Iterable[Event]:
-    data = path.read_bytes()
-    lines = data.split(b"\n")
-    # split leaves "" after a final newline; anything else there is an unterminated line.
-    last = len(lines) - 1
+    lines = path.read_bytes().split(b"\n")
+    # split leaves b"" after a final newline; anything else there is an unterminated line.
+    last = len(lines)
     for lineno, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:
-            decoded = json.loads(raw)
-            if not isinstance(decoded, dict):
-                raise HistoryError(f"expected a JSON object, got {type(decoded).__name__}")
-            yield Event.from_dict(decoded)
+            yield _decode(raw)
         except (UnicodeDecodeError, json.JSONDecodeError, HistoryError) as exc:
-            if lineno - 1 == last:
+            if lineno == last:
                 return  # the writer was killed mid-line: that event never happened
             raise HistoryError(f"{path}:{lineno}: {exc}") from exc
+
+
+def _decode(raw: bytes) -> Event:
+    decoded = json.loads(raw)
+    if not isinstance(decoded, dict):
+        raise HistoryError(f"expected a JSON object, got {type(decoded).__name__}")
+    return Event.from_dict(decoded)
+
+
+def _decodes(raw: bytes) -> bool:
+    try:
+        _decode(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, HistoryError):
+        return False
+    return True
 
 
 class _Unset:
@@ -365,10 +381,10 @@ class Recorder:
         op_id: str,
         type: str,
         *,
-        token: int | None | _Unset = UNSET,
-        key: str | None | _Unset = UNSET,
-        value: str | None | _Unset = UNSET,
-        idempotency_key: str | None | _Unset = UNSET,
+        token: int | _Unset | None = UNSET,
+        key: str | _Unset | None = UNSET,
+        value: str | _Unset | None = UNSET,
+        idempotency_key: str | _Unset | None = UNSET,
         error: str | None = None,
         **extra: ExtraValue,
     ) -> Event:
@@ -394,9 +410,7 @@ class Recorder:
                 key=inv.key if isinstance(key, _Unset) else key,
                 value=inv.value if isinstance(value, _Unset) else value,
                 idempotency_key=(
-                    inv.idempotency_key
-                    if isinstance(idempotency_key, _Unset)
-                    else idempotency_key
+                    inv.idempotency_key if isinstance(idempotency_key, _Unset) else idempotency_key
                 ),
                 error=error,
                 t_mono_ns=self._clock(),
