@@ -1,0 +1,1 @@
+"""Benchmarks: one script per question, each printing ratios against a baseline."""
