@@ -9,7 +9,12 @@ import pytest
 from guard.stores.base import GuardStore
 from lease_server.backends.base import LeaseBackend
 from tests.backends import GUARD_STORES, LEASE_BACKENDS, MARKS, TimeControl
-from tests.redis_server import redis_session  # noqa: F401  (session fixture)
+from tests.redis_server import (  # noqa: F401  (fixtures)
+    redis_cluster_url,
+    redis_session,
+    redis_url,
+    throwaway_redis,
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
