@@ -1,0 +1,38 @@
+"""The ``fencing`` command: run the embedded servers, operate leases and guards, demo, chaos.
+
+Each subcommand lives in its own module and registers itself with :func:`main`'s
+parser through a ``register(subparsers)`` function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from fencing.cli import demo, ops, serve
+
+Command = Callable[[argparse.Namespace], int]
+
+MODULES = [serve, ops, demo]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fencing",
+        description="Fencing tokens for distributed ownership: lease server, guard, tools.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in MODULES:
+        module.register(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    run: Command = args.run
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
