@@ -18,7 +18,6 @@ fixture :func:`redis_session`, which stops whatever the factories in
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -335,13 +334,6 @@ def throwaway_redis() -> Iterator[RedisProcess]:
         unavailable("redis-server is not installed")
     with RedisProcess() as server:
         yield server
-
-
-@contextlib.contextmanager
-def cluster() -> Iterator[RedisCluster3]:
-    """A private cluster for one test (the session one is shared: don't break it)."""
-    with RedisCluster3() as c:
-        yield c
 
 
 async def drop_prefix(url: str, prefix: str) -> None:

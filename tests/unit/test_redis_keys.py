@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from redis import exceptions as rexc
 from redis.crc import key_slot
 
 from fencing import _redis
 from fencing._redis import ResourceKeys, escape_tag, judge_durability, parse_url, unescape_tag
-from fencing.errors import InvalidArgumentError
+from fencing.errors import BackendUnavailableError, InvalidArgumentError
 
 RESOURCES = st.text(
     alphabet=st.sampled_from("ab{}%7BD:*?[]\\ é"), min_size=1, max_size=12
@@ -98,3 +99,31 @@ def test_clients_never_retry_a_command() -> None:
     assert _redis.standalone_client("redis://127.0.0.1:1").get_retry().get_retries() == 0  # type: ignore[union-attr]
     cluster = _redis.cluster_client("redis://127.0.0.1:1")
     assert cluster.retry.get_retries() == 0
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        rexc.ConnectionError("refused"),
+        rexc.TimeoutError("slow"),
+        rexc.BusyLoadingError("loading"),
+        rexc.ClusterDownError("CLUSTERDOWN The cluster is down"),
+        rexc.ReadOnlyError("READONLY You can't write against a read only replica."),
+        rexc.ResponseError("OOM command not allowed when used memory > 'maxmemory'."),
+        rexc.ResponseError("MASTERDOWN Link with MASTER is down"),
+        ConnectionResetError("reset"),
+    ],
+)
+def test_unavailable_errors_become_backend_unavailable(error: Exception) -> None:
+    with pytest.raises(BackendUnavailableError) as caught, _redis.driver_errors("acquire"):
+        raise error
+    assert caught.value.__cause__ is error
+    assert "acquire" in str(caught.value)
+
+
+def test_other_redis_errors_and_ours_pass_through() -> None:
+    bug = rexc.ResponseError("ERR user_script:1: Script attempted to access nonexistent global")
+    with pytest.raises(rexc.ResponseError), _redis.driver_errors("acquire"):
+        raise bug
+    with pytest.raises(InvalidArgumentError), _redis.driver_errors("acquire"):
+        raise InvalidArgumentError("ours", field="x")
