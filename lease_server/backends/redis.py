@@ -16,15 +16,17 @@ clock, above every earlier token. Tokens are therefore not consecutive (they loo
 like 1_795_943_218_629_996 and grow by about the time between grants) and stay far
 below 2**63 - 1 (the clock reaches that in the year 294,000).
 
-*Assumption, exactly:* after a loss, the first token of a resource is the clock
-reading of the Redis that grants it; it exceeds every earlier token of the resource
-as long as that clock reads later than the clock did at every earlier grant, plus
-the number of grants made while the clock was behind an earlier reading. In
-practice: the Redis host's clock (or, after a failover, the new primary's) must not
-step back by more than the time between the last grant before the loss and the
-first grant after it (the outage; at least seconds for a restart). NTP slewing is
-harmless; an NTP step, a VM snapshot restore or a failover to a host whose clock is
-behind by more than the outage breaks G1, and is not detected.
+*Assumption, exactly:* the first token of a resource after a loss is the clock
+reading ``t`` of the Redis that grants it, and every earlier token is at most
+``H + g``, where ``H`` is the highest clock reading at any earlier grant of the
+resource and ``g`` the number of grants made while the counter ran ahead of the
+clock (0 unless the clock stepped back or grants came faster than one per µs). So
+G1 holds across the loss iff ``t > H + g``. In words: the clock of the Redis that
+serves the resource (after a failover, the new primary's) must not step back by
+more than the time between the last grant before the loss and the first grant
+after it (the outage: seconds at least for a restart). NTP slewing is harmless; an
+NTP step, a VM snapshot restore or a failover to a host whose clock is behind by
+more than the outage breaks G1, and nothing detects it.
 
 The guard's fences kept in the same Redis are *not* protected by this: a Redis
 that forgets forgets fences too. Hence :attr:`RedisBackend.durability_warning`

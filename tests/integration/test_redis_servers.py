@@ -14,7 +14,16 @@ from collections import Counter
 
 import pytest
 
-from fencing import BackendUnavailableError, LeaseClient, LeaseHeldError, LeaseLost
+from fencing import (
+    BackendUnavailableError,
+    GuardClient,
+    LeaseClient,
+    LeaseHeldError,
+    LeaseLost,
+    StaleTokenError,
+)
+from fencing.testing import running_servers
+from guard.fence import FenceMode
 from lease_server.backends.redis import RedisBackend
 from lease_server.server import LeaseServer, start_lease_server
 from tests.redis_server import SERVERS, RedisProcess, drop_prefix, unique_prefix
@@ -125,3 +134,28 @@ async def test_redis_restart_under_load(throwaway_redis: RedisProcess) -> None:
         new = [t for r, t in after if r == resource]
         if old and new:
             assert min(new) > max(old)
+
+
+@pytest.mark.parametrize("which", ["redis", "redis-cluster"])
+def test_strict_guard_and_lease_server_on_one_redis(which: str) -> None:
+    """Over gRPC: a guard in strict mode on the lease server's Redis (same prefix) rejects
+    the write of a holder whose lease expired, although nobody took it over."""
+    url = SERVERS.standalone_url() if which == "redis" else SERVERS.cluster_url()
+    prefix = unique_prefix()
+    shared = f"{url}?prefix={prefix}"
+    try:
+        with (
+            running_servers(shared, shared, mode=FenceMode.STRICT) as servers,
+            LeaseClient(servers.lease_address, holder="a") as leases,
+            GuardClient(servers.guard_address) as guard,
+        ):
+            lease = leases.acquire("ledger", 0.3)
+            assert guard.put(lease, "k", b"live") == lease.token
+            time.sleep(0.4)  # expired by Redis's clock; nobody acquired since
+            with pytest.raises(StaleTokenError) as stale:
+                guard.put(lease, "k", b"late")
+            assert stale.value.current_token == lease.token
+            record = guard.read("ledger", "k")
+            assert record is not None and record.value == b"live"
+    finally:
+        asyncio.run(drop_prefix(url, prefix))
