@@ -86,11 +86,14 @@ def _real_time(ms: int) -> None:
 
 
 @asynccontextmanager
-async def _redis_backend(url: str) -> AsyncIterator[tuple[LeaseBackend, TimeControl]]:
-    # A private key prefix per instance; the contract pins dense tokens (1, 2, ...), so
-    # the clock floor is off here (tests/integration/test_redis_tokens.py covers it).
+async def redis_backend_at(
+    url: str, *, clock_floor: bool = False
+) -> AsyncIterator[tuple[LeaseBackend, TimeControl]]:
+    # A private key prefix per instance. The contract pins dense tokens (1, 2, ...), so
+    # the clock floor is off by default here; tests/integration/test_redis_tokens.py
+    # runs the floor (and the stateful model with it on).
     prefix = redis_server.unique_prefix()
-    backend = RedisBackend(url, prefix=prefix, clock_floor=False)
+    backend = RedisBackend(url, prefix=prefix, clock_floor=clock_floor)
     await backend.open()
     try:
         yield backend, TimeControl(_real_time, manual=False)
@@ -112,11 +115,11 @@ async def _redis_store(url: str) -> AsyncIterator[GuardStore]:
 
 
 def redis_backend() -> AbstractAsyncContextManager[tuple[LeaseBackend, TimeControl]]:
-    return _redis_backend(redis_server.SERVERS.standalone_url())
+    return redis_backend_at(redis_server.SERVERS.standalone_url())
 
 
 def redis_cluster_backend() -> AbstractAsyncContextManager[tuple[LeaseBackend, TimeControl]]:
-    return _redis_backend(redis_server.SERVERS.cluster_url())
+    return redis_backend_at(redis_server.SERVERS.cluster_url())
 
 
 def redis_store() -> AbstractAsyncContextManager[GuardStore]:

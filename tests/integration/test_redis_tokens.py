@@ -12,6 +12,7 @@ import asyncio
 import itertools
 
 import pytest
+from hypothesis import HealthCheck, settings
 from redis.asyncio import Redis
 
 from fencing.errors import BackendUnavailableError, InvalidArgumentError
@@ -19,6 +20,8 @@ from fencing.limits import MAX_TOKEN
 from guard.stores.redis import RedisStore
 from lease_server.backends.redis import RedisBackend
 from lease_server.leases import Grant
+from tests.backends import redis_backend_at
+from tests.contract.test_lease_model import machine_for
 from tests.redis_server import RedisProcess, drop_prefix, unique_prefix
 
 pytestmark = pytest.mark.redis
@@ -91,6 +94,19 @@ async def test_counter_ahead_of_the_clock_still_increments(redis_url: str) -> No
         await client.aclose()
         await backend.close()
         await drop_prefix(redis_url, prefix)
+
+
+def test_stateful_model_with_the_clock_floor_on(redis_url: str) -> None:
+    """The contract's stateful model (strictly increasing tokens, Describe agrees) with
+    the production setting; the contract suite itself runs with dense tokens."""
+    machine = machine_for(lambda: redis_backend_at(redis_url, clock_floor=True))
+    machine.TestCase.settings = settings(
+        max_examples=10,
+        stateful_step_count=25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    machine.TestCase().runTest()
 
 
 @pytest.mark.parametrize("clock_floor", [True, False], ids=["floor", "control-no-floor"])
