@@ -49,7 +49,6 @@ from fencing.errors import (
     BackendUnavailableError,
     FencingError,
     InvalidArgumentError,
-    LeaseLost,
     StaleTokenError,
 )
 
@@ -241,8 +240,10 @@ async def migrate(dsn: str, schema: str | None = None) -> list[int]:
 def fencing_error(exc: BaseException) -> FencingError | None:
     """Our exception for a fencing SQLSTATE raised in SQL, else None.
 
-    ``FN001`` -> :class:`StaleTokenError` (with ``current_token``), ``FN002`` ->
-    :class:`LeaseLost`. Use it around your own transactions::
+    Both become :class:`StaleTokenError` with ``current_token`` = the fence, as the
+    guard answers in every store: ``FN001`` (the token is below the fence) and
+    ``FN002`` (strict: the token is not the live lease; the message says so). Use it
+    around your own transactions::
 
         except psycopg.Error as exc:
             raise fencing_error(exc) or exc
@@ -257,11 +258,13 @@ def fencing_error(exc: BaseException) -> FencingError | None:
         detail = {}
     resource = str(detail.get("resource", ""))
     token = int(detail.get("token", 0))
-    if sqlstate == STALE_TOKEN_SQLSTATE:
-        return StaleTokenError(
-            resource=resource, token=token, current_token=int(detail.get("current_token", 0))
-        )
-    return LeaseLost(resource=resource, token=token)
+    fence = int(detail.get("current_token", 0))
+    message = (
+        f"token {token} is not the live lease of {resource!r} (strict mode)"
+        if sqlstate == LEASE_NOT_LIVE_SQLSTATE
+        else ""
+    )
+    return StaleTokenError(message, resource=resource, token=token, current_token=fence)
 
 
 def unavailable(exc: BaseException, what: str) -> FencingError:
@@ -281,7 +284,7 @@ class PostgresDatabase:
     """A connection pool on one schema, migrated on open; every call bounded and wrapped.
 
     Driver failures become :class:`BackendUnavailableError` here, once, with the
-    cause chained; SQLSTATEs ``FN001``/``FN002`` become ``StaleTokenError``/``LeaseLost``.
+    cause chained; SQLSTATEs ``FN001``/``FN002`` become ``StaleTokenError``.
     """
 
     def __init__(self, config: PgConfig, application_name: str) -> None:

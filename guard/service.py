@@ -14,7 +14,7 @@ import grpc.aio
 
 from fencing import limits
 from fencing._server import rpc
-from fencing.errors import InvalidArgumentError, LeaseLost, StaleTokenError
+from fencing.errors import InvalidArgumentError, StaleTokenError
 from fencing.types import Delete, Op, Put
 from fencing.v1 import guard_pb2, guard_pb2_grpc
 from guard.fence import FenceMode
@@ -52,8 +52,6 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         self.store = store
         self.mode = mode
         self.stale_rejections = 0
-        #: Strict-mode writes refused because their token was not the live lease.
-        self.lease_lost_rejections = 0
 
     @rpc
     async def Write(
@@ -73,11 +71,6 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
                 token,
                 exc.current_token,
             )
-            raise
-        except LeaseLost:
-            # Strict mode: the token is not below the fence, but no longer the live lease.
-            self.lease_lost_rejections += 1
-            log.warning("write rejected: lease not live resource=%s token=%d", resource, token)
             raise
         log.debug(
             "write accepted resource=%s token=%d ops=%d fence=%d%s",

@@ -8,21 +8,22 @@ import pytest
 
 from guard.stores.base import GuardStore
 from lease_server.backends.base import LeaseBackend
-from tests.backends import GUARD_STORES, LEASE_BACKENDS, TimeControl
-
-#: Registry entries that need a server, and the marker their tests get.
-SERVER_MARKS = {"postgres": pytest.mark.postgres}
+from tests.backends import GUARD_STORES, LEASE_BACKENDS, MARKS, TimeControl
+from tests.redis_server import (  # noqa: F401  (fixtures)
+    redis_cluster_url,
+    redis_session,
+    redis_url,
+    throwaway_redis,
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that runs on a server-backed implementation with its marker."""
+    """Mark tests parametrized with a registry name that needs a server (see MARKS)."""
     for item in items:
         callspec = getattr(item, "callspec", None)
-        if callspec is None:
-            continue
-        for value in callspec.params.values():
-            if isinstance(value, str) and value in SERVER_MARKS:
-                item.add_marker(SERVER_MARKS[value])
+        for value in callspec.params.values() if callspec else ():
+            if isinstance(value, str) and value in MARKS:
+                item.add_marker(getattr(pytest.mark, MARKS[value]))
 
 
 @pytest.fixture(params=sorted(LEASE_BACKENDS))

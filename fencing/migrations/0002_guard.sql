@@ -14,7 +14,7 @@
 --   FN002  lease not live: strict mode, and the token is not the resource's current
 --          unexpired lease by this database's clock (expired, released or taken over).
 -- DETAIL is a JSON object {"resource", "token", "current_token"} (fencing.pg.fencing_error
--- turns it back into StaleTokenError / LeaseLost).
+-- turns either into StaleTokenError carrying the fence, as the guard answers).
 --
 -- The fence rule is guard/fence.py's admit(): reject token < fence (modes monotonic and
 -- strict), accept anything in mode off; the fence becomes greatest(token, fence).

@@ -1,7 +1,7 @@
 """Fenced stores, chosen by URL: ``memory://``, ``sqlite:///path``,
-``postgres://``/``postgresql://`` (strict mode capable; see :mod:`fencing.pg` for
-the URL's parameters), later ``redis://``. See :mod:`guard.stores.base` for the
-Protocol."""
+``postgres://``/``postgresql://`` (see :mod:`fencing.pg` for the URL's parameters),
+``redis://`` (and ``rediss://``, ``redis+cluster://``). See :mod:`guard.stores.base`
+for the Protocol."""
 
 from __future__ import annotations
 
@@ -27,9 +27,13 @@ def open_store(url: str) -> GuardStore:
         from guard.stores.postgres import PostgresStore
 
         return PostgresStore(url)
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
+        from guard.stores.redis import RedisStore
+
+        return RedisStore(url)
     raise InvalidArgumentError(
         f"unsupported guard store {scheme + '://' if scheme else url!r}: use memory://, "
-        "sqlite:///path or postgresql://...",
+        "sqlite:///path, postgresql://... or redis://...",
         field="store",
     )
 

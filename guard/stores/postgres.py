@@ -12,10 +12,11 @@ Strict mode (G5): the lease backend keeps its ``leases`` table in the same schem
 so a strict write also share-locks the resource's lease row and requires the token
 to be the current unexpired lease by the database's clock; the row lock holds
 every acquire of the resource back until the write commits, so no other holder
-can be granted in between. A token below the fence is :class:`StaleTokenError`; a
-token at or above it that is not the live lease (expired, released, taken over,
-or no lease server on this schema at all, which fails closed) is
-:class:`LeaseLost`: the lease, not the fence, is what refused it.
+can be granted in between. A token below the fence, and a token that is not the
+live lease (expired, released, taken over, or no lease server on this schema at
+all: strict mode fails closed), are both refused with :class:`StaleTokenError`
+carrying the fence, as the other stores do; the SQL raises them with distinct
+SQLSTATEs (``FN001``, ``FN002``) and the message says which.
 
 Idempotency keys are kept with the database's time of recording; the guard
 prunes them after its retention (default 24 h) in batches, oldest first.

@@ -1,6 +1,6 @@
 """Lease backends, chosen by URL: ``memory://``, ``sqlite:///path``,
-``postgres://``/``postgresql://`` (many servers on one database, see
-:mod:`fencing.pg` for the URL's parameters), later ``redis://``. See
+``postgres://``/``postgresql://`` (see :mod:`fencing.pg` for the URL's parameters),
+``redis://`` (and ``rediss://``, ``redis+cluster://``). See
 :mod:`lease_server.backends.base` for the Protocol."""
 
 from __future__ import annotations
@@ -31,9 +31,14 @@ def open_backend(url: str, clock: Clock | None = None) -> LeaseBackend:
         from lease_server.backends.postgres import PostgresBackend
 
         return PostgresBackend(url)
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
+        # Redis decides expiry by its own clock: ``clock`` does not apply.
+        from lease_server.backends.redis import RedisBackend
+
+        return RedisBackend(url)
     raise InvalidArgumentError(
         f"unsupported lease backend {scheme + '://' if scheme else url!r}: use memory://, "
-        "sqlite:///path or postgresql://...",
+        "sqlite:///path, postgresql://... or redis://...",
         field="backend",
     )
 
