@@ -23,8 +23,8 @@ def parser() -> argparse.ArgumentParser:
         "--store",
         default=os.environ.get("FENCING_STORE", "sqlite:fencing-data/guard.db"),
         help=(
-            "memory://, sqlite:///path, postgresql://user@host/db?schema=fencing "
-            "(env FENCING_STORE; default %(default)s)"
+            "memory://, sqlite:///path, postgresql://user@host/db?schema=fencing, "
+            "redis://host:6379 (env FENCING_STORE; default %(default)s)"
         ),
     )
     p.add_argument(
@@ -32,8 +32,9 @@ def parser() -> argparse.ArgumentParser:
         choices=[m.value for m in FenceMode],
         default=os.environ.get("FENCING_FENCE_MODE", FenceMode.MONOTONIC.value),
         help=(
-            "monotonic (default); strict also requires the live lease (postgres store on "
-            "the lease server's schema); 'off' accepts stale tokens: chaos control only"
+            "monotonic (default); strict also requires the live lease (a postgres or redis "
+            "store where the lease server keeps its leases); 'off' accepts stale tokens: "
+            "chaos control only"
         ),
     )
     p.add_argument(

@@ -22,8 +22,8 @@ def parser() -> argparse.ArgumentParser:
         "--backend",
         default=os.environ.get("FENCING_BACKEND", "sqlite:fencing-data/leases.db"),
         help=(
-            "memory://, sqlite:///path, postgresql://user@host/db?schema=fencing "
-            "(env FENCING_BACKEND; default %(default)s)"
+            "memory://, sqlite:///path, postgresql://user@host/db?schema=fencing, "
+            "redis://host:6379 (env FENCING_BACKEND; default %(default)s)"
         ),
     )
     p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
