@@ -227,7 +227,7 @@ async def migrate(dsn: str, schema: str | None = None) -> list[int]:
         )
         async with conn:
             applied = await _apply_migrations(conn, config.schema)
-    except psycopg.Error as exc:
+    except _OUTAGES as exc:
         raise BackendUnavailableError(f"cannot migrate schema {config.schema!r}: {exc}") from exc
     if applied:
         log.info("schema %s migrated: applied %s", config.schema, applied)
@@ -267,14 +267,31 @@ def fencing_error(exc: BaseException) -> FencingError | None:
     return StaleTokenError(message, resource=resource, token=token, current_token=fence)
 
 
-def unavailable(exc: BaseException, what: str) -> FencingError:
-    """The exception a driver failure becomes at the seam (our SQLSTATEs stay ours)."""
+#: Failures that mean "PostgreSQL cannot answer now" (down, restarting, overloaded,
+#: read-only after a failover, a timeout, a deadlock victim): safe to retry.
+_OUTAGES = (
+    psycopg.OperationalError,  # also PoolTimeout, QueryCanceled, AdminShutdown, deadlocks
+    psycopg.InterfaceError,
+    psycopg.errors.ReadOnlySqlTransaction,
+    TimeoutError,
+)
+
+
+def driver_error(exc: BaseException, what: str) -> FencingError | None:
+    """What a driver failure becomes at the seam, or None for a fault to fix.
+
+    Our SQLSTATEs become :class:`StaleTokenError`; outages (see ``_OUTAGES``) become
+    :class:`BackendUnavailableError`; anything else (a missing function, bad data: a
+    bug, not an outage) returns None and propagates unchanged.
+    """
     mapped = fencing_error(exc)
     if mapped is not None:
         return mapped
     if isinstance(exc, TimeoutError):
         return BackendUnavailableError(f"{what}: no answer from PostgreSQL in time")
-    return BackendUnavailableError(f"{what}: {type(exc).__name__}: {exc}".rstrip(": "))
+    if isinstance(exc, _OUTAGES):
+        return BackendUnavailableError(f"{what}: {type(exc).__name__}: {exc}".rstrip(": "))
+    return None
 
 
 # -- the pooled seam --------------------------------------------------------------------------
@@ -283,8 +300,9 @@ def unavailable(exc: BaseException, what: str) -> FencingError:
 class PostgresDatabase:
     """A connection pool on one schema, migrated on open; every call bounded and wrapped.
 
-    Driver failures become :class:`BackendUnavailableError` here, once, with the
-    cause chained; SQLSTATEs ``FN001``/``FN002`` become ``StaleTokenError``.
+    Driver failures are translated here, once, with the cause chained (see
+    :func:`driver_error`): outages become :class:`BackendUnavailableError`,
+    SQLSTATEs ``FN001``/``FN002`` become ``StaleTokenError``.
     """
 
     def __init__(self, config: PgConfig, application_name: str) -> None:
@@ -323,11 +341,12 @@ class PostgresDatabase:
         )
         try:
             await pool.open(wait=True, timeout=self.config.timeout)
-        except psycopg.Error as exc:
+        except BaseException as exc:
             await pool.close()
-            raise unavailable(
-                exc, f"cannot connect to PostgreSQL ({self.application_name})"
-            ) from exc
+            error = driver_error(exc, f"cannot connect to PostgreSQL ({self.application_name})")
+            if error is None:
+                raise
+            raise error from exc
         self._pool = pool
 
     async def close(self) -> None:
@@ -353,8 +372,8 @@ class PostgresDatabase:
                     autocommit=True,
                     **self.config.connect_kwargs(self.application_name),
                 )
-        except (psycopg.Error, TimeoutError) as exc:
-            raise unavailable(exc, "cannot connect to PostgreSQL") from exc
+        except _OUTAGES as exc:
+            raise BackendUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
@@ -366,7 +385,9 @@ class PostgresDatabase:
             async with asyncio.timeout(self.config.timeout), pool.connection() as conn:
                 yield conn
         except (psycopg.Error, TimeoutError) as exc:
-            error = unavailable(exc, f"{self.application_name} on PostgreSQL")
+            error = driver_error(exc, f"{self.application_name} on PostgreSQL")
+            if error is None:
+                raise
             if isinstance(error, BackendUnavailableError):
                 log.warning("%s", error)
             raise error from exc
@@ -393,6 +414,7 @@ __all__ = [
     "Migration",
     "PgConfig",
     "PostgresDatabase",
+    "driver_error",
     "fencing_error",
     "migrate",
     "migrations",

@@ -204,6 +204,19 @@ async def test_an_unreachable_database_is_backend_unavailable() -> None:
         await backend.describe("r")
 
 
+async def test_a_fault_is_not_dressed_up_as_an_outage(
+    schema: tuple[str, str], backend: PostgresBackend
+) -> None:
+    """A bug (here: the schema's function is gone) propagates as itself, not as retryable."""
+    dsn, name = schema
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+        await admin.execute(sql.SQL("DROP FUNCTION {}.lease_describe").format(sql.Identifier(name)))
+    with pytest.raises(psycopg.errors.UndefinedFunction):
+        await backend.describe("r")
+    assert pg.driver_error(psycopg.OperationalError("down"), "x") is not None
+    assert pg.driver_error(psycopg.errors.UndefinedFunction("bug"), "x") is None
+
+
 # -- wake-ups --------------------------------------------------------------------------------
 
 
