@@ -43,7 +43,7 @@ async def _main(args: argparse.Namespace) -> tuple[list[Result], list[Result]]:
     if args.postgres:
         from bench import postgres
 
-        pg = await postgres.run(args.postgres, clients, args.duration, servers=True)
+        pg = await postgres.run(clients, args.duration, args.postgres, servers=True)
     return embedded, pg
 
 

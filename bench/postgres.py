@@ -17,11 +17,18 @@ every worker on its own resource and connection:
   RPC floor of :mod:`bench.floor` when both are in one table).
 
 ``direct_write(dsn, concurrency, duration)`` gives the headline figure alone.
+``python -m bench.postgres [--duration S] [--clients 1,16] [--dsn URL] [--servers]``
+(``FENCING_BENCH_POSTGRES_DSN``, default the local test database); :func:`run`
+plugs into ``python -m bench`` like :func:`bench.floor.run`.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import os
 import secrets
+import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,13 +36,14 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from bench.harness import Result, measure, progress, server_process
+from bench.harness import Result, measure, progress, server_process, table
 from fencing.pg import migrate
 from fencing.types import Put
 from guard.fence import admit
 from guard.stores.postgres import PostgresStore
 
 FLOOR = "postgres: SELECT 1 (floor)"
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 BATCH = 100
 VALUE = b"v" * 64
 
@@ -117,7 +125,7 @@ async def _direct(
         ops = {
             "floor": (FLOOR, floor, 1),
             "function": ("postgres: guard_write (1 round trip)", function, 1),
-            "client": ("postgres: same check-and-write, 5 round trips", client_side, 1),
+            "client": ("postgres: client-side txn, 5 round trips", client_side, 1),
             "batched": (f"postgres: guard_write x{BATCH} per transaction", batched, BATCH),
         }
         for key in ("floor", *variants):
@@ -144,7 +152,7 @@ async def _through_store(dsn: str, schema: str, n: int, duration: float) -> Resu
         async def write(i: int) -> None:
             await store.write(f"bench-{i}", 1, [Put("k", VALUE)])
 
-        name = "postgres: PostgresStore.write (pool, checked)"
+        name = "postgres: PostgresStore.write (pool+check)"
         progress(f"{name}, {n} tasks")
         return await measure(name, write, n, duration, baseline=FLOOR)
     finally:
@@ -172,9 +180,14 @@ async def direct_write(
 
 
 async def run(
-    dsn: str, clients: Sequence[int], duration: float, *, servers: bool = False
+    clients: Sequence[int],
+    duration: float,
+    dsn: str | None = None,
+    *,
+    servers: bool = False,
 ) -> list[Result]:
-    """Every measurement above at each client count (``python -m bench --postgres DSN``)."""
+    """Every measurement above at each client count (see the module doc)."""
+    dsn = dsn or default_dsn()
     results: list[Result] = []
     async with bench_schema(dsn) as schema:
         for n in clients:
@@ -194,5 +207,26 @@ async def run(
     return results
 
 
+def default_dsn() -> str:
+    return os.environ.get("FENCING_BENCH_POSTGRES_DSN", DEFAULT_DSN)
+
+
 def _with_schema(dsn: str, schema: str) -> str:
     return f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.postgres", description=__doc__)
+    p.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
+    p.add_argument("--clients", default="1,16", help="comma-separated client counts")
+    p.add_argument("--dsn", default=default_dsn(), help="PostgreSQL URL (default %(default)s)")
+    p.add_argument("--servers", action="store_true", help="also through gRPC servers")
+    args = p.parse_args(argv)
+    clients = [int(c) for c in args.clients.split(",") if c]
+    results = asyncio.run(run(clients, args.duration, args.dsn, servers=args.servers))
+    print(table(results, "PostgreSQL: check-and-write against SELECT 1"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
