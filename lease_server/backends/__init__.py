@@ -16,7 +16,7 @@ from lease_server.clock import Clock
 def open_backend(url: str, clock: Clock | None = None) -> LeaseBackend:
     """Build (not yet open) the backend a URL names.
 
-    ``clock`` drives the embedded backends; PostgreSQL always uses its own clock.
+    ``clock`` drives the embedded backends; PostgreSQL and Redis use their own clocks.
     """
     scheme = urlsplit(url).scheme
     if scheme == "memory":

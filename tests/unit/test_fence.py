@@ -43,13 +43,3 @@ def test_off_mode_admits_a_stale_token() -> None:
     assert admit("r", 1, 5, FenceMode.OFF) == 5
     with pytest.raises(StaleTokenError):
         admit("r", 1, 5, FenceMode.MONOTONIC)
-
-
-@given(token=TOKENS, fence=TOKENS)
-def test_strict_mode_rejects_tokens_below_the_fence_too(token: int, fence: int) -> None:
-    """G3 holds in strict mode as well; the store adds the live-lease check on top."""
-    if token >= fence:
-        assert admit("r", token, fence, FenceMode.STRICT) == token
-    else:
-        with pytest.raises(StaleTokenError):
-            admit("r", token, fence, FenceMode.STRICT)
