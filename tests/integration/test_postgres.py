@@ -18,16 +18,13 @@ from psycopg.conninfo import make_conninfo
 from fencing import GuardClient, LeaseClient, pg
 from fencing.errors import (
     BackendUnavailableError,
-    InvalidArgumentError,
     StaleTokenError,
 )
 from fencing.testing import running_servers
 from fencing.types import Put, Record
 from guard.fence import FenceMode, admit, advance
 from guard.server import start_guard
-from guard.stores import open_store
 from guard.stores.postgres import PostgresStore
-from lease_server.backends import open_backend
 from lease_server.backends.postgres import PostgresBackend
 from lease_server.leases import Grant, Held
 from tests import pg as testpg
@@ -76,27 +73,6 @@ async def _query(dsn: str, query: sql.Composed) -> list[tuple[object, ...]]:
 # -- URLs and migrations ---------------------------------------------------------------------
 
 
-def test_url_parameters_are_ours_and_the_rest_is_libpq() -> None:
-    config = pg.PgConfig.from_url(
-        "postgresql://u:p@db:5433/app?schema=leases_a&timeout=0.5&pool_max=3&sslmode=disable"
-    )
-    assert config.schema == "leases_a" and config.timeout == 0.5 and config.pool_max == 3
-    assert config.conninfo == "postgresql://u:p@db:5433/app?sslmode=disable"
-    assert pg.PgConfig.from_url("postgres://db/app", schema="x").schema == "x"
-    assert pg.PgConfig.from_url("host=db dbname=app").schema == pg.DEFAULT_SCHEMA
-    for bad in ("postgres://db/app?schema=Bad-Name", "postgres://db/app?timeout=0"):
-        with pytest.raises(InvalidArgumentError):
-            pg.PgConfig.from_url(bad)
-
-
-def test_open_backend_and_open_store_know_postgres_urls() -> None:
-    assert isinstance(open_backend("postgres://db/app?schema=s1"), PostgresBackend)
-    assert isinstance(open_backend("postgresql://db/app"), PostgresBackend)
-    store = open_store("postgresql://db/app?schema=s1")
-    assert isinstance(store, PostgresStore) and store.supports_strict
-    assert store.schema == "s1"
-
-
 async def test_migrate_is_idempotent_and_safe_to_race(schema: tuple[str, str]) -> None:
     dsn, name = schema
     results = await asyncio.gather(*(pg.migrate(dsn, name) for _ in range(4)))
@@ -136,11 +112,6 @@ async def test_servers_need_no_ddl_rights_once_migrated(schema: tuple[str, str])
         finally:
             await admin.execute(sql.SQL("DROP OWNED BY {}").format(r))
             await admin.execute(sql.SQL("DROP ROLE {}").format(r))
-
-
-def test_every_migration_starts_with_a_header_comment() -> None:
-    for migration in pg.migrations():
-        assert migration.sql.startswith(f"-- {migration.version:04d}_{migration.name}:")
 
 
 # -- races and bounds ------------------------------------------------------------------------
