@@ -13,8 +13,8 @@ every worker on its own resource and connection:
 * ``PostgresStore.write``: the function behind the pool, its connection check
   and the timeout (what the guard service pays per write);
 * with ``servers=True``, Acquire+Release and a one-op Write through real lease
-  server and guard processes on the same schema (their ratio column points at the
-  RPC floor of :mod:`bench.floor` when both are in one table).
+  server and guard processes on the same schema, against the empty gRPC call
+  measured on the lease server's stack (as :mod:`bench.floor` does).
 
 ``direct_write(dsn, concurrency, duration)`` gives the headline figure alone.
 ``python -m bench.postgres [--duration S] [--clients 1,16] [--dsn URL] [--servers]``
@@ -56,10 +56,14 @@ async def bench_schema(dsn: str) -> AsyncIterator[str]:
     try:
         yield schema
     finally:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await conn.execute(
-                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
-            )
+        await _drop(dsn, schema)
+
+
+async def _drop(dsn: str, schema: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+        )
 
 
 @asynccontextmanager
@@ -189,6 +193,10 @@ async def run(
     """Every measurement above at each client count (see the module doc)."""
     dsn = dsn or default_dsn()
     results: list[Result] = []
+    try:
+        await (await psycopg.AsyncConnection.connect(dsn, connect_timeout=3)).close()
+    except psycopg.OperationalError as exc:  # python -m bench skips the section
+        raise ConnectionError(f"no PostgreSQL to measure: {exc}") from exc
     async with bench_schema(dsn) as schema:
         for n in clients:
             results += await _direct(dsn, schema, n, duration, ["function", "client", "batched"])
@@ -202,7 +210,7 @@ async def run(
                 server_process("guard", "--store", url) as guard_addr,
             ):
                 results += await run_servers_bench(
-                    lease_addr, guard_addr, "postgres", clients, duration, floor=False
+                    lease_addr, guard_addr, "postgres", clients, duration
                 )
     return results
 
