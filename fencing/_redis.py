@@ -224,11 +224,14 @@ async def scan_keys(client: Client, pattern: str, count: int = 1000) -> list[byt
 # -- Lua -----------------------------------------------------------------------------------
 
 
-def load_lua(package: str, name: str) -> str:
-    """The text of ``<package>/<name>.lua``, preceded by the shared decimal helpers."""
-    prelude = resources.files("fencing.lua").joinpath("decimal.lua").read_text("utf-8")
-    body = resources.files(package).joinpath(f"{name}.lua").read_text("utf-8")
-    return f"{prelude}\n{body}"
+def load_lua(package: str, name: str, *helpers: str) -> str:
+    """The text of ``<package>/<name>.lua``, preceded by the shared decimal helpers and
+    then by each ``<package>/<helper>.lua`` named in ``helpers``."""
+    files = resources.files(package)
+    parts = [resources.files("fencing.lua").joinpath("decimal.lua").read_text("utf-8")]
+    parts += [files.joinpath(f"{helper}.lua").read_text("utf-8") for helper in helpers]
+    parts.append(files.joinpath(f"{name}.lua").read_text("utf-8"))
+    return "\n".join(parts)
 
 
 def text(value: bytes | str | None) -> str:

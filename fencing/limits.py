@@ -15,7 +15,10 @@ wait_ms            0 .. 300,000 (5 min)
 token              1 .. 2**63 - 1 (0 is never issued)
 key                1-1024 bytes of UTF-8, no control characters
 value              at most 1 MiB (1,048,576 bytes)
-ops                1 .. 1,000 per write
+ops                1 .. 1,000 per write (0 .. 1,000 per resource of a WriteMany,
+                   1,000 in all)
+writes             1 .. 100 resources per WriteMany, each named once;
+                   0 .. 1,000 writes per WriteStream message
 idempotency_key    0-256 bytes of UTF-8, no control characters
 prefix             0-256 bytes of UTF-8, no control characters
 =================  ==========================================================
@@ -38,6 +41,8 @@ MAX_KEY_BYTES = 1024
 MAX_VALUE_BYTES = 1024 * 1024
 MAX_OPS = 1000
 MAX_IDEMPOTENCY_KEY_BYTES = 256
+MAX_WRITE_RESOURCES = 100
+MAX_STREAM_WRITES = 1000
 #: Largest gRPC message the servers accept: one write of MAX_OPS values would not fit,
 #: so the byte budget of a whole write is this, not MAX_OPS * MAX_VALUE_BYTES.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -122,5 +127,28 @@ def check_op_count(count: int, field: str = "ops") -> int:
     if count > MAX_OPS:
         raise InvalidArgumentError(
             f"{field} holds {count} ops; the limit is {MAX_OPS} per write", field=field
+        )
+    return count
+
+
+def check_write_resources(resources: list[str], field: str = "writes") -> list[str]:
+    """The resources of one WriteMany: 1 .. MAX_WRITE_RESOURCES, each named once."""
+    if not resources:
+        raise InvalidArgumentError(f"{field} must name at least one resource", field=field)
+    if len(resources) > MAX_WRITE_RESOURCES:
+        raise InvalidArgumentError(
+            f"{field} names {len(resources)} resources; the limit is {MAX_WRITE_RESOURCES}",
+            field=field,
+        )
+    if len(set(resources)) != len(resources):
+        raise InvalidArgumentError(f"{field} names a resource more than once", field=field)
+    return resources
+
+
+def check_stream_writes(count: int, field: str = "writes") -> int:
+    if count > MAX_STREAM_WRITES:
+        raise InvalidArgumentError(
+            f"{field} holds {count} writes; the limit is {MAX_STREAM_WRITES} per message",
+            field=field,
         )
     return count

@@ -7,27 +7,37 @@ resource and tokens, never values.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc.aio
 
-from fencing import limits
+from fencing import _status, limits
 from fencing._server import rpc
-from fencing.errors import InvalidArgumentError, StaleTokenError
+from fencing.errors import FencingError, InvalidArgumentError, StaleTokenError
 from fencing.types import Delete, Op, Put
 from fencing.v1 import guard_pb2, guard_pb2_grpc
+from guard.commit import GroupCommit
 from guard.fence import FenceMode
-from guard.stores.base import GuardStore
+from guard.stores.base import BatchedWrite, GuardStore, ResourceWrite, Verdict
+
+#: Messages of one WriteStream judged at once; the stream stops reading beyond it.
+STREAM_WINDOW = 64
 
 log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
-def ops_from_proto(ops: Any, field: str = "ops") -> list[Op]:
-    """Validate and convert repeated ``Op``; the error names the op's index and field."""
-    limits.check_op_count(len(ops), field)
+def ops_from_proto(ops: Any, field: str = "ops", *, required: bool = True) -> list[Op]:
+    """Validate and convert repeated ``Op``; the error names the op's index and field.
+
+    ``required=False`` allows none (a resource of a WriteMany checked and advanced only).
+    """
+    if required or ops:
+        limits.check_op_count(len(ops), field)
     result: list[Op] = []
     for i, op in enumerate(ops):
         which = op.WhichOneof("op")
@@ -45,42 +55,205 @@ def ops_from_proto(ops: Any, field: str = "ops") -> list[Op]:
     return result
 
 
-class GuardService(guard_pb2_grpc.GuardServiceServicer):
-    """The guard's RPC handlers."""
+def write_from_proto(request: guard_pb2.WriteRequest, field: str = "") -> BatchedWrite:
+    """Validate one ``WriteRequest`` whole; errors name ``field`` + the request's field."""
+    return BatchedWrite(
+        resource=limits.check_resource(request.resource, f"{field}resource"),
+        token=limits.check_token(request.token, f"{field}token"),
+        ops=ops_from_proto(request.ops, f"{field}ops"),
+        idempotency_key=limits.check_idempotency_key(
+            request.idempotency_key, f"{field}idempotency_key"
+        ),
+    )
 
-    def __init__(self, store: GuardStore, mode: FenceMode = FenceMode.MONOTONIC) -> None:
+
+def _write_error(exc: FencingError) -> guard_pb2.WriteError:
+    code, reason, message, metadata = _status.to_fields(exc)
+    return guard_pb2.WriteError(code=code, reason=reason, message=message, metadata=metadata)
+
+
+class GuardService(guard_pb2_grpc.GuardServiceServicer):
+    """The guard's RPC handlers.
+
+    Writes in every mode but strict go through one :class:`~guard.commit.GroupCommit`,
+    whether they come from ``Write`` or ``WriteStream``: concurrent writes share store
+    transactions. ``commit_concurrency`` (default: the store's own
+    ``commit_concurrency``, else 1) is how many such transactions run at once.
+    """
+
+    def __init__(
+        self,
+        store: GuardStore,
+        mode: FenceMode = FenceMode.MONOTONIC,
+        *,
+        commit_concurrency: int | None = None,
+    ) -> None:
         self.store = store
         self.mode = mode
         self.stale_rejections = 0
+        self.commit: GroupCommit | None = None
+        if mode is not FenceMode.STRICT:
+            self.commit = GroupCommit(
+                store, mode, concurrency=commit_concurrency or store.commit_concurrency
+            )
+
+    async def _write_all(self, writes: Sequence[BatchedWrite]) -> list[Verdict]:
+        """One verdict per write, in order; store failures raise."""
+        if self.commit is not None:
+            verdicts = await self.commit.submit(writes)
+        else:
+            verdicts = list(await asyncio.gather(*(self._write_one(w) for w in writes)))
+        for w, verdict in zip(writes, verdicts, strict=True):
+            if isinstance(verdict, StaleTokenError):
+                self._stale(w.resource, w.token, verdict, "write")
+            else:
+                log.debug(
+                    "write accepted resource=%s token=%d ops=%d fence=%d%s",
+                    w.resource,
+                    w.token,
+                    len(w.ops),
+                    verdict.fence,
+                    " (replayed)" if verdict.replayed else "",
+                )
+        return verdicts
+
+    async def _write_one(self, w: BatchedWrite) -> Verdict:
+        try:
+            return await self.store.write(w.resource, w.token, w.ops, w.idempotency_key, self.mode)
+        except StaleTokenError as exc:
+            return exc
+
+    def _stale(self, resource: str, token: int, exc: StaleTokenError, what: str) -> None:
+        self.stale_rejections += 1
+        log.warning(
+            "stale %s rejected resource=%s token=%d fence=%d",
+            what,
+            resource,
+            token,
+            exc.current_token,
+        )
 
     @rpc
     async def Write(
         self, request: guard_pb2.WriteRequest, context: Context
     ) -> guard_pb2.WriteResponse:
-        resource = limits.check_resource(request.resource)
-        token = limits.check_token(request.token)
-        ops = ops_from_proto(request.ops)
+        (verdict,) = await self._write_all([write_from_proto(request)])
+        if isinstance(verdict, StaleTokenError):
+            raise verdict
+        return guard_pb2.WriteResponse(fence=verdict.fence, replayed=verdict.replayed)
+
+    @rpc
+    async def WriteMany(
+        self, request: guard_pb2.WriteManyRequest, context: Context
+    ) -> guard_pb2.WriteManyResponse:
+        writes = [
+            ResourceWrite(
+                resource=limits.check_resource(w.resource, f"writes[{i}].resource"),
+                token=limits.check_token(w.token, f"writes[{i}].token"),
+                ops=ops_from_proto(w.ops, f"writes[{i}].ops", required=False),
+            )
+            for i, w in enumerate(request.writes)
+        ]
+        limits.check_write_resources([w.resource for w in writes])
+        total_ops = sum(len(w.ops) for w in writes)
+        if total_ops > limits.MAX_OPS:
+            limits.check_op_count(total_ops, "writes[].ops")
         key = limits.check_idempotency_key(request.idempotency_key)
         try:
-            result = await self.store.write(resource, token, ops, key, self.mode)
+            result = await self.store.write_many(writes, key, self.mode)
         except StaleTokenError as exc:
-            self.stale_rejections += 1
-            log.warning(
-                "stale write rejected resource=%s token=%d fence=%d",
-                resource,
-                token,
-                exc.current_token,
-            )
+            self._stale(exc.resource, exc.token, exc, "multi-resource write")
             raise
         log.debug(
-            "write accepted resource=%s token=%d ops=%d fence=%d%s",
-            resource,
-            token,
-            len(ops),
-            result.fence,
+            "multi-resource write accepted resources=%s ops=%d%s",
+            ",".join(w.resource for w in writes),
+            total_ops,
             " (replayed)" if result.replayed else "",
         )
-        return guard_pb2.WriteResponse(fence=result.fence, replayed=result.replayed)
+        return guard_pb2.WriteManyResponse(
+            fences=[
+                guard_pb2.FenceState(resource=w.resource, fence=fence)
+                for w, fence in zip(writes, result.fences, strict=True)
+            ],
+            replayed=result.replayed,
+        )
+
+    async def WriteStream(
+        self, request_iterator: AsyncIterator[guard_pb2.WriteStreamRequest], context: Context
+    ) -> AsyncIterator[guard_pb2.WriteStreamResponse]:
+        """Answer each message with its verdicts; messages are judged concurrently (up to
+        ``STREAM_WINDOW`` at once), so answers may come back in another order."""
+        answers: asyncio.Queue[guard_pb2.WriteStreamResponse | BaseException | None] = (
+            asyncio.Queue()
+        )
+        window = asyncio.Semaphore(STREAM_WINDOW)
+        running: set[asyncio.Task[None]] = set()
+
+        async def answer(message: guard_pb2.WriteStreamRequest) -> None:
+            try:
+                await answers.put(await self._stream_verdicts(message))
+            except BaseException as exc:
+                await answers.put(exc)
+                raise
+            finally:
+                window.release()
+
+        async def read() -> None:
+            try:
+                async for message in request_iterator:
+                    limits.check_stream_writes(len(message.writes))
+                    await window.acquire()
+                    task = asyncio.create_task(answer(message))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                if running:
+                    await asyncio.wait(set(running))
+                await answers.put(None)
+            except BaseException as exc:
+                await answers.put(exc)
+                raise
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                item = await answers.get()
+                if item is None:
+                    return
+                if isinstance(item, FencingError):
+                    await _status.abort(context, item)
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    async def _stream_verdicts(
+        self, message: guard_pb2.WriteStreamRequest
+    ) -> guard_pb2.WriteStreamResponse:
+        verdicts: list[guard_pb2.WriteVerdict | None] = [None] * len(message.writes)
+        valid: list[tuple[int, int, BatchedWrite]] = []
+        for i, streamed in enumerate(message.writes):
+            try:
+                valid.append((i, streamed.id, write_from_proto(streamed.write)))
+            except InvalidArgumentError as exc:
+                verdicts[i] = guard_pb2.WriteVerdict(id=streamed.id, error=_write_error(exc))
+        try:
+            results: list[Verdict | FencingError] = list(
+                await self._write_all([w for _, _, w in valid])
+            )
+        except FencingError as exc:  # the store failed: every write of the message
+            results = [exc] * len(valid)
+        for (i, write_id, _), result in zip(valid, results, strict=True):
+            if isinstance(result, FencingError):
+                verdicts[i] = guard_pb2.WriteVerdict(id=write_id, error=_write_error(result))
+            else:
+                verdicts[i] = guard_pb2.WriteVerdict(
+                    id=write_id,
+                    ok=guard_pb2.WriteResponse(fence=result.fence, replayed=result.replayed),
+                )
+        return guard_pb2.WriteStreamResponse(verdicts=[v for v in verdicts if v is not None])
 
     @rpc
     async def Read(
@@ -104,13 +277,7 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         try:
             fence = await self.store.fence(resource, token)
         except StaleTokenError as exc:
-            self.stale_rejections += 1
-            log.warning(
-                "stale fence rejected resource=%s token=%d fence=%d",
-                resource,
-                token,
-                exc.current_token,
-            )
+            self._stale(resource, token, exc, "fence")
             raise
         log.info("fenced resource=%s token=%d", resource, fence)
         return guard_pb2.FenceState(resource=resource, fence=fence)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from types import TracebackType
 
 import grpc
 
-from fencing.client import _core
+from fencing.client import _core, _writes
 from fencing.client._core import WriteResult
+from fencing.client._writes import ManyResult
+from fencing.client.write_stream import WriteStream
+from fencing.limits import MAX_STREAM_WRITES
 from fencing.types import Delete, Fenced, Op, Put, Record
 from fencing.v1 import guard_pb2, guard_pb2_grpc
 
@@ -32,9 +36,13 @@ class GuardClient:
         credentials: grpc.ChannelCredentials | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
         channel: grpc.Channel | None = None,
+        coalesce: bool = False,
     ) -> None:
         self.target = target
         self.rpc_timeout = rpc_timeout
+        self.coalesce = coalesce
+        self._shared_stream: WriteStream | None = None
+        self._stream_lock = threading.Lock()
         if channel is not None:
             self._channel = channel
         elif credentials is not None:
@@ -44,6 +52,8 @@ class GuardClient:
         self._stub = guard_pb2_grpc.GuardServiceStub(self._channel)
 
     def close(self) -> None:
+        if self._shared_stream is not None:
+            self._shared_stream.close()
         self._channel.close()
 
     def __enter__(self) -> GuardClient:
@@ -64,7 +74,14 @@ class GuardClient:
 
         With ``idempotency_key``, a repeat of the same write (even after a timeout)
         applies nothing again and returns ``replayed=True``: retries are safe.
+
+        With ``coalesce=True`` on the client, concurrent writes from many threads share
+        one ``WriteStream`` and travel together (same verdicts, fewer messages).
         """
+        if self.coalesce:
+            return self._stream().write(
+                fenced, ops, idempotency_key=idempotency_key, timeout=self.rpc_timeout
+            )
         request = _core.write_request(fenced, _core.ops_list(ops), idempotency_key)
         try:
             return _core.write_result(self._stub.Write(request, timeout=self.rpc_timeout))
@@ -109,3 +126,33 @@ class GuardClient:
         except grpc.RpcError as err:
             raise _core.translate(err) from err
         return msg.fence
+
+    # -- several resources, many writes ----------------------------------------------------
+
+    def write_many(
+        self,
+        writes: Sequence[tuple[Fenced, Sequence[Op] | Op]],
+        *,
+        idempotency_key: str = "",
+    ) -> ManyResult:
+        """Write several resources atomically, each under its own token: all or nothing.
+
+        ``writes`` pairs each lease (or ``Claim``) with its ops (none: the resource is
+        only checked and fenced). One stale token raises ``StaleTokenError`` naming the
+        first stale resource in sorted order, and nothing is applied anywhere.
+        """
+        request = _writes.write_many_request(writes, idempotency_key)
+        try:
+            return _writes.many_result(self._stub.WriteMany(request, timeout=self.rpc_timeout))
+        except grpc.RpcError as err:
+            raise _core.translate(err) from err
+
+    def stream(self, *, max_batch: int = MAX_STREAM_WRITES) -> WriteStream:
+        """Open a :class:`WriteStream`: many writes, from many threads, over one call."""
+        return WriteStream(self._stub, max_batch=max_batch)
+
+    def _stream(self) -> WriteStream:
+        with self._stream_lock:
+            if self._shared_stream is None or self._shared_stream.broken:
+                self._shared_stream = WriteStream(self._stub)
+            return self._shared_stream
