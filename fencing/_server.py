@@ -79,11 +79,13 @@ class BuiltServer:
     service_names: Sequence[str] = ()
 
 
-def server_options() -> list[tuple[str, int]]:
+def server_options(reuse_port: bool = False) -> list[tuple[str, int]]:
+    """Channel options of every server. ``SO_REUSEPORT`` stays off (a second server on a
+    port in use must fail to bind) except for the workers of ``--workers N``."""
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
     ]
 
 
@@ -92,12 +94,14 @@ async def build_server(
     services: Sequence[Service],
     *,
     reflection_enabled: bool = False,
+    reuse_port: bool = False,
 ) -> BuiltServer:
     """Create a grpc.aio server with ``services`` and health, bound to ``address``.
 
     Returns it with the bound port, so ``127.0.0.1:0`` works in tests. Not started.
+    ``reuse_port``: bind with ``SO_REUSEPORT`` (one of several worker processes).
     """
-    srv = grpc.aio.server(options=server_options())
+    srv = grpc.aio.server(options=server_options(reuse_port))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, srv)
     names = [s.name for s in services]

@@ -8,6 +8,7 @@ import os
 import sys
 
 from fencing._server import configure_logging, wait_for_signal
+from fencing._workers import run_workers
 from guard.fence import FenceMode
 from guard.server import DEFAULT_IDEMPOTENCY_RETENTION_S, start_guard
 
@@ -45,6 +46,16 @@ def parser() -> argparse.ArgumentParser:
         ),
         help="seconds a write's idempotency key is remembered (default 86400)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("FENCING_WORKERS", "1")),
+        help=(
+            "server processes sharing the port (SO_REUSEPORT; env FENCING_WORKERS; default 1). "
+            "Each uses about one core; not with memory://"
+        ),
+    )
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
     p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM")
     p.add_argument("--log-level", default=os.environ.get("FENCING_LOG_LEVEL", "INFO"))
@@ -63,6 +74,7 @@ async def _run(args: argparse.Namespace) -> None:
         mode=FenceMode(args.fence_mode),
         retention_s=args.idempotency_retention,
         reflection=args.reflection,
+        reuse_port=args.reuse_port,
     )
     print(
         f"guard listening on {server.address} (store {server.store.name}, "
@@ -74,7 +86,13 @@ async def _run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    p = parser()
+    args = p.parse_args(argv)
+    if args.workers > 1:
+        if args.store.startswith("memory:"):
+            p.error("--workers needs a store the workers can share (not memory://)")
+        return run_workers("guard", argv, args.listen, args.workers, "guard")
     configure_logging(args.log_level, args.log_format)
     asyncio.run(_run(args))
     return 0

@@ -77,6 +77,7 @@ async def start_guard(
     mode: FenceMode = FenceMode.MONOTONIC,
     retention_s: float = DEFAULT_IDEMPOTENCY_RETENTION_S,
     reflection: bool = False,
+    reuse_port: bool = False,
 ) -> GuardServer:
     """Open ``store`` (an object or a URL), bind ``address`` (port 0 picks one), start."""
     st = open_store(store) if isinstance(store, str) else store
@@ -89,7 +90,9 @@ async def start_guard(
     await st.open()
     try:
         service, services = guard_services(st, mode)
-        built = await build_server(address, services, reflection_enabled=reflection)
+        built = await build_server(
+            address, services, reflection_enabled=reflection, reuse_port=reuse_port
+        )
         await built.server.start()
     except BaseException:
         await st.close()

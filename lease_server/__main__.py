@@ -8,6 +8,7 @@ import os
 import sys
 
 from fencing._server import configure_logging, wait_for_signal
+from fencing._workers import run_workers
 from lease_server.server import start_lease_server
 
 
@@ -26,6 +27,16 @@ def parser() -> argparse.ArgumentParser:
             "redis://host:6379 (env FENCING_BACKEND; default %(default)s)"
         ),
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("FENCING_WORKERS", "1")),
+        help=(
+            "server processes sharing the port (SO_REUSEPORT; env FENCING_WORKERS; default 1). "
+            "Each uses about one core; not with memory://"
+        ),
+    )
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
     p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM")
     p.add_argument("--log-level", default=os.environ.get("FENCING_LOG_LEVEL", "INFO"))
@@ -38,14 +49,22 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def _run(args: argparse.Namespace) -> None:
-    server = await start_lease_server(args.backend, args.listen, reflection=args.reflection)
+    server = await start_lease_server(
+        args.backend, args.listen, reflection=args.reflection, reuse_port=args.reuse_port
+    )
     print(f"lease server listening on {server.address} (backend {server.backend.name})", flush=True)
     await wait_for_signal()
     await server.stop(args.grace)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    p = parser()
+    args = p.parse_args(argv)
+    if args.workers > 1:
+        if args.backend.startswith("memory:"):
+            p.error("--workers needs a backend the workers can share (not memory://)")
+        return run_workers("lease_server", argv, args.listen, args.workers, "lease server")
     configure_logging(args.log_level, args.log_format)
     asyncio.run(_run(args))
     return 0

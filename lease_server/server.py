@@ -44,13 +44,16 @@ async def start_lease_server(
     address: str = "127.0.0.1:50051",
     *,
     reflection: bool = False,
+    reuse_port: bool = False,
 ) -> LeaseServer:
     """Open ``backend`` (an object or a URL), bind ``address`` (port 0 picks one), start."""
     be = open_backend(backend) if isinstance(backend, str) else backend
     await be.open()
     try:
         service, services = lease_services(be)
-        built = await build_server(address, services, reflection_enabled=reflection)
+        built = await build_server(
+            address, services, reflection_enabled=reflection, reuse_port=reuse_port
+        )
         await built.server.start()
     except BaseException:
         await be.close()

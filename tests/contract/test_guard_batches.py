@@ -218,10 +218,10 @@ async def test_concurrent_multi_writes_are_atomic_and_never_deadlock(
                 f"partial multi-write visible: read token {token}, then {two} on {second}"
             )
     for r in names:
-        record = await guard_store.read(r, "k")
-        assert record is not None
-        assert accepted[record.value.decode()][0] == record.written_by_token
-        assert await guard_store.describe_fence(r) == record.written_by_token
+        final = await guard_store.read(r, "k")
+        assert final is not None
+        assert accepted[final.value.decode()][0] == final.written_by_token
+        assert await guard_store.describe_fence(r) == final.written_by_token
 
 
 # -- write_batch ----------------------------------------------------------------------------
