@@ -5,6 +5,36 @@ clock, keeps a per-resource counter that is never deleted (so tokens only grow,
 G1), and wraps its driver's errors once into ``BackendUnavailableError`` with the
 cause chained. Waiting, validation and the wire live above it, in the service.
 To add a backend, add a file beside this one and a branch in ``open_backend``.
+
+The event log
+-------------
+Every backend also keeps an **event log**, which ``Watch`` streams and guards in
+``watch`` mode follow. Its rules, which every implementation must keep (the
+contract suite ``tests/contract/test_lease_events.py`` checks them):
+
+1. **Same transaction.** Each successful acquire, renew and release appends its
+   events (:func:`lease_server.leases.transitions` says which) in the same atomic
+   step as the state change: a reader never sees a grant without its event or
+   an event without its grant. A refused or replayed acquire appends nothing.
+2. **Revisions.** Each event gets the next revision of the backend's one
+   counter (1, 2, 3 ... across all resources), stored durably with the log and
+   never reused, not even after pruning or a restart.
+3. **Commit order.** Appends are serialized, so revisions become visible in
+   order: once a reader has seen revision N, no event with a revision <= N can
+   appear later. (A PostgreSQL sequence alone does not give this, since sequence
+   values commit out of order: bump a counter row with ``UPDATE ... RETURNING`` in
+   the appending transaction, whose row lock serializes appenders. In Redis, do
+   the ``INCR`` and the append in the same Lua script.)
+4. **Expiry exactly once.** A lease that ends by expiry gets exactly one EXPIRED
+   event: appended either by :meth:`LeaseBackend.expire_due` (the sweeper, which
+   clears the expired lease in the same step), or, if a takeover comes first, by
+   that acquire, immediately before its ACQUIRED. Both are conditional on the
+   lease still being there, so several servers sweeping one backend never
+   append it twice.
+5. **Retention.** The log is bounded: :meth:`LeaseBackend.prune_events` drops the
+   oldest events and records the highest revision dropped as
+   ``compacted_through``; a reader asking for events after an older revision is
+   told so (:meth:`lease_server.leases.EventPage.gap`) and must resync.
 """
 
 from __future__ import annotations
@@ -12,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from lease_server.leases import Grant, Held, LeaseInfo
+from lease_server.leases import EventPage, Grant, Held, LeaseEvent, LeaseInfo, Scope
 
 
 class LeaseBackend(Protocol):
@@ -34,13 +64,19 @@ class LeaseBackend(Protocol):
 
         A retry with the current lease's non-empty ``request_id`` and holder returns
         that lease (``Grant.replayed``). Otherwise returns :class:`Held`.
+
+        A grant appends ACQUIRED, preceded by EXPIRED of the previous token when it
+        takes over an expired lease the sweeper has not cleared yet.
         """
 
     async def renew(self, resource: str, token: int, holder: str, ttl_ms: int) -> Grant:
-        """Extend the current unexpired lease to now + ttl_ms, or raise ``LeaseLost``."""
+        """Extend the current unexpired lease to now + ttl_ms, or raise ``LeaseLost``.
+
+        Appends RENEWED (with the new ttl_ms) when the expiry moves.
+        """
 
     async def release(self, resource: str, token: int, holder: str) -> None:
-        """Free the resource now, or raise ``LeaseLost``."""
+        """Free the resource now, or raise ``LeaseLost``. Appends RELEASED."""
 
     async def describe(self, resource: str) -> LeaseInfo:
         """Current state; an unknown resource is free with ``last_token == 0``."""
@@ -51,4 +87,57 @@ class LeaseBackend(Protocol):
         Backends that can observe them (PostgreSQL LISTEN/NOTIFY, Redis pub/sub) call
         it from the event loop so waiters wake promptly; embedded backends, which only
         see their own process, keep the callback and never call it.
+        """
+
+    # -- the event log (see the module docstring for the rules) ----------------------------
+
+    async def head_revision(self) -> int:
+        """The revision of the newest event appended (0 if none ever was)."""
+
+    async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
+        """Events in ``scope`` with a revision greater than ``revision``, oldest first.
+
+        Returns an :class:`EventPage` read so that nothing can be missed in between:
+
+        - ``head``: the newest revision in the whole log, read *first*; every event
+          with a revision <= ``head`` is committed and visible (rule 3);
+        - ``events``: the matching events with ``revision < r <= head``, ascending,
+          at most ``limit`` (>= 1). Fewer than ``limit`` means there is no other
+          matching event up to ``head``, so the reader's next cursor is ``head``;
+          a full page means "ask again after the last one";
+        - ``compacted_through``: the highest revision pruned (0 if none), read
+          *after* the events, so a prune racing the read is reported, never hidden.
+
+        Matching is exact on ``scope.resource`` when set, else a byte-wise prefix
+        test on ``scope.prefix`` (no LIKE wildcards; the empty prefix matches all).
+        """
+
+    async def expire_due(self, limit: int) -> list[LeaseEvent]:
+        """The sweeper's step: clear up to ``limit`` leases whose expiry has passed.
+
+        In one atomic step per lease (or for the whole batch): re-check on the
+        backend's clock that the lease with that token is still there and expired
+        (:func:`lease_server.leases.expire`), clear it, and append its EXPIRED
+        event. Returns the events appended, in revision order: empty when none
+        was due or another process cleared them first. Run by every lease server
+        about every 50 ms, so an EXPIRED event is at most ~100 ms late.
+        """
+
+    async def prune_events(self, keep: int) -> int:
+        """Drop all but the newest ``keep`` events; return how many were dropped.
+
+        Raises ``compacted_through`` to the highest revision dropped, in the same
+        atomic step as the delete. Never drops an event with a revision above
+        ``head - keep`` and never lowers ``head``.
+        """
+
+    def on_events(self, callback: Callable[[int], None]) -> None:
+        """Register ``callback(head)`` to be called, on the event loop, after events
+        up to revision ``head`` were committed.
+
+        Call it after this object's own appends; backends that can also observe
+        other processes' appends (PostgreSQL LISTEN/NOTIFY, Redis pub/sub) call it
+        for those too. Callers also poll :meth:`head_revision` about every 100 ms,
+        so a backend that cannot observe other processes (SQLite shared by two
+        servers) is still followed, only later. The callback must not block.
         """
