@@ -8,6 +8,7 @@ import os
 import sys
 
 from fencing._server import configure_logging, wait_for_signal
+from lease_server.expiry import DEFAULT_EVENT_RETENTION
 from lease_server.server import start_lease_server
 
 
@@ -23,6 +24,12 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("FENCING_BACKEND", "sqlite:fencing-data/leases.db"),
         help="memory://, sqlite:///path (env FENCING_BACKEND; default %(default)s)",
     )
+    p.add_argument(
+        "--event-retention",
+        type=int,
+        default=int(os.environ.get("FENCING_EVENT_RETENTION", DEFAULT_EVENT_RETENTION)),
+        help="events kept for Watch resumption (default %(default)s); older cursors get RESYNC",
+    )
     p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
     p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM")
     p.add_argument("--log-level", default=os.environ.get("FENCING_LOG_LEVEL", "INFO"))
@@ -35,7 +42,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def _run(args: argparse.Namespace) -> None:
-    server = await start_lease_server(args.backend, args.listen, reflection=args.reflection)
+    server = await start_lease_server(
+        args.backend,
+        args.listen,
+        reflection=args.reflection,
+        event_retention=args.event_retention,
+    )
     print(f"lease server listening on {server.address} (backend {server.backend.name})", flush=True)
     await wait_for_signal()
     await server.stop(args.grace)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
 
 from fencing._server import BuiltServer, Service, build_server
 from fencing.v1 import lease_pb2_grpc
 from lease_server.backends import LeaseBackend, open_backend
+from lease_server.expiry import DEFAULT_EVENT_RETENTION
 from lease_server.service import LeaseService
 
 SERVICE_NAME = "fencing.v1.LeaseService"
@@ -20,20 +23,29 @@ class LeaseServer:
     backend: LeaseBackend
     service: LeaseService
     address: str
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
     def port(self) -> int:
         return self.built.port
 
     async def stop(self, grace: float = 5.0) -> None:
-        """Stop serving: health NOT_SERVING, drain for ``grace`` seconds, close the backend."""
+        """Stop serving: health NOT_SERVING, end Watch streams, drain for ``grace``
+        seconds, stop the sweeper, close the backend."""
         await self.built.set_serving(False)
+        self.service.close()
         await self.built.server.stop(grace)
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await self.backend.close()
 
 
-def lease_services(backend: LeaseBackend) -> tuple[LeaseService, list[Service]]:
-    service = LeaseService(backend)
+def lease_services(
+    backend: LeaseBackend, *, event_retention: int = DEFAULT_EVENT_RETENTION
+) -> tuple[LeaseService, list[Service]]:
+    service = LeaseService(backend, event_retention=event_retention)
     return service, [
         Service(SERVICE_NAME, service, lease_pb2_grpc.add_LeaseServiceServicer_to_server)
     ]
@@ -44,16 +56,23 @@ async def start_lease_server(
     address: str = "127.0.0.1:50051",
     *,
     reflection: bool = False,
+    event_retention: int = DEFAULT_EVENT_RETENTION,
 ) -> LeaseServer:
-    """Open ``backend`` (an object or a URL), bind ``address`` (port 0 picks one), start."""
+    """Open ``backend`` (an object or a URL), bind ``address`` (port 0 picks one), start.
+
+    Also starts the expiry sweeper and the event feed (see :meth:`LeaseService.run`);
+    the event log keeps the newest ``event_retention`` events.
+    """
     be = open_backend(backend) if isinstance(backend, str) else backend
     await be.open()
     try:
-        service, services = lease_services(be)
+        service, services = lease_services(be, event_retention=event_retention)
         built = await build_server(address, services, reflection_enabled=reflection)
         await built.server.start()
     except BaseException:
         await be.close()
         raise
     host = address.rsplit(":", 1)[0]
-    return LeaseServer(built, be, service, f"{host}:{built.port}")
+    running = LeaseServer(built, be, service, f"{host}:{built.port}")
+    running._tasks.append(asyncio.create_task(service.run()))
+    return running

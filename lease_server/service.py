@@ -2,7 +2,8 @@
 
 Validates every request at the edge (:mod:`fencing.limits`), queues waiters per
 resource (:mod:`lease_server.waiters`), and logs each grant, renewal, release and
-refusal with resource, holder and token.
+refusal with resource, holder and token. ``Watch`` streams the backend's event log
+(:mod:`lease_server.watch`); the sweeper (:mod:`lease_server.expiry`) feeds it expiries.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from fencing import limits
+from fencing import _status, limits
 from fencing._server import rpc
-from fencing.errors import AcquireTimeoutError, LeaseHeldError
+from fencing.errors import AcquireTimeoutError, FencingError, InvalidArgumentError, LeaseHeldError
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from lease_server.backends.base import LeaseBackend
-from lease_server.leases import Grant, Held
+from lease_server.expiry import DEFAULT_EVENT_RETENTION, Sweeper
+from lease_server.leases import EventKind, Grant, Held, LeaseEvent, Scope
 from lease_server.waiters import WaitQueues
+from lease_server.watch import EventFeed
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +37,66 @@ def _lease(grant: Grant) -> lease_pb2.Lease:
     )
 
 
-class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
-    """The lease server's RPC handlers."""
+#: Events read from the backend per ``events_after`` call of one Watch stream.
+WATCH_PAGE = 1000
 
-    def __init__(self, backend: LeaseBackend, waiters: WaitQueues | None = None) -> None:
+_KINDS = {
+    EventKind.ACQUIRED: lease_pb2.LeaseEvent.ACQUIRED,
+    EventKind.RENEWED: lease_pb2.LeaseEvent.RENEWED,
+    EventKind.RELEASED: lease_pb2.LeaseEvent.RELEASED,
+    EventKind.EXPIRED: lease_pb2.LeaseEvent.EXPIRED,
+}
+
+
+def _event(event: LeaseEvent) -> lease_pb2.LeaseEvent:
+    return lease_pb2.LeaseEvent(
+        kind=_KINDS[event.kind],
+        resource=event.resource,
+        token=event.token,
+        holder=event.holder,
+        revision=event.revision,
+        ttl_ms=event.ttl_ms,
+    )
+
+
+def watch_scope(request: lease_pb2.WatchRequest) -> Scope:
+    """One resource, or a prefix (empty: every resource); not both."""
+    if request.resource and request.prefix:
+        raise InvalidArgumentError("set resource or prefix, not both", field="prefix")
+    if request.resource:
+        return Scope(resource=limits.check_resource(request.resource))
+    return Scope(prefix=limits.check_prefix(request.prefix))
+
+
+class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
+    """The lease server's RPC handlers, and the background work they rely on.
+
+    :meth:`run` (started by :func:`lease_server.server.start_lease_server`) sweeps
+    expiries and polls the event log for watchers; :meth:`close` ends the streams.
+    """
+
+    def __init__(
+        self,
+        backend: LeaseBackend,
+        waiters: WaitQueues | None = None,
+        *,
+        event_retention: int = DEFAULT_EVENT_RETENTION,
+    ) -> None:
         self.backend = backend
         self.waiters = waiters or WaitQueues()
         backend.on_release(self.waiters.notify)
+        self.feed = EventFeed(backend)
+        self.sweeper = Sweeper(backend, on_expired=self.waiters.notify, retention=event_retention)
+
+    async def run(self) -> None:
+        """Sweep expiries and follow the event log until cancelled."""
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self.sweeper.run())
+            tasks.create_task(self.feed.run())
+
+    def close(self) -> None:
+        """End every Watch stream (they finish with UNAVAILABLE: reconnect elsewhere)."""
+        self.feed.close()
 
     @rpc
     async def Acquire(self, request: lease_pb2.AcquireRequest, context: Context) -> lease_pb2.Lease:
@@ -127,5 +183,45 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
     async def Watch(
         self, request: lease_pb2.WatchRequest, context: Context
     ) -> AsyncIterator[lease_pb2.LeaseEvent]:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Watch is not implemented yet")
-        yield lease_pb2.LeaseEvent()  # type: ignore[unreachable]  # makes it a generator
+        """Stream the events of a resource or prefix, from ``after_revision`` or from now.
+
+        A cursor the log cannot serve (pruned, or ahead of this log) gets one RESYNC
+        carrying the revision the stream continues after: re-read state (Describe)
+        and go on. The stream ends only when the client leaves or the server stops.
+        """
+        try:
+            scope = watch_scope(request)
+            head = await self.backend.head_revision()
+        except FencingError as exc:
+            await _status.abort(context, exc)
+        # Headers now, so a client knows the stream is open before the first event.
+        await context.send_initial_metadata(())
+        cursor = request.after_revision or head
+        log.debug("watch started %s after=%d", scope, cursor)
+        with self.feed.watching():
+            while True:
+                try:
+                    page = await self.backend.events_after(cursor, scope, WATCH_PAGE)
+                except FencingError as exc:
+                    await _status.abort(context, exc)
+                if page.gap(cursor):
+                    log.info(
+                        "watch %s cannot resume after %d (log keeps %d..%d): resync",
+                        scope,
+                        cursor,
+                        page.compacted_through + 1,
+                        page.head,
+                    )
+                    cursor = page.head
+                    yield lease_pb2.LeaseEvent(
+                        kind=lease_pb2.LeaseEvent.RESYNC, resource=scope.resource, revision=cursor
+                    )
+                    continue
+                for event in page.events:
+                    yield _event(event)
+                if len(page.events) >= WATCH_PAGE:
+                    cursor = page.events[-1].revision
+                    continue
+                cursor = max(cursor, page.head)
+                if not await self.feed.wait_beyond(cursor):
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "lease server is stopping")

@@ -95,7 +95,10 @@ class LeaseServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Watch(self, request, context):
-        """Server stream of lease events on one resource or a prefix.
+        """Server stream of lease events on one resource or a prefix, in revision order:
+        ACQUIRED (with the new token), RENEWED, RELEASED, EXPIRED (at most ~100 ms
+        after the expiry; before the ACQUIRED of a takeover). A cursor the server can
+        no longer serve gets RESYNC, then the stream continues live.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
