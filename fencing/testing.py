@@ -74,7 +74,9 @@ def running_servers(
 
     lease = call(start_lease_server(backend, f"{host}:0"))
     try:
-        guard = call(start_guard(store, f"{host}:0", mode=mode))
+        # In watch mode the guard follows this lease server.
+        follow = lease.address if mode is FenceMode.WATCH else ""
+        guard = call(start_guard(store, f"{host}:0", mode=mode, lease_server=follow))
     except BaseException:
         call(lease.stop(0))
         raise

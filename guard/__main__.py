@@ -28,7 +28,18 @@ def parser() -> argparse.ArgumentParser:
         "--fence-mode",
         choices=[m.value for m in FenceMode],
         default=os.environ.get("FENCING_FENCE_MODE", FenceMode.MONOTONIC.value),
-        help="monotonic (default); 'off' accepts stale tokens: chaos control only",
+        help="monotonic (default); watch also follows --lease-server's events (see "
+        "docs/modes.md); 'off' accepts stale tokens: chaos control only",
+    )
+    p.add_argument(
+        "--lease-server",
+        default=os.environ.get("FENCING_LEASE_SERVER", ""),
+        help="host:port of the lease server to follow in watch mode (env FENCING_LEASE_SERVER)",
+    )
+    p.add_argument(
+        "--watch-prefix",
+        default=os.environ.get("FENCING_WATCH_PREFIX", ""),
+        help="in watch mode, follow only resources starting with this (default: all)",
     )
     p.add_argument(
         "--idempotency-retention",
@@ -56,6 +67,8 @@ async def _run(args: argparse.Namespace) -> None:
         mode=FenceMode(args.fence_mode),
         retention_s=args.idempotency_retention,
         reflection=args.reflection,
+        lease_server=args.lease_server,
+        watch_prefix=args.watch_prefix,
     )
     print(
         f"guard listening on {server.address} (store {server.store.name}, "
@@ -67,7 +80,10 @@ async def _run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.fence_mode == FenceMode.WATCH.value and not args.lease_server:
+        p.error("--fence-mode watch needs --lease-server HOST:PORT to follow")
     configure_logging(args.log_level, args.log_format)
     asyncio.run(_run(args))
     return 0

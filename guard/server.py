@@ -8,10 +8,15 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import grpc
+from grpc_health.v1 import health_pb2
+
 from fencing._server import BuiltServer, Service, build_server
 from fencing.errors import InvalidArgumentError
 from fencing.v1 import guard_pb2_grpc
 from guard.fence import FenceMode
+from guard.follower import HEALTH_SERVICE as WATCH_HEALTH_SERVICE
+from guard.follower import FollowerStatus, LeaseFollower
 from guard.service import GuardService
 from guard.stores import GuardStore, open_store
 
@@ -32,6 +37,9 @@ class GuardServer:
     service: GuardService
     address: str
     retention_s: float = DEFAULT_IDEMPOTENCY_RETENTION_S
+    #: In watch mode, the task following the lease server; its ``status`` says whether
+    #: fences currently follow takeovers (see :mod:`guard.follower`).
+    follower: LeaseFollower | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
@@ -51,6 +59,14 @@ class GuardServer:
                     log.info(
                         "pruned %d idempotency keys older than %.0f s", pruned, self.retention_s
                     )
+
+    async def _watch_health(self, status: FollowerStatus) -> None:
+        serving = (
+            health_pb2.HealthCheckResponse.SERVING
+            if status.following
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        await self.built.health.set(WATCH_HEALTH_SERVICE, serving)
 
     async def stop(self, grace: float = 5.0) -> None:
         """Stop serving: health NOT_SERVING, drain for ``grace`` seconds, close the store."""
@@ -77,8 +93,21 @@ async def start_guard(
     mode: FenceMode = FenceMode.MONOTONIC,
     retention_s: float = DEFAULT_IDEMPOTENCY_RETENTION_S,
     reflection: bool = False,
+    lease_server: str = "",
+    watch_prefix: str = "",
+    lease_credentials: grpc.ChannelCredentials | None = None,
 ) -> GuardServer:
-    """Open ``store`` (an object or a URL), bind ``address`` (port 0 picks one), start."""
+    """Open ``store`` (an object or a URL), bind ``address`` (port 0 picks one), start.
+
+    ``mode=FenceMode.WATCH`` needs ``lease_server`` (host:port): a follower task then
+    advances fences from its ``Watch`` stream on ``watch_prefix`` (all resources by
+    default) and reports through ``GuardServer.follower.status`` and the health
+    entry ``fencing.v1.GuardService/watch``.
+    """
+    if mode is FenceMode.WATCH and not lease_server:
+        raise InvalidArgumentError(
+            "fence mode watch needs the lease server's address to follow", field="lease_server"
+        )
     st = open_store(store) if isinstance(store, str) else store
     if mode is FenceMode.STRICT and not st.supports_strict:
         raise InvalidArgumentError(
@@ -99,4 +128,14 @@ async def start_guard(
     host = address.rsplit(":", 1)[0]
     running = GuardServer(built, st, service, f"{host}:{built.port}", retention_s)
     running._tasks.append(asyncio.create_task(running._prune_forever()))
+    if mode is FenceMode.WATCH:
+        await built.health.set(WATCH_HEALTH_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+        running.follower = LeaseFollower(
+            st,
+            lease_server,
+            prefix=watch_prefix,
+            credentials=lease_credentials,
+            on_state=running._watch_health,
+        )
+        running._tasks.append(asyncio.create_task(running.follower.run()))
     return running

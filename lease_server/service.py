@@ -18,6 +18,7 @@ import grpc.aio
 
 from fencing import _status, limits
 from fencing._server import rpc
+from fencing.client._core import WATCH_START_KEY
 from fencing.errors import AcquireTimeoutError, FencingError, InvalidArgumentError, LeaseHeldError
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from lease_server.backends.base import LeaseBackend
@@ -194,9 +195,10 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
             head = await self.backend.head_revision()
         except FencingError as exc:
             await _status.abort(context, exc)
-        # Headers now, so a client knows the stream is open before the first event.
-        await context.send_initial_metadata(())
         cursor = request.after_revision or head
+        # Headers now, so a client knows the stream is open before the first event, and
+        # where it starts: a client that asked "from now" learns the revision to resume after.
+        await context.send_initial_metadata(((WATCH_START_KEY, str(cursor)),))
         log.debug("watch started %s after=%d", scope, cursor)
         with self.feed.watching():
             while True:

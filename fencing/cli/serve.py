@@ -37,9 +37,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--fence-mode",
-        choices=[FenceMode.MONOTONIC.value, FenceMode.OFF.value],
+        choices=[FenceMode.MONOTONIC.value, FenceMode.WATCH.value, FenceMode.OFF.value],
         default=FenceMode.MONOTONIC.value,
-        help="monotonic (default); off disables fencing: demo/chaos control only",
+        help="monotonic (default); watch: the guard also follows the lease server's "
+        "events; off disables fencing: demo/chaos control only",
     )
     p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM")
     p.add_argument("--log-level", default=os.environ.get("FENCING_LOG_LEVEL", "WARNING"))
@@ -55,8 +56,12 @@ async def _serve(args: argparse.Namespace) -> None:
     data: Path = args.data_path
     leases = await start_lease_server(f"sqlite:{data / 'leases.db'}", args.lease_addr)
     try:
+        mode = FenceMode(args.fence_mode)
         guard = await start_guard(
-            f"sqlite:{data / 'guard.db'}", args.guard_addr, mode=FenceMode(args.fence_mode)
+            f"sqlite:{data / 'guard.db'}",
+            args.guard_addr,
+            mode=mode,
+            lease_server=leases.address if mode is FenceMode.WATCH else "",
         )
     except BaseException:
         await leases.stop(0)

@@ -52,7 +52,9 @@ class LeaseServiceStub:
     """Server stream of lease events on one resource or a prefix, in revision order:
     ACQUIRED (with the new token), RENEWED, RELEASED, EXPIRED (at most ~100 ms
     after the expiry; before the ACQUIRED of a takeover). A cursor the server can
-    no longer serve gets RESYNC, then the stream continues live.
+    no longer serve gets RESYNC, then the stream continues live. The stream's
+    initial metadata "fencing-watch-after" is the revision it starts after (the
+    head, for after_revision 0): resume from it if no event came yet.
     """
 
 @_typing.type_check_only
@@ -73,7 +75,9 @@ class LeaseServiceAsyncStub(LeaseServiceStub):
     """Server stream of lease events on one resource or a prefix, in revision order:
     ACQUIRED (with the new token), RENEWED, RELEASED, EXPIRED (at most ~100 ms
     after the expiry; before the ACQUIRED of a takeover). A cursor the server can
-    no longer serve gets RESYNC, then the stream continues live.
+    no longer serve gets RESYNC, then the stream continues live. The stream's
+    initial metadata "fencing-watch-after" is the revision it starts after (the
+    head, for after_revision 0): resume from it if no event came yet.
     """
 
 class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -121,7 +125,9 @@ class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
         """Server stream of lease events on one resource or a prefix, in revision order:
         ACQUIRED (with the new token), RENEWED, RELEASED, EXPIRED (at most ~100 ms
         after the expiry; before the ACQUIRED of a takeover). A cursor the server can
-        no longer serve gets RESYNC, then the stream continues live.
+        no longer serve gets RESYNC, then the stream continues live. The stream's
+        initial metadata "fencing-watch-after" is the revision it starts after (the
+        head, for after_revision 0): resume from it if no event came yet.
         """
 
 def add_LeaseServiceServicer_to_server(servicer: LeaseServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
