@@ -193,6 +193,15 @@ class LeaseFollower:
                         self.lease_server,
                         error,
                     )
+                elif attempt == 0:
+                    log.warning(
+                        "cannot follow lease events on %s (%s): fences do not follow "
+                        "takeovers, writes are held to the monotonic rule; retrying",
+                        self.lease_server,
+                        error,
+                    )
+                else:
+                    log.debug("watch reconnect to %s failed: %s", self.lease_server, error)
                 await self._set(
                     state="disconnected",
                     last_error=error,

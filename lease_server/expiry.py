@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from fencing.errors import FencingError
-from lease_server.backends.base import LeaseBackend
+from lease_server.backends.base import EventLog
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ ERROR_BACKOFF = 1.0
 class Sweeper:
     def __init__(
         self,
-        backend: LeaseBackend,
+        backend: EventLog,
         *,
         on_expired: Callable[[str], None] = lambda resource: None,
         interval: float = SWEEP_INTERVAL,

@@ -21,7 +21,7 @@ from fencing._server import rpc
 from fencing.client._core import WATCH_START_KEY
 from fencing.errors import AcquireTimeoutError, FencingError, InvalidArgumentError, LeaseHeldError
 from fencing.v1 import lease_pb2, lease_pb2_grpc
-from lease_server.backends.base import LeaseBackend
+from lease_server.backends.base import LeaseBackend, event_log_of
 from lease_server.expiry import DEFAULT_EVENT_RETENTION, Sweeper
 from lease_server.leases import EventKind, Grant, Held, LeaseEvent, Scope
 from lease_server.waiters import WaitQueues
@@ -86,18 +86,32 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         self.backend = backend
         self.waiters = waiters or WaitQueues()
         backend.on_release(self.waiters.notify)
-        self.feed = EventFeed(backend)
-        self.sweeper = Sweeper(backend, on_expired=self.waiters.notify, retention=event_retention)
+        self.events = event_log_of(backend)
+        self.feed: EventFeed | None = None
+        self.sweeper: Sweeper | None = None
+        if self.events is not None:
+            self.feed = EventFeed(self.events)
+            self.sweeper = Sweeper(
+                self.events, on_expired=self.waiters.notify, retention=event_retention
+            )
 
     async def run(self) -> None:
         """Sweep expiries and follow the event log until cancelled."""
+        if self.feed is None or self.sweeper is None:
+            log.warning(
+                "the %s lease backend keeps no event log: Watch is unavailable and guards "
+                "in watch mode cannot follow this server",
+                self.backend.name,
+            )
+            return
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.sweeper.run())
             tasks.create_task(self.feed.run())
 
     def close(self) -> None:
         """End every Watch stream (they finish with UNAVAILABLE: reconnect elsewhere)."""
-        self.feed.close()
+        if self.feed is not None:
+            self.feed.close()
 
     @rpc
     async def Acquire(self, request: lease_pb2.AcquireRequest, context: Context) -> lease_pb2.Lease:
@@ -190,9 +204,15 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         carrying the revision the stream continues after: re-read state (Describe)
         and go on. The stream ends only when the client leaves or the server stops.
         """
+        events, feed = self.events, self.feed
+        if events is None or feed is None:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"the {self.backend.name} lease backend keeps no event log: Watch needs one",
+            )
         try:
             scope = watch_scope(request)
-            head = await self.backend.head_revision()
+            head = await events.head_revision()
         except FencingError as exc:
             await _status.abort(context, exc)
         cursor = request.after_revision or head
@@ -200,10 +220,10 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         # where it starts: a client that asked "from now" learns the revision to resume after.
         await context.send_initial_metadata(((WATCH_START_KEY, str(cursor)),))
         log.debug("watch started %s after=%d", scope, cursor)
-        with self.feed.watching():
+        with feed.watching():
             while True:
                 try:
-                    page = await self.backend.events_after(cursor, scope, WATCH_PAGE)
+                    page = await events.events_after(cursor, scope, WATCH_PAGE)
                 except FencingError as exc:
                     await _status.abort(context, exc)
                 if page.gap(cursor):
@@ -225,5 +245,5 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                     cursor = page.events[-1].revision
                     continue
                 cursor = max(cursor, page.head)
-                if not await self.feed.wait_beyond(cursor):
+                if not await feed.wait_beyond(cursor):
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "lease server is stopping")

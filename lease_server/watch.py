@@ -19,7 +19,7 @@ import logging
 from collections.abc import Iterator
 
 from fencing.errors import FencingError
-from lease_server.backends.base import LeaseBackend
+from lease_server.backends.base import EventLog
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ POLL_INTERVAL = 0.1
 class EventFeed:
     """The newest revision of the log, and a way to wait until it passes a cursor."""
 
-    def __init__(self, backend: LeaseBackend, poll_interval: float = POLL_INTERVAL) -> None:
+    def __init__(self, backend: EventLog, poll_interval: float = POLL_INTERVAL) -> None:
         self.backend = backend
         self.poll_interval = poll_interval
         self.head = 0

@@ -1,4 +1,4 @@
-"""The seam between the lease service and storage: one small Protocol.
+"""The seam between the lease service and storage: two small Protocols.
 
 A backend makes each of acquire, renew and release one atomic step on its own
 clock, keeps a per-resource counter that is never deleted (so tokens only grow,
@@ -8,9 +8,13 @@ To add a backend, add a file beside this one and a branch in ``open_backend``.
 
 The event log
 -------------
-Every backend also keeps an **event log**, which ``Watch`` streams and guards in
-``watch`` mode follow. Its rules, which every implementation must keep (the
-contract suite ``tests/contract/test_lease_events.py`` checks them):
+A backend should also keep an **event log** (:class:`EventLog`), which ``Watch``
+streams and guards in ``watch`` mode follow. A backend without one still serves
+leases, but ``Watch`` answers ``UNIMPLEMENTED`` and no EXPIRED events exist, so
+guards in ``watch`` mode pointed at it never follow (they say so). The service
+tells them apart with ``isinstance(backend, EventLog)``. The rules, which every
+implementation must keep (the contract suite ``tests/contract/test_lease_events.py``
+checks them, and skips backends without a log):
 
 1. **Same transaction.** Each successful acquire, renew and release appends its
    events (:func:`lease_server.leases.transitions` says which) in the same atomic
@@ -24,14 +28,18 @@ contract suite ``tests/contract/test_lease_events.py`` checks them):
    appear later. (A PostgreSQL sequence alone does not give this, since sequence
    values commit out of order: bump a counter row with ``UPDATE ... RETURNING`` in
    the appending transaction, whose row lock serializes appenders. In Redis, do
-   the ``INCR`` and the append in the same Lua script.)
+   the ``INCR`` and the append in the same Lua script; on a Redis Cluster that
+   script must reach the log's keys and the resource's keys in one slot, which
+   per-resource hash tags do not allow: a cluster needs another shape.)
 4. **Expiry exactly once.** A lease that ends by expiry gets exactly one EXPIRED
-   event: appended either by :meth:`LeaseBackend.expire_due` (the sweeper, which
+   event: appended either by :meth:`EventLog.expire_due` (the sweeper, which
    clears the expired lease in the same step), or, if a takeover comes first, by
    that acquire, immediately before its ACQUIRED. Both are conditional on the
    lease still being there, so several servers sweeping one backend never
-   append it twice.
-5. **Retention.** The log is bounded: :meth:`LeaseBackend.prune_events` drops the
+   append it twice. (A store that expires leases by itself, such as Redis
+   ``PEXPIRE``, must remember which token is owed an EXPIRED event, e.g. in a
+   sorted set of expiries that release and renew update.)
+5. **Retention.** The log is bounded: :meth:`EventLog.prune_events` drops the
    oldest events and records the highest revision dropped as
    ``compacted_through``; a reader asking for events after an older revision is
    told so (:meth:`lease_server.leases.EventPage.gap`) and must resync.
@@ -40,7 +48,7 @@ contract suite ``tests/contract/test_lease_events.py`` checks them):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from lease_server.leases import EventPage, Grant, Held, LeaseEvent, LeaseInfo, Scope
 
@@ -65,18 +73,18 @@ class LeaseBackend(Protocol):
         A retry with the current lease's non-empty ``request_id`` and holder returns
         that lease (``Grant.replayed``). Otherwise returns :class:`Held`.
 
-        A grant appends ACQUIRED, preceded by EXPIRED of the previous token when it
-        takes over an expired lease the sweeper has not cleared yet.
+        With an event log, a grant appends ACQUIRED, preceded by EXPIRED of the
+        previous token when it takes over an expired lease not yet swept.
         """
 
     async def renew(self, resource: str, token: int, holder: str, ttl_ms: int) -> Grant:
         """Extend the current unexpired lease to now + ttl_ms, or raise ``LeaseLost``.
 
-        Appends RENEWED (with the new ttl_ms) when the expiry moves.
+        With an event log, appends RENEWED (with the new ttl_ms) when the expiry moves.
         """
 
     async def release(self, resource: str, token: int, holder: str) -> None:
-        """Free the resource now, or raise ``LeaseLost``. Appends RELEASED."""
+        """Free the resource now, or raise ``LeaseLost``. With an event log, appends RELEASED."""
 
     async def describe(self, resource: str) -> LeaseInfo:
         """Current state; an unknown resource is free with ``last_token == 0``."""
@@ -89,7 +97,14 @@ class LeaseBackend(Protocol):
         see their own process, keep the callback and never call it.
         """
 
-    # -- the event log (see the module docstring for the rules) ----------------------------
+
+@runtime_checkable
+class EventLog(Protocol):
+    """A lease backend's event log (see the module docstring for the rules).
+
+    Implemented by the same object as :class:`LeaseBackend`; its acquire, renew
+    and release then also append their events (rules 1-4).
+    """
 
     async def head_revision(self) -> int:
         """The revision of the newest event appended (0 if none ever was)."""
@@ -141,3 +156,8 @@ class LeaseBackend(Protocol):
         so a backend that cannot observe other processes (SQLite shared by two
         servers) is still followed, only later. The callback must not block.
         """
+
+
+def event_log_of(backend: LeaseBackend) -> EventLog | None:
+    """The backend's event log, or None if it keeps none (Watch is then unavailable)."""
+    return backend if isinstance(backend, EventLog) else None

@@ -10,9 +10,17 @@ import pytest
 from fencing import LeaseClient
 from fencing.testing import RunningServers
 from fencing.v1 import lease_pb2, lease_pb2_grpc
+from lease_server.backends.base import EventLog
+from lease_server.server import LeaseServer
 
 Kind = lease_pb2.LeaseEvent
 HANG_GUARD = 20.0  # seconds: a whole stream's deadline, only ever reached by a bug
+
+
+def events_of(server: LeaseServer) -> EventLog:
+    """The event log behind a lease server (the embedded backends all keep one)."""
+    assert server.service.events is not None
+    return server.service.events
 
 
 @pytest.fixture
@@ -88,7 +96,7 @@ def test_a_pruned_cursor_gets_resync_then_live_events(
 ) -> None:
     for _ in range(3):
         leases.acquire("r", ttl=5).release()  # revisions 1..6
-    servers.call(servers.lease.backend.prune_events(2))
+    servers.call(events_of(servers.lease).prune_events(2))
     stream = watch(stub, resource="r", after_revision=1)
     resync = next(stream)
     assert (resync.kind, resync.revision, resync.resource) == (Kind.RESYNC, 6, "r")

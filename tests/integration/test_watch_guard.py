@@ -12,12 +12,20 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fencing import AsyncGuardClient, AsyncLeaseClient, Claim, StaleTokenError
+from fencing.v1 import lease_pb2
 from guard.fence import FenceMode
 from guard.follower import HEALTH_SERVICE, LeaseFollower
 from guard.server import GuardServer, start_guard
+from lease_server.backends.base import EventLog, LeaseBackend
 from lease_server.server import LeaseServer, start_lease_server
 
 HANG_GUARD = 30.0  # seconds: generous bounds on waits that a bug would make endless
+
+
+def events_of(server: LeaseServer) -> EventLog:
+    """The event log behind a lease server (the embedded backends all keep one)."""
+    assert server.service.events is not None
+    return server.service.events
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
@@ -63,7 +71,9 @@ async def watching_guard(
 
 
 @asynccontextmanager
-async def lease_server(url: str, address: str = "127.0.0.1:0") -> AsyncIterator[LeaseServer]:
+async def lease_server(
+    url: str | LeaseBackend, address: str = "127.0.0.1:0"
+) -> AsyncIterator[LeaseServer]:
     server = await start_lease_server(url, address)
     try:
         yield server
@@ -168,7 +178,7 @@ async def test_resync_re_reads_the_resources_it_fenced(tmp_path: Path) -> None:
         async with lease_server(url) as other, AsyncLeaseClient(other.address) as leases:
             await leases.release("r", old.token)
             current = await leases.acquire("r", ttl=30)
-            await other.backend.prune_events(keep=0)  # the follower's cursor is gone
+            await events_of(other).prune_events(keep=0)  # the follower's cursor is gone
         async with lease_server(url, address):
             await fence_reaches(guard, "r", current.token)
 
@@ -176,3 +186,46 @@ async def test_resync_re_reads_the_resources_it_fenced(tmp_path: Path) -> None:
                 return follower_of(server).status.resyncs == 1
 
             await eventually(resynced, "one resync")
+
+
+class NoLog:
+    """A lease backend without an event log (as a new backend may start out)."""
+
+    def __init__(self) -> None:
+        from lease_server.backends.memory import MemoryBackend
+
+        self._inner = MemoryBackend()
+        self.name = "bare"
+        self.open, self.close = self._inner.open, self._inner.close
+        self.acquire, self.renew = self._inner.acquire, self._inner.renew
+        self.release, self.describe = self._inner.release, self._inner.describe
+        self.on_release = self._inner.on_release
+
+
+async def test_a_backend_without_an_event_log_serves_leases_but_not_watch() -> None:
+    backend = NoLog()
+    async with (
+        lease_server(backend) as ls,
+        AsyncLeaseClient(ls.address) as leases,
+    ):
+        assert ls.service.events is None
+        lease = await leases.acquire("r", ttl=5)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in leases._stub.Watch(lease_pb2.WatchRequest(prefix="")):
+                pass
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "event log" in (err.value.details() or "")
+        guard = await start_guard(
+            "memory://", "127.0.0.1:0", mode=FenceMode.WATCH, lease_server=ls.address
+        )
+        try:
+
+            async def says_why() -> bool:
+                return "event log" in follower_of(guard).status.last_error
+
+            await eventually(says_why, "the follower reports why it cannot follow")
+            assert not follower_of(guard).status.following
+            assert await watch_health(guard.address) == health_pb2.HealthCheckResponse.NOT_SERVING
+        finally:
+            await guard.stop(0)
+        await lease.release()
