@@ -168,9 +168,16 @@ class AsyncHold:
         return lease
 
     def _cancel_body(self, lease: AsyncLease) -> None:
-        # Runs in the renewal task (or wherever loss was noticed) while the body awaits:
-        # cancel the task running the body, and remember that the cancellation is ours.
-        if self._body_running and not self._cancelled and self._task is not None:
+        # Runs where the loss was noticed. In the renewal task (the body is suspended at
+        # an await): cancel the task running the body, and remember the cancellation is
+        # ours. In the body's own task (check, renew, release, wait_lost), the body
+        # already learns it from that call: a cancel there would only hit a later await.
+        if (
+            self._body_running
+            and not self._cancelled
+            and self._task is not None
+            and asyncio.current_task() is not self._task
+        ):
             self._cancelled = True
             self._task.cancel(f"lease on {lease.resource!r} token {lease.token} lost")
 

@@ -140,3 +140,16 @@ async def test_wait_lost_returns_at_the_local_deadline_without_renewals(
     assert lease.lost.is_set()
     with pytest.raises(LeaseLost):
         lease.check()
+
+
+async def test_loss_noticed_by_the_body_itself_is_a_plain_lease_lost(
+    aleases: AsyncLeaseClient, thief: AsyncLeaseClient
+) -> None:
+    with pytest.raises(LeaseLost) as lost:
+        async with aleases.hold("r", ttl=5) as lease:
+            await thief.release("r", lease.token)
+            await lease.renew()  # refused: the body learns it first, in its own task
+    assert not isinstance(lost.value.__cause__, asyncio.CancelledError)
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0
+    await asyncio.sleep(0)  # no cancellation left pending on this task
