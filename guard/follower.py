@@ -51,8 +51,9 @@ import grpc
 import grpc.aio
 
 from fencing.client import _core
-from fencing.client._core import WATCH_START_KEY, EventKind, LeaseEvent
+from fencing.client._core import EventKind, LeaseEvent
 from fencing.errors import FencingError, StaleTokenError
+from fencing.types import WATCH_START_KEY
 from fencing.v1 import lease_pb2_grpc
 from guard.stores.base import GuardStore
 
@@ -108,7 +109,9 @@ class FollowerStatus:
     revision: int = 0
     events_applied: int = 0
     resyncs: int = 0
+    #: Streams lost after they were open (failed reconnect attempts are not counted).
     disconnects: int = 0
+    #: Why the last stream ended or could not be opened ('' while following).
     last_error: str = ""
     #: ``time.monotonic()`` when ``state`` last changed.
     since: float = field(default_factory=time.monotonic)
@@ -185,7 +188,8 @@ class LeaseFollower:
                 except Exception as exc:  # the follower must never die silently
                     log.exception("watch follower crashed; reconnecting")
                     error = f"crashed: {exc!r}"
-                if self.status.following:
+                dropped = self.status.following
+                if dropped:
                     attempt = 0
                     log.warning(
                         "watch stream to %s lost (%s): fences no longer follow takeovers; "
@@ -205,7 +209,7 @@ class LeaseFollower:
                 await self._set(
                     state="disconnected",
                     last_error=error,
-                    disconnects=self.status.disconnects + 1,
+                    disconnects=self.status.disconnects + int(dropped),
                 )
                 await self._save_revision(force=True)
                 await asyncio.sleep(reconnect_delay(attempt))

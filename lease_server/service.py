@@ -18,8 +18,8 @@ import grpc.aio
 
 from fencing import _status, limits
 from fencing._server import rpc
-from fencing.client._core import WATCH_START_KEY
 from fencing.errors import AcquireTimeoutError, FencingError, InvalidArgumentError, LeaseHeldError
+from fencing.types import WATCH_START_KEY
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from lease_server.backends.base import LeaseBackend, event_log_of
 from lease_server.expiry import DEFAULT_EVENT_RETENTION, Sweeper

@@ -114,10 +114,6 @@ def describe_request(resource: str) -> lease_pb2.DescribeRequest:
     return lease_pb2.DescribeRequest(resource=resource)
 
 
-#: Initial-metadata key of a Watch stream: the revision the stream starts after.
-WATCH_START_KEY = "fencing-watch-after"
-
-
 def watch_request(resource: str, prefix: str, after_revision: int) -> lease_pb2.WatchRequest:
     return lease_pb2.WatchRequest(resource=resource, prefix=prefix, after_revision=after_revision)
 
