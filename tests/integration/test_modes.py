@@ -7,7 +7,8 @@ yet; the old holder resumes and writes.
 - monotonic ACCEPTS that late write: the control that shows the window;
 - promise (``acquire(..., fence=[guard])``) and watch (the guard follows Watch)
   REJECT it, although the new holder never wrote;
-- strict is covered where it can run, with the PostgreSQL and Redis stores.
+- strict is covered where it can run, with the PostgreSQL and Redis stores
+  (tests/integration/test_postgres.py::test_strict_after_a_takeover, test_redis_store.py).
 
 Each runs with both SDK twins (the ``flavor`` fixture of conftest.py).
 """
