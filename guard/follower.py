@@ -168,12 +168,7 @@ class LeaseFollower:
         """Follow until cancelled; never raises otherwise."""
         self._saved_revision = await self._load_revision()
         await self._set(revision=self._saved_revision)
-        if self._credentials is not None:
-            channel = grpc.aio.secure_channel(
-                self.lease_server, self._credentials, _core.channel_options()
-            )
-        else:
-            channel = grpc.aio.insecure_channel(self.lease_server, _core.channel_options())
+        channel = _core.open_aio_channel(self.lease_server, self._credentials)
         stub = lease_pb2_grpc.LeaseServiceStub(channel)
         attempt = 0
         try:

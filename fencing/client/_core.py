@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import Generic, Protocol, Self, TypeVar
 
 import grpc
+import grpc.aio
 
 from fencing import _status
 from fencing._renewal import RenewalPolicy, RenewalSchedule
@@ -54,6 +55,20 @@ def channel_options() -> list[tuple[str, int]]:
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
     ]
+
+
+def open_channel(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
+    """A blocking channel to ``target``, secured with ``credentials`` (None: plaintext)."""
+    if credentials is not None:
+        return grpc.secure_channel(target, credentials, channel_options())
+    return grpc.insecure_channel(target, channel_options())
+
+
+def open_aio_channel(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
+    """An asyncio channel to ``target`` (create it inside a running loop)."""
+    if credentials is not None:
+        return grpc.aio.secure_channel(target, credentials, channel_options())
+    return grpc.aio.insecure_channel(target, channel_options())
 
 
 def default_holder() -> str:
@@ -307,9 +322,33 @@ class LeaseBase(Generic[FlagT]):
             self.schedule.renewed(sent_at, msg.ttl_ms)
             self.ttl_ms = msg.ttl_ms
 
-    def _renewal_failed(self) -> None:
+    def _renewal_due(self) -> bool:
+        """The keepalive woke up to renew: False (the lease marked lost) if the local
+        deadline passed before a renewal succeeded."""
+        if self._deadline_passed():
+            self._mark_lost("local deadline passed before a renewal succeeded")
+            return False
+        return True
+
+    def _renewal_error(self, exc: Exception) -> bool:
+        """Judge the keepalive's failed renewal; True when the keepalive must stop.
+
+        Transient failures are retried sooner (never past the deadline); anything
+        else marks the lease lost (a no-op when ``renew`` already did), including a
+        crash, which is logged: the keepalive must never die silently.
+        """
+        if not isinstance(exc, FencingError):
+            log.error("renewal of %s crashed", self.resource, exc_info=exc)
+            self._mark_lost(f"renewal crashed: {exc}")
+            return True
+        why = renewal_failure(exc)
+        if why is not None:
+            self._mark_lost(why)
+            return True
+        log.info("renewal of %s failed, retrying: %s", self.resource, exc)
         with self._guard:
             self.schedule.failed(self._clock())
+        return False
 
     def _mark_lost(self: Self, why: str) -> None:
         with self._guard:

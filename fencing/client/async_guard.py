@@ -40,12 +40,9 @@ class AsyncGuardClient:
     ) -> None:
         self.target = target
         self.rpc_timeout = rpc_timeout
-        if channel is not None:
-            self._channel = channel
-        elif credentials is not None:
-            self._channel = grpc.aio.secure_channel(target, credentials, _core.channel_options())
-        else:
-            self._channel = grpc.aio.insecure_channel(target, _core.channel_options())
+        self._channel = (
+            channel if channel is not None else _core.open_aio_channel(target, credentials)
+        )
         self._stub = guard_pb2_grpc.GuardServiceStub(self._channel)
 
     async def aclose(self) -> None:

@@ -102,24 +102,13 @@ async def _keep_alive(lease: AsyncLease) -> None:
     """Renew ``lease`` until cancelled or lost (the task twin of ``_KeepAlive``)."""
     while not lease.lost.is_set():
         await asyncio.sleep(lease._next_sleep())
-        if lease._deadline_passed():
-            lease._mark_lost("local deadline passed before a renewal succeeded")
+        if not lease._renewal_due():
             return
         try:
             await lease.renew()
-        except LeaseLost:
-            return
-        except FencingError as exc:
-            why = _core.renewal_failure(exc)
-            if why is not None:
-                lease._mark_lost(why)
+        except Exception as exc:  # judged by the core; the task never dies silently
+            if lease._renewal_error(exc):
                 return
-            log.info("renewal of %s failed, retrying: %s", lease.resource, exc)
-            lease._renewal_failed()
-        except Exception as exc:  # the task must never die silently
-            log.exception("renewal of %s crashed", lease.resource)
-            lease._mark_lost(f"renewal crashed: {exc}")
-            return
 
 
 class AsyncHold:
@@ -242,12 +231,9 @@ class AsyncLeaseClient:
         self.rpc_timeout = rpc_timeout
         self.policy = policy or RenewalPolicy()
         self._clock = clock
-        if channel is not None:
-            self._channel = channel
-        elif credentials is not None:
-            self._channel = grpc.aio.secure_channel(target, credentials, _core.channel_options())
-        else:
-            self._channel = grpc.aio.insecure_channel(target, _core.channel_options())
+        self._channel = (
+            channel if channel is not None else _core.open_aio_channel(target, credentials)
+        )
         self._stub = lease_pb2_grpc.LeaseServiceStub(self._channel)
 
     async def aclose(self) -> None:

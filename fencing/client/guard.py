@@ -42,12 +42,7 @@ class GuardClient:
     ) -> None:
         self.target = target
         self.rpc_timeout = rpc_timeout
-        if channel is not None:
-            self._channel = channel
-        elif credentials is not None:
-            self._channel = grpc.secure_channel(target, credentials, _core.channel_options())
-        else:
-            self._channel = grpc.insecure_channel(target, _core.channel_options())
+        self._channel = channel if channel is not None else _core.open_channel(target, credentials)
         self._stub = guard_pb2_grpc.GuardServiceStub(self._channel)
 
     def close(self) -> None:

@@ -102,26 +102,13 @@ class _KeepAlive(threading.Thread):
     def run(self) -> None:
         lease = self.lease
         while not self.stopping.is_set() and not lease.lost.is_set():
-            if self.stopping.wait(lease._next_sleep()):
-                return
-            if lease._deadline_passed():
-                lease._mark_lost("local deadline passed before a renewal succeeded")
+            if self.stopping.wait(lease._next_sleep()) or not lease._renewal_due():
                 return
             try:
                 lease.renew()
-            except LeaseLost:
-                return
-            except FencingError as exc:
-                why = _core.renewal_failure(exc)
-                if why is not None:
-                    lease._mark_lost(why)
+            except Exception as exc:  # judged by the core; the thread never dies silently
+                if lease._renewal_error(exc):
                     return
-                log.info("renewal of %s failed, retrying: %s", lease.resource, exc)
-                lease._renewal_failed()
-            except Exception as exc:  # the thread must never die silently
-                log.exception("renewal of %s crashed", lease.resource)
-                lease._mark_lost(f"renewal crashed: {exc}")
-                return
 
 
 class LeaseClient:
@@ -155,12 +142,7 @@ class LeaseClient:
         self.rpc_timeout = rpc_timeout
         self.policy = policy or RenewalPolicy()
         self._clock = clock
-        if channel is not None:
-            self._channel = channel
-        elif credentials is not None:
-            self._channel = grpc.secure_channel(target, credentials, _core.channel_options())
-        else:
-            self._channel = grpc.insecure_channel(target, _core.channel_options())
+        self._channel = channel if channel is not None else _core.open_channel(target, credentials)
         self._stub = lease_pb2_grpc.LeaseServiceStub(self._channel)
 
     def close(self) -> None:

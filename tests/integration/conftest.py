@@ -40,41 +40,36 @@ def flavor(request: pytest.FixtureRequest) -> Iterator[Portal | None]:
     portal.close()
 
 
+def _factory(
+    default_target: str, flavor: Portal | None, blocking: type[Any], adapter: type[Any]
+) -> tuple[Callable[..., Any], list[Any]]:
+    """``make(target=None, **kwargs)``: a client of the flavour under test; and what it made."""
+    made: list[Any] = []
+
+    def make(target: str | None = None, **kwargs: Any) -> Any:
+        address = target or default_target
+        client = (
+            blocking(address, **kwargs) if flavor is None else adapter(flavor, address, **kwargs)
+        )
+        made.append(client)
+        return client
+
+    return make, made
+
+
 @pytest.fixture
 def lease_client(servers: RunningServers, flavor: Portal | None) -> Iterator[LeaseClientFactory]:
     """``lease_client(holder=..., target=..., **kwargs)``: a client of the flavour under test."""
-    made: list[Any] = []
-
-    def make(target: str | None = None, **kwargs: Any) -> LeaseClient:
-        address = target or servers.lease_address
-        client: Any = (
-            LeaseClient(address, **kwargs)
-            if flavor is None
-            else SyncLeaseClient(flavor, address, **kwargs)
-        )
-        made.append(client)
-        return cast(LeaseClient, client)
-
-    yield make
+    make, made = _factory(servers.lease_address, flavor, LeaseClient, SyncLeaseClient)
+    yield cast(LeaseClientFactory, make)
     for client in made:
         client.close()
 
 
 @pytest.fixture
 def guard_client(servers: RunningServers, flavor: Portal | None) -> Iterator[GuardClientFactory]:
-    made: list[Any] = []
-
-    def make(target: str | None = None, **kwargs: Any) -> GuardClient:
-        address = target or servers.guard_address
-        client: Any = (
-            GuardClient(address, **kwargs)
-            if flavor is None
-            else SyncGuardClient(flavor, address, **kwargs)
-        )
-        made.append(client)
-        return cast(GuardClient, client)
-
-    yield make
+    make, made = _factory(servers.guard_address, flavor, GuardClient, SyncGuardClient)
+    yield cast(GuardClientFactory, make)
     for client in made:
         client.close()
 

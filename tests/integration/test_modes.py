@@ -21,7 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from fencing import BackendUnavailableError, Claim, GuardClient, LeaseClient, StaleTokenError
+from fencing import (
+    BackendUnavailableError,
+    Claim,
+    Fenced,
+    GuardClient,
+    LeaseClient,
+    StaleTokenError,
+)
 from fencing.testing import RunningServers, running_servers
 from guard.fence import FenceMode
 from tests.integration.conftest import GuardClientFactory, LeaseClientFactory
@@ -43,6 +50,15 @@ def old_holder_writes_then_pauses(leases: LeaseClient, guard: GuardClient) -> Cl
     old = leases.acquire("account", ttl=0.3)  # never renewed: paused, keepalive and all
     guard.put(old, "balance", b"old: 100")
     return Claim(old.resource, old.token)
+
+
+def late_write_is_rejected(guard: GuardClient, old: Claim, new: Fenced) -> None:
+    """The old holder's late write is refused, and the new holder never wrote."""
+    with pytest.raises(StaleTokenError) as stale:
+        guard.put(old, "balance", b"old: 150")
+    assert stale.value.current_token == new.token
+    record = guard.read("account", "balance")
+    assert record is not None and record.value == b"old: 100"
 
 
 def wait_for_fence(guard: GuardClient, resource: str, fence: int) -> None:
@@ -74,11 +90,7 @@ def test_promise_rejects_it_from_the_moment_acquire_returns(
     old = old_holder_writes_then_pauses(lease_client(holder="old"), guard)
     new = lease_client(holder="new").acquire("account", ttl=5, timeout=HANG_GUARD, fence=[guard])
     assert guard.describe_fence("account") == new.token  # promised before returning
-    with pytest.raises(StaleTokenError) as stale:
-        guard.put(old, "balance", b"old: 150")
-    assert stale.value.current_token == new.token
-    record = guard.read("account", "balance")
-    assert record is not None and record.value == b"old: 100"  # the new holder never wrote
+    late_write_is_rejected(guard, old, new)
 
 
 @pytest.mark.parametrize("servers", [FenceMode.WATCH], indirect=True)
@@ -89,11 +101,7 @@ def test_watch_rejects_it_once_the_grant_is_delivered(
     new = lease_client(holder="new").acquire("account", ttl=5, timeout=HANG_GUARD)
     # The window is the event's delivery: wait for it, never for a fixed time.
     wait_for_fence(guard, "account", new.token)
-    with pytest.raises(StaleTokenError) as stale:
-        guard.put(old, "balance", b"old: 150")
-    assert stale.value.current_token == new.token
-    record = guard.read("account", "balance")
-    assert record is not None and record.value == b"old: 100"  # the new holder never wrote
+    late_write_is_rejected(guard, old, new)
 
 
 @pytest.mark.parametrize("servers", [FenceMode.WATCH], indirect=True)
