@@ -8,7 +8,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from fencing._server import BuiltServer, Service, build_server
+from fencing._server import BuiltServer, Service, build_server, require_durability
 from fencing.errors import InvalidArgumentError
 from fencing.v1 import guard_pb2_grpc
 from guard.fence import FenceMode
@@ -77,6 +77,7 @@ async def start_guard(
     mode: FenceMode = FenceMode.MONOTONIC,
     retention_s: float = DEFAULT_IDEMPOTENCY_RETENTION_S,
     reflection: bool = False,
+    require_durable: bool = False,
 ) -> GuardServer:
     """Open ``store`` (an object or a URL), bind ``address`` (port 0 picks one), start."""
     st = open_store(store) if isinstance(store, str) else store
@@ -88,6 +89,7 @@ async def start_guard(
         )
     await st.open()
     try:
+        require_durability(st, "guard store " + st.name, require_durable)
         service, services = guard_services(st, mode)
         built = await build_server(address, services, reflection_enabled=reflection)
         await built.server.start()

@@ -26,6 +26,13 @@ def parser() -> argparse.ArgumentParser:
             "redis://host:6379 (env FENCING_BACKEND; default %(default)s)"
         ),
     )
+    p.add_argument(
+        "--require-durable",
+        action="store_true",
+        default=os.environ.get("FENCING_REQUIRE_DURABLE", "") == "1",
+        help="refuse to start on a store that may forget acknowledged tokens/fences "
+        "(memory://, Redis without AOF)",
+    )
     p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
     p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM")
     p.add_argument("--log-level", default=os.environ.get("FENCING_LOG_LEVEL", "INFO"))
@@ -38,7 +45,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def _run(args: argparse.Namespace) -> None:
-    server = await start_lease_server(args.backend, args.listen, reflection=args.reflection)
+    server = await start_lease_server(
+        args.backend, args.listen, reflection=args.reflection, require_durable=args.require_durable
+    )
     print(f"lease server listening on {server.address} (backend {server.backend.name})", flush=True)
     await wait_for_signal()
     await server.stop(args.grace)

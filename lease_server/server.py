@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fencing._server import BuiltServer, Service, build_server
+from fencing._server import BuiltServer, Service, build_server, require_durability
 from fencing.v1 import lease_pb2_grpc
 from lease_server.backends import LeaseBackend, open_backend
 from lease_server.service import LeaseService
@@ -44,11 +44,13 @@ async def start_lease_server(
     address: str = "127.0.0.1:50051",
     *,
     reflection: bool = False,
+    require_durable: bool = False,
 ) -> LeaseServer:
     """Open ``backend`` (an object or a URL), bind ``address`` (port 0 picks one), start."""
     be = open_backend(backend) if isinstance(backend, str) else backend
     await be.open()
     try:
+        require_durability(be, "lease backend " + be.name, require_durable)
         service, services = lease_services(be)
         built = await build_server(address, services, reflection_enabled=reflection)
         await built.server.start()
