@@ -115,6 +115,24 @@ async def build_server(
     return built
 
 
+def require_durability(component: object, what: str, require: bool) -> str | None:
+    """Log (and with ``require``, refuse) a backend or store that may forget what it acked.
+
+    A component says so through an optional ``durability_warning`` attribute (set by
+    ``open()``; None when tokens and fences survive a crash). Returns the warning.
+    """
+    warning: str | None = getattr(component, "durability_warning", None)
+    if warning:
+        log.warning("%s is not durable: %s", what, warning)
+        if require:
+            from fencing.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(
+                f"--require-durable: {what} is not durable: {warning}", field="require_durable"
+            )
+    return warning
+
+
 def host_of(address: str) -> str:
     """``127.0.0.1:50051`` -> ``127.0.0.1``; ``[::1]:1`` -> ``::1``."""
     host = address.rsplit(":", 1)[0]

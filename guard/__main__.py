@@ -56,6 +56,13 @@ def parser() -> argparse.ArgumentParser:
         ),
         help="seconds a write's idempotency key is remembered (default 86400)",
     )
+    p.add_argument(
+        "--require-durable",
+        action="store_true",
+        default=os.environ.get("FENCING_REQUIRE_DURABLE", "") == "1",
+        help="refuse to start on a store that may forget acknowledged tokens/fences "
+        "(memory://, Redis without AOF)",
+    )
     p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
     p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM")
     p.add_argument("--log-level", default=os.environ.get("FENCING_LOG_LEVEL", "INFO"))
@@ -76,6 +83,7 @@ async def _run(args: argparse.Namespace) -> None:
         reflection=args.reflection,
         lease_server=args.lease_server,
         watch_prefix=args.watch_prefix,
+        require_durable=args.require_durable,
     )
     print(
         f"guard listening on {server.address} (store {server.store.name}, "

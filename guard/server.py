@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2
 
-from fencing._server import BuiltServer, Service, build_server
+from fencing._server import BuiltServer, Service, build_server, require_durability
 from fencing.errors import InvalidArgumentError
 from fencing.v1 import guard_pb2_grpc
 from guard.fence import FenceMode
@@ -96,6 +96,7 @@ async def start_guard(
     lease_server: str = "",
     watch_prefix: str = "",
     lease_credentials: grpc.ChannelCredentials | None = None,
+    require_durable: bool = False,
 ) -> GuardServer:
     """Open ``store`` (an object or a URL), bind ``address`` (port 0 picks one), start.
 
@@ -117,6 +118,7 @@ async def start_guard(
         )
     await st.open()
     try:
+        require_durability(st, "guard store " + st.name, require_durable)
         service, services = guard_services(st, mode)
         built = await build_server(address, services, reflection_enabled=reflection)
         await built.server.start()

@@ -33,6 +33,13 @@ def parser() -> argparse.ArgumentParser:
         default=int(os.environ.get("FENCING_EVENT_RETENTION", DEFAULT_EVENT_RETENTION)),
         help="events kept for Watch resumption (default %(default)s); older cursors get RESYNC",
     )
+    p.add_argument(
+        "--require-durable",
+        action="store_true",
+        default=os.environ.get("FENCING_REQUIRE_DURABLE", "") == "1",
+        help="refuse to start on a store that may forget acknowledged tokens/fences "
+        "(memory://, Redis without AOF)",
+    )
     p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
     p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM")
     p.add_argument("--log-level", default=os.environ.get("FENCING_LOG_LEVEL", "INFO"))
@@ -50,6 +57,7 @@ async def _run(args: argparse.Namespace) -> None:
         args.listen,
         reflection=args.reflection,
         event_retention=args.event_retention,
+        require_durable=args.require_durable,
     )
     print(f"lease server listening on {server.address} (backend {server.backend.name})", flush=True)
     await wait_for_signal()

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
-from fencing._server import BuiltServer, Service, build_server
+from fencing._server import BuiltServer, Service, build_server, require_durability
 from fencing.v1 import lease_pb2_grpc
 from lease_server.backends import LeaseBackend, open_backend
 from lease_server.expiry import DEFAULT_EVENT_RETENTION
@@ -57,6 +57,7 @@ async def start_lease_server(
     *,
     reflection: bool = False,
     event_retention: int = DEFAULT_EVENT_RETENTION,
+    require_durable: bool = False,
 ) -> LeaseServer:
     """Open ``backend`` (an object or a URL), bind ``address`` (port 0 picks one), start.
 
@@ -66,6 +67,7 @@ async def start_lease_server(
     be = open_backend(backend) if isinstance(backend, str) else backend
     await be.open()
     try:
+        require_durability(be, "lease backend " + be.name, require_durable)
         service, services = lease_services(be, event_retention=event_retention)
         built = await build_server(address, services, reflection_enabled=reflection)
         await built.server.start()

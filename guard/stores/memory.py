@@ -13,6 +13,8 @@ from guard.stores.base import WriteResult
 
 class MemoryStore:
     name = "memory"
+    #: Nothing here survives a restart: tokens would start over at 1.
+    durability_warning = "in-memory state is lost on restart"
     supports_strict = False
 
     def __init__(self) -> None:

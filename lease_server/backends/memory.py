@@ -27,6 +27,8 @@ class MemoryBackend:
     """Keeps records in a dict; every call is atomic because it never awaits inside."""
 
     name = "memory"
+    #: Nothing here survives a restart: tokens would start over at 1.
+    durability_warning = "in-memory state is lost on restart"
 
     def __init__(self, clock: Clock | None = None) -> None:
         self._clock = clock or SystemClock()
