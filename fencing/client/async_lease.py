@@ -187,8 +187,9 @@ class AsyncHold:
         if self._current is not None:
             propagation.reset_current(self._current)
         self._keepalive.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._keepalive
+        # wait(), not await: the keepalive's CancelledError stays its own, while a
+        # cancellation of this task arriving meanwhile still propagates.
+        await asyncio.wait({self._keepalive})
         was_lost = lease.lost.is_set()
         if not was_lost:
             try:
