@@ -23,6 +23,7 @@ from fencing.errors import (
     LeaseHeldError,
     LeaseLost,
     PermissionDeniedError,
+    ResourceExhaustedError,
     StaleTokenError,
     UnauthenticatedError,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "PermissionDeniedError",
     "Put",
     "Record",
+    "ResourceExhaustedError",
     "StaleTokenError",
     "UnauthenticatedError",
     "WriteResult",
