@@ -27,6 +27,7 @@ from fencing.errors import (
     StaleTokenError,
     UnauthenticatedError,
 )
+from fencing.tls import TLSConfig
 from fencing.types import Claim, Delete, Fenced, Op, Put, Record
 
 __version__ = "0.1.0"
@@ -52,6 +53,7 @@ __all__ = [
     "Record",
     "ResourceExhaustedError",
     "StaleTokenError",
+    "TLSConfig",
     "UnauthenticatedError",
     "WriteResult",
 ]
