@@ -24,7 +24,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import grpc.aio
@@ -237,9 +237,40 @@ def host_of(address: str) -> str:
     return split_address(address)[0]
 
 
+class Stoppable(Protocol):
+    async def stop(self, grace: float = ...) -> None: ...
+
+
+async def serve_until_signal(
+    servers: Sequence[Stoppable],
+    *,
+    grace: float,
+    metrics: Metrics | None = None,
+    metrics_port: int = 0,
+    metrics_host: str = "127.0.0.1",
+) -> str:
+    """Serve ``/metrics`` (unless port 0), wait for SIGTERM/SIGINT, then stop ``servers``.
+
+    Each server reports NOT_SERVING, stops accepting and drains its calls for up to
+    ``grace`` seconds, then closes its backend. Returns the signal's name.
+    """
+    endpoint = None
+    if metrics is not None and metrics_port:
+        endpoint = metrics.serve_http(metrics_port, metrics_host)
+        print(f"metrics on http://{metrics_host}:{endpoint.port}/metrics", flush=True)
+    try:
+        name = await wait_for_signal()
+        log.warning("%s: draining for up to %g s", name, grace)
+        await asyncio.gather(*(server.stop(grace) for server in servers))
+        log.warning("stopped")
+        return name
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+
+
 async def wait_for_signal() -> str:
     """Block until SIGTERM or SIGINT arrives; return its name."""
-    import asyncio
     import signal
 
     loop = asyncio.get_running_loop()

@@ -64,6 +64,16 @@ class GuardServer:
         await self.store.close()
 
 
+def check_mode(store: GuardStore, mode: FenceMode) -> None:
+    """``InvalidArgumentError`` unless ``store`` can judge writes in fence ``mode``."""
+    if mode is FenceMode.STRICT and not store.supports_strict:
+        raise InvalidArgumentError(
+            f"fence mode strict needs a store that shares a database with the lease backend "
+            f"(postgres or redis); {store.name} cannot check the live lease",
+            field="fence_mode",
+        )
+
+
 def guard_services(
     store: GuardStore, mode: FenceMode, metrics: GuardMetrics | None = None
 ) -> tuple[GuardService, list[Service]]:
@@ -89,12 +99,7 @@ async def start_guard(
     """
     options, metrics = (options or ServerOptions()).with_metrics()
     st = open_store(store) if isinstance(store, str) else store
-    if mode is FenceMode.STRICT and not st.supports_strict:
-        raise InvalidArgumentError(
-            f"fence mode strict needs a store that shares a database with the lease backend "
-            f"(postgres or redis); {st.name} cannot check the live lease",
-            field="fence_mode",
-        )
+    check_mode(st, mode)
     await st.open()
     try:
         timeouts = metrics.group(StorageMetrics).timeouts.labels("guard")
