@@ -442,7 +442,11 @@ def markdown_table(commands: Mapping[str, Sequence[Option]]) -> str:
     ]
     all_commands = list(commands)
     for option, used_by in sorted(rows.values(), key=lambda r: (r[0].key, r[1])):
-        default = "(none)" if option.default is None else f"`{option.default}`"
+        default = (
+            "(none)"
+            if option.default is None
+            else f"`{str(option.default).lower() if option.kind is bool else option.default}`"
+        )
         who = "all" if used_by == all_commands else ", ".join(f"`{c}`" for c in used_by)
         meaning = option.help
         if option.choices:
