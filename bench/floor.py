@@ -21,8 +21,13 @@ FLOOR = "empty gRPC call (floor)"
 
 
 async def run_servers_bench(
-    lease_addr: str, guard_addr: str, label: str, clients: Sequence[int], duration: float,
-    *, floor: bool = True,
+    lease_addr: str,
+    guard_addr: str,
+    label: str,
+    clients: Sequence[int],
+    duration: float,
+    *,
+    floor: bool = True,
 ) -> list[Result]:
     """Acquire+Release and a one-op Write through running servers; optionally the floor."""
     results: list[Result] = []
@@ -30,45 +35,63 @@ async def run_servers_bench(
         channels = [grpc.aio.insecure_channel(lease_addr) for _ in range(n)]
         gchannels = [grpc.aio.insecure_channel(guard_addr) for _ in range(n)]
         try:
-            health = [health_pb2_grpc.HealthStub(c) for c in channels]
-            leases = [lease_pb2_grpc.LeaseServiceStub(c) for c in channels]
-            guards = [guard_pb2_grpc.GuardServiceStub(c) for c in gchannels]
-            if floor:
-                progress(f"{FLOOR}, {n} clients")
-
-                async def empty(i: int) -> None:
-                    await health[i].Check(health_pb2.HealthCheckRequest(service=""))
-
-                results.append(await measure(FLOOR, empty, n, duration))
-
-            progress(f"{label} acquire+release, {n} clients")
-
-            async def acquire_release(i: int) -> None:
-                lease = await leases[i].Acquire(lease_pb2.AcquireRequest(
-                    resource=f"bench-{label}-{i}", holder=f"c{i}", ttl_ms=10_000))
-                await leases[i].Release(lease_pb2.ReleaseRequest(
-                    resource=lease.resource, token=lease.token, holder=f"c{i}"))
-
-            results.append(await measure(f"{label}: Acquire+Release", acquire_release, n,
-                                         duration, baseline=FLOOR))
-            progress(f"{label} guarded write, {n} clients")
-
-            async def write(i: int) -> None:
-                await guards[i].Write(guard_pb2.WriteRequest(
-                    resource=f"bench-{label}-{i}", token=1,
-                    ops=[guard_pb2.Op(put=guard_pb2.Put(key="k", value=b"v" * 64))]))
-
-            results.append(await measure(f"{label}: Write (1 op)", write, n, duration,
-                                         baseline=FLOOR))
+            results += await _one_count(channels, gchannels, label, n, duration, floor)
         finally:
             for c in channels + gchannels:
                 await c.close()
     return results
 
 
+async def _one_count(
+    channels: list[grpc.aio.Channel],
+    gchannels: list[grpc.aio.Channel],
+    label: str,
+    n: int,
+    duration: float,
+    floor: bool,
+) -> list[Result]:
+    health = [health_pb2_grpc.HealthStub(c) for c in channels]
+    leases = [lease_pb2_grpc.LeaseServiceStub(c) for c in channels]
+    guards = [guard_pb2_grpc.GuardServiceStub(c) for c in gchannels]
+    results: list[Result] = []
+
+    async def empty(i: int) -> None:
+        await health[i].Check(health_pb2.HealthCheckRequest(service=""))
+
+    async def acquire_release(i: int) -> None:
+        lease = await leases[i].Acquire(
+            lease_pb2.AcquireRequest(resource=f"bench-{label}-{i}", holder=f"c{i}", ttl_ms=10_000)
+        )
+        await leases[i].Release(
+            lease_pb2.ReleaseRequest(resource=lease.resource, token=lease.token, holder=f"c{i}")
+        )
+
+    async def write(i: int) -> None:
+        await guards[i].Write(
+            guard_pb2.WriteRequest(
+                resource=f"bench-{label}-{i}",
+                token=1,
+                ops=[guard_pb2.Op(put=guard_pb2.Put(key="k", value=b"v" * 64))],
+            )
+        )
+
+    if floor:
+        progress(f"{FLOOR}, {n} clients")
+        results.append(await measure(FLOOR, empty, n, duration))
+    progress(f"{label} acquire+release, {n} clients")
+    results.append(
+        await measure(f"{label}: Acquire+Release", acquire_release, n, duration, baseline=FLOOR)
+    )
+    progress(f"{label} guarded write, {n} clients")
+    results.append(await measure(f"{label}: Write (1 op)", write, n, duration, baseline=FLOOR))
+    return results
+
+
 async def run(clients: Sequence[int], duration: float) -> list[Result]:
     with tempfile.TemporaryDirectory(prefix="fencing-bench-") as tmp:
         data = Path(tmp)
-        with server_process("lease_server", "--backend", f"sqlite:{data / 'leases.db'}") as la, \
-                server_process("guard", "--store", f"sqlite:{data / 'guard.db'}") as ga:
+        with (
+            server_process("lease_server", "--backend", f"sqlite:{data / 'leases.db'}") as la,
+            server_process("guard", "--store", f"sqlite:{data / 'guard.db'}") as ga,
+        ):
             return await run_servers_bench(la, ga, "sqlite", clients, duration)

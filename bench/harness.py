@@ -39,12 +39,21 @@ class Result:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def measure(name: str, op: Op, concurrency: int, duration: float, *,
-                  warmup: float = 0.3, per_call: int = 1, baseline: str = "") -> Result:
+async def measure(
+    name: str,
+    op: Op,
+    concurrency: int,
+    duration: float,
+    *,
+    warmup: float = 0.3,
+    per_call: int = 1,
+    baseline: str = "",
+) -> Result:
     """Run ``op(worker_index)`` from ``concurrency`` tasks for ``duration`` seconds.
 
     Every task loops until the deadline; a warm-up period is run and discarded first.
     """
+
     async def loop(i: int, until: float, latencies: list[float] | None) -> int:
         n = 0
         while time.perf_counter() < until:
@@ -63,8 +72,15 @@ async def measure(name: str, op: Op, concurrency: int, duration: float, *,
     until = started + duration
     counts = await asyncio.gather(*(loop(i, until, latencies) for i in range(concurrency)))
     elapsed = time.perf_counter() - started
-    return Result(name, concurrency, sum(counts) * per_call, elapsed, latencies,
-                  per_call=per_call, baseline=baseline)
+    return Result(
+        name,
+        concurrency,
+        sum(counts) * per_call,
+        elapsed,
+        latencies,
+        per_call=per_call,
+        baseline=baseline,
+    )
 
 
 def table(results: Sequence[Result], title: str = "") -> str:
@@ -93,9 +109,10 @@ def median_rate(results: Sequence[Result]) -> float:
 def server_process(module: str, *args: str) -> Iterator[str]:
     """Start ``python -m module ... --listen 127.0.0.1:0``; yield the address it printed."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", module, "--listen", "127.0.0.1:0", "--log-level", "WARNING",
-         *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", module, "--listen", "127.0.0.1:0", "--log-level", "WARNING", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None
