@@ -22,7 +22,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -36,6 +36,20 @@ T = TypeVar("T")
 DEFAULT_BACKEND_TIMEOUT = 5.0
 #: Default seconds between health probes of the backend or store.
 DEFAULT_HEALTH_INTERVAL = 2.0
+
+
+class HealthProbe(Protocol):
+    """The optional health method of a lease backend or guard store.
+
+    ``healthy()`` makes one cheap round trip to the database (``SELECT 1``, ``PING``)
+    and returns whether it answered; it should not raise (an exception counts as
+    unhealthy) and need not bound itself (the server does). Memory and SQLite
+    implement it trivially, Redis with PING; a PostgreSQL backend would run
+    ``SELECT 1`` on a pooled connection. Without it a server stays SERVING while
+    its database is down (calls then fail UNAVAILABLE one by one).
+    """
+
+    async def healthy(self) -> bool: ...
 
 
 class StorageMetrics:
@@ -116,6 +130,7 @@ async def healthy(inner: object, within: float) -> bool:
 __all__ = [
     "DEFAULT_BACKEND_TIMEOUT",
     "DEFAULT_HEALTH_INTERVAL",
+    "HealthProbe",
     "StorageMetrics",
     "healthy",
     "with_deadline",
