@@ -127,7 +127,6 @@ class BuiltServer:
     health: health.aio.HealthServicer
     service_names: Sequence[str] = ()
     metrics: Metrics = field(default_factory=Metrics)
-    admission: Admission = field(default_factory=Admission)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def set_serving(self, serving: bool) -> None:
@@ -225,9 +224,7 @@ async def build_server(
         port = srv.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind {address}")
-    built = BuiltServer(
-        srv, port, health_servicer, ["", *names], metrics=metrics, admission=admission
-    )
+    built = BuiltServer(srv, port, health_servicer, ["", *names], metrics=metrics)
     await built.set_serving(True)
     return built
 

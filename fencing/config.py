@@ -26,7 +26,7 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from fencing import _storage
 from fencing._admission import DEFAULT_MAX_WAITERS, DEFAULT_MAX_WATCH_STREAMS
@@ -34,6 +34,8 @@ from fencing._server import ServerOptions
 from fencing.auth import AuthPolicy
 from fencing.metrics import Metrics
 from fencing.tls import TLSConfig, check_transport, split_address
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -420,6 +422,46 @@ def server_options(
     )
 
 
+@dataclass
+class Settled(Generic[T]):
+    """A server command's validated settings: ``args`` resolved, ``server`` options built,
+    ``extra`` what the command prepared from them (its backend or store), ``sources``
+    where each setting came from."""
+
+    args: argparse.Namespace
+    server: ServerOptions
+    extra: T
+    sources: dict[str, str]
+
+    def report(self, command: str) -> int:
+        """``--check-config``: print every setting with its source; exit status 0."""
+        print(describe(self.args, self.sources))
+        print(f"{command}: configuration OK", flush=True)
+        return 0
+
+
+def settle(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    options: Sequence[Option],
+    listen: Sequence[str],
+    prepare: Callable[[argparse.Namespace], T],
+) -> Settled[T]:
+    """Resolve and validate a server command's settings, or exit 2 naming every problem.
+
+    ``listen`` names the options holding listen addresses; ``prepare(args)`` builds
+    what the command needs without I/O (a backend from its URL) and may raise
+    ``ValueError`` (``InvalidArgumentError`` is one) to reject a setting.
+    """
+    try:
+        sources = resolve(args, options)
+        server = server_options(args, [getattr(args, key) for key in listen], Metrics())
+        extra = prepare(args)
+    except ValueError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    return Settled(args, server, extra, sources)
+
+
 def describe(args: argparse.Namespace, sources: Mapping[str, str]) -> str:
     """The resolved settings as TOML-ish lines, each with its source (for --check-config)."""
     lines = []
@@ -462,9 +504,11 @@ __all__ = [
     "SERVER_OPTIONS",
     "ConfigError",
     "Option",
+    "Settled",
     "add_options",
     "describe",
     "markdown_table",
     "resolve",
     "server_options",
+    "settle",
 ]

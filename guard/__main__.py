@@ -12,8 +12,6 @@ import sys
 
 from fencing import config
 from fencing._server import ServerOptions, configure_logging, serve_until_signal
-from fencing.errors import InvalidArgumentError
-from fencing.metrics import Metrics
 from guard.fence import FenceMode
 from guard.server import DEFAULT_IDEMPOTENCY_RETENTION_S, check_mode, start_guard
 from guard.stores import GuardStore, open_store
@@ -62,20 +60,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def prepare(
-    argv: list[str] | None = None,
-) -> tuple[argparse.Namespace, GuardStore, ServerOptions, dict[str, str]]:
-    """Parse and validate everything, or exit 2 with every problem named."""
-    p = parser()
-    args = p.parse_args(argv)
-    try:
-        sources = config.resolve(args, OPTIONS)
-        options = config.server_options(args, [args.listen], Metrics())
-        store = open_store(args.store)
-        check_mode(store, FenceMode(args.fence_mode))
-    except (config.ConfigError, InvalidArgumentError) as exc:
-        p.exit(2, f"{p.prog}: error: {exc}\n")
-    return args, store, options, sources
+def _store(args: argparse.Namespace) -> GuardStore:
+    store = open_store(args.store)
+    check_mode(store, FenceMode(args.fence_mode))
+    return store
 
 
 async def _run(args: argparse.Namespace, store: GuardStore, options: ServerOptions) -> None:
@@ -102,13 +90,12 @@ async def _run(args: argparse.Namespace, store: GuardStore, options: ServerOptio
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, store, options, sources = prepare(argv)
-    if args.check_config:
-        print(config.describe(args, sources))
-        print(f"{COMMAND}: configuration OK", flush=True)
-        return 0
-    configure_logging(args.log_level, args.log_format)
-    asyncio.run(_run(args, store, options))
+    p = parser()
+    settled = config.settle(p, p.parse_args(argv), OPTIONS, ["listen"], _store)
+    if settled.args.check_config:
+        return settled.report(COMMAND)
+    configure_logging(settled.args.log_level, settled.args.log_format)
+    asyncio.run(_run(settled.args, settled.extra, settled.server))
     return 0
 
 

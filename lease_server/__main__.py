@@ -12,8 +12,6 @@ import sys
 
 from fencing import config
 from fencing._server import ServerOptions, configure_logging, serve_until_signal
-from fencing.errors import InvalidArgumentError
-from fencing.metrics import Metrics
 from lease_server.backends import LeaseBackend, open_backend
 from lease_server.server import start_lease_server
 
@@ -46,21 +44,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def prepare(
-    argv: list[str] | None = None,
-) -> tuple[argparse.Namespace, LeaseBackend, ServerOptions, dict[str, str]]:
-    """Parse and validate everything, or exit 2 with every problem named."""
-    p = parser()
-    args = p.parse_args(argv)
-    try:
-        sources = config.resolve(args, OPTIONS)
-        options = config.server_options(args, [args.listen], Metrics())
-        backend = open_backend(args.backend)
-    except (config.ConfigError, InvalidArgumentError) as exc:
-        p.exit(2, f"{p.prog}: error: {exc}\n")
-    return args, backend, options, sources
-
-
 async def _run(args: argparse.Namespace, backend: LeaseBackend, options: ServerOptions) -> None:
     server = await start_lease_server(
         backend, args.listen, reflection=args.reflection, options=options
@@ -76,13 +59,14 @@ async def _run(args: argparse.Namespace, backend: LeaseBackend, options: ServerO
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, backend, options, sources = prepare(argv)
-    if args.check_config:
-        print(config.describe(args, sources))
-        print(f"{COMMAND}: configuration OK", flush=True)
-        return 0
-    configure_logging(args.log_level, args.log_format)
-    asyncio.run(_run(args, backend, options))
+    p = parser()
+    settled = config.settle(
+        p, p.parse_args(argv), OPTIONS, ["listen"], lambda args: open_backend(args.backend)
+    )
+    if settled.args.check_config:
+        return settled.report(COMMAND)
+    configure_logging(settled.args.log_level, settled.args.log_format)
+    asyncio.run(_run(settled.args, settled.extra, settled.server))
     return 0
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from fencing import config
 from fencing._server import ServerOptions, configure_logging, serve_until_signal
-from fencing.metrics import Metrics
 from guard.fence import FenceMode
 from guard.server import start_guard
 from lease_server.server import start_lease_server
@@ -53,14 +53,10 @@ OPTIONS: tuple[config.Option, ...] = (
         choices=(FenceMode.MONOTONIC.value, FenceMode.OFF.value),
     ),
     *config.LEASE_LIMIT_OPTIONS,
-    *(o for o in config.SERVER_OPTIONS if o is not config.LOG_LEVEL),
-    config.Option(
-        "log_level",
-        "FENCING_LOG_LEVEL",
-        "WARNING",
-        "log level",
-        choices=config.LOG_LEVELS,
-        normalize=str.upper,
+    # Quieter by default than the standalone servers: this is the interactive command.
+    *(
+        dataclasses.replace(o, default="WARNING") if o is config.LOG_LEVEL else o
+        for o in config.SERVER_OPTIONS
     ),
 )
 
@@ -105,18 +101,13 @@ async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    p: argparse.ArgumentParser = args.parser
-    try:
-        sources = config.resolve(args, OPTIONS)
-        options = config.server_options(args, [args.lease_addr, args.guard_addr], Metrics())
-    except config.ConfigError as exc:
-        p.exit(2, f"{p.prog}: error: {exc}\n")
+    settled = config.settle(
+        args.parser, args, OPTIONS, ["lease_addr", "guard_addr"], lambda a: Path(a.data_dir)
+    )
     if args.check_config:
-        print(config.describe(args, sources))
-        print(f"{COMMAND}: configuration OK", flush=True)
-        return 0
+        return settled.report(COMMAND)
     configure_logging(args.log_level, args.log_format)
-    args.data_path = Path(args.data_dir).resolve()
+    args.data_path = settled.extra.resolve()
     args.data_path.mkdir(parents=True, exist_ok=True)
-    asyncio.run(_serve(args, options))
+    asyncio.run(_serve(args, settled.server))
     return 0
