@@ -98,9 +98,6 @@ class ClientSlots:
         self.cap = cap
         self._held: dict[str, int] = {}
 
-    def held(self, client: str) -> int:
-        return self._held.get(client, 0)
-
     @contextmanager
     def hold(self, client: str) -> Iterator[None]:
         count = self._held.get(client, 0)
@@ -158,9 +155,9 @@ class Admission:
             )
         return principal
 
-    def authorize(self, principal: str, method: str, request: Any) -> None:
+    def authorize(self, principal: str, method: str, action: Action | None, request: Any) -> None:
+        """``PermissionDeniedError`` unless a grant covers the call; binds ``holder``."""
         assert self.policy is not None
-        action = METHOD_ACTIONS.get(method)
         if action is None:
             raise PermissionDeniedError(f"{method} is not covered by the auth policy")
         scope = scope_of(request) if request is not None else Scope("", is_prefix=True)
@@ -169,8 +166,7 @@ class Admission:
         if request is not None and "holder" in request.DESCRIPTOR.fields_by_name:
             request.holder = principal
 
-    def slots_for(self, method: str, request: Any) -> ClientSlots | None:
-        action = METHOD_ACTIONS.get(method)
+    def slots_for(self, action: Action | None, request: Any) -> ClientSlots | None:
         if action is Action.ACQUIRE and request is not None and request.wait_ms > 0:
             return self.waiters
         if action is Action.WATCH:
@@ -198,6 +194,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
             return handler
         admission = self.admission
         metrics = self.metrics
+        action = METHOD_ACTIONS.get(method)
 
         @asynccontextmanager
         async def admit(request: Any, context: _handlers.Context) -> AsyncIterator[None]:
@@ -205,19 +202,23 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
                 try:
                     if admission.policy is not None:
                         client = admission.authenticate(context)
-                        admission.authorize(client, method, request)
+                        admission.authorize(client, method, action, request)
                         _principal.set(client)
                     else:
                         client = context.peer()
-                    slots = admission.slots_for(method, request)
+                    slots = admission.slots_for(action, request)
                     if slots is not None:
                         stack.enter_context(slots.hold(client))
                 except FencingError as exc:
+                    # A flooding client is routine (INFO); a credential problem is not.
+                    level = logging.WARNING
                     if isinstance(exc, ResourceExhaustedError):
                         metrics.limit_rejections.labels(exc.limit).inc()
+                        level = logging.INFO
                     else:
                         metrics.auth_failures.labels(exc.reason.lower()).inc()
-                    log.warning(
+                    log.log(
+                        level,
                         "refused %s from %s: %s",
                         method,
                         context.peer(),
