@@ -6,8 +6,10 @@
     python -m bench --clients 1,16       # client counts
 
 Sections: ``floor`` (the empty gRPC call, and the embedded SQLite servers against it),
-``redis`` (redis-py Lock, raw EVALSHA, our servers on Redis), and the others as they
-land. A section whose server is unreachable is skipped with a note, never faked.
+``redis`` (redis-py Lock, raw EVALSHA, our servers on Redis), ``postgres`` (the guard's
+check-and-write SQL one call, client-side and batched, the store, our servers on
+PostgreSQL; ``FENCING_BENCH_POSTGRES_DSN``), and the others as they land. A section
+whose server is unreachable is skipped with a note, never faked.
 """
 
 from __future__ import annotations
@@ -36,9 +38,16 @@ async def _redis(clients: Sequence[int], duration: float) -> list[Result]:
     return await redis.run(clients, duration, servers=True)
 
 
+async def _postgres(clients: Sequence[int], duration: float) -> list[Result]:
+    from bench import postgres
+
+    return await postgres.run(clients, duration, servers=True)
+
+
 SECTIONS: dict[str, tuple[str, Section]] = {
     "floor": ("RPC floor and the embedded default (SQLite)", _floor),
     "redis": ("Redis: our scripts and servers next to redis-py Lock and raw EVALSHA", _redis),
+    "postgres": ("PostgreSQL: check-and-write SQL against SELECT 1, and our servers", _postgres),
 }
 
 

@@ -31,14 +31,17 @@ OPTIONS: tuple[config.Option, ...] = (
         "store",
         "FENCING_STORE",
         "sqlite:fencing-data/guard.db",
-        "fenced store URL: memory://, sqlite:PATH, postgres://..., redis://...",
+        "fenced store URL: memory://, sqlite:PATH, postgresql://user@host/db?schema=fencing, "
+        "redis://host:6379",
         metavar="URL",
     ),
     config.Option(
         "fence_mode",
         "FENCING_FENCE_MODE",
         FenceMode.MONOTONIC.value,
-        "how writes are judged; off accepts stale tokens (chaos control only)",
+        "how writes are judged; strict also requires the live lease (a postgres or redis "
+        "store where the lease server keeps its leases); off accepts stale tokens: "
+        "chaos control only",
         choices=tuple(m.value for m in FenceMode),
     ),
     config.Option(

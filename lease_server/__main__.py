@@ -30,7 +30,8 @@ OPTIONS: tuple[config.Option, ...] = (
         "backend",
         "FENCING_BACKEND",
         "sqlite:fencing-data/leases.db",
-        "lease backend URL: memory://, sqlite:PATH, postgres://..., redis://...",
+        "lease backend URL: memory://, sqlite:PATH, postgresql://user@host/db?schema=fencing, "
+        "redis://host:6379",
         metavar="URL",
     ),
     *config.LEASE_LIMIT_OPTIONS,

@@ -2,17 +2,18 @@
 
 Addresses become free loopback ports. The guard's Redis is a throwaway
 ``redis-server`` started with the compose service's own flags (AOF, fsync always),
-so ``require_durable=1`` holds. The lease server's PostgreSQL is
-``FENCING_TEST_POSTGRES_URL`` when that is set and the postgres backend is present;
-otherwise it runs on SQLite. Each server is then probed with its compose
+so ``require_durable=1`` holds. The lease server's PostgreSQL is the tests' own
+(:mod:`tests.pg`), in a fresh schema; without one it runs on SQLite (except under
+``CI=true``, where a missing PostgreSQL fails). Each server is then probed with its compose
 healthcheck command, used through the SDK (with a stale write rejected and counted
 on /metrics), and stopped with SIGTERM, which must end it cleanly.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import asyncio
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ import pytest
 import yaml
 
 from fencing import Claim, GuardClient, LeaseClient, StaleTokenError
+from tests import pg
 from tests.redis_server import REDIS_SERVER, RedisProcess, free_port, unavailable, unique_prefix
 
 pytestmark = pytest.mark.e2e
@@ -60,16 +62,14 @@ def local_env(service: dict[str, Any], **overrides: str) -> dict[str, str]:
 
 
 @contextmanager
-def process(
-    argv: list[str], env: dict[str, str], log: Path
-) -> Iterator[tuple[subprocess.Popen[str], str]]:
+def process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[tuple[str, str]]:
     with log.open("w") as stderr:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline()
             assert "listening on" in line, f"{argv}: {line!r}\n{log.read_text()}"
-            yield proc, line.split("listening on ")[1].split()[0]
+            yield line, line.split("listening on ")[1].split()[0]
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(HANG_GUARD) == 0, log.read_text()
         finally:
@@ -87,11 +87,19 @@ def healthcheck(service: dict[str, Any], address: str) -> subprocess.CompletedPr
     return subprocess.run(argv, capture_output=True, text=True, timeout=HANG_GUARD, check=False)
 
 
-def lease_backend_url(tmp_path: Path) -> str:
-    dsn = os.environ.get("FENCING_TEST_POSTGRES_URL")
-    if dsn and importlib.util.find_spec("lease_server.backends.postgres") is not None:
-        return dsn
-    return f"sqlite:{tmp_path / 'leases.db'}"
+@contextmanager
+def lease_backend_url(tmp_path: Path) -> Iterator[str]:
+    """The tests' PostgreSQL in a fresh schema (dropped after), else SQLite."""
+    try:
+        dsn = pg.test_dsn()
+    except pytest.skip.Exception:
+        yield f"sqlite:{tmp_path / 'leases.db'}"
+        return
+    schema = f"{pg.SCHEMA_PREFIX}{secrets.token_hex(6)}"
+    try:
+        yield pg.with_schema(dsn, schema)
+    finally:
+        asyncio.run(pg.drop_schema(dsn, schema))
 
 
 def guard_store_url(compose_url: str, redis: RedisProcess) -> str:
@@ -115,10 +123,13 @@ def test_compose_topology_runs_as_local_processes(tmp_path: Path) -> None:
     lease_metrics, guard_metrics = free_port(), free_port()
     with ExitStack() as stack:
         redis = stack.enter_context(RedisProcess(extra=redis_flags))  # started
-        lease_env = local_env(lease_svc, FENCING_BACKEND=lease_backend_url(tmp_path))
-        _, lease_addr = stack.enter_context(
+        backend = stack.enter_context(lease_backend_url(tmp_path))
+        lease_env = local_env(lease_svc, FENCING_BACKEND=backend)
+        banner, lease_addr = stack.enter_context(
             process(local_argv(lease_svc, lease_metrics), lease_env, tmp_path / "lease.log")
         )
+        expected = "postgres" if backend.startswith("postgres") else "sqlite"
+        assert f"(backend {expected})" in banner
         check = healthcheck(lease_svc, lease_addr)
         assert check.returncode == 0, check.stdout + check.stderr
         assert "SERVING" in check.stdout

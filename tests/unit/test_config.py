@@ -129,7 +129,7 @@ def test_check_config_prints_sources_and_exits(capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit) as exit_:
         lease_main.main(["--check-config", "--backend", "ftp://nowhere"])
     assert exit_.value.code == 2
-    assert "unsupported lease backend 'ftp://nowhere'" in capsys.readouterr().err
+    assert "unsupported lease backend 'ftp://" in capsys.readouterr().err
 
 
 def test_docs_configuration_table_is_fresh() -> None:
