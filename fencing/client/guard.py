@@ -9,6 +9,7 @@ import grpc
 
 from fencing.client import _core
 from fencing.client._core import WriteResult
+from fencing.tls import TLSConfig
 from fencing.types import Delete, Fenced, Op, Put, Record
 from fencing.v1 import guard_pb2, guard_pb2_grpc
 
@@ -23,12 +24,15 @@ class GuardClient:
         guard.put(lease, "balance", b"100")      # StaleTokenError if a newer token wrote
 
     Errors are :mod:`fencing.errors` exceptions (``StaleTokenError.current_token``...).
+    ``tls``, ``token`` and ``credentials`` secure the channel as for ``LeaseClient``.
     """
 
     def __init__(
         self,
         target: str,
         *,
+        tls: TLSConfig | None = None,
+        token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
         channel: grpc.Channel | None = None,
@@ -37,10 +41,15 @@ class GuardClient:
         self.rpc_timeout = rpc_timeout
         if channel is not None:
             self._channel = channel
-        elif credentials is not None:
-            self._channel = grpc.secure_channel(target, credentials, _core.channel_options())
         else:
-            self._channel = grpc.insecure_channel(target, _core.channel_options())
+            secure = _core.channel_credentials(
+                target, tls=tls, token=token, credentials=credentials
+            )
+            options = _core.channel_options(tls)
+            if secure is not None:
+                self._channel = grpc.secure_channel(target, secure, options)
+            else:
+                self._channel = grpc.insecure_channel(target, options)
         self._stub = guard_pb2_grpc.GuardServiceStub(self._channel)
 
     def close(self) -> None:

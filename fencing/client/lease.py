@@ -22,6 +22,7 @@ from fencing._renewal import RenewalPolicy, RenewalSchedule
 from fencing.client import _core
 from fencing.client._core import LeaseState
 from fencing.errors import AcquireTimeoutError, FencingError, LeaseHeldError, LeaseLost
+from fencing.tls import TLSConfig
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -176,9 +177,14 @@ class LeaseClient:
             guard.put(lease, "k", b"v")                # fenced by lease.token
             lease.check()                              # LeaseLost once it is gone
 
-    ``holder`` names this client in leases (default: host-pid-random). Times are
-    seconds. Acquire retries on transient failures with one ``request_id``, so a
+    ``holder`` names this client in leases (default: host-pid-random); a server with
+    authentication on names the holder after the caller's principal instead. Times
+    are seconds. Acquire retries on transient failures with one ``request_id``, so a
     retry never takes a second token.
+
+    ``tls=TLSConfig(ca=..., cert=..., key=...)`` secures the channel (mTLS with a
+    cert), ``token=...`` authenticates every call with a bearer token, or pass any
+    ``credentials``.
     """
 
     def __init__(
@@ -186,6 +192,8 @@ class LeaseClient:
         target: str,
         *,
         holder: str | None = None,
+        tls: TLSConfig | None = None,
+        token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
         policy: RenewalPolicy | None = None,
@@ -199,10 +207,15 @@ class LeaseClient:
         self._clock = clock
         if channel is not None:
             self._channel = channel
-        elif credentials is not None:
-            self._channel = grpc.secure_channel(target, credentials, _core.channel_options())
         else:
-            self._channel = grpc.insecure_channel(target, _core.channel_options())
+            secure = _core.channel_credentials(
+                target, tls=tls, token=token, credentials=credentials
+            )
+            options = _core.channel_options(tls)
+            if secure is not None:
+                self._channel = grpc.secure_channel(target, secure, options)
+            else:
+                self._channel = grpc.insecure_channel(target, options)
         self._stub = lease_pb2_grpc.LeaseServiceStub(self._channel)
 
     def close(self) -> None:
