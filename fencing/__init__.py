@@ -35,9 +35,11 @@ from fencing.errors import (
     LeaseHeldError,
     LeaseLost,
     PermissionDeniedError,
+    ResourceExhaustedError,
     StaleTokenError,
     UnauthenticatedError,
 )
+from fencing.tls import TLSConfig
 from fencing.types import Claim, Delete, Fenced, Op, Put, Record
 
 __version__ = "0.1.0"
@@ -65,7 +67,9 @@ __all__ = [
     "PermissionDeniedError",
     "Put",
     "Record",
+    "ResourceExhaustedError",
     "StaleTokenError",
+    "TLSConfig",
     "UnauthenticatedError",
     "WriteResult",
 ]

@@ -168,7 +168,7 @@ class LeaseFollower:
         """Follow until cancelled; never raises otherwise."""
         self._saved_revision = await self._load_revision()
         await self._set(revision=self._saved_revision)
-        channel = _core.open_aio_channel(self.lease_server, self._credentials)
+        channel = _core.open_aio_channel(self.lease_server, credentials=self._credentials)
         stub = lease_pb2_grpc.LeaseServiceStub(channel)
         attempt = 0
         try:

@@ -2,7 +2,8 @@
 
 Validates every request at the edge (:mod:`fencing.limits`), queues waiters per
 resource (:mod:`lease_server.waiters`), and logs each grant, renewal, release and
-refusal with resource, holder and token. ``Watch`` streams the backend's event log
+refusal with resource, holder and token (as structured fields too), and counts
+them (:mod:`lease_server.metrics`). ``Watch`` streams the backend's event log
 (:mod:`lease_server.watch`); the sweeper (:mod:`lease_server.expiry`) feeds it expiries.
 """
 
@@ -15,15 +16,23 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from prometheus_client import CollectorRegistry
 
 from fencing import _status, limits
 from fencing._server import rpc
-from fencing.errors import AcquireTimeoutError, FencingError, InvalidArgumentError, LeaseHeldError
+from fencing.errors import (
+    AcquireTimeoutError,
+    BackendUnavailableError,
+    FencingError,
+    InvalidArgumentError,
+    LeaseHeldError,
+)
 from fencing.types import WATCH_START_KEY
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from lease_server.backends.base import LeaseBackend, event_log_of
 from lease_server.expiry import DEFAULT_EVENT_RETENTION, Sweeper
 from lease_server.leases import EventKind, Grant, Held, LeaseEvent, Scope
+from lease_server.metrics import LeaseMetrics
 from lease_server.waiters import WaitQueues
 from lease_server.watch import EventFeed
 
@@ -80,11 +89,13 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         self,
         backend: LeaseBackend,
         waiters: WaitQueues | None = None,
+        metrics: LeaseMetrics | None = None,
         *,
         event_retention: int = DEFAULT_EVENT_RETENTION,
     ) -> None:
         self.backend = backend
         self.waiters = waiters or WaitQueues()
+        self.metrics = metrics or LeaseMetrics(CollectorRegistry())
         backend.on_release(self.waiters.notify)
         self.events = event_log_of(backend)
         self.feed: EventFeed | None = None
@@ -120,11 +131,51 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         ttl_ms = limits.check_ttl_ms(request.ttl_ms)
         wait_ms = limits.check_wait_ms(request.wait_ms)
         request_id = limits.check_request_id(request.request_id)
+        try:
+            outcome = await self._acquire(resource, holder, ttl_ms, wait_ms, request_id)
+        except FencingError:
+            self.metrics.acquires.labels("error").inc()
+            raise
+        fields = {"resource": resource, "holder": holder}
+        if isinstance(outcome, Held):
+            if self.waiters.closed:
+                self.metrics.acquires.labels("error").inc()
+                raise BackendUnavailableError(
+                    "the lease server is shutting down; retry (with the same request_id)"
+                )
+            log.info(
+                "acquire refused resource=%s holder=%s held_by=%s token=%d",
+                resource,
+                holder,
+                outcome.holder,
+                outcome.token,
+                extra={**fields, "held_by": outcome.holder, "token": outcome.token},
+            )
+            self.metrics.acquires.labels("timeout" if wait_ms > 0 else "held").inc()
+            error = AcquireTimeoutError if wait_ms > 0 else LeaseHeldError
+            raise error(resource=resource, holder=outcome.holder, remaining_ms=outcome.remaining_ms)
+        log.info(
+            "acquired resource=%s holder=%s token=%d ttl_ms=%d%s",
+            resource,
+            holder,
+            outcome.token,
+            outcome.ttl_ms,
+            " (replayed)" if outcome.replayed else "",
+            extra={**fields, "token": outcome.token, "ttl_ms": outcome.ttl_ms},
+        )
+        self.metrics.acquires.labels("replayed" if outcome.replayed else "granted").inc()
+        self.metrics.granted(resource, outcome.token, outcome.ttl_ms)
+        return _lease(outcome)
+
+    async def _acquire(
+        self, resource: str, holder: str, ttl_ms: int, wait_ms: int, request_id: str
+    ) -> Grant | Held:
+        """Try once; if held and ``wait_ms`` > 0, wait in line until granted or out of time."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         outcome = await self.backend.acquire(resource, holder, ttl_ms, request_id)
         if isinstance(outcome, Held) and wait_ms > 0:
-            with self.waiters.join(resource) as ticket:
+            with self.metrics.waiters.track_inprogress(), self.waiters.join(resource) as ticket:
                 while isinstance(outcome, Held):
                     left = deadline - loop.time()
                     if left <= 0 or not await self.waiters.wait_turn(ticket, left):
@@ -138,25 +189,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                         await self.waiters.nap(
                             ticket, min(left, outcome.remaining_ms / 1000 + 0.001)
                         )
-        if isinstance(outcome, Held):
-            log.info(
-                "acquire refused resource=%s holder=%s held_by=%s token=%d",
-                resource,
-                holder,
-                outcome.holder,
-                outcome.token,
-            )
-            error = AcquireTimeoutError if wait_ms > 0 else LeaseHeldError
-            raise error(resource=resource, holder=outcome.holder, remaining_ms=outcome.remaining_ms)
-        log.info(
-            "acquired resource=%s holder=%s token=%d ttl_ms=%d%s",
-            resource,
-            holder,
-            outcome.token,
-            outcome.ttl_ms,
-            " (replayed)" if outcome.replayed else "",
-        )
-        return _lease(outcome)
+        return outcome
 
     @rpc
     async def Renew(self, request: lease_pb2.RenewRequest, context: Context) -> lease_pb2.Lease:
@@ -164,8 +197,16 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         token = limits.check_token(request.token)
         ttl_ms = limits.check_ttl_ms(request.ttl_ms)
         holder = limits.check_optional_holder(request.holder)
-        grant = await self.backend.renew(resource, token, holder, ttl_ms)
-        log.debug("renewed resource=%s holder=%s token=%d", resource, grant.holder, token)
+        with self.metrics.renew_seconds.time():
+            grant = await self.backend.renew(resource, token, holder, ttl_ms)
+        self.metrics.granted(resource, token, grant.ttl_ms)
+        log.debug(
+            "renewed resource=%s holder=%s token=%d",
+            resource,
+            grant.holder,
+            token,
+            extra={"resource": resource, "holder": grant.holder, "token": token},
+        )
         return _lease(grant)
 
     @rpc
@@ -177,7 +218,14 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         holder = limits.check_optional_holder(request.holder)
         await self.backend.release(resource, token, holder)
         self.waiters.notify(resource)
-        log.info("released resource=%s holder=%s token=%d", resource, holder, token)
+        self.metrics.released(resource, token)
+        log.info(
+            "released resource=%s holder=%s token=%d",
+            resource,
+            holder,
+            token,
+            extra={"resource": resource, "holder": holder, "token": token},
+        )
         return lease_pb2.ReleaseResponse()
 
     @rpc

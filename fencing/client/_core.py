@@ -34,6 +34,7 @@ from fencing.errors import (
     LeaseLost,
 )
 from fencing.limits import MAX_MESSAGE_BYTES, MAX_WAIT_MS
+from fencing.tls import TLSConfig, is_loopback, split_address
 from fencing.types import Delete, Fenced, Op, Put, Record
 from fencing.v1 import guard_pb2, lease_pb2
 
@@ -48,27 +49,80 @@ DEFAULT_RPC_TIMEOUT = 5.0
 RETRY_BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8)
 
 
-def channel_options() -> list[tuple[str, int]]:
-    return [
+def channel_options(tls: TLSConfig | None = None) -> list[tuple[str, int | str]]:
+    options: list[tuple[str, int | str]] = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
     ]
+    if tls is not None:
+        options.extend(tls.channel_options())
+    return options
 
 
-def open_channel(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
-    """A blocking channel to ``target``, secured with ``credentials`` (None: plaintext)."""
+def channel_credentials(
+    target: str,
+    *,
+    tls: TLSConfig | None = None,
+    token: str | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> grpc.ChannelCredentials | None:
+    """What a client channel to ``target`` is secured with; None means plaintext.
+
+    ``tls`` verifies the server (and presents a client certificate for mTLS);
+    ``token`` is sent as ``authorization: Bearer <token>`` on every call, and only
+    over TLS or to a loopback address (never in the clear across a network).
+    ``credentials`` are taken as they are, for anything else.
+    """
     if credentials is not None:
-        return grpc.secure_channel(target, credentials, channel_options())
-    return grpc.insecure_channel(target, channel_options())
+        if tls is not None or token:
+            raise InvalidArgumentError(
+                "give either credentials or tls/token, not both", field="credentials"
+            )
+        return credentials
+    secure = tls.channel_credentials() if tls is not None else None
+    if not token:
+        return secure
+    if secure is None:
+        if not is_loopback(split_address(target)[0]):
+            raise InvalidArgumentError(
+                f"a bearer token is only sent over TLS or to a loopback address; "
+                f"{target} needs tls=TLSConfig(...)",
+                field="token",
+            )
+        secure = grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
+    return grpc.composite_channel_credentials(secure, grpc.access_token_call_credentials(token))
 
 
-def open_aio_channel(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
-    """An asyncio channel to ``target`` (create it inside a running loop)."""
-    if credentials is not None:
-        return grpc.aio.secure_channel(target, credentials, channel_options())
-    return grpc.aio.insecure_channel(target, channel_options())
+def open_channel(
+    target: str,
+    *,
+    tls: TLSConfig | None = None,
+    token: str | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> grpc.Channel:
+    """A blocking channel to ``target``, secured as :func:`channel_credentials` says."""
+    secure = channel_credentials(target, tls=tls, token=token, credentials=credentials)
+    options = channel_options(tls)
+    if secure is not None:
+        return grpc.secure_channel(target, secure, options)
+    return grpc.insecure_channel(target, options)
+
+
+def open_aio_channel(
+    target: str,
+    *,
+    tls: TLSConfig | None = None,
+    token: str | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> grpc.aio.Channel:
+    """An asyncio channel to ``target`` (create it in a running loop); see :func:`open_channel`."""
+    secure = channel_credentials(target, tls=tls, token=token, credentials=credentials)
+    options = channel_options(tls)
+    if secure is not None:
+        return grpc.aio.secure_channel(target, secure, options)
+    return grpc.aio.insecure_channel(target, options)
 
 
 def default_holder() -> str:

@@ -15,6 +15,7 @@ import grpc.aio
 
 from fencing.client import _core
 from fencing.client._core import WriteResult
+from fencing.tls import TLSConfig
 from fencing.types import Delete, Fenced, Op, Put, Record
 from fencing.v1 import guard_pb2_grpc
 
@@ -34,6 +35,8 @@ class AsyncGuardClient:
         self,
         target: str,
         *,
+        tls: TLSConfig | None = None,
+        token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
         channel: grpc.aio.Channel | None = None,
@@ -41,7 +44,9 @@ class AsyncGuardClient:
         self.target = target
         self.rpc_timeout = rpc_timeout
         self._channel = (
-            channel if channel is not None else _core.open_aio_channel(target, credentials)
+            channel
+            if channel is not None
+            else _core.open_aio_channel(target, tls=tls, token=token, credentials=credentials)
         )
         self._stub = guard_pb2_grpc.GuardServiceStub(self._channel)
 

@@ -27,6 +27,7 @@ from fencing._renewal import RenewalPolicy
 from fencing.client import _core
 from fencing.client._core import Clock, LeaseEvent, LeaseState
 from fencing.errors import FencingError, LeaseLost
+from fencing.tls import TLSConfig
 from fencing.types import Fenced
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 
@@ -214,6 +215,9 @@ class AsyncLeaseClient:
         async with leases.hold("orders", ttl=10) as lease:   # renewed every ttl/3
             await guard.put(lease, "k", b"v")                # fenced by lease.token
         # LeaseLost here if the lease was lost: the body was cancelled at that moment
+
+    Options as for :class:`~fencing.client.lease.LeaseClient` (``tls``, ``token``,
+    ``credentials``, ``holder``...).
     """
 
     def __init__(
@@ -221,6 +225,8 @@ class AsyncLeaseClient:
         target: str,
         *,
         holder: str | None = None,
+        tls: TLSConfig | None = None,
+        token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
         policy: RenewalPolicy | None = None,
@@ -233,7 +239,9 @@ class AsyncLeaseClient:
         self.policy = policy or RenewalPolicy()
         self._clock = clock
         self._channel = (
-            channel if channel is not None else _core.open_aio_channel(target, credentials)
+            channel
+            if channel is not None
+            else _core.open_aio_channel(target, tls=tls, token=token, credentials=credentials)
         )
         self._stub = lease_pb2_grpc.LeaseServiceStub(self._channel)
 

@@ -14,6 +14,7 @@ import grpc
 
 from fencing.client import _core
 from fencing.client._core import WriteResult
+from fencing.tls import TLSConfig
 from fencing.types import Delete, Fenced, Op, Put, Record
 from fencing.v1 import guard_pb2_grpc
 
@@ -30,19 +31,26 @@ class GuardClient:
         guard.put(lease, "balance", b"100")      # StaleTokenError if a newer token wrote
 
     Errors are :mod:`fencing.errors` exceptions (``StaleTokenError.current_token``...).
+    ``tls``, ``token`` and ``credentials`` secure the channel as for ``LeaseClient``.
     """
 
     def __init__(
         self,
         target: str,
         *,
+        tls: TLSConfig | None = None,
+        token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
         channel: grpc.Channel | None = None,
     ) -> None:
         self.target = target
         self.rpc_timeout = rpc_timeout
-        self._channel = channel if channel is not None else _core.open_channel(target, credentials)
+        self._channel = (
+            channel
+            if channel is not None
+            else _core.open_channel(target, tls=tls, token=token, credentials=credentials)
+        )
         self._stub = guard_pb2_grpc.GuardServiceStub(self._channel)
 
     def close(self) -> None:

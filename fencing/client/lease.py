@@ -27,6 +27,7 @@ from fencing._renewal import RenewalPolicy
 from fencing.client import _core
 from fencing.client._core import Clock, LeaseEvent, LeaseState
 from fencing.errors import FencingError, LeaseLost
+from fencing.tls import TLSConfig
 from fencing.types import Fenced
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 
@@ -121,9 +122,14 @@ class LeaseClient:
             guard.put(lease, "k", b"v")                # fenced by lease.token
             lease.check()                              # LeaseLost once it is gone
 
-    ``holder`` names this client in leases (default: host-pid-random). Times are
-    seconds. Acquire retries on transient failures with one ``request_id``, so a
+    ``holder`` names this client in leases (default: host-pid-random); a server with
+    authentication on names the holder after the caller's principal instead. Times
+    are seconds. Acquire retries on transient failures with one ``request_id``, so a
     retry never takes a second token.
+
+    ``tls=TLSConfig(ca=..., cert=..., key=...)`` secures the channel (mTLS with a
+    cert), ``token=...`` authenticates every call with a bearer token, or pass any
+    ``credentials``.
     """
 
     def __init__(
@@ -131,6 +137,8 @@ class LeaseClient:
         target: str,
         *,
         holder: str | None = None,
+        tls: TLSConfig | None = None,
+        token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
         policy: RenewalPolicy | None = None,
@@ -142,7 +150,11 @@ class LeaseClient:
         self.rpc_timeout = rpc_timeout
         self.policy = policy or RenewalPolicy()
         self._clock = clock
-        self._channel = channel if channel is not None else _core.open_channel(target, credentials)
+        self._channel = (
+            channel
+            if channel is not None
+            else _core.open_channel(target, tls=tls, token=token, credentials=credentials)
+        )
         self._stub = lease_pb2_grpc.LeaseServiceStub(self._channel)
 
     def close(self) -> None:

@@ -28,6 +28,10 @@ class MemoryStore:
     async def close(self) -> None:
         return None
 
+    async def healthy(self) -> bool:
+        """Always: memory does not go away (see ``HealthProbe``)."""
+        return True
+
     async def write(
         self,
         resource: str,

@@ -6,6 +6,13 @@ G1), and wraps its driver's errors once into ``BackendUnavailableError`` with th
 cause chained. Waiting, validation and the wire live above it, in the service.
 To add a backend, add a file beside this one and a branch in ``open_backend``.
 
+Optional, and expected of every networked backend: ``async def healthy(self) ->
+bool`` (:class:`fencing._storage.HealthProbe`), one cheap round trip to the database.
+The server calls it every ``--health-interval`` seconds and reports NOT_SERVING on
+``grpc.health.v1`` while it says False. Every other coroutine method is called with
+a deadline (``--backend-timeout``) that ends it with ``BackendUnavailableError``;
+list methods that must not be bounded in a class attribute ``unbounded_methods``.
+
 The event log
 -------------
 A backend should also keep an **event log** (:class:`EventLog`), which ``Watch``

@@ -44,6 +44,10 @@ class MemoryBackend:
     async def close(self) -> None:
         return None
 
+    async def healthy(self) -> bool:
+        """Always: memory does not go away (see ``HealthProbe``)."""
+        return True
+
     def _get(self, resource: str) -> LeaseRecord:
         return self._records.get(resource) or LeaseRecord(resource)
 

@@ -151,6 +151,10 @@ class SQLiteBackend:
     async def close(self) -> None:
         await self._db.close()
 
+    async def healthy(self) -> bool:
+        """A read on the database thread answers (see ``HealthProbe``)."""
+        return await self._db.healthy()
+
     async def acquire(
         self, resource: str, holder: str, ttl_ms: int, request_id: str
     ) -> Grant | Held:
