@@ -45,11 +45,14 @@ def reserve_port(address: str) -> tuple[socket.socket, int]:
     return sock, int(sock.getsockname()[1])
 
 
-def run_workers(module: str, argv: list[str], listen: str, workers: int, what: str) -> int:
+def run_workers(
+    module: str, argv: list[str], listen: str, workers: int, what: str, *, metrics_port: int = 0
+) -> int:
     """Run ``python -m module argv...`` as ``workers`` processes sharing ``listen``'s port.
 
-    Returns the exit status: 0 after a clean stop on SIGTERM/SIGINT, 1 if a worker
-    failed to start or died.
+    With ``metrics_port``, worker i serves its metrics on ``metrics_port + i``. Returns
+    the exit status: 0 after a clean stop on SIGTERM/SIGINT, 1 if a worker failed to
+    start or died.
     """
     reservation, port = reserve_port(listen)
     host = host_of(listen)
@@ -65,8 +68,9 @@ def run_workers(module: str, argv: list[str], listen: str, workers: int, what: s
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     status = 0
     try:
-        for _ in range(workers):
-            procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
+        for i in range(workers):
+            own = ["--metrics-port", str(metrics_port + i)] if metrics_port else []
+            procs.append(subprocess.Popen([*command, *own], stdout=subprocess.PIPE, text=True))
         deadline = time.monotonic() + START_TIMEOUT
         for proc in procs:
             assert proc.stdout is not None

@@ -2,7 +2,8 @@
 
 Validates each request whole before the store sees it (a bad op anywhere means
 nothing is applied), and logs each acceptance and each stale-token rejection with
-resource and tokens, never values.
+resource and tokens (as structured fields too), never values, and counts them
+(:mod:`guard.metrics`).
 """
 
 from __future__ import annotations
@@ -13,14 +14,22 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc.aio
+from prometheus_client import CollectorRegistry
 
 from fencing import _status, limits
+from fencing._admission import authorize_item, current_principal
 from fencing._server import rpc
-from fencing.errors import FencingError, InvalidArgumentError, StaleTokenError
+from fencing.errors import (
+    FencingError,
+    InvalidArgumentError,
+    PermissionDeniedError,
+    StaleTokenError,
+)
 from fencing.types import Delete, Op, Put
 from fencing.v1 import guard_pb2, guard_pb2_grpc
 from guard.commit import GroupCommit
 from guard.fence import FenceMode
+from guard.metrics import GuardMetrics
 from guard.stores.base import BatchedWrite, GuardStore, ResourceWrite, Verdict
 
 #: Messages of one WriteStream judged at once; the stream stops reading beyond it.
@@ -85,12 +94,14 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         self,
         store: GuardStore,
         mode: FenceMode = FenceMode.MONOTONIC,
+        metrics: GuardMetrics | None = None,
         *,
         commit_concurrency: int | None = None,
     ) -> None:
         self.store = store
         self.mode = mode
         self.stale_rejections = 0
+        self.metrics = metrics or GuardMetrics(CollectorRegistry())
         self.commit: GroupCommit | None = None
         if mode is not FenceMode.STRICT:
             self.commit = GroupCommit(
@@ -99,22 +110,34 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
 
     async def _write_all(self, writes: Sequence[BatchedWrite]) -> list[Verdict]:
         """One verdict per write, in order; store failures raise."""
-        if self.commit is not None:
-            verdicts = await self.commit.submit(writes)
-        else:
-            verdicts = list(await asyncio.gather(*(self._write_one(w) for w in writes)))
+        try:
+            if self.commit is not None:
+                verdicts = await self.commit.submit(writes)
+            else:
+                verdicts = list(await asyncio.gather(*(self._write_one(w) for w in writes)))
+        except FencingError:
+            self.metrics.writes.labels("error").inc(len(writes))
+            raise
         for w, verdict in zip(writes, verdicts, strict=True):
             if isinstance(verdict, StaleTokenError):
-                self._stale(w.resource, w.token, verdict, "write")
-            else:
-                log.debug(
-                    "write accepted resource=%s token=%d ops=%d fence=%d%s",
-                    w.resource,
-                    w.token,
-                    len(w.ops),
-                    verdict.fence,
-                    " (replayed)" if verdict.replayed else "",
-                )
+                self.metrics.writes.labels("stale").inc()
+                self._rejected("write", w.resource, w.token, verdict)
+                continue
+            self.metrics.writes.labels("replayed" if verdict.replayed else "accepted").inc()
+            log.debug(
+                "write accepted resource=%s token=%d ops=%d fence=%d%s",
+                w.resource,
+                w.token,
+                len(w.ops),
+                verdict.fence,
+                " (replayed)" if verdict.replayed else "",
+                extra={
+                    "resource": w.resource,
+                    "token": w.token,
+                    "op_count": len(w.ops),
+                    "fence": verdict.fence,
+                },
+            )
         return verdicts
 
     async def _write_one(self, w: BatchedWrite) -> Verdict:
@@ -123,14 +146,21 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         except StaleTokenError as exc:
             return exc
 
-    def _stale(self, resource: str, token: int, exc: StaleTokenError, what: str) -> None:
+    def _rejected(self, what: str, resource: str, token: int, exc: StaleTokenError) -> None:
         self.stale_rejections += 1
+        self.metrics.stale(resource)
         log.warning(
             "stale %s rejected resource=%s token=%d fence=%d",
             what,
             resource,
             token,
             exc.current_token,
+            extra={
+                "resource": resource,
+                "token": token,
+                "current_token": exc.current_token,
+                "principal": current_principal() or "",
+            },
         )
 
     @rpc
@@ -162,8 +192,13 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         try:
             result = await self.store.write_many(writes, key, self.mode)
         except StaleTokenError as exc:
-            self._stale(exc.resource, exc.token, exc, "multi-resource write")
+            self.metrics.writes.labels("stale").inc()
+            self._rejected("multi-resource write", exc.resource, exc.token, exc)
             raise
+        except FencingError:
+            self.metrics.writes.labels("error").inc()
+            raise
+        self.metrics.writes.labels("replayed" if result.replayed else "accepted").inc()
         log.debug(
             "multi-resource write accepted resources=%s ops=%d%s",
             ",".join(w.resource for w in writes),
@@ -236,8 +271,10 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         valid: list[tuple[int, int, BatchedWrite]] = []
         for i, streamed in enumerate(message.writes):
             try:
-                valid.append((i, streamed.id, write_from_proto(streamed.write)))
-            except InvalidArgumentError as exc:
+                write = write_from_proto(streamed.write)
+                authorize_item(write.resource)
+                valid.append((i, streamed.id, write))
+            except (InvalidArgumentError, PermissionDeniedError) as exc:
                 verdicts[i] = guard_pb2.WriteVerdict(id=streamed.id, error=_write_error(exc))
         try:
             results: list[Verdict | FencingError] = list(
@@ -277,9 +314,15 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         try:
             fence = await self.store.fence(resource, token)
         except StaleTokenError as exc:
-            self._stale(resource, token, exc, "fence")
+            self._rejected("fence", resource, token, exc)
             raise
-        log.info("fenced resource=%s token=%d", resource, fence)
+        self.metrics.fence_advanced("fence")
+        log.info(
+            "fenced resource=%s token=%d",
+            resource,
+            fence,
+            extra={"resource": resource, "token": token, "fence": fence},
+        )
         return guard_pb2.FenceState(resource=resource, fence=fence)
 
     @rpc

@@ -1,10 +1,15 @@
-"""``GuardClient``: guarded writes and reads against a fencing guard (blocking)."""
+"""``GuardClient``: guarded writes and reads against a fencing guard (blocking).
+
+The asyncio twin is :mod:`fencing.client.async_guard`; both only send what
+:mod:`fencing.client._core` builds.
+"""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import TypeVar
 
 import grpc
 
@@ -13,8 +18,11 @@ from fencing.client._core import WriteResult
 from fencing.client._writes import ManyResult
 from fencing.client.write_stream import WriteStream
 from fencing.limits import MAX_STREAM_WRITES
+from fencing.tls import TLSConfig
 from fencing.types import Delete, Fenced, Op, Put, Record
-from fencing.v1 import guard_pb2, guard_pb2_grpc
+from fencing.v1 import guard_pb2_grpc
+
+Resp = TypeVar("Resp")
 
 
 class GuardClient:
@@ -27,12 +35,17 @@ class GuardClient:
         guard.put(lease, "balance", b"100")      # StaleTokenError if a newer token wrote
 
     Errors are :mod:`fencing.errors` exceptions (``StaleTokenError.current_token``...).
+    ``tls``, ``token`` and ``credentials`` secure the channel as for ``LeaseClient``.
+    ``coalesce=True`` sends every ``write`` through one shared :class:`WriteStream`:
+    concurrent writes from many threads travel and commit together (same verdicts).
     """
 
     def __init__(
         self,
         target: str,
         *,
+        tls: TLSConfig | None = None,
+        token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
         channel: grpc.Channel | None = None,
@@ -43,12 +56,11 @@ class GuardClient:
         self.coalesce = coalesce
         self._shared_stream: WriteStream | None = None
         self._stream_lock = threading.Lock()
-        if channel is not None:
-            self._channel = channel
-        elif credentials is not None:
-            self._channel = grpc.secure_channel(target, credentials, _core.channel_options())
-        else:
-            self._channel = grpc.insecure_channel(target, _core.channel_options())
+        self._channel = (
+            channel
+            if channel is not None
+            else _core.open_channel(target, tls=tls, token=token, credentials=credentials)
+        )
         self._stub = guard_pb2_grpc.GuardServiceStub(self._channel)
 
     def close(self) -> None:
@@ -67,6 +79,13 @@ class GuardClient:
     ) -> None:
         self.close()
 
+    def _call(self, method: Callable[..., Resp], request: object) -> Resp:
+        """One unary call; failures become :mod:`fencing.errors` exceptions (cause chained)."""
+        try:
+            return method(request, timeout=self.rpc_timeout)
+        except grpc.RpcError as err:
+            raise _core.translate(err) from err
+
     def write(
         self, fenced: Fenced, ops: Sequence[Op] | Op, *, idempotency_key: str = ""
     ) -> WriteResult:
@@ -74,19 +93,13 @@ class GuardClient:
 
         With ``idempotency_key``, a repeat of the same write (even after a timeout)
         applies nothing again and returns ``replayed=True``: retries are safe.
-
-        With ``coalesce=True`` on the client, concurrent writes from many threads share
-        one ``WriteStream`` and travel together (same verdicts, fewer messages).
         """
         if self.coalesce:
             return self._stream().write(
                 fenced, ops, idempotency_key=idempotency_key, timeout=self.rpc_timeout
             )
         request = _core.write_request(fenced, _core.ops_list(ops), idempotency_key)
-        try:
-            return _core.write_result(self._stub.Write(request, timeout=self.rpc_timeout))
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
+        return _core.write_result(self._call(self._stub.Write, request))
 
     def put(self, fenced: Fenced, key: str, value: bytes, *, idempotency_key: str = "") -> int:
         """Store one value; returns the fence after the write."""
@@ -98,34 +111,15 @@ class GuardClient:
 
     def read(self, resource: str, key: str) -> Record | None:
         """The value under ``key`` with the token that wrote it, or None."""
-        try:
-            msg = self._stub.Read(
-                guard_pb2.ReadRequest(resource=resource, key=key), timeout=self.rpc_timeout
-            )
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
-        return _core.read_result(msg)
+        return _core.read_result(self._call(self._stub.Read, _core.read_request(resource, key)))
 
     def fence(self, fenced: Fenced) -> int:
         """Promise: from now on reject every token older than ``fenced.token``."""
-        try:
-            msg = self._stub.Fence(
-                guard_pb2.FenceRequest(resource=fenced.resource, token=fenced.token),
-                timeout=self.rpc_timeout,
-            )
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
-        return msg.fence
+        return self._call(self._stub.Fence, _core.fence_request(fenced)).fence
 
     def describe_fence(self, resource: str) -> int:
         """The guard's fence for ``resource`` (0 if never written or fenced)."""
-        try:
-            msg = self._stub.DescribeFence(
-                guard_pb2.DescribeFenceRequest(resource=resource), timeout=self.rpc_timeout
-            )
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
-        return msg.fence
+        return self._call(self._stub.DescribeFence, _core.describe_fence_request(resource)).fence
 
     # -- several resources, many writes ----------------------------------------------------
 
@@ -142,10 +136,7 @@ class GuardClient:
         first stale resource in sorted order, and nothing is applied anywhere.
         """
         request = _writes.write_many_request(writes, idempotency_key)
-        try:
-            return _writes.many_result(self._stub.WriteMany(request, timeout=self.rpc_timeout))
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
+        return _writes.many_result(self._call(self._stub.WriteMany, request))
 
     def stream(self, *, max_batch: int = MAX_STREAM_WRITES) -> WriteStream:
         """Open a :class:`WriteStream`: many writes, from many threads, over one call."""

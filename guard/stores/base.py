@@ -16,6 +16,10 @@ Two more shapes of write, both one transaction:
   commit), each with its own verdict exactly as if it had been sent alone, in order:
   a stale write applies nothing and the others still land. The guard uses it to
   coalesce concurrent writes (:mod:`guard.commit`); strict mode is never batched.
+
+Optional, and expected of every networked store: ``async def healthy(self) -> bool``
+(:class:`fencing._storage.HealthProbe`); see :mod:`lease_server.backends.base` for
+what the server does with it and for the deadline on every other call.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ from guard.stores.base import BatchedWrite, ManyResult, ResourceWrite, Verdict, 
 
 class MemoryStore:
     name = "memory"
+    #: Nothing here survives a restart: tokens would start over at 1.
+    durability_warning = "in-memory state is lost on restart"
     supports_strict = False
     commit_concurrency = 1
 
@@ -27,6 +29,10 @@ class MemoryStore:
 
     async def close(self) -> None:
         return None
+
+    async def healthy(self) -> bool:
+        """Always: memory does not go away (see ``HealthProbe``)."""
+        return True
 
     async def write(
         self,

@@ -10,6 +10,7 @@ import grpc.aio
 import pytest
 
 from fencing import (
+    AsyncGuardClient,
     BackendUnavailableError,
     Claim,
     GuardClient,
@@ -69,7 +70,8 @@ def test_write_many_of_too_many_ops_is_refused(guard: GuardClient) -> None:
         guard.write_many([(Claim("a", 1), ops), (Claim("b", 1), ops)])
 
 
-def test_a_stream_gives_each_write_its_own_verdict(guard: GuardClient) -> None:
+def test_a_stream_gives_each_write_its_own_verdict(servers: RunningServers) -> None:
+    guard = GuardClient(servers.guard_address)
     guard.put(Claim("s", 5), "k", b"five")
     with guard.stream() as stream:
         ok = stream.submit(Claim("s", 6), Put("k", b"six"))
@@ -86,8 +88,9 @@ def test_a_stream_gives_each_write_its_own_verdict(guard: GuardClient) -> None:
         assert invalid.value.field == "ops"
     record = guard.read("s", "k")
     assert record is not None and record.written_by_token == 6
-    with pytest.raises(Exception, match="closed"):
+    with pytest.raises(BackendUnavailableError, match="closed"):
         stream.write(Claim("t", 2), Put("k", b"late"))
+    guard.close()
 
 
 def test_coalesced_writes_from_many_threads(servers: RunningServers) -> None:
@@ -117,6 +120,22 @@ async def test_async_stream_packs_concurrent_writes(servers: RunningServers) -> 
     assert all(isinstance(r, WriteResult) for r in results[:500])
     # The last write was queued after x0 reached token 50: stale.
     assert isinstance(results[500], StaleTokenError)
+
+
+async def test_async_client_coalesces_and_writes_many(servers: RunningServers) -> None:
+    async with AsyncGuardClient(servers.guard_address, coalesce=True) as guard:
+        fences = await asyncio.gather(
+            *(guard.put(Claim(f"ac{i}", 3), "k", b"v") for i in range(50))
+        )
+        assert fences == [3] * 50
+        with pytest.raises(StaleTokenError):
+            await guard.put(Claim("ac0", 2), "k", b"late")
+        result = await guard.write_many([(Claim("ac1", 4), Put("k", b"x")), (Claim("ac2", 4), [])])
+        assert result.fences == {"ac1": 4, "ac2": 4}
+        async with guard.stream() as stream:
+            assert (await stream.write(Claim("ac3", 9), Put("k", b"y"))).fence == 9
+    commit = servers.guard.service.commit
+    assert commit is not None and commit.batched_writes >= 52
 
 
 def test_a_broken_stream_fails_its_pending_writes() -> None:
