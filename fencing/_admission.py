@@ -42,6 +42,7 @@ from fencing.auth import (
     AuthPolicy,
     Scope,
     bearer_token,
+    bind_holder,
     certificate_identities,
     scopes_of,
 )
@@ -190,8 +191,8 @@ class Admission:
         for scope in scopes:
             if not self.policy.allows(principal, action, scope):
                 raise PermissionDeniedError(f"principal {principal!r} may not {action} {scope}")
-        if request is not None and "holder" in request.DESCRIPTOR.fields_by_name:
-            request.holder = principal
+        if request is not None:
+            bind_holder(request, principal)
 
     def slots_for(self, action: Action | None, request: Any) -> ClientSlots | None:
         if action is Action.ACQUIRE and request is not None and request.wait_ms > 0:

@@ -35,8 +35,9 @@ its methods map the same way):
 ============================  =========================================
 action                        methods
 ============================  =========================================
-``acquire`` ``renew``         LeaseService Acquire, Renew
-``release`` ``describe``      LeaseService Release, Describe
+``acquire`` ``renew``         LeaseService Acquire, Renew; AcquireMany, RenewMany (every
+                              resource they name)
+``release`` ``describe``      LeaseService Release, ReleaseMany; Describe
 ``watch``                     LeaseService Watch (a ``prefix`` request needs a grant
                               whose prefix is a prefix of the requested one)
 ``write`` ``read`` ``fence``  GuardService Write, WriteMany (every resource of it),
@@ -52,7 +53,7 @@ from __future__ import annotations
 
 import hashlib
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -87,6 +88,9 @@ METHOD_ACTIONS: dict[str, Action] = {
     _LEASE + "Release": Action.RELEASE,
     _LEASE + "Describe": Action.DESCRIBE,
     _LEASE + "Watch": Action.WATCH,
+    _LEASE + "AcquireMany": Action.ACQUIRE,
+    _LEASE + "RenewMany": Action.RENEW,
+    _LEASE + "ReleaseMany": Action.RELEASE,
     _GUARD + "Write": Action.WRITE,
     _GUARD + "WriteMany": Action.WRITE,
     _GUARD + "WriteStream": Action.WRITE,
@@ -138,12 +142,33 @@ def scope_of(request: Any) -> Scope:
     return Scope("", is_prefix=True)
 
 
+#: Batch requests -> how to list the resources they name.
+_BATCH_SCOPES: dict[str, Callable[[Any], list[str]]] = {
+    "fencing.v1.WriteManyRequest": lambda r: [w.resource for w in r.writes],
+    "fencing.v1.AcquireManyRequest": lambda r: list(r.resources),
+    "fencing.v1.RenewManyRequest": lambda r: [i.resource for i in r.renewals],
+    "fencing.v1.ReleaseManyRequest": lambda r: [i.resource for i in r.releases],
+}
+
+
 def scopes_of(request: Any) -> list[Scope]:
-    """Every scope a request touches: one per resource of a ``WriteManyRequest``, else
-    :func:`scope_of`'s one."""
-    if request.DESCRIPTOR.full_name == "fencing.v1.WriteManyRequest":
-        return [Scope(w.resource) for w in request.writes] or [Scope("", is_prefix=True)]
+    """Every scope a request touches: one per resource a batch request names (WriteMany,
+    AcquireMany, RenewMany, ReleaseMany), else :func:`scope_of`'s one."""
+    names = _BATCH_SCOPES.get(request.DESCRIPTOR.full_name)
+    if names is not None:
+        return [Scope(name) for name in names(request)] or [Scope("", is_prefix=True)]
     return [scope_of(request)]
+
+
+def bind_holder(request: Any, principal: str) -> None:
+    """Set every ``holder`` the request carries (its own, and its items') to ``principal``."""
+    fields = request.DESCRIPTOR.fields_by_name
+    if "holder" in fields:
+        request.holder = principal
+    for name in ("renewals", "releases"):
+        if name in fields:
+            for item in getattr(request, name):
+                item.holder = principal
 
 
 #: Streaming methods whose messages carry many resources: the edge authenticates the

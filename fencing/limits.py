@@ -19,6 +19,9 @@ ops                1 .. 1,000 per write (0 .. 1,000 per resource of a WriteMany,
                    1,000 in all)
 writes             1 .. 100 resources per WriteMany, each named once;
                    0 .. 1,000 writes per WriteStream message
+resources          1 .. 1,000 distinct resources per AcquireMany
+renewals           1 .. 10,000 per RenewMany (and releases per ReleaseMany),
+                   each resource named once
 idempotency_key    0-256 bytes of UTF-8, no control characters
 prefix             0-256 bytes of UTF-8, no control characters
 =================  ==========================================================
@@ -43,6 +46,8 @@ MAX_OPS = 1000
 MAX_IDEMPOTENCY_KEY_BYTES = 256
 MAX_WRITE_RESOURCES = 100
 MAX_STREAM_WRITES = 1000
+MAX_ACQUIRE_MANY = 1000
+MAX_RENEW_MANY = 10_000
 MAX_PREFIX_BYTES = 256
 #: Largest gRPC message the servers accept: one write of MAX_OPS values would not fit,
 #: so the byte budget of a whole write is this, not MAX_OPS * MAX_VALUE_BYTES.
@@ -162,3 +167,16 @@ def check_stream_writes(count: int, field: str = "writes") -> int:
             field=field,
         )
     return count
+
+
+def check_many(names: list[str], field: str, limit: int) -> list[str]:
+    """The resources of one batch call: 1 .. ``limit`` of them, each named once."""
+    if not names:
+        raise InvalidArgumentError(f"{field} must name at least one resource", field=field)
+    if len(names) > limit:
+        raise InvalidArgumentError(
+            f"{field} holds {len(names)}; the limit is {limit} per call", field=field
+        )
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError(f"{field} names a resource more than once", field=field)
+    return names

@@ -260,6 +260,12 @@ class AcquirePlan:
         return pause
 
 
+def unimplemented(exc: BaseException) -> bool:
+    """True for a call the server does not have (an older server: fall back)."""
+    code = getattr(exc, "code", None)
+    return callable(code) and code() == grpc.StatusCode.UNIMPLEMENTED
+
+
 def renewal_failure(exc: FencingError) -> str | None:
     """Why a failed renewal means the lease is lost, or None if it is worth retrying.
 

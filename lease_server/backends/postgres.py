@@ -25,15 +25,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import psycopg
 from psycopg import sql
 
 from fencing.errors import FencingError, LeaseLost
-from fencing.pg import DEFAULT_SCHEMA, PgConfig, PostgresDatabase, migrate
-from lease_server.leases import Grant, Held, LeaseInfo
+from fencing.pg import (
+    DEFAULT_SCHEMA,
+    LEASE_HELD_SQLSTATE,
+    PgConfig,
+    PostgresDatabase,
+    migrate,
+)
+from lease_server.leases import Grant, Held, LeaseInfo, ReleaseItem, RenewItem
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +66,16 @@ class PostgresBackend:
         self._release_sql = q("SELECT {schema}.lease_release(%s, %s, %s)")
         self._describe_sql = q("SELECT * FROM {schema}.lease_describe(%s)")
         self._channel_sql = q("SELECT {schema}.lease_channel()")
+        self._acquire_many_sql = q(
+            "SELECT * FROM {schema}.lease_acquire_many(%s::text[], %s, %s, %s)"
+        )
+        self._renew_many_sql = q(
+            "SELECT * FROM {schema}.lease_renew_many(%s::text[], %s::bigint[], %s::text[],"
+            " %s::bigint[])"
+        )
+        self._release_many_sql = q(
+            "SELECT * FROM {schema}.lease_release_many(%s::text[], %s::bigint[], %s::text[])"
+        )
         self._callbacks: list[Callable[[str], None]] = []
         self._listener: asyncio.Task[None] | None = None
         self._opened = False
@@ -112,6 +129,57 @@ class PostgresBackend:
         assert row is not None  # lease_describe always returns one row
         held, holder, token, remaining_ms, last_token = row
         return LeaseInfo(resource, held, holder, token, remaining_ms, last_token)
+
+    # -- many at once (0004_lease_batches.sql): one statement each ------------------------------
+
+    async def acquire_many(
+        self, resources: Sequence[str], holder: str, ttl_ms: int, request_id: str
+    ) -> list[Grant] | Held:
+        try:
+            rows = await self._db.fetchall(
+                self._acquire_many_sql, (list(resources), holder, ttl_ms, request_id)
+            )
+        except psycopg.Error as exc:
+            if exc.sqlstate != LEASE_HELD_SQLSTATE:
+                raise
+            detail = json.loads(exc.diag.message_detail or "{}")
+            return Held(
+                str(detail.get("resource", "")),
+                str(detail.get("holder", "")),
+                int(detail.get("token", 0)),
+                max(0, int(detail.get("remaining_ms", 0))),
+            )
+        got = {r: Grant(r, holder, int(t), int(ms), bool(again)) for r, again, t, ms in rows}
+        return [got[r] for r in resources]
+
+    async def renew_many(self, items: Sequence[RenewItem]) -> list[Grant | LeaseLost]:
+        rows = await self._db.fetchall(
+            self._renew_many_sql,
+            (
+                [i.resource for i in items],
+                [i.token for i in items],
+                [i.holder for i in items],
+                [i.ttl_ms for i in items],
+            ),
+        )
+        holders = {int(ord_): holder for ord_, holder in rows}
+        return [
+            Grant(i.resource, holders[n], i.token, i.ttl_ms)
+            if n in holders
+            else LeaseLost(resource=i.resource, token=i.token)
+            for n, i in enumerate(items, start=1)
+        ]
+
+    async def release_many(self, items: Sequence[ReleaseItem]) -> list[LeaseLost | None]:
+        rows = await self._db.fetchall(
+            self._release_many_sql,
+            ([i.resource for i in items], [i.token for i in items], [i.holder for i in items]),
+        )
+        released = {int(row[0]) for row in rows}
+        return [
+            None if n in released else LeaseLost(resource=i.resource, token=i.token)
+            for n, i in enumerate(items, start=1)
+        ]
 
     # -- wake-ups from other processes --------------------------------------------------------
 

@@ -52,7 +52,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -62,16 +62,21 @@ from redis.commands.core import AsyncScript
 
 from fencing import _redis
 from fencing._redis import Client, RedisTarget, ResourceKeys, driver_errors, text
-from fencing.errors import LeaseLost
-from lease_server.leases import Grant, Held, LeaseInfo
+from fencing.errors import InvalidArgumentError, LeaseLost
+from lease_server.leases import Grant, Held, LeaseInfo, ReleaseItem, RenewItem
 
 log = logging.getLogger(__name__)
 
 _LUA = "lease_server.lua"
-ACQUIRE_LUA = _redis.load_lua(_LUA, "acquire")
+ACQUIRE_LUA = _redis.load_lua(_LUA, "acquire", "lease")
 RENEW_LUA = _redis.load_lua(_LUA, "renew")
 RELEASE_LUA = _redis.load_lua(_LUA, "release")
 DESCRIBE_LUA = _redis.load_lua(_LUA, "describe")
+ACQUIRE_MANY_LUA = _redis.load_lua(_LUA, "acquire_many", "lease")
+RENEW_MANY_LUA = _redis.load_lua(_LUA, "renew_many", "lease")
+RELEASE_MANY_LUA = _redis.load_lua(_LUA, "release_many", "lease")
+#: Items per renew_many.lua / release_many.lua call: bounds how long one keeps Redis busy.
+BATCH_CHUNK = 1000
 
 #: How long the release listener waits before it re-subscribes after an error (s).
 LISTEN_BACKOFF = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
@@ -136,6 +141,9 @@ class RedisBackend:
             "renew": client.register_script(RENEW_LUA),
             "release": client.register_script(RELEASE_LUA),
             "describe": client.register_script(DESCRIBE_LUA),
+            "acquire_many": client.register_script(ACQUIRE_MANY_LUA),
+            "renew_many": client.register_script(RENEW_MANY_LUA),
+            "release_many": client.register_script(RELEASE_MANY_LUA),
         }
         self._start_listener()
 
@@ -211,6 +219,100 @@ class RedisBackend:
             remaining_ms=max(0, int(ms)) if held else 0,
             last_token=int(last),
         )
+
+    # -- many at once ------------------------------------------------------------------------
+
+    async def acquire_many(
+        self, resources: Sequence[str], holder: str, ttl_ms: int, request_id: str
+    ) -> list[Grant] | Held:
+        """One acquire_many.lua call: atomic on one Redis; on a cluster only when every
+        resource hashes to one slot (``InvalidArgumentError`` otherwise)."""
+        ordered = sorted(resources)
+        keys: list[str] = []
+        for resource in ordered:
+            k = ResourceKeys(self.prefix, resource)
+            keys += [k.lease, k.counter]
+        if self.cluster and len(_redis.slot_groups(keys, cluster=True)) > 1:
+            raise InvalidArgumentError(
+                "on a Redis Cluster AcquireMany is atomic only within one hash slot, and "
+                "these resources live in different slots: acquire them one by one, or use a "
+                "standalone Redis or PostgreSQL",
+                field="resources",
+            )
+        reply = await self._run(
+            "acquire_many",
+            "acquire_many",
+            keys,
+            [holder, ttl_ms, request_id, "1" if self.clock_floor else "0"],
+        )
+        if text(reply[0]) == "held":
+            _, i, token, ms, who = reply
+            return Held(ordered[int(i) - 1], text(who), int(token), max(0, int(ms)))
+        got = {
+            resource: Grant(
+                resource,
+                holder,
+                int(reply[2 + 3 * n]),
+                max(0, int(reply[3 + 3 * n])),
+                text(reply[1 + 3 * n]) == "replayed",
+            )
+            for n, resource in enumerate(ordered)
+        }
+        return [got[r] for r in resources]
+
+    async def renew_many(self, items: Sequence[RenewItem]) -> list[Grant | LeaseLost]:
+        keys = [ResourceKeys(self.prefix, i.resource).lease for i in items]
+
+        def args(chunk: list[int]) -> list[Any]:
+            out: list[Any] = []
+            for n in chunk:
+                out += [str(items[n].token), items[n].holder, items[n].ttl_ms]
+            return out
+
+        replies = await self._many("renew_many", keys, args, width=2)
+        return [
+            Grant(i.resource, text(who), i.token, i.ttl_ms)
+            if text(outcome) == "renewed"
+            else LeaseLost(resource=i.resource, token=i.token)
+            for i, (outcome, who) in zip(items, replies, strict=True)
+        ]
+
+    async def release_many(self, items: Sequence[ReleaseItem]) -> list[LeaseLost | None]:
+        keys = [ResourceKeys(self.prefix, i.resource).lease for i in items]
+
+        def args(chunk: list[int]) -> list[Any]:
+            out: list[Any] = [self.channel]
+            for n in chunk:
+                out += [str(items[n].token), items[n].holder, items[n].resource]
+            return out
+
+        replies = await self._many("release_many", keys, args, width=1)
+        return [
+            None if text(outcome) == "released" else LeaseLost(resource=i.resource, token=i.token)
+            for i, (outcome,) in zip(items, replies, strict=True)
+        ]
+
+    async def _many(
+        self,
+        script: str,
+        keys: list[str],
+        args: Callable[[list[int]], list[Any]],
+        width: int,
+    ) -> list[tuple[Any, ...]]:
+        """Run ``script`` over items grouped by hash slot (one group on one Redis), in
+        chunks of BATCH_CHUNK; the slots concurrently. Each item's reply, in order."""
+        replies: list[tuple[Any, ...]] = [()] * len(keys)
+
+        async def chain(group: list[int]) -> None:
+            for start in range(0, len(group), BATCH_CHUNK):
+                chunk = group[start : start + BATCH_CHUNK]
+                reply = await self._run(script, script, [keys[n] for n in chunk], args(chunk))
+                for position, n in enumerate(chunk):
+                    replies[n] = tuple(reply[width * position : width * (position + 1)])
+
+        groups = _redis.slot_groups(keys, cluster=self.cluster)
+        await asyncio.gather(*(chain(group) for group in groups))
+        return replies
 
     # -- wake-ups ------------------------------------------------------------------------
 

@@ -12,25 +12,10 @@
 --                  'replayed' (same non-empty request_id and holder; ms = time left),
 --                  'held'     (someone else's unexpired lease; ms = time left).
 --
--- A lease is live while its hash exists: Redis expires it by its own clock. The
--- counter is bumped by INCR (exact 64-bit, errors rather than wrap at 2^63 - 1).
-local lease = redis.call('HMGET', KEYS[1], 'holder', 'token', 'request_id')
-if lease[2] then
-  local left = redis.call('PTTL', KEYS[1])
-  if ARGV[3] ~= '' and lease[3] == ARGV[3] and lease[1] == ARGV[1] then
-    return {'replayed', lease[2], left, lease[1]}
-  end
-  return {'held', lease[2], left, lease[1]}
+-- A lease is live while its hash exists: Redis expires it by its own clock.
+local seen = lease_seen(KEYS[1], ARGV[1], ARGV[3])
+if seen then
+  return seen
 end
-redis.call('INCR', KEYS[2])
-local token = redis.call('GET', KEYS[2])
-if ARGV[4] == '1' then
-  local floor = now_us()
-  if decimal_lt(token, floor) then
-    redis.call('SET', KEYS[2], floor)
-    token = floor
-  end
-end
-redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', token, 'request_id', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local token = grant(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1')
 return {'granted', token, tonumber(ARGV[2]), ARGV[1]}
