@@ -243,9 +243,11 @@ async def run(
     for n in clients:
         async with _skip("etcd", notes):
             results.append(replace(await etcd_lock(n, duration), note=NOTES[ETCD]))
-        with tempfile.TemporaryDirectory(prefix="fencing-peers-") as tmp:
-            with server("lease_server", "--backend", f"sqlite:{tmp}/leases.db") as lease:
-                results.append(await ours(lease.address, "sqlite", ETCD, n, duration))
+        with (
+            tempfile.TemporaryDirectory(prefix="fencing-peers-") as tmp,
+            server("lease_server", "--backend", f"sqlite:{tmp}/leases.db") as lease,
+        ):
+            results.append(await ours(lease.address, "sqlite", ETCD, n, duration))
         async with _skip("postgres", notes), pg_bench.bench_schema(dsn) as schema:
             advisory = await advisory_lock(dsn, n, duration)
             results.append(replace(advisory, note=NOTES[ADVISORY]))
