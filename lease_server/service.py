@@ -260,10 +260,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         self, request: lease_pb2.AcquireManyRequest, context: Context
     ) -> lease_pb2.AcquireManyResponse:
         resources = limits.check_many(
-            [
-                limits.check_resource(r, f"resources[{i}]")
-                for i, r in enumerate(request.resources)
-            ],
+            [limits.check_resource(r, f"resources[{i}]") for i, r in enumerate(request.resources)],
             "resources",
             limits.MAX_ACQUIRE_MANY,
         )
@@ -330,9 +327,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                     left = deadline - loop.time()
                     if left <= 0 or not await self.waiters.wait_turn(ticket, left):
                         return outcome
-                    outcome = await self.batches.acquire_many(
-                        resources, holder, ttl_ms, request_id
-                    )
+                    outcome = await self.batches.acquire_many(resources, holder, ttl_ms, request_id)
                     if isinstance(outcome, Held) and outcome.resource == held:
                         left = deadline - loop.time()
                         if left <= 0:

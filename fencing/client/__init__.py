@@ -2,20 +2,26 @@
 asyncio twins :class:`AsyncLeaseClient` and :class:`AsyncGuardClient`."""
 
 from fencing.client._core import EventKind, LeaseEvent, LeaseState, WriteResult
+from fencing.client._writes import ManyResult
 from fencing.client.async_guard import AsyncGuardClient
 from fencing.client.async_lease import AsyncLease, AsyncLeaseClient
+from fencing.client.async_write_stream import AsyncWriteStream
 from fencing.client.guard import GuardClient
 from fencing.client.lease import Lease, LeaseClient
+from fencing.client.write_stream import WriteStream
 
 __all__ = [
     "AsyncGuardClient",
     "AsyncLease",
     "AsyncLeaseClient",
+    "AsyncWriteStream",
     "EventKind",
     "GuardClient",
     "Lease",
     "LeaseClient",
     "LeaseEvent",
     "LeaseState",
+    "ManyResult",
     "WriteResult",
+    "WriteStream",
 ]
