@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.harness import Result, markdown, progress, table
+from bench.harness import Result, baseline_of, markdown, progress, table
 
 RESULTS_MD = Path(__file__).with_name("RESULTS.md")
 
@@ -171,7 +171,7 @@ async def _peers(o: Options) -> Report:
     report.results = await peers.run(o.clients, o.duration, notes=report.notes)
     for r in report.results:
         if r.name.startswith("ours") and r.concurrency == max(o.clients):
-            base = next((b for b in report.results if b.name == r.baseline), None)
+            base = baseline_of(r, report.results)
             if base is not None and base.rate:
                 report.targets.append(
                     (

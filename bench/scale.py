@@ -9,9 +9,10 @@ are started on each, and one client measures, on resources drawn uniformly at ra
 * ``Acquire`` latency (the lease is released after, untimed);
 * a one-op guarded ``Write`` latency (token = the populated fence: accepted).
 
-Rounds alternate between the two sizes so that drift in the machine's load hits
-both alike. Each large row's ratio is its p50 against the small row's p50 (the p99s
-are in the table too); the target is at most 1.3x.
+One client alternates between the two sizes call by call, so that changes in the
+machine's load hit both alike. The note of each large row gives its p50 and p99
+latency against the small row's (the ratio column compares ops/s, as everywhere);
+the target is at most 1.3x for both.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 For each backend (SQLite, PostgreSQL; Redis when asked), a lease server runs in its own
 process and this process is the one client: a ``LeaseClient`` takes 10,000 leases
-(ttl 10 s) with ``hold_many`` in blocks of 1,000 (``AcquireMany``) and holds them for
-60 s, its one session renewing them all with ``RenewMany``. Measured:
+(ttl 10 s) in blocks of 1,000 (``AcquireMany``), hands them to its session as
+``hold_many`` does, and holds them for 60 s while the session renews them all with
+``RenewMany``; then it releases them (``ReleaseMany``). Measured:
 
 * **calls per second**: every RPC the client makes, counted by a client interceptor,
   over the holding window (and over the whole run, acquisition and release included);
