@@ -13,7 +13,16 @@ a paused former owner that wakes up after a takeover changes nothing::
 Errors: see :mod:`fencing.errors`.
 """
 
-from fencing.client import GuardClient, Lease, LeaseClient, LeaseState, WriteResult
+from fencing.client import (
+    AsyncQueueClient,
+    GuardClient,
+    Job,
+    Lease,
+    LeaseClient,
+    LeaseState,
+    QueueClient,
+    WriteResult,
+)
 from fencing.errors import (
     AcquireTimeoutError,
     BackendUnavailableError,
@@ -32,6 +41,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcquireTimeoutError",
+    "AsyncQueueClient",
     "BackendUnavailableError",
     "Claim",
     "DeadlineExceededError",
@@ -40,6 +50,7 @@ __all__ = [
     "FencingError",
     "GuardClient",
     "InvalidArgumentError",
+    "Job",
     "Lease",
     "LeaseClient",
     "LeaseHeldError",
@@ -48,6 +59,7 @@ __all__ = [
     "Op",
     "PermissionDeniedError",
     "Put",
+    "QueueClient",
     "Record",
     "StaleTokenError",
     "UnauthenticatedError",

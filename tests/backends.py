@@ -22,6 +22,9 @@ from lease_server.backends.base import LeaseBackend
 from lease_server.backends.memory import MemoryBackend
 from lease_server.backends.sqlite import SQLiteBackend
 from lease_server.clock import ManualClock
+from lease_server.queues.base import QueueBackend
+from lease_server.queues.memory import MemoryQueue
+from lease_server.queues.sqlite import SQLiteQueue
 
 
 @dataclass
@@ -78,8 +81,30 @@ async def sqlite_store() -> AsyncIterator[GuardStore]:
             await store.close()
 
 
+@asynccontextmanager
+async def memory_queue() -> AsyncIterator[tuple[QueueBackend, TimeControl]]:
+    clock = ManualClock()
+    queue = MemoryQueue(clock)
+    await queue.open()
+    yield queue, TimeControl(clock.advance, manual=True)
+    await queue.close()
+
+
+@asynccontextmanager
+async def sqlite_queue() -> AsyncIterator[tuple[QueueBackend, TimeControl]]:
+    clock = ManualClock()
+    with tempfile.TemporaryDirectory() as tmp:
+        queue = SQLiteQueue(Path(tmp) / "queue.db", clock)
+        await queue.open()
+        try:
+            yield queue, TimeControl(clock.advance, manual=True)
+        finally:
+            await queue.close()
+
+
 BackendFactory = Callable[[], AbstractAsyncContextManager[tuple[LeaseBackend, TimeControl]]]
 StoreFactory = Callable[[], AbstractAsyncContextManager[GuardStore]]
+QueueFactory = Callable[[], AbstractAsyncContextManager[tuple[QueueBackend, TimeControl]]]
 
 LEASE_BACKENDS: dict[str, BackendFactory] = {
     "memory": memory_backend,
@@ -89,4 +114,9 @@ LEASE_BACKENDS: dict[str, BackendFactory] = {
 GUARD_STORES: dict[str, StoreFactory] = {
     "memory": memory_store,
     "sqlite": sqlite_store,
+}
+
+QUEUE_BACKENDS: dict[str, QueueFactory] = {
+    "memory": memory_queue,
+    "sqlite": sqlite_queue,
 }
