@@ -8,6 +8,7 @@ import os
 import sys
 
 from fencing._server import configure_logging, wait_for_signal
+from lease_server.queue_service import QueueOptions
 from lease_server.server import start_lease_server
 
 
@@ -23,6 +24,7 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("FENCING_BACKEND", "sqlite:fencing-data/leases.db"),
         help="memory://, sqlite:///path (env FENCING_BACKEND; default %(default)s)",
     )
+    QueueOptions.add_arguments(p)
     p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
     p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM")
     p.add_argument("--log-level", default=os.environ.get("FENCING_LOG_LEVEL", "INFO"))
@@ -35,8 +37,19 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def _run(args: argparse.Namespace) -> None:
-    server = await start_lease_server(args.backend, args.listen, reflection=args.reflection)
-    print(f"lease server listening on {server.address} (backend {server.backend.name})", flush=True)
+    server = await start_lease_server(
+        args.backend,
+        args.listen,
+        reflection=args.reflection,
+        queue=args.queue,
+        queue_options=QueueOptions.from_args(args),
+    )
+    queue = server.queue.name if server.queue is not None else "off"
+    print(
+        f"lease server listening on {server.address} (backend {server.backend.name}, "
+        f"queue {queue})",
+        flush=True,
+    )
     await wait_for_signal()
     await server.stop(args.grace)
 

@@ -9,9 +9,12 @@ job id, attempt and token, never payloads.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
+import os
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +54,60 @@ class QueueOptions:
     reap_interval_s: float = 1.0
     reap_batch: int = 1000
     poll_interval_s: float = 0.25
+
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        """The queue service's command-line flags (``lease-server`` and ``fencing serve``)."""
+        env = os.environ.get
+        p.add_argument(
+            "--queue",
+            default=env("FENCING_QUEUE") or None,
+            help="queue backend URL (env FENCING_QUEUE; default: beside the lease backend; "
+            "'off': no queue service)",
+        )
+        p.add_argument(
+            "--queue-succeeded-retention",
+            type=_retention,
+            default=_retention(env("FENCING_QUEUE_SUCCEEDED_RETENTION", str(7 * DAY_S))),
+            help="seconds a succeeded job (and its idempotency key) is kept; -1: forever "
+            "(default 604800, 7 days)",
+        )
+        p.add_argument(
+            "--queue-dead-retention",
+            type=_retention,
+            default=_retention(env("FENCING_QUEUE_DEAD_RETENTION", str(30 * DAY_S))),
+            help="seconds a dead job is kept; -1: forever (default 2592000, 30 days)",
+        )
+        p.add_argument(
+            "--queue-retry-base",
+            type=float,
+            default=DEFAULT_RETRY_BACKOFF.base / 1000,
+            help="seconds before a failed job's first retry, doubling each time (default 1)",
+        )
+        p.add_argument(
+            "--queue-retry-cap",
+            type=float,
+            default=DEFAULT_RETRY_BACKOFF.cap / 1000,
+            help="longest retry delay in seconds (default 300)",
+        )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> QueueOptions:
+        return cls(
+            retry=Backoff(
+                base=args.queue_retry_base * 1000,
+                cap=args.queue_retry_cap * 1000,
+                factor=DEFAULT_RETRY_BACKOFF.factor,
+                jitter=DEFAULT_RETRY_BACKOFF.jitter,
+            ),
+            succeeded_retention_s=args.queue_succeeded_retention,
+            dead_retention_s=args.queue_dead_retention,
+        )
+
+
+def _retention(value: str) -> float | None:
+    seconds = float(value)
+    return None if seconds < 0 else seconds
 
 
 class _Wakeups:
@@ -138,8 +195,6 @@ def stats_to_proto(c: jobs.QueueCounts) -> queue_pb2.QueueStats:
 
 
 def _wall_ms() -> int:
-    import time
-
     return time.time_ns() // 1_000_000
 
 

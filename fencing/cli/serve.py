@@ -11,6 +11,7 @@ from typing import Any
 from fencing._server import configure_logging, wait_for_signal
 from guard.fence import FenceMode
 from guard.server import start_guard
+from lease_server.queue_service import QueueOptions
 from lease_server.server import start_lease_server
 
 
@@ -23,7 +24,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--data-dir",
         default=os.environ.get("FENCING_DATA_DIR", "./fencing-data"),
-        help="where leases.db and guard.db live (default %(default)s)",
+        help="where leases.db, queue.db and guard.db live (default %(default)s)",
     )
     p.add_argument(
         "--lease-addr",
@@ -41,6 +42,7 @@ def register(sub: Any) -> None:
         default=FenceMode.MONOTONIC.value,
         help="monotonic (default); off disables fencing: demo/chaos control only",
     )
+    QueueOptions.add_arguments(p)
     p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM")
     p.add_argument("--log-level", default=os.environ.get("FENCING_LOG_LEVEL", "WARNING"))
     p.add_argument(
@@ -53,7 +55,12 @@ def register(sub: Any) -> None:
 
 async def _serve(args: argparse.Namespace) -> None:
     data: Path = args.data_path
-    leases = await start_lease_server(f"sqlite:{data / 'leases.db'}", args.lease_addr)
+    leases = await start_lease_server(
+        f"sqlite:{data / 'leases.db'}",
+        args.lease_addr,
+        queue=args.queue or f"sqlite:{data / 'queue.db'}",
+        queue_options=QueueOptions.from_args(args),
+    )
     try:
         guard = await start_guard(
             f"sqlite:{data / 'guard.db'}", args.guard_addr, mode=FenceMode(args.fence_mode)
@@ -63,6 +70,8 @@ async def _serve(args: argparse.Namespace) -> None:
         raise
     print(f"lease server listening on {leases.address}", flush=True)
     print(f"guard listening on {guard.address} (fence mode {args.fence_mode})", flush=True)
+    if leases.queue is not None:
+        print(f"queue service on {leases.address} ({leases.queue.name})", flush=True)
     print(f"data in {data}; stop with Ctrl-C or SIGTERM", flush=True)
     signal_name = await wait_for_signal()
     print(f"{signal_name}: draining for up to {args.grace:g} s", flush=True)
