@@ -33,7 +33,7 @@ def admit(resource: str, token: int, fence: int, mode: FenceMode = FenceMode.MON
 
     Equal tokens are admitted, so one holder can write many times under one lease.
     """
-    if mode is FenceMode.MONOTONIC and token < fence:
+    if mode is not FenceMode.OFF and token < fence:
         raise StaleTokenError(resource=resource, token=token, current_token=fence)
     return max(token, fence)
 

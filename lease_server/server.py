@@ -74,7 +74,8 @@ def _queue_backend(
     backend: LeaseBackend | str, queue: QueueBackend | str | None
 ) -> QueueBackend | None:
     if queue is None:
-        return open_queue(queue_url_for(backend)) if isinstance(backend, str) else None
+        url = queue_url_for(backend) if isinstance(backend, str) else ""
+        return open_queue(url) if url else None
     if isinstance(queue, str):
         return None if queue == QUEUE_OFF else open_queue(queue)
     return queue

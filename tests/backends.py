@@ -17,14 +17,17 @@ from pathlib import Path
 
 from guard.stores.base import GuardStore
 from guard.stores.memory import MemoryStore
+from guard.stores.redis import RedisStore
 from guard.stores.sqlite import SQLiteStore
 from lease_server.backends.base import LeaseBackend
 from lease_server.backends.memory import MemoryBackend
+from lease_server.backends.redis import RedisBackend
 from lease_server.backends.sqlite import SQLiteBackend
 from lease_server.clock import ManualClock
 from lease_server.queues.base import QueueBackend
 from lease_server.queues.memory import MemoryQueue
 from lease_server.queues.sqlite import SQLiteQueue
+from tests import redis_server
 
 
 @dataclass
@@ -102,6 +105,54 @@ async def sqlite_queue() -> AsyncIterator[tuple[QueueBackend, TimeControl]]:
             await queue.close()
 
 
+def _real_time(ms: int) -> None:
+    """Servers with their own clock cannot be moved: ``TimeControl.sleep`` really sleeps."""
+
+
+@asynccontextmanager
+async def redis_backend_at(
+    url: str, *, clock_floor: bool = True
+) -> AsyncIterator[tuple[LeaseBackend, TimeControl]]:
+    # A private key prefix per instance; the clock floor on, as it ships (tokens are
+    # sparse on Redis: the contract only asks that they grow).
+    prefix = redis_server.unique_prefix()
+    backend = RedisBackend(url, prefix=prefix, clock_floor=clock_floor)
+    await backend.open()
+    try:
+        yield backend, TimeControl(_real_time, manual=False)
+    finally:
+        await backend.close()
+        await redis_server.drop_prefix(url, prefix)
+
+
+@asynccontextmanager
+async def _redis_store(url: str) -> AsyncIterator[GuardStore]:
+    prefix = redis_server.unique_prefix()
+    store = RedisStore(url, prefix=prefix)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+        await redis_server.drop_prefix(url, prefix)
+
+
+def redis_backend() -> AbstractAsyncContextManager[tuple[LeaseBackend, TimeControl]]:
+    return redis_backend_at(redis_server.SERVERS.standalone_url())
+
+
+def redis_cluster_backend() -> AbstractAsyncContextManager[tuple[LeaseBackend, TimeControl]]:
+    return redis_backend_at(redis_server.SERVERS.cluster_url())
+
+
+def redis_store() -> AbstractAsyncContextManager[GuardStore]:
+    return _redis_store(redis_server.SERVERS.standalone_url())
+
+
+def redis_cluster_store() -> AbstractAsyncContextManager[GuardStore]:
+    return _redis_store(redis_server.SERVERS.cluster_url())
+
+
 BackendFactory = Callable[[], AbstractAsyncContextManager[tuple[LeaseBackend, TimeControl]]]
 StoreFactory = Callable[[], AbstractAsyncContextManager[GuardStore]]
 QueueFactory = Callable[[], AbstractAsyncContextManager[tuple[QueueBackend, TimeControl]]]
@@ -109,11 +160,21 @@ QueueFactory = Callable[[], AbstractAsyncContextManager[tuple[QueueBackend, Time
 LEASE_BACKENDS: dict[str, BackendFactory] = {
     "memory": memory_backend,
     "sqlite": sqlite_backend,
+    "redis": redis_backend,
+    "redis-cluster": redis_cluster_backend,
 }
 
 GUARD_STORES: dict[str, StoreFactory] = {
     "memory": memory_store,
     "sqlite": sqlite_store,
+    "redis": redis_store,
+    "redis-cluster": redis_cluster_store,
+}
+
+#: Registry name -> pytest marker name, added to every test parametrized with it.
+MARKS: dict[str, str] = {
+    "redis": "redis",
+    "redis-cluster": "redis",
 }
 
 QUEUE_BACKENDS: dict[str, QueueFactory] = {

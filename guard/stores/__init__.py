@@ -21,6 +21,10 @@ def open_store(url: str) -> GuardStore:
         from guard.stores.sqlite import SQLiteStore
 
         return SQLiteStore(sqlite_path(url))
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
+        from guard.stores.redis import RedisStore
+
+        return RedisStore(url)
     raise InvalidArgumentError(
         f"unsupported guard store {url!r}: use memory:// or sqlite:///path", field="store"
     )

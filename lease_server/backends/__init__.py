@@ -22,6 +22,11 @@ def open_backend(url: str, clock: Clock | None = None) -> LeaseBackend:
         from lease_server.backends.sqlite import SQLiteBackend
 
         return SQLiteBackend(sqlite_path(url), clock)
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
+        # Redis decides expiry by its own clock: ``clock`` does not apply.
+        from lease_server.backends.redis import RedisBackend
+
+        return RedisBackend(url)
     raise InvalidArgumentError(
         f"unsupported lease backend {url!r}: use memory:// or sqlite:///path", field="backend"
     )

@@ -4,7 +4,8 @@ later ``postgresql://``. See :mod:`lease_server.queues.base` for the Protocol.
 The lease server hosts the queue service; unless told otherwise it keeps jobs
 next to its leases (:func:`queue_url_for`): ``memory://`` -> in memory, a SQLite
 file ``.../leases.db`` -> the sibling file ``.../leases-queue.db``, a PostgreSQL
-URL -> the same database and schema.
+URL -> the same database and schema. Lease backends without a queue backend
+(Redis) host no queue service unless one is named.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ from fencing.errors import InvalidArgumentError
 from lease_server.clock import Clock
 from lease_server.queues.base import QueueBackend
 
+#: Schemes :func:`open_queue` knows.
+SCHEMES = ("memory", "sqlite")
+
 
 def queue_url_for(lease_url: str) -> str:
-    """The queue backend URL that goes with a lease backend URL (see the module docstring)."""
+    """The queue backend URL that goes with a lease backend URL (see the module docstring);
+    "" when that kind of lease backend has no queue backend beside it."""
     scheme = urlsplit(lease_url).scheme
     if scheme == "sqlite":
         path = sqlite_path(lease_url)
@@ -28,7 +33,7 @@ def queue_url_for(lease_url: str) -> str:
         p = PurePath(path)
         suffix = p.suffix or ".db"
         return f"sqlite:{p.with_name(p.stem + '-queue' + suffix)}"
-    return lease_url
+    return lease_url if scheme in SCHEMES else ""
 
 
 def open_queue(url: str, clock: Clock | None = None) -> QueueBackend:

@@ -1,0 +1,547 @@
+"""The verdict on a chaos run: a pure function from a history to violations and statistics.
+
+:func:`check` takes the merged events of a run (see :mod:`chaos.history`) and the
+guard's fence mode the run claims to test, and returns a :class:`CheckResult`.
+No I/O, no clocks, no randomness: the same history always gets the same verdict.
+
+Notation: operations pair an invocation (time ``start``) with a completion (time
+``end``; a pending operation ends at +infinity). "A completed before B was
+invoked" means ``A.end < B.start`` on the harness's one monotonic clock; that is
+the only ordering the checker trusts. Operations that overlap in time impose
+nothing on each other. Only ``ok`` operations are known to have taken effect;
+``info`` ones may or may not have, so they never serve as evidence of an effect
+but may explain an observed one; ``fail`` ones certainly had no effect.
+
+Rules (asserted: each breach is a :class:`Violation`, and any violation makes the
+run invalid). All rules are per resource.
+
+1. ``duplicate-token`` (G1): no two ``ok`` acquires of a resource returned the same
+   token. Acquires carrying the same ``extra["request_id"]`` are one claim (an
+   idempotent retry returns the same token by design) and count once.
+2. ``token-order`` (G1): if acquire A completed ``ok`` before acquire B was invoked,
+   and B is ``ok``, then ``token(B) > token(A)``. Equal tokens are reported once,
+   as ``duplicate-token``, so this rule flags ``token(B) < token(A)``.
+3. ``stale-write-accepted`` (G3, G4, G5): an ``ok`` write with token ``t`` is flagged
+   if, before it was invoked, one of these had completed ``ok`` with a token
+   ``t' > t``:
+
+   a. (every mode) a write to the resource, or a ``fence`` (an explicit promise);
+   b. (modes ``promise``, ``watch``, ``strict`` only) an acquire: the write is below
+      a token already granted. In ``monotonic`` mode this is the documented open
+      window (a former holder may write until the new holder's first write or
+      promise) and is not flagged. In ``promise`` mode the workload must record the
+      acquire's completion only after its promises returned (the SDK's
+      ``hold(..., fence=[...])``), because that is when the promise starts to hold.
+
+   ``mode="off"`` (the guard's unfenced control) gets rule 3a only; pass the mode
+   the run claims to test instead, so the control is judged by the same rules and
+   shows what fencing prevents.
+4. ``lost-write`` (durability and order of acknowledged writes): for every final
+   read (an ``ok`` read with ``extra["final"] == 1``, taken after all clients
+   stopped), with ``value`` ``None`` meaning "not found":
+
+   - a value must be the value of some ``ok`` or ``info`` write of that key (a value
+     only a ``fail`` write carried means a rejected write took effect);
+   - that write W must not be overwritten in real time: no ``ok`` write W2 of the
+     key was invoked after W completed. A W2 whose idempotency key an earlier-invoked
+     ``ok``/``info`` write already carried is not counted, since the guard may have
+     deduplicated it into a no-op (G6). Values are assumed unique per write;
+   - "not found" is flagged when an ``ok`` write of the key exists.
+5. ``duplicate-effect`` (G6): a final read of a key named ``effect/...`` holds a
+   comma-separated list of idempotency keys, each appended by a read-modify-write;
+   no idempotency key may appear in it twice.
+
+Measured, never asserted (:class:`Stats`): operation counts by op and outcome;
+``writes_ok``; ``stale_rejected`` (``fail`` writes and fences with error
+``STALE_TOKEN``: the guard at work); ``overlap_count``/``overlap_ms`` (how often
+and how long two processes at once believed they held a resource; a process
+believes from its ok acquire's completion until it invokes a release, records an
+event with ``extra["lost"] == 1``, or sees a renew fail with ``LEASE_LOST``; a
+belief never ended closes at the process's last recorded event, since a process
+that records nothing more does nothing more); ``takeover_latency_ms`` (from the
+end of one claim, i.e. its release's ok completion or else its earliest possible
+expiry, last ok acquire/renew invocation plus ``extra["ttl_ms"]``, to the next
+ok acquire's completion). Overlap is expected under pauses and partitions: it is
+what fencing makes harmless, so it is reported, not judged.
+
+Cost: O(n log n): group by resource, sort, sweep with running maxima.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+from chaos.history import Event, Operation, pair_operations
+
+MODES: Final = frozenset({"monotonic", "promise", "watch", "strict", "off"})
+"""Fence modes :func:`check` accepts (the guard's modes plus the ``off`` control)."""
+
+GRANT_FENCED_MODES: Final = frozenset({"promise", "watch", "strict"})
+"""Modes in which a granted token already fences older ones (rule 3b)."""
+
+EFFECT_PREFIX: Final = "effect/"
+"""Keys whose final value is a comma-separated list of applied idempotency keys."""
+
+
+class ViolationKind(StrEnum):
+    """The rule a :class:`Violation` breaks (a ``str``, so it compares to plain names)."""
+
+    DUPLICATE_TOKEN = "duplicate-token"
+    TOKEN_ORDER = "token-order"
+    STALE_WRITE_ACCEPTED = "stale-write-accepted"
+    LOST_WRITE = "lost-write"
+    DUPLICATE_EFFECT = "duplicate-effect"
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One breach of a rule: which rule, where, a sentence saying why, and the ops involved.
+
+    ``op_ids`` lists the offending operation first, then the ones that prove it wrong.
+    """
+
+    kind: str
+    resource: str
+    detail: str
+    op_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """What was measured during the run; reported, never part of the verdict.
+
+    ``ops`` maps op name to outcome (``ok``/``fail``/``info``) to count; ``pending``
+    counts operations with no completion (included in ``info``).
+    """
+
+    ops: dict[str, dict[str, int]]
+    pending: int
+    writes_ok: int
+    stale_rejected: int
+    overlap_count: int
+    overlap_ms: float
+    takeover_latency_ms: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """The verdict: ``valid`` iff there are no ``violations``; ``stats`` are measured only."""
+
+    mode: str
+    violations: tuple[Violation, ...]
+    stats: Stats
+
+    @property
+    def valid(self) -> bool:
+        return not self.violations
+
+    def counts(self) -> dict[str, int]:
+        """Violations per rule, every rule present (zero when clean)."""
+        found = Counter(v.kind for v in self.violations)
+        return {kind.value: found.get(kind.value, 0) for kind in ViolationKind}
+
+    def kinds(self) -> set[str]:
+        """The rules broken at least once."""
+        return {v.kind for v in self.violations}
+
+    def summary(self, *, examples: int = 5) -> str:
+        """A short human-readable verdict: a table of rules, the measurements, examples."""
+        s = self.stats
+        total = sum(sum(by_type.values()) for by_type in s.ops.values())
+        lines = [
+            f"verdict: {'VALID' if self.valid else 'INVALID'}  mode={self.mode}  "
+            f"ops={total} (pending {s.pending})  violations={len(self.violations)}",
+            f"  {'rule':<22}{'violations':>10}",
+        ]
+        lines += [f"  {kind:<22}{n:>10}" for kind, n in self.counts().items()]
+        lat = s.takeover_latency_ms
+        takeover = (
+            f"n={len(lat)} p50={statistics.median(lat):.1f} max={max(lat):.1f}" if lat else "n=0"
+        )
+        lines.append(
+            f"  measured: writes ok {s.writes_ok} | stale rejected {s.stale_rejected} | "
+            f"ownership overlaps {s.overlap_count} ({s.overlap_ms:.1f} ms) | "
+            f"takeover ms {takeover}"
+        )
+        per_op = " | ".join(
+            f"{op} " + " ".join(f"{t}={n}" for t, n in sorted(by_type.items()))
+            for op, by_type in sorted(s.ops.items())
+        )
+        if per_op:
+            lines.append(f"  ops: {per_op}")
+        for v in self.violations[:examples]:
+            lines.append(f"  - [{v.kind}] {v.resource}: {v.detail}")
+        if len(self.violations) > examples:
+            lines.append(f"  ... and {len(self.violations) - examples} more")
+        return "\n".join(lines)
+
+
+def check(events: Iterable[Event], *, mode: str) -> CheckResult:
+    """Judge a history against rules 1-5 (see the module docstring) and measure it.
+
+    ``mode`` is the fence mode the run claims to test: ``monotonic``, ``promise``,
+    ``watch`` or ``strict``; it only selects whether rule 3b applies. For the
+    unfenced control pass the mode being tested (``off`` is accepted and judged
+    like ``monotonic``). Raises ``ValueError`` for an unknown mode and
+    :class:`~chaos.history.HistoryError` for a malformed history.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown fence mode {mode!r} (expected one of {sorted(MODES)})")
+    ops = pair_operations(events)
+    clock = _Clock(ops[0].start_ns if ops else 0)
+    by_resource: dict[str, list[Operation]] = defaultdict(list)
+    for op in ops:
+        by_resource[op.resource].append(op)
+    violations: list[Violation] = []
+    for resource in sorted(by_resource):
+        rops = by_resource[resource]
+        acquires = [o for o in rops if o.op == "acquire" and o.ok and o.token is not None]
+        violations += _duplicate_tokens(resource, acquires)
+        violations += _token_order(resource, acquires, clock)
+        violations += _stale_writes(resource, rops, mode, clock)
+        violations += _lost_writes(resource, rops)
+        violations += _duplicate_effects(resource, rops)
+    return CheckResult(mode=mode, violations=tuple(violations), stats=_measure(ops, by_resource))
+
+
+@dataclass(frozen=True, slots=True)
+class _Clock:
+    """Formats harness times relative to the first invocation, for readable details."""
+
+    t0: int
+
+    def __call__(self, t_ns: float) -> str:
+        return "+inf" if t_ns == math.inf else f"+{(t_ns - self.t0) / 1e6:.3f}ms"
+
+
+def _tok(op: Operation) -> int:
+    token = op.token
+    assert token is not None  # callers filter on it
+    return token
+
+
+# -- rule 1 ------------------------------------------------------------------
+
+
+def _duplicate_tokens(resource: str, acquires: Sequence[Operation]) -> list[Violation]:
+    claims: dict[int, dict[str, Operation]] = defaultdict(dict)
+    for a in acquires:
+        rid = a.extra.get("request_id")
+        # A retried acquire with one request id is one claim, whatever it was recorded as.
+        claims[_tok(a)].setdefault(f"rid:{rid}" if rid is not None else a.op_id, a)
+    out = []
+    for token, by_claim in sorted(claims.items()):
+        if len(by_claim) > 1:
+            dup = sorted(by_claim.values(), key=lambda o: o.start_ns)
+            who = ", ".join(f"{o.op_id} ({o.process})" for o in dup)
+            out.append(
+                Violation(
+                    ViolationKind.DUPLICATE_TOKEN,
+                    resource,
+                    f"token {token} was granted to {len(dup)} acquires: {who}",
+                    tuple(o.op_id for o in dup),
+                )
+            )
+    return out
+
+
+# -- rule 2 ------------------------------------------------------------------
+
+
+def _token_order(resource: str, acquires: Sequence[Operation], at: _Clock) -> list[Violation]:
+    by_end = sorted(acquires, key=lambda o: o.end_ns)
+    best: Operation | None = None  # highest token among acquires completed so far
+    i = 0
+    out = []
+    for b in sorted(acquires, key=lambda o: o.start_ns):
+        while i < len(by_end) and by_end[i].end_ns < b.start_ns:
+            if best is None or _tok(by_end[i]) > _tok(best):
+                best = by_end[i]
+            i += 1
+        if best is not None and _tok(b) < _tok(best):
+            out.append(
+                Violation(
+                    ViolationKind.TOKEN_ORDER,
+                    resource,
+                    f"acquire {b.op_id} ({b.process}) invoked at {at(b.start_ns)} got token "
+                    f"{_tok(b)}, below token {_tok(best)} of acquire {best.op_id} "
+                    f"({best.process}) that completed at {at(best.end_ns)}",
+                    (b.op_id, best.op_id),
+                )
+            )
+    return out
+
+
+# -- rule 3 ------------------------------------------------------------------
+
+
+def _stale_writes(
+    resource: str, rops: Sequence[Operation], mode: str, at: _Clock
+) -> list[Violation]:
+    barrier_ops = {"write", "fence"} | ({"acquire"} if mode in GRANT_FENCED_MODES else set())
+    barriers = sorted(
+        (o for o in rops if o.op in barrier_ops and o.ok and o.token is not None),
+        key=lambda o: o.end_ns,
+    )
+    writes = [o for o in rops if o.op == "write" and o.ok and o.token is not None]
+    best: Operation | None = None  # highest-token barrier completed before the write's start
+    i = 0
+    out = []
+    for w in sorted(writes, key=lambda o: o.start_ns):
+        while i < len(barriers) and barriers[i].end_ns < w.start_ns:
+            if best is None or _tok(barriers[i]) > _tok(best):
+                best = barriers[i]
+            i += 1
+        if best is not None and _tok(w) < _tok(best):
+            why = (
+                f" (in {mode} mode a granted token fences older ones)"
+                if best.op == "acquire"
+                else ""
+            )
+            out.append(
+                Violation(
+                    ViolationKind.STALE_WRITE_ACCEPTED,
+                    resource,
+                    f"write {w.op_id} ({w.process}) with token {_tok(w)} invoked at "
+                    f"{at(w.start_ns)} was accepted after {best.op} {best.op_id} "
+                    f"({best.process}) with token {_tok(best)} completed at "
+                    f"{at(best.end_ns)}{why}",
+                    (w.op_id, best.op_id),
+                )
+            )
+    return out
+
+
+# -- rule 4 ------------------------------------------------------------------
+
+
+def _final_reads(rops: Sequence[Operation]) -> list[Operation]:
+    return [o for o in rops if o.op == "read" and o.ok and o.extra.get("final") == 1]
+
+
+def _maybe_deduplicated(writes: Sequence[Operation]) -> set[str]:
+    """Op ids of writes that may have been no-ops because their idempotency key was used."""
+    by_key: dict[str, list[Operation]] = defaultdict(list)
+    for w in writes:
+        if w.idempotency_key is not None and not w.fail:
+            by_key[w.idempotency_key].append(w)
+    suspects: set[str] = set()
+    for group in by_key.values():
+        if len(group) < 2:
+            continue
+        first = min(o.start_ns for o in group)
+        tied = sum(1 for o in group if o.start_ns == first) > 1
+        # Only the unique earliest invocation certainly was not deduplicated.
+        suspects.update(o.op_id for o in group if tied or o.start_ns > first)
+    return suspects
+
+
+def _lost_writes(resource: str, rops: Sequence[Operation]) -> list[Violation]:
+    reads = _final_reads(rops)
+    if not reads:
+        return []
+    writes = [o for o in rops if o.op == "write" and o.key is not None]
+    suspects = _maybe_deduplicated(writes)
+    by_key: dict[str, list[Operation]] = defaultdict(list)
+    for w in writes:
+        by_key[w.key or ""].append(w)
+    out = []
+    for r in reads:
+        key = r.key or ""
+        kw = by_key.get(key, [])
+        acked = [w for w in kw if w.ok]
+        followers = [w for w in acked if w.op_id not in suspects]
+        # The ok write invoked last: anything that completed before it was overwritten.
+        last = max(followers, key=lambda w: w.start_ns, default=None)
+        value = r.value
+        if value is None:
+            if acked:
+                newest = sorted(acked, key=lambda w: w.end_ns)[-3:]
+                out.append(
+                    Violation(
+                        ViolationKind.LOST_WRITE,
+                        resource,
+                        f"final read {r.op_id} found no value for key {key!r} although "
+                        f"{len(acked)} ok write(s) of it were acknowledged",
+                        (r.op_id, *(w.op_id for w in reversed(newest))),
+                    )
+                )
+            continue
+        sources = [w for w in kw if w.value == value and not w.fail]
+        if not sources:
+            rejected = [w for w in kw if w.value == value]
+            why = (
+                f"; only rejected write {rejected[0].op_id} ({rejected[0].error}) carried it"
+                if rejected
+                else ""
+            )
+            out.append(
+                Violation(
+                    ViolationKind.LOST_WRITE,
+                    resource,
+                    f"final read {r.op_id} of key {key!r} found {value!r}, which no ok or "
+                    f"info write of that key wrote{why}",
+                    (r.op_id, *(w.op_id for w in rejected[:1])),
+                )
+            )
+            continue
+        if last is not None and all(last.start_ns > w.end_ns for w in sources):
+            src = max(sources, key=lambda w: w.end_ns)
+            out.append(
+                Violation(
+                    ViolationKind.LOST_WRITE,
+                    resource,
+                    f"final read {r.op_id} of key {key!r} found {value!r} from write "
+                    f"{src.op_id}, but ok write {last.op_id} ({last.process}, token "
+                    f"{last.token}) was invoked after that write completed: its "
+                    f"acknowledged value {last.value!r} was lost",
+                    (r.op_id, last.op_id, src.op_id),
+                )
+            )
+    return out
+
+
+# -- rule 5 ------------------------------------------------------------------
+
+
+def _duplicate_effects(resource: str, rops: Sequence[Operation]) -> list[Violation]:
+    out = []
+    for r in _final_reads(rops):
+        if r.value is None or not (r.key or "").startswith(EFFECT_PREFIX):
+            continue
+        seen = Counter(item.strip() for item in r.value.split(",") if item.strip())
+        dups = sorted(k for k, n in seen.items() if n > 1)
+        if not dups:
+            continue
+        culprits = [
+            o.op_id for o in rops if o.op == "write" and o.idempotency_key in dups and not o.fail
+        ]
+        listed = ", ".join(f"{k!r} x{seen[k]}" for k in dups)
+        out.append(
+            Violation(
+                ViolationKind.DUPLICATE_EFFECT,
+                resource,
+                f"final read {r.op_id} of {r.key!r} shows idempotency key(s) applied more "
+                f"than once: {listed}",
+                (r.op_id, *culprits),
+            )
+        )
+    return out
+
+
+# -- measurements -------------------------------------------------------------
+
+
+def _measure(ops: Sequence[Operation], by_resource: dict[str, list[Operation]]) -> Stats:
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    last_seen: dict[str, float] = defaultdict(lambda: -math.inf)
+    for o in ops:
+        counts[o.op][o.type] += 1
+        seen = o.start_ns if o.pending else o.end_ns
+        last_seen[o.process] = max(last_seen[o.process], seen)
+    overlap_count, overlap_ns = 0, 0.0
+    latencies: list[float] = []
+    for rops in by_resource.values():
+        n, ns = _overlap(rops, last_seen)
+        overlap_count += n
+        overlap_ns += ns
+        latencies += _takeovers(rops)
+    return Stats(
+        ops={op: dict(by_type) for op, by_type in counts.items()},
+        pending=sum(1 for o in ops if o.pending),
+        writes_ok=sum(1 for o in ops if o.op == "write" and o.ok),
+        stale_rejected=sum(
+            1 for o in ops if o.op in ("write", "fence") and o.fail and o.error == "STALE_TOKEN"
+        ),
+        overlap_count=overlap_count,
+        overlap_ms=overlap_ns / 1e6,
+        takeover_latency_ms=tuple(latencies),
+    )
+
+
+def _belief_markers(o: Operation) -> list[tuple[float, int]]:
+    """(time, +1 start / -1 end) points where the process starts or stops believing it holds."""
+    marks: list[tuple[float, int]] = []
+    if o.op == "acquire" and o.ok:
+        marks.append((o.end_ns, +1))
+    if o.op == "release":
+        marks.append((o.start_ns, -1))
+    if o.op == "renew" and o.fail and o.error == "LEASE_LOST":
+        marks.append((o.end_ns, -1))
+    if o.invoke.extra.get("lost") == 1:
+        marks.append((o.start_ns, -1))
+    elif o.completion is not None and o.completion.extra.get("lost") == 1:
+        marks.append((o.end_ns, -1))
+    return marks
+
+
+def _overlap(rops: Sequence[Operation], last_seen: dict[str, float]) -> tuple[int, float]:
+    per_process: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for o in rops:
+        per_process[o.process] += _belief_markers(o)
+    edges: list[tuple[float, int]] = []
+    for process, marks in per_process.items():
+        since: float | None = None
+        # Ends sort before starts at equal times: release-then-reacquire is no overlap.
+        for t, kind in sorted(marks):
+            if kind > 0 and since is None:
+                since = t
+            elif kind < 0 and since is not None:
+                if t > since:
+                    edges += [(since, +1), (t, -1)]
+                since = None
+        if since is not None and last_seen[process] > since:
+            edges += [(since, +1), (last_seen[process], -1)]
+    count, believers, opened, total = 0, 0, 0.0, 0.0
+    for t, delta in sorted(edges):
+        believers += delta
+        if delta > 0 and believers == 2:
+            count, opened = count + 1, t
+        elif delta < 0 and believers == 1:
+            total += t - opened
+    return count, total
+
+
+def _takeovers(rops: Sequence[Operation]) -> list[float]:
+    acquires: dict[int, Operation] = {}
+    released: dict[int, float] = {}
+    expires: dict[int, float] = {}
+    for o in rops:
+        token = o.token
+        if token is None or not o.ok:
+            continue
+        if o.op == "acquire":
+            acquires.setdefault(token, o)
+        if o.op == "release":
+            released[token] = min(released.get(token, math.inf), o.end_ns)
+        ttl = o.extra.get("ttl_ms")
+        if o.op in ("acquire", "renew") and isinstance(ttl, int):
+            # The server starts the ttl after the request was sent, so invoke + ttl is
+            # the earliest the lease can expire: takeover latency is then never negative.
+            expires[token] = max(expires.get(token, -math.inf), o.start_ns + ttl * 1_000_000)
+    out = []
+    ordered = [acquires[t] for t in sorted(acquires)]
+    for prev, nxt in itertools.pairwise(ordered):
+        ends = [t for t in (released.get(_tok(prev)), expires.get(_tok(prev))) if t is not None]
+        if ends and min(ends) <= nxt.end_ns:
+            out.append((nxt.end_ns - min(ends)) / 1e6)
+    return out
+
+
+__all__ = [
+    "EFFECT_PREFIX",
+    "GRANT_FENCED_MODES",
+    "MODES",
+    "CheckResult",
+    "Stats",
+    "Violation",
+    "ViolationKind",
+    "check",
+]
