@@ -69,8 +69,9 @@ class WorkerCore:
     phase: Phase = Phase.RUNNING
     drain_deadline: float = 0.0
     failures: int = 0
-    #: What happened to jobs so far: claimed, started, completed, failed, dead, lost,
-    #: released, unavailable (claims that found the server unreachable).
+    #: What happened to jobs so far: claimed, started, completed, failed, dead,
+    #: lost (jobs whose claim this worker lost, once each), refused (outcomes the server
+    #: refused for a stale token), released, unavailable (claims that found no server).
     counts: dict[str, int] = field(default_factory=dict)
     _jobs: dict[int, InFlight] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)

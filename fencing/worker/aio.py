@@ -258,8 +258,9 @@ class AsyncWorker:
         try:
             result = await call
         except LeaseLost as exc:
-            job.mark_lost(f"{what} refused")
-            self.core.count("lost")
+            if job.mark_lost(f"{what} refused"):
+                self.core.count("lost")
+            self.core.count("refused")
             log.warning("job lost %s: %s refused, it was taken over: %s", _fields(job), what, exc)
             return None
         except FencingError as exc:

@@ -283,8 +283,9 @@ class Worker:
             try:
                 result = action()
             except LeaseLost as exc:
-                job.mark_lost(f"{what} refused")
-                self.core.count("lost")
+                if job.mark_lost(f"{what} refused"):
+                    self.core.count("lost")
+                self.core.count("refused")
                 log.warning(
                     "job lost %s: %s refused, it was taken over: %s", _fields(job), what, exc
                 )
