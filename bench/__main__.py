@@ -4,10 +4,13 @@
     python -m bench --only floor,redis   # some sections
     python -m bench --duration 5         # longer measurements
     python -m bench --clients 1,16       # client counts
+    python -m bench --queue              # also the queue (service vs seed 002's SQL)
 
 Sections: ``floor`` (the empty gRPC call, and the embedded SQLite servers against it),
-``redis`` (redis-py Lock, raw EVALSHA, our servers on Redis), and the others as they
-land. A section whose server is unreachable is skipped with a note, never faked.
+``redis`` (redis-py Lock, raw EVALSHA, our servers on Redis), ``queue`` (jobs/s
+through the QueueService next to seed 002's SQL on PostgreSQL; only with ``--queue``
+or ``--only queue``), and the others as they land. A section whose server is
+unreachable is skipped with a note, never faked.
 """
 
 from __future__ import annotations
@@ -36,10 +39,19 @@ async def _redis(clients: Sequence[int], duration: float) -> list[Result]:
     return await redis.run(clients, duration, servers=True)
 
 
+async def _queue(clients: Sequence[int], duration: float) -> list[Result]:
+    from bench import queue
+
+    return await queue.run(clients, duration)
+
+
 SECTIONS: dict[str, tuple[str, Section]] = {
     "floor": ("RPC floor and the embedded default (SQLite)", _floor),
     "redis": ("Redis: our scripts and servers next to redis-py Lock and raw EVALSHA", _redis),
+    "queue": ("Queue: jobs/s through the QueueService next to seed 002's SQL", _queue),
 }
+#: Sections run only when asked for (``--queue``, or ``--only``).
+OPT_IN = {"queue"}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -51,8 +63,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     p.add_argument("--clients", default="1,16", help="comma-separated client counts")
     p.add_argument(
-        "--only", default=",".join(SECTIONS), help="comma-separated sections (default: %(default)s)"
+        "--only",
+        default=",".join(n for n in SECTIONS if n not in OPT_IN),
+        help="comma-separated sections (default: %(default)s)",
     )
+    p.add_argument("--queue", action="store_true", help="add the queue section")
     return p
 
 
@@ -73,6 +88,8 @@ async def _run(names: list[str], clients: list[int], duration: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     names = [n for n in args.only.split(",") if n]
+    if args.queue and "queue" not in names:
+        names.append("queue")
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
         print(
