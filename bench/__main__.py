@@ -7,9 +7,11 @@
     python -m bench --queue              # also the queue (service vs seed 002's SQL)
 
 Sections: ``floor`` (the empty gRPC call, and the embedded SQLite servers against it),
-``redis`` (redis-py Lock, raw EVALSHA, our servers on Redis), ``queue`` (jobs/s
-through the QueueService next to seed 002's SQL on PostgreSQL; only with ``--queue``
-or ``--only queue``), and the others as they land. A section whose server is
+``redis`` (redis-py Lock, raw EVALSHA, our servers on Redis), ``postgres`` (the guard's
+check-and-write SQL one call, client-side and batched, the store, our servers on
+PostgreSQL; ``FENCING_BENCH_POSTGRES_DSN``), ``queue`` (jobs/s through the
+QueueService next to seed 002's SQL on PostgreSQL; only with ``--queue`` or
+``--only queue``), and the others as they land. A section whose server is
 unreachable is skipped with a note, never faked.
 """
 
@@ -39,6 +41,12 @@ async def _redis(clients: Sequence[int], duration: float) -> list[Result]:
     return await redis.run(clients, duration, servers=True)
 
 
+async def _postgres(clients: Sequence[int], duration: float) -> list[Result]:
+    from bench import postgres
+
+    return await postgres.run(clients, duration, servers=True)
+
+
 async def _queue(clients: Sequence[int], duration: float) -> list[Result]:
     from bench import queue
 
@@ -48,6 +56,7 @@ async def _queue(clients: Sequence[int], duration: float) -> list[Result]:
 SECTIONS: dict[str, tuple[str, Section]] = {
     "floor": ("RPC floor and the embedded default (SQLite)", _floor),
     "redis": ("Redis: our scripts and servers next to redis-py Lock and raw EVALSHA", _redis),
+    "postgres": ("PostgreSQL: check-and-write SQL against SELECT 1, and our servers", _postgres),
     "queue": ("Queue: jobs/s through the QueueService next to seed 002's SQL", _queue),
 }
 #: Sections run only when asked for (``--queue``, or ``--only``).

@@ -22,13 +22,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--store",
         default=os.environ.get("FENCING_STORE", "sqlite:fencing-data/guard.db"),
-        help="memory://, sqlite:///path (env FENCING_STORE; default %(default)s)",
+        help=(
+            "memory://, sqlite:///path, postgresql://user@host/db?schema=fencing, "
+            "redis://host:6379 (env FENCING_STORE; default %(default)s)"
+        ),
     )
     p.add_argument(
         "--fence-mode",
         choices=[m.value for m in FenceMode],
         default=os.environ.get("FENCING_FENCE_MODE", FenceMode.MONOTONIC.value),
-        help="monotonic (default); 'off' accepts stale tokens: chaos control only",
+        help=(
+            "monotonic (default); strict also requires the live lease (a postgres or redis "
+            "store where the lease server keeps its leases); 'off' accepts stale tokens: "
+            "chaos control only"
+        ),
     )
     p.add_argument(
         "--idempotency-retention",

@@ -32,6 +32,8 @@ def admit(resource: str, token: int, fence: int, mode: FenceMode = FenceMode.MON
     """Return the fence after accepting a write with ``token``, or raise ``StaleTokenError``.
 
     Equal tokens are admitted, so one holder can write many times under one lease.
+    Strict mode holds the token to this rule too (G3 holds in every mode but ``off``);
+    the store adds the live-lease check in the same transaction.
     """
     if mode is not FenceMode.OFF and token < fence:
         raise StaleTokenError(resource=resource, token=token, current_token=fence)

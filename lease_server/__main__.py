@@ -22,7 +22,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--backend",
         default=os.environ.get("FENCING_BACKEND", "sqlite:fencing-data/leases.db"),
-        help="memory://, sqlite:///path (env FENCING_BACKEND; default %(default)s)",
+        help=(
+            "memory://, sqlite:///path, postgresql://user@host/db?schema=fencing, "
+            "redis://host:6379 (env FENCING_BACKEND; default %(default)s)"
+        ),
     )
     QueueOptions.add_arguments(p)
     p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")

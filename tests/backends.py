@@ -4,6 +4,8 @@ A factory is an async context manager yielding a fresh, opened, isolated instanc
 and a ``Clock`` to move its time: embedded backends take a manual clock, servers
 with their own clock (PostgreSQL, Redis) are moved by really sleeping. To run the
 suites on a new implementation, add a factory here: nothing else changes.
+Tests that get a ``postgres`` instance are marked ``postgres`` (tests/conftest.py);
+each gets its own schema, dropped afterwards (tests/pg.py).
 """
 
 from __future__ import annotations
@@ -65,6 +67,24 @@ async def sqlite_backend() -> AsyncIterator[tuple[LeaseBackend, TimeControl]]:
             await backend.close()
 
 
+def _real_time(ms: int) -> None:
+    """Servers with their own clock cannot be moved: ``TimeControl.sleep`` really sleeps."""
+
+
+@asynccontextmanager
+async def postgres_backend() -> AsyncIterator[tuple[LeaseBackend, TimeControl]]:
+    from lease_server.backends.postgres import PostgresBackend
+    from tests import pg
+
+    async with pg.fresh_schema() as (dsn, schema):
+        backend = PostgresBackend(dsn, schema)
+        await backend.open()
+        try:
+            yield backend, TimeControl(_real_time, manual=False)
+        finally:
+            await backend.close()
+
+
 @asynccontextmanager
 async def memory_store() -> AsyncIterator[GuardStore]:
     store = MemoryStore()
@@ -105,8 +125,18 @@ async def sqlite_queue() -> AsyncIterator[tuple[QueueBackend, TimeControl]]:
             await queue.close()
 
 
-def _real_time(ms: int) -> None:
-    """Servers with their own clock cannot be moved: ``TimeControl.sleep`` really sleeps."""
+@asynccontextmanager
+async def postgres_store() -> AsyncIterator[GuardStore]:
+    from guard.stores.postgres import PostgresStore
+    from tests import pg
+
+    async with pg.fresh_schema() as (dsn, schema):
+        store = PostgresStore(dsn, schema)
+        await store.open()
+        try:
+            yield store
+        finally:
+            await store.close()
 
 
 @asynccontextmanager
@@ -160,6 +190,7 @@ QueueFactory = Callable[[], AbstractAsyncContextManager[tuple[QueueBackend, Time
 LEASE_BACKENDS: dict[str, BackendFactory] = {
     "memory": memory_backend,
     "sqlite": sqlite_backend,
+    "postgres": postgres_backend,
     "redis": redis_backend,
     "redis-cluster": redis_cluster_backend,
 }
@@ -167,12 +198,14 @@ LEASE_BACKENDS: dict[str, BackendFactory] = {
 GUARD_STORES: dict[str, StoreFactory] = {
     "memory": memory_store,
     "sqlite": sqlite_store,
+    "postgres": postgres_store,
     "redis": redis_store,
     "redis-cluster": redis_cluster_store,
 }
 
 #: Registry name -> pytest marker name, added to every test parametrized with it.
 MARKS: dict[str, str] = {
+    "postgres": "postgres",
     "redis": "redis",
     "redis-cluster": "redis",
 }
