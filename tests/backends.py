@@ -183,6 +183,20 @@ def redis_cluster_store() -> AbstractAsyncContextManager[GuardStore]:
     return _redis_store(redis_server.SERVERS.cluster_url())
 
 
+@asynccontextmanager
+async def postgres_queue() -> AsyncIterator[tuple[QueueBackend, TimeControl]]:
+    from lease_server.queues.postgres import PostgresQueue
+    from tests import pg
+
+    async with pg.fresh_schema() as (dsn, schema):
+        queue = PostgresQueue(dsn, schema)
+        await queue.open()
+        try:
+            yield queue, TimeControl(_real_time, manual=False)
+        finally:
+            await queue.close()
+
+
 BackendFactory = Callable[[], AbstractAsyncContextManager[tuple[LeaseBackend, TimeControl]]]
 StoreFactory = Callable[[], AbstractAsyncContextManager[GuardStore]]
 QueueFactory = Callable[[], AbstractAsyncContextManager[tuple[QueueBackend, TimeControl]]]
@@ -213,4 +227,5 @@ MARKS: dict[str, str] = {
 QUEUE_BACKENDS: dict[str, QueueFactory] = {
     "memory": memory_queue,
     "sqlite": sqlite_queue,
+    "postgres": postgres_queue,
 }

@@ -1,5 +1,6 @@
 """Queue backends, chosen by URL like the lease backend: ``memory://``, ``sqlite:///path``,
-later ``postgresql://``. See :mod:`lease_server.queues.base` for the Protocol.
+``postgres://``/``postgresql://`` (see :mod:`fencing.pg` for the URL's parameters).
+See :mod:`lease_server.queues.base` for the Protocol.
 
 The lease server hosts the queue service; unless told otherwise it keeps jobs
 next to its leases (:func:`queue_url_for`): ``memory://`` -> in memory, a SQLite
@@ -19,7 +20,7 @@ from lease_server.clock import Clock
 from lease_server.queues.base import QueueBackend
 
 #: Schemes :func:`open_queue` knows.
-SCHEMES = ("memory", "sqlite")
+SCHEMES = ("memory", "sqlite", "postgres", "postgresql")
 
 
 def queue_url_for(lease_url: str) -> str:
@@ -37,7 +38,10 @@ def queue_url_for(lease_url: str) -> str:
 
 
 def open_queue(url: str, clock: Clock | None = None) -> QueueBackend:
-    """Build (not yet open) the queue backend a URL names."""
+    """Build (not yet open) the queue backend a URL names.
+
+    ``clock`` drives the embedded backends; PostgreSQL always uses its own clock.
+    """
     scheme = urlsplit(url).scheme
     if scheme == "memory":
         from lease_server.queues.memory import MemoryQueue
@@ -47,9 +51,13 @@ def open_queue(url: str, clock: Clock | None = None) -> QueueBackend:
         from lease_server.queues.sqlite import SQLiteQueue
 
         return SQLiteQueue(sqlite_path(url), clock)
+    if scheme in ("postgres", "postgresql"):
+        from lease_server.queues.postgres import PostgresQueue
+
+        return PostgresQueue(url)
     raise InvalidArgumentError(
-        f"unsupported queue backend {scheme + '://' if scheme else url!r}: use memory:// or "
-        "sqlite:///path",
+        f"unsupported queue backend {scheme + '://' if scheme else url!r}: use memory://, "
+        "sqlite:///path or postgresql://...",
         field="queue",
     )
 

@@ -26,6 +26,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -109,8 +110,14 @@ def main(argv: list[str] | None = None) -> int:
         grace=args.grace,
         poll=0.2,
     )
+    # A SIGTERM between "ready" and run() installing its handlers must stop, not kill.
+    signal.signal(signal.SIGTERM, lambda signum, frame: worker.stop())
     emit("ready")
-    worker.run()
+    try:
+        worker.run()
+    except BaseException as exc:
+        emit("crash", error=repr(exc))
+        raise
     emit("exit", counts=worker.counts)
     client.close()
     if guard is not None:

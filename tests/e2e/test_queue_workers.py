@@ -8,10 +8,12 @@ Each test runs on every queue backend in ``SERVER_BACKENDS``.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
 import queue as queue_module
+import secrets
 import signal
 import subprocess
 import sys
@@ -29,6 +31,7 @@ from fencing import GuardClient, QueueClient
 from fencing.client._queue import QueueStats
 from fencing.testing import RunningServers, running_servers
 from guard.fence import FenceMode
+from tests import pg
 
 pytestmark = pytest.mark.e2e
 
@@ -126,7 +129,7 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., WorkerProc]]:
             proc.close()
 
 
-SERVER_BACKENDS = ["sqlite"]
+SERVER_BACKENDS = ["sqlite", "postgres"]
 
 
 @pytest.fixture(params=SERVER_BACKENDS)
@@ -139,8 +142,11 @@ def make_servers(request: pytest.FixtureRequest, tmp_path: Path) -> ServersFacto
             if kind == "sqlite":
                 lease_url = f"sqlite:{tmp_path / 'leases.db'}"
                 queue_url = f"sqlite:{tmp_path / 'queue.db'}"
-            else:
-                raise AssertionError(kind)
+            else:  # leases and jobs in one fresh schema, dropped afterwards
+                dsn = pg.test_dsn()
+                name = f"{pg.SCHEMA_PREFIX}{secrets.token_hex(6)}"
+                stack.callback(lambda: asyncio.run(pg.drop_schema(dsn, name)))
+                lease_url = queue_url = pg.with_schema(dsn, name)
             yield stack.enter_context(
                 running_servers(
                     lease_url, f"sqlite:{tmp_path / 'guard.db'}", mode=mode, queue=queue_url
