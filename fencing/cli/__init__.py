@@ -10,11 +10,11 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from fencing.cli import demo, ops, queue, serve
+from fencing.cli import demo, ops, outbox, queue, serve
 
 Command = Callable[[argparse.Namespace], int]
 
-MODULES = [serve, ops, queue, demo]
+MODULES = [serve, ops, queue, outbox, demo]
 
 
 def parser() -> argparse.ArgumentParser:
