@@ -171,8 +171,10 @@ BEGIN
 END
 $$;
 
--- Enqueue a batch in order, in the caller's transaction. Every ordering key of the
--- batch is locked first, in one order, so concurrent batches cannot deadlock.
+-- Enqueue a batch in order, in the caller's transaction. A batch with neither ordering
+-- nor idempotency keys is one INSERT (ids follow the batch order). Otherwise every
+-- ordering key of the batch is locked first, in one order, so concurrent batches
+-- cannot deadlock, and the jobs go through job_enqueue one by one.
 CREATE FUNCTION job_enqueue_many(
     p_queue text, p_payloads bytea[], p_idempotency_keys text[], p_ordering_keys text[],
     p_priorities integer[], p_max_attempts integer[], p_delays_ms bigint[],
@@ -184,6 +186,25 @@ DECLARE
     v_key text;
     v_row record;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM unnest(p_ordering_keys) AS k WHERE k <> '')
+       AND NOT EXISTS (SELECT 1 FROM unnest(p_idempotency_keys) AS k WHERE k <> '') THEN
+        RETURN QUERY
+        WITH added AS (
+            INSERT INTO jobs (queue, payload, state, resource, priority, max_attempts,
+                              available_at)
+            SELECT p_queue, u.payload, 'ready', coalesce(u.resource, ''), coalesce(u.priority, 0),
+                   coalesce(u.max_attempts, 5),
+                   coalesce(u.run_at, now() + coalesce(u.delay_ms, 0) * interval '1 millisecond')
+            FROM unnest(p_payloads, p_priorities, p_max_attempts, p_delays_ms, p_run_ats,
+                        p_resources)
+                 WITH ORDINALITY AS u (payload, priority, max_attempts, delay_ms, run_at,
+                                       resource, n)
+            ORDER BY u.n
+            RETURNING jobs.id, jobs.state
+        )
+        SELECT a.id, true, a.state FROM added AS a ORDER BY a.id;
+        RETURN;
+    END IF;
     FOR v_key IN SELECT DISTINCT k FROM unnest(p_ordering_keys) AS k WHERE k <> '' ORDER BY k
     LOOP
         PERFORM job_lock_key(p_queue, v_key);
