@@ -9,8 +9,9 @@
 Sections: ``floor`` (the empty gRPC call, and the embedded SQLite servers against it),
 ``redis`` (redis-py Lock, raw EVALSHA, our servers on Redis), ``postgres`` (the guard's
 check-and-write SQL one call, client-side and batched, the store, our servers on
-PostgreSQL; ``FENCING_BENCH_POSTGRES_DSN``), ``queue`` (jobs/s through the
-QueueService next to seed 002's SQL on PostgreSQL; only with ``--queue`` or
+PostgreSQL; ``FENCING_BENCH_POSTGRES_DSN``), ``modes`` (what the promise and a watch
+guard add to taking a lease, and the watch delivery delay), ``queue`` (jobs/s through
+the QueueService next to seed 002's SQL on PostgreSQL; only with ``--queue`` or
 ``--only queue``), and the others as they land. A section whose server is
 unreachable is skipped with a note, never faked.
 """
@@ -41,6 +42,12 @@ async def _redis(clients: Sequence[int], duration: float) -> list[Result]:
     return await redis.run(clients, duration, servers=True)
 
 
+async def _modes(clients: Sequence[int], duration: float) -> list[Result]:
+    from bench import modes
+
+    return await modes.run(clients, duration)
+
+
 async def _postgres(clients: Sequence[int], duration: float) -> list[Result]:
     from bench import postgres
 
@@ -57,6 +64,7 @@ SECTIONS: dict[str, tuple[str, Section]] = {
     "floor": ("RPC floor and the embedded default (SQLite)", _floor),
     "redis": ("Redis: our scripts and servers next to redis-py Lock and raw EVALSHA", _redis),
     "postgres": ("PostgreSQL: check-and-write SQL against SELECT 1, and our servers", _postgres),
+    "modes": ("Closing the monotonic window: promise and watch (SQLite)", _modes),
     "queue": ("Queue: jobs/s through the QueueService next to seed 002's SQL", _queue),
 }
 #: Sections run only when asked for (``--queue``, or ``--only``).

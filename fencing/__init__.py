@@ -10,15 +10,21 @@ a paused former owner that wakes up after a takeover changes nothing::
     with leases.hold("orders", ttl=10) as lease:
         guard.put(lease, "last-order", b"42")
 
+The asyncio twins (``AsyncLeaseClient``, ``AsyncGuardClient``) have the same methods,
+and cancel the body of ``async with leases.hold(...)`` when the lease is lost.
 Errors: see :mod:`fencing.errors`.
 """
 
 from fencing.client import (
+    AsyncGuardClient,
+    AsyncLease,
+    AsyncLeaseClient,
     AsyncQueueClient,
     GuardClient,
     Job,
     Lease,
     LeaseClient,
+    LeaseEvent,
     LeaseState,
     QueueClient,
     WriteResult,
@@ -32,15 +38,20 @@ from fencing.errors import (
     LeaseHeldError,
     LeaseLost,
     PermissionDeniedError,
+    ResourceExhaustedError,
     StaleTokenError,
     UnauthenticatedError,
 )
+from fencing.tls import TLSConfig
 from fencing.types import Claim, Delete, Fenced, Op, Put, Record
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AcquireTimeoutError",
+    "AsyncGuardClient",
+    "AsyncLease",
+    "AsyncLeaseClient",
     "AsyncQueueClient",
     "BackendUnavailableError",
     "Claim",
@@ -53,6 +64,7 @@ __all__ = [
     "Job",
     "Lease",
     "LeaseClient",
+    "LeaseEvent",
     "LeaseHeldError",
     "LeaseLost",
     "LeaseState",
@@ -61,7 +73,9 @@ __all__ = [
     "Put",
     "QueueClient",
     "Record",
+    "ResourceExhaustedError",
     "StaleTokenError",
+    "TLSConfig",
     "UnauthenticatedError",
     "WriteResult",
 ]

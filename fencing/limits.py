@@ -52,6 +52,7 @@ MAX_KEY_BYTES = 1024
 MAX_VALUE_BYTES = 1024 * 1024
 MAX_OPS = 1000
 MAX_IDEMPOTENCY_KEY_BYTES = 256
+MAX_PREFIX_BYTES = 256
 MAX_QUEUE_BYTES = 128
 MAX_WORKER_BYTES = 128
 MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -110,6 +111,10 @@ def check_request_id(value: str, field: str = "request_id") -> str:
 
 def check_idempotency_key(value: str, field: str = "idempotency_key") -> str:
     return check_name(field, value, MAX_IDEMPOTENCY_KEY_BYTES, required=False)
+
+
+def check_prefix(value: str, field: str = "prefix") -> str:
+    return check_name(field, value, MAX_PREFIX_BYTES, required=False)
 
 
 def check_key(value: str, field: str = "key") -> str:

@@ -400,6 +400,14 @@ class PostgresDatabase:
             cur = await conn.execute(query, params)
             return await cur.fetchone()
 
+    async def healthy(self) -> bool:
+        """True if a pooled connection answers ``SELECT 1`` (the server's health probe)."""
+        try:
+            await self.fetchone(self.qualified("SELECT 1"))
+        except FencingError:
+            return False
+        return True
+
     async def execute(self, query: sql.Composed, params: Sequence[object] = ()) -> int:
         """Run one statement (its own transaction) and return its row count."""
         async with self.connection() as conn:

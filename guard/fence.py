@@ -16,14 +16,19 @@ from fencing.errors import StaleTokenError
 class FenceMode(StrEnum):
     """How a guard judges a write's token.
 
-    ``monotonic``: token >= fence (the default). ``strict``: also the token must be
-    the live, unexpired lease at commit time, checked by the store in the write's own
-    transaction (needs the store and the lease backend in one PostgreSQL database or
-    one Redis). ``off``: accept every token; exists only as the chaos harness's
-    control, to show the violations fencing prevents. Never use it in production.
+    ``monotonic``: token >= fence (the default). ``watch``: the same rule for writes,
+    and the guard also advances fences itself from the lease server's Watch stream
+    (to t on ACQUIRED(t), past t on RELEASED(t) or EXPIRED(t); see
+    :mod:`guard.follower`), so a former holder is fenced at takeover (G4).
+    ``strict``: also the token must be the live, unexpired lease at commit time,
+    checked by the store in the write's own transaction (needs the store and the
+    lease backend in one PostgreSQL database or one Redis). ``off``: accept every
+    token; exists only as the chaos harness's control, to show the violations
+    fencing prevents. Never use it in production.
     """
 
     MONOTONIC = "monotonic"
+    WATCH = "watch"
     STRICT = "strict"
     OFF = "off"
 

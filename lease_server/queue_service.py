@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +20,7 @@ from typing import Any
 
 import grpc.aio
 
-from fencing import limits
+from fencing import config, limits
 from fencing._backoff import Backoff
 from fencing._server import rpc
 from fencing.errors import InvalidArgumentError, LeaseLost
@@ -55,44 +54,13 @@ class QueueOptions:
     reap_batch: int = 1000
     poll_interval_s: float = 0.25
 
-    @staticmethod
-    def add_arguments(p: argparse.ArgumentParser) -> None:
-        """The queue service's command-line flags (``lease-server`` and ``fencing serve``)."""
-        env = os.environ.get
-        p.add_argument(
-            "--queue",
-            default=env("FENCING_QUEUE") or None,
-            help="queue backend URL (env FENCING_QUEUE; default: beside the lease backend; "
-            "'off': no queue service)",
-        )
-        p.add_argument(
-            "--queue-succeeded-retention",
-            type=_retention,
-            default=_retention(env("FENCING_QUEUE_SUCCEEDED_RETENTION", str(7 * DAY_S))),
-            help="seconds a succeeded job (and its idempotency key) is kept; -1: forever "
-            "(default 604800, 7 days)",
-        )
-        p.add_argument(
-            "--queue-dead-retention",
-            type=_retention,
-            default=_retention(env("FENCING_QUEUE_DEAD_RETENTION", str(30 * DAY_S))),
-            help="seconds a dead job is kept; -1: forever (default 2592000, 30 days)",
-        )
-        p.add_argument(
-            "--queue-retry-base",
-            type=float,
-            default=DEFAULT_RETRY_BACKOFF.base / 1000,
-            help="seconds before a failed job's first retry, doubling each time (default 1)",
-        )
-        p.add_argument(
-            "--queue-retry-cap",
-            type=float,
-            default=DEFAULT_RETRY_BACKOFF.cap / 1000,
-            help="longest retry delay in seconds (default 300)",
-        )
-
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> QueueOptions:
+        """From the resolved settings of :data:`QUEUE_OPTIONS` (negative retention: forever)."""
+        if args.queue_retry_base > args.queue_retry_cap:
+            raise InvalidArgumentError(
+                "queue_retry_base must not exceed queue_retry_cap", field="queue_retry_base"
+            )
         return cls(
             retry=Backoff(
                 base=args.queue_retry_base * 1000,
@@ -100,14 +68,62 @@ class QueueOptions:
                 factor=DEFAULT_RETRY_BACKOFF.factor,
                 jitter=DEFAULT_RETRY_BACKOFF.jitter,
             ),
-            succeeded_retention_s=args.queue_succeeded_retention,
-            dead_retention_s=args.queue_dead_retention,
+            succeeded_retention_s=_forever_if_negative(args.queue_succeeded_retention),
+            dead_retention_s=_forever_if_negative(args.queue_dead_retention),
         )
 
 
-def _retention(value: str) -> float | None:
-    seconds = float(value)
+def _forever_if_negative(seconds: float) -> float | None:
     return None if seconds < 0 else seconds
+
+
+#: The queue service's settings, for ``lease-server`` and ``fencing serve``.
+QUEUE_OPTIONS: tuple[config.Option, ...] = (
+    config.Option(
+        "queue",
+        "FENCING_QUEUE",
+        None,
+        "queue backend URL (memory://, sqlite:PATH, postgresql://...); unset: beside the "
+        "lease backend (leases.db -> leases-queue.db, the same PostgreSQL schema); "
+        "off: no queue service",
+        metavar="URL",
+    ),
+    config.Option(
+        "queue_succeeded_retention",
+        "FENCING_QUEUE_SUCCEEDED_RETENTION",
+        float(7 * DAY_S),
+        "seconds a succeeded job (and so its idempotency key) is kept before the reaper "
+        "deletes it; negative: forever",
+        float,
+        metavar="SECONDS",
+    ),
+    config.Option(
+        "queue_dead_retention",
+        "FENCING_QUEUE_DEAD_RETENTION",
+        float(30 * DAY_S),
+        "seconds a dead job is kept before the reaper deletes it; negative: forever",
+        float,
+        metavar="SECONDS",
+    ),
+    config.Option(
+        "queue_retry_base",
+        "FENCING_QUEUE_RETRY_BASE",
+        DEFAULT_RETRY_BACKOFF.base / 1000,
+        "seconds before a failed job's first retry; doubles with each attempt, jittered",
+        float,
+        check=config.positive,
+        metavar="SECONDS",
+    ),
+    config.Option(
+        "queue_retry_cap",
+        "FENCING_QUEUE_RETRY_CAP",
+        DEFAULT_RETRY_BACKOFF.cap / 1000,
+        "longest retry delay of a failed job, in seconds",
+        float,
+        check=config.positive,
+        metavar="SECONDS",
+    ),
+)
 
 
 class _Wakeups:

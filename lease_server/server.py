@@ -7,12 +7,21 @@ reaper: a claim of a job is a lease on that job, so they live in one process.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from fencing._server import BuiltServer, Service, build_server
+from fencing._server import (
+    BuiltServer,
+    ServerOptions,
+    Service,
+    build_server,
+    require_durability,
+)
+from fencing._storage import StorageMetrics, with_deadline
+from fencing.metrics import Metrics
 from fencing.v1 import lease_pb2_grpc, queue_pb2_grpc
 from lease_server.backends import LeaseBackend, open_backend
+from lease_server.expiry import DEFAULT_EVENT_RETENTION
+from lease_server.metrics import LeaseMetrics
 from lease_server.queue_service import QueueOptions, QueueService
 from lease_server.queues import QueueBackend, open_queue, queue_url_for
 from lease_server.reaper import Reaper
@@ -22,6 +31,8 @@ SERVICE_NAME = "fencing.v1.LeaseService"
 QUEUE_SERVICE_NAME = "fencing.v1.QueueService"
 #: ``queue=QUEUE_OFF`` starts a lease server without the queue service.
 QUEUE_OFF = "off"
+#: Seconds between sweeps of the ``leases held`` gauge.
+SWEEP_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -34,28 +45,42 @@ class LeaseServer:
     address: str
     queue: QueueBackend | None = None
     queue_service: QueueService | None = None
-    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
     def port(self) -> int:
         return self.built.port
 
+    @property
+    def metrics(self) -> Metrics:
+        return self.built.metrics
+
     async def stop(self, grace: float = 5.0) -> None:
-        """Stop serving: health NOT_SERVING, drain for ``grace`` seconds, stop the reaper,
-        close the backends."""
-        await self.built.set_serving(False)
+        """Stop serving: health NOT_SERVING, answer waiters, drain for ``grace`` s, close.
+
+        Calls already running get up to ``grace`` seconds to finish; Acquire calls
+        waiting in line for a held resource are answered at once with
+        ``BACKEND_UNAVAILABLE`` (retry, with the same request id, elsewhere or later)
+        rather than cut off at the end of the drain. New calls are refused, and Watch
+        streams end at once with ``UNAVAILABLE`` (a follower resumes elsewhere or later).
+        The queue's reaper stops with the other background tasks; Claims waiting for
+        work return what they have (nothing) when the drain ends.
+        """
+        await self.built.enter_shutdown()
+        self.service.waiters.close()
+        self.service.close()
         await self.built.server.stop(grace)
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         await self.backend.close()
         if self.queue is not None:
             await self.queue.close()
 
 
-def lease_services(backend: LeaseBackend) -> tuple[LeaseService, list[Service]]:
-    service = LeaseService(backend)
+def lease_services(
+    backend: LeaseBackend,
+    metrics: LeaseMetrics | None = None,
+    *,
+    event_retention: int = DEFAULT_EVENT_RETENTION,
+) -> tuple[LeaseService, list[Service]]:
+    service = LeaseService(backend, metrics=metrics, event_retention=event_retention)
     return service, [
         Service(SERVICE_NAME, service, lease_pb2_grpc.add_LeaseServiceServicer_to_server)
     ]
@@ -86,35 +111,62 @@ async def start_lease_server(
     address: str = "127.0.0.1:50051",
     *,
     reflection: bool = False,
+    options: ServerOptions | None = None,
+    require_durable: bool = False,
+    event_retention: int = DEFAULT_EVENT_RETENTION,
     queue: QueueBackend | str | None = None,
     queue_options: QueueOptions | None = None,
 ) -> LeaseServer:
     """Open ``backend`` (an object or a URL), bind ``address`` (port 0 picks one), start.
 
+    ``options`` sets TLS, authentication, per-client caps, metrics and the backend
+    deadline (see :class:`~fencing._server.ServerOptions`). Also starts the expiry
+    sweeper and the event feed (:meth:`LeaseService.run`); the event log keeps the
+    newest ``event_retention`` events.
+
     ``queue`` is the queue service's backend (an object or a URL); by default it is
     derived from a backend URL (:func:`lease_server.queues.queue_url_for`: beside the
     leases), and there is none for a backend object. ``"off"``: no queue service.
+    Its calls get the same deadline as the lease backend's; the reaper runs as a
+    background task (``queue_options``: retry backoff, retention, reap interval).
     """
+    options, metrics = (options or ServerOptions()).with_metrics()
     be = open_backend(backend) if isinstance(backend, str) else backend
     qb = _queue_backend(backend, queue)
     await be.open()
     try:
-        if qb is not None:
-            await qb.open()
-        service, services = lease_services(be)
+        require_durability(be, "lease backend " + be.name, require_durable)
+        timeouts = metrics.group(StorageMetrics).timeouts.labels("lease")
+        bounded = with_deadline(be, options.backend_timeout, "lease backend", timeouts.inc)
+        lease_metrics = metrics.group(LeaseMetrics)
+        service, services = lease_services(bounded, lease_metrics, event_retention=event_retention)
         qservice: QueueService | None = None
         if qb is not None:
-            qservice, more = queue_services(qb, queue_options)
+            await qb.open()
+            require_durability(qb, "queue backend " + qb.name, require_durable)
+            qtimeouts = metrics.group(StorageMetrics).timeouts.labels("queue")
+            qbounded = with_deadline(qb, options.backend_timeout, "queue backend", qtimeouts.inc)
+            qservice, more = queue_services(qbounded, queue_options)
             services += more
-        built = await build_server(address, services, reflection_enabled=reflection)
+        built = await build_server(
+            address, services, reflection_enabled=reflection, options=options
+        )
         await built.server.start()
     except BaseException:
         await be.close()
         if qb is not None:
             await qb.close()
         raise
+    built.probe_storage(be, "lease", options.backend_timeout, options.health_interval)
+    built.spawn(_sweep_forever(lease_metrics))
+    built.spawn(service.run())
+    if qservice is not None:
+        built.spawn(Reaper(qservice.backend, qservice.options).run())
     host = address.rsplit(":", 1)[0]
-    running = LeaseServer(built, be, service, f"{host}:{built.port}", qb, qservice)
-    if qb is not None and qservice is not None:
-        running._tasks.append(asyncio.create_task(Reaper(qb, qservice.options).run()))
-    return running
+    return LeaseServer(built, be, service, f"{host}:{built.port}", qb, qservice)
+
+
+async def _sweep_forever(metrics: LeaseMetrics) -> None:
+    while True:
+        await asyncio.sleep(SWEEP_INTERVAL_S)
+        metrics.sweep()

@@ -1,6 +1,7 @@
-"""``fencing outbox run``: publish the outbox through a guard; ``fencing migrate``: install
-the PostgreSQL schema (leases, guard, queue, outbox) ahead of the servers.
+"""``fencing outbox run``: publish the outbox through a guard.
 
+The outbox itself (the ``outbox`` view your transactions write) is installed with the
+rest of the PostgreSQL schema by ``fencing migrate`` (or by a lease server on start).
 ``outbox run`` claims events of queue ``outbox`` from the lease server (whose queue
 backend is the PostgreSQL database your transactions write ``fencing.outbox`` in) in
 batches with attempt tokens, and writes each through the guard, fenced by its token
@@ -62,19 +63,6 @@ def _run(args: argparse.Namespace) -> int:
         return 1
 
 
-def _migrate(args: argparse.Namespace) -> int:
-    from fencing import pg
-
-    try:
-        applied = asyncio.run(pg.migrate(args.dsn, args.schema or None))
-    except FencingError as exc:
-        print(f"error: {exc.reason}: {exc}", file=sys.stderr)
-        return 1
-    schema = pg.PgConfig.from_url(args.dsn, args.schema or None).schema
-    print(f"schema {schema}: " + (f"applied {applied}" if applied else "up to date"))
-    return 0
-
-
 def register(sub: Any) -> None:
     outbox = sub.add_parser("outbox", help="publish the transactional outbox")
     osub = outbox.add_subparsers(dest="outbox_command", required=True, metavar="ACTION")
@@ -102,16 +90,3 @@ def register(sub: Any) -> None:
         default=os.environ.get("FENCING_LOG_FORMAT", "console"),
     )
     p.set_defaults(run=_run)
-
-    m = sub.add_parser(
-        "migrate",
-        help="create or upgrade the PostgreSQL schema (leases, guard, queue, outbox)",
-    )
-    m.add_argument(
-        "--dsn",
-        default=os.environ.get("FENCING_DSN", ""),
-        required="FENCING_DSN" not in os.environ,
-        help="postgresql:// URL (env FENCING_DSN); ?schema= picks the schema",
-    )
-    m.add_argument("--schema", default="", help="schema (default: the URL's, or fencing)")
-    m.set_defaults(run=_migrate)

@@ -1,21 +1,29 @@
 """The fencing clients: :class:`LeaseClient`, :class:`GuardClient` and :class:`QueueClient`
-(blocking), and :class:`AsyncQueueClient`."""
+(blocking) and their asyncio twins :class:`AsyncLeaseClient`, :class:`AsyncGuardClient`
+and :class:`AsyncQueueClient`."""
 
-from fencing.client._core import LeaseState, WriteResult
+from fencing.client._core import EventKind, LeaseEvent, LeaseState, WriteResult
 from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
+from fencing.client.async_guard import AsyncGuardClient
+from fencing.client.async_lease import AsyncLease, AsyncLeaseClient
 from fencing.client.async_queue import AsyncQueueClient
 from fencing.client.guard import GuardClient
 from fencing.client.lease import Lease, LeaseClient
 from fencing.client.queue import QueueClient
 
 __all__ = [
+    "AsyncGuardClient",
+    "AsyncLease",
+    "AsyncLeaseClient",
     "AsyncQueueClient",
     "EnqueuedJob",
+    "EventKind",
     "FailOutcome",
     "GuardClient",
     "Job",
     "Lease",
     "LeaseClient",
+    "LeaseEvent",
     "LeaseState",
     "QueueClient",
     "QueueStats",

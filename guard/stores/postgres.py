@@ -73,6 +73,10 @@ class PostgresStore:
     async def close(self) -> None:
         await self._db.close()
 
+    async def healthy(self) -> bool:
+        """PostgreSQL answers ``SELECT 1`` (see ``fencing._storage.HealthProbe``)."""
+        return await self._db.healthy()
+
     async def write(
         self,
         resource: str,

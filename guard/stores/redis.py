@@ -115,6 +115,15 @@ class RedisStore:
         if client is not None:
             await client.aclose()
 
+    async def healthy(self) -> bool:
+        """Redis answers PING (see ``fencing._storage.HealthProbe``)."""
+        if self._client is None:
+            return False
+        try:
+            return bool(await self._client.ping())
+        except Exception:
+            return False
+
     @property
     def client(self) -> Client:
         if self._client is None:

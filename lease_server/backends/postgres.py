@@ -82,6 +82,10 @@ class PostgresBackend:
                 await listener
         await self._db.close()
 
+    async def healthy(self) -> bool:
+        """PostgreSQL answers ``SELECT 1`` (see ``fencing._storage.HealthProbe``)."""
+        return await self._db.healthy()
+
     async def acquire(
         self, resource: str, holder: str, ttl_ms: int, request_id: str
     ) -> Grant | Held:

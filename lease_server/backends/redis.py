@@ -150,6 +150,15 @@ class RedisBackend:
             with contextlib.suppress(Exception):
                 await client.aclose()
 
+    async def healthy(self) -> bool:
+        """Redis answers PING (see ``fencing._storage.HealthProbe``)."""
+        if self._client is None:
+            return False
+        try:
+            return bool(await self._client.ping())
+        except Exception:
+            return False
+
     async def _run(self, script: str, what: str, keys: list[str], args: list[Any]) -> Any:
         if self._client is None:
             raise RuntimeError("RedisBackend is not open")

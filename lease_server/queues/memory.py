@@ -17,6 +17,8 @@ from lease_server.queues.base import RetryDelay
 
 class MemoryQueue:
     name = "memory"
+    #: Read by ``--require-durable`` (see ``fencing._server.require_durability``).
+    durability_warning = "in-memory jobs are lost on restart"
 
     def __init__(self, clock: Clock | None = None) -> None:
         self._clock = clock or SystemClock()
