@@ -29,8 +29,7 @@ lists it under ``identities``. Tokens may be stored as ``sha256:<hex>`` of the t
 so the file holds no usable secret. Prefixes match by plain string comparison: end
 them with your separator (``orders/``) so ``orders`` does not also grant ``orders-old``.
 
-Actions, by method (the future ``QueueService`` names its resource ``queue``, and
-its methods map the same way):
+Actions, by method (``QueueService`` requests are scoped by their ``queue``):
 
 ============================  =========================================
 action                        methods
@@ -40,7 +39,7 @@ action                        methods
 ``watch``                     LeaseService Watch (a ``prefix`` request needs a grant
                               whose prefix is a prefix of the requested one)
 ``write`` ``read`` ``fence``  GuardService Write; Read and DescribeFence; Fence
-``enqueue`` ``claim``         QueueService Enqueue; Claim, Heartbeat, Complete, Fail
+``enqueue`` ``claim``         QueueService Enqueue; Claim, Heartbeat, Complete, Fail, Release
 ``describe``                  QueueService Stats
 ============================  =========================================
 """
@@ -93,6 +92,7 @@ METHOD_ACTIONS: dict[str, Action] = {
     _QUEUE + "Heartbeat": Action.CLAIM,
     _QUEUE + "Complete": Action.CLAIM,
     _QUEUE + "Fail": Action.CLAIM,
+    _QUEUE + "Release": Action.CLAIM,
     _QUEUE + "Stats": Action.DESCRIBE,
 }
 

@@ -31,6 +31,7 @@ import grpc.aio
 from fencing.client import _core
 from fencing.client._queue import Job
 from fencing.client.async_queue import AsyncQueueClient
+from fencing.tls import TLSConfig
 from fencing.v1 import guard_pb2, guard_pb2_grpc
 from fencing.worker.aio import AsyncWorker
 
@@ -60,13 +61,15 @@ class GuardSink:
         target: str,
         *,
         key_prefix: str = "events/",
+        tls: TLSConfig | None = None,
+        token: str | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
         channel: grpc.aio.Channel | None = None,
     ) -> None:
         self.target = target
         self.key_prefix = key_prefix
         self.rpc_timeout = rpc_timeout
-        self._channel = channel or grpc.aio.insecure_channel(target, _core.channel_options())
+        self._channel = channel or _core.open_aio_channel(target, tls=tls, token=token)
         self._stub = guard_pb2_grpc.GuardServiceStub(self._channel)
 
     async def deliver(self, event: Job) -> None:

@@ -229,26 +229,38 @@ def claim(record: JobRecord, worker: str, ttl_ms: int, token: int, now_ms: int) 
     )
 
 
-def require_current(record: JobRecord | None, ref: JobRef) -> JobRecord:
-    """The record if ``ref.token`` is its current claim (running); ``LeaseLost`` otherwise."""
-    if record is None:
-        raise LeaseLost(f"job {ref.id} does not exist", resource="", token=ref.token)
+def _named(record: JobRecord | None, ref: JobRef, queue: str) -> JobRecord | None:
+    """The record, unless it does not exist or is not in ``queue`` (when one is named)."""
+    if record is None or (queue and record.queue != queue):
+        return None
+    return record
+
+
+def require_current(record: JobRecord | None, ref: JobRef, queue: str = "") -> JobRecord:
+    """The record if ``ref.token`` is its current claim (running) and it belongs to ``queue``
+    (any queue if empty); ``LeaseLost`` otherwise."""
+    if _named(record, ref, queue) is None:
+        raise LeaseLost(f"job {ref.id} does not exist in {queue!r}", resource="", token=ref.token)
+    assert record is not None
     if record.state is not JobState.RUNNING or record.token != ref.token:
         raise record.lost(ref.token)
     return record
 
 
-def heartbeat(record: JobRecord | None, ref: JobRef, ttl_ms: int, now_ms: int) -> JobRecord:
+def heartbeat(
+    record: JobRecord | None, ref: JobRef, ttl_ms: int, now_ms: int, queue: str = ""
+) -> JobRecord:
     """Extend the current claim's lease to now + ttl."""
-    current = require_current(record, ref)
+    current = require_current(record, ref, queue)
     return replace(current, lease_until_ms=now_ms + ttl_ms)
 
 
-def complete(record: JobRecord | None, ref: JobRef, now_ms: int) -> JobRecord:
+def complete(record: JobRecord | None, ref: JobRef, now_ms: int, queue: str = "") -> JobRecord:
     """Mark the job succeeded; a repeat with the same token returns the record unchanged."""
-    if record is not None and record.state is JobState.SUCCEEDED and record.token == ref.token:
-        return record
-    current = require_current(record, ref)
+    named = _named(record, ref, queue)
+    if named is not None and named.state is JobState.SUCCEEDED and named.token == ref.token:
+        return named
+    current = require_current(record, ref, queue)
     return replace(
         current,
         state=JobState.SUCCEEDED,
@@ -274,18 +286,20 @@ def fail(
     now_ms: int,
     *,
     final: bool = False,
+    queue: str = "",
 ) -> tuple[JobRecord, Failed]:
     """Record a failed attempt: ready after ``delay_ms``, or dead if none is left (or final).
 
     A repeat with the same token (the job is ready or dead with it) changes nothing.
     """
+    named = _named(record, ref, queue)
     if (
-        record is not None
-        and record.token == ref.token
-        and record.state in (JobState.READY, JobState.DEAD)
+        named is not None
+        and named.token == ref.token
+        and named.state in (JobState.READY, JobState.DEAD)
     ):
-        return record, Failed(record.state, max(0, record.available_at_ms - now_ms))
-    current = require_current(record, ref)
+        return named, Failed(named.state, max(0, named.available_at_ms - now_ms))
+    current = require_current(record, ref, queue)
     error = limits.truncate_error(error)
     if final or current.attempts >= current.max_attempts:
         dead = replace(
@@ -308,11 +322,12 @@ def fail(
     return ready, Failed(JobState.READY, delay_ms)
 
 
-def release(record: JobRecord | None, ref: JobRef, now_ms: int) -> JobRecord:
+def release(record: JobRecord | None, ref: JobRef, now_ms: int, queue: str = "") -> JobRecord:
     """Give the job back, due now; the attempt does not count. A repeat changes nothing."""
-    if record is not None and record.state is JobState.READY and record.token == ref.token:
-        return record
-    current = require_current(record, ref)
+    named = _named(record, ref, queue)
+    if named is not None and named.state is JobState.READY and named.token == ref.token:
+        return named
+    current = require_current(record, ref, queue)
     return replace(
         current,
         state=JobState.READY,

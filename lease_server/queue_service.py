@@ -210,6 +210,10 @@ def stats_to_proto(c: jobs.QueueCounts) -> queue_pb2.QueueStats:
     )
 
 
+def _optional_queue(value: str) -> str:
+    return limits.check_name("queue", value, limits.MAX_QUEUE_BYTES, required=False)
+
+
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -298,8 +302,9 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
     ) -> queue_pb2.HeartbeatResponse:
         refs = refs_from_proto(request.jobs)
         ttl_ms = limits.check_ttl_ms(request.ttl_ms)
+        queue = _optional_queue(request.queue)
         try:
-            await self.backend.heartbeat(refs, ttl_ms)
+            await self.backend.heartbeat(refs, ttl_ms, queue)
         except LeaseLost as exc:
             raise self._lost(exc, "heartbeat") from None
         return queue_pb2.HeartbeatResponse(ttl_ms=ttl_ms)
@@ -309,8 +314,9 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         self, request: queue_pb2.CompleteRequest, context: Context
     ) -> queue_pb2.CompleteResponse:
         refs = refs_from_proto(request.jobs)
+        queue = _optional_queue(request.queue)
         try:
-            woken = await self.backend.complete(refs)
+            woken = await self.backend.complete(refs, queue)
         except LeaseLost as exc:
             raise self._lost(exc, "complete") from None
         for queue in woken:  # the next job of an ordering key became ready
@@ -322,6 +328,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         self, request: queue_pb2.FailRequest, context: Context
     ) -> queue_pb2.FailResponse:
         (ref,) = refs_from_proto([request.job], "job")
+        queue = _optional_queue(request.queue)
         retry_in_ms = limits.check_delay_ms(request.retry_in_ms, "retry_in_ms")
         error = limits.truncate_error(request.error)
         policy = self.options.retry
@@ -330,7 +337,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
             return jobs.retry_delay_ms(attempts, policy, self._rand(), retry_in_ms)
 
         try:
-            outcome = await self.backend.fail(ref, error, delay, final=request.final)
+            outcome = await self.backend.fail(ref, error, delay, final=request.final, queue=queue)
         except LeaseLost as exc:
             raise self._lost(exc, "fail") from None
         if outcome.state is JobState.DEAD:
@@ -349,8 +356,9 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         self, request: queue_pb2.ReleaseJobsRequest, context: Context
     ) -> queue_pb2.ReleaseJobsResponse:
         refs = refs_from_proto(request.jobs)
+        queue = _optional_queue(request.queue)
         try:
-            woken = await self.backend.release(refs)
+            woken = await self.backend.release(refs, queue)
         except LeaseLost as exc:
             raise self._lost(exc, "release") from None
         for queue in woken:
@@ -362,7 +370,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
     async def Stats(
         self, request: queue_pb2.QueueStatsRequest, context: Context
     ) -> queue_pb2.QueueStatsResponse:
-        queue = limits.check_name("queue", request.queue, limits.MAX_QUEUE_BYTES, required=False)
+        queue = _optional_queue(request.queue)
         window_ms = limits.check_window_ms(request.window_ms)
         counts = await self.backend.stats(queue, window_ms)
         return queue_pb2.QueueStatsResponse(queues=[stats_to_proto(c) for c in counts])

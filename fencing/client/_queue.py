@@ -218,6 +218,17 @@ def job_list(jobs: Job | Sequence[Job]) -> list[Job]:
     return [jobs] if isinstance(jobs, Job) else list(jobs)
 
 
+def queue_of(jobs: Sequence[Job]) -> str:
+    """The one queue of ``jobs``, which every call on them names (for the server's check
+    and its auth policy); mixing queues in one call is refused."""
+    queues = {j.queue for j in jobs}
+    if len(queues) > 1:
+        raise InvalidArgumentError(
+            f"one call names jobs of one queue, not {sorted(queues)}", field="jobs"
+        )
+    return queues.pop() if queues else ""
+
+
 def error_text(error: str | BaseException) -> str:
     """The text a Fail carries: ``Type: message`` for an exception (never a traceback)."""
     if isinstance(error, BaseException):

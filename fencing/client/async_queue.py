@@ -22,6 +22,7 @@ from fencing.client import _core
 from fencing.client import _queue as core
 from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
 from fencing.errors import LeaseLost
+from fencing.tls import TLSConfig
 from fencing.v1 import queue_pb2, queue_pb2_grpc
 
 T = TypeVar("T")
@@ -36,6 +37,8 @@ class AsyncQueueClient:
         target: str,
         *,
         worker: str | None = None,
+        tls: TLSConfig | None = None,
+        token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
         policy: RenewalPolicy | None = None,
@@ -47,12 +50,11 @@ class AsyncQueueClient:
         self.rpc_timeout = rpc_timeout
         self.policy = policy or RenewalPolicy()
         self._clock = clock
-        if channel is not None:
-            self._channel = channel
-        elif credentials is not None:
-            self._channel = grpc.aio.secure_channel(target, credentials, _core.channel_options())
-        else:
-            self._channel = grpc.aio.insecure_channel(target, _core.channel_options())
+        self._channel = (
+            channel
+            if channel is not None
+            else _core.open_aio_channel(target, tls=tls, token=token, credentials=credentials)
+        )
         self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
 
     async def aclose(self) -> None:
@@ -134,7 +136,9 @@ class AsyncQueueClient:
         live, lost = core.split_expired(core.job_list(jobs))
         while live:
             ttl_ms = _core.ttl_ms_of(ttl) if ttl is not None else live[0].ttl_ms
-            request = queue_pb2.HeartbeatRequest(jobs=core.refs(live), ttl_ms=ttl_ms)
+            request = queue_pb2.HeartbeatRequest(
+                jobs=core.refs(live), ttl_ms=ttl_ms, queue=core.queue_of(live)
+            )
             sent_at = self._clock()
             timeout = core.heartbeat_timeout(live, self.rpc_timeout)
             try:
@@ -161,7 +165,7 @@ class AsyncQueueClient:
 
     async def complete(self, jobs: Job | Sequence[Job]) -> None:
         items = core.job_list(jobs)
-        request = queue_pb2.CompleteRequest(jobs=core.refs(items))
+        request = queue_pb2.CompleteRequest(jobs=core.refs(items), queue=core.queue_of(items))
         await self._settle(items, lambda: self._stub.Complete(request, timeout=self.rpc_timeout))
 
     async def fail(
@@ -177,6 +181,7 @@ class AsyncQueueClient:
             error=core.error_text(error),
             retry_in_ms=0 if retry_in is None else max(1, round(retry_in * 1000)),
             final=final,
+            queue=job.queue,
         )
         response = await self._settle(
             [job], lambda: self._stub.Fail(request, timeout=self.rpc_timeout)
@@ -185,7 +190,7 @@ class AsyncQueueClient:
 
     async def release(self, jobs: Job | Sequence[Job]) -> None:
         items = core.job_list(jobs)
-        request = queue_pb2.ReleaseJobsRequest(jobs=core.refs(items))
+        request = queue_pb2.ReleaseJobsRequest(jobs=core.refs(items), queue=core.queue_of(items))
         await self._settle(items, lambda: self._stub.Release(request, timeout=self.rpc_timeout))
         for job in items:
             job.mark_lost("released")

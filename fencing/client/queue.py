@@ -31,6 +31,7 @@ from fencing.client import _core
 from fencing.client import _queue as core
 from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
 from fencing.errors import FencingError, LeaseLost
+from fencing.tls import TLSConfig
 from fencing.v1 import queue_pb2, queue_pb2_grpc
 
 T = TypeVar("T")
@@ -41,6 +42,7 @@ class QueueClient:
     """A blocking client of ``fencing.v1.QueueService`` (hosted by the lease server).
 
     ``worker`` names this client in claims (default host-pid-random). Times are seconds.
+    ``tls``, ``token`` and ``credentials`` secure the channel as for ``LeaseClient``.
     """
 
     def __init__(
@@ -48,6 +50,8 @@ class QueueClient:
         target: str,
         *,
         worker: str | None = None,
+        tls: TLSConfig | None = None,
+        token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
         policy: RenewalPolicy | None = None,
@@ -59,12 +63,11 @@ class QueueClient:
         self.rpc_timeout = rpc_timeout
         self.policy = policy or RenewalPolicy()
         self._clock = clock
-        if channel is not None:
-            self._channel = channel
-        elif credentials is not None:
-            self._channel = grpc.secure_channel(target, credentials, _core.channel_options())
-        else:
-            self._channel = grpc.insecure_channel(target, _core.channel_options())
+        self._channel = (
+            channel
+            if channel is not None
+            else _core.open_channel(target, tls=tls, token=token, credentials=credentials)
+        )
         self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
 
     def close(self) -> None:
@@ -163,7 +166,9 @@ class QueueClient:
         live, lost = core.split_expired(core.job_list(jobs))
         while live:
             ttl_ms = _core.ttl_ms_of(ttl) if ttl is not None else live[0].ttl_ms
-            request = queue_pb2.HeartbeatRequest(jobs=core.refs(live), ttl_ms=ttl_ms)
+            request = queue_pb2.HeartbeatRequest(
+                jobs=core.refs(live), ttl_ms=ttl_ms, queue=core.queue_of(live)
+            )
             sent_at = self._clock()
             timeout = core.heartbeat_timeout(live, self.rpc_timeout)
             try:
@@ -191,7 +196,7 @@ class QueueClient:
     def complete(self, jobs: Job | Sequence[Job]) -> None:
         """Mark ``jobs`` succeeded (all or none); ``LeaseLost`` (naming one) if any is stale."""
         items = core.job_list(jobs)
-        request = queue_pb2.CompleteRequest(jobs=core.refs(items))
+        request = queue_pb2.CompleteRequest(jobs=core.refs(items), queue=core.queue_of(items))
         self._settle(items, lambda: self._stub.Complete(request, timeout=self.rpc_timeout))
 
     def fail(
@@ -209,6 +214,7 @@ class QueueClient:
             error=core.error_text(error),
             retry_in_ms=0 if retry_in is None else max(1, round(retry_in * 1000)),
             final=final,
+            queue=job.queue,
         )
         response = self._settle([job], lambda: self._stub.Fail(request, timeout=self.rpc_timeout))
         return FailOutcome(response.state, response.retry_in_ms / 1000)
@@ -216,7 +222,7 @@ class QueueClient:
     def release(self, jobs: Job | Sequence[Job]) -> None:
         """Give ``jobs`` back at once (the attempt does not count), e.g. on shutdown."""
         items = core.job_list(jobs)
-        request = queue_pb2.ReleaseJobsRequest(jobs=core.refs(items))
+        request = queue_pb2.ReleaseJobsRequest(jobs=core.refs(items), queue=core.queue_of(items))
         self._settle(items, lambda: self._stub.Release(request, timeout=self.rpc_timeout))
         for job in items:
             job.mark_lost("released")

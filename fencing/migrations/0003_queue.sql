@@ -7,9 +7,9 @@
 --                    max_attempts, delay_ms, run_at, resource) -> (id, created, state)  [public]
 --                  job_enqueue_many(queue, arrays of the same) -> setof (id, created, state)
 --                  job_claim(queue, worker, limit, ttl_ms) -> setof job_rows
---                  job_heartbeat(ids, tokens, ttl_ms) -> the first stale (id, token, resource)
---                  job_complete(ids, tokens) -> the first stale (...), queues woken
---                  job_release(ids, tokens) -> the first stale (...), queues woken
+--                  job_heartbeat(ids, tokens, ttl_ms, queue) -> the first stale (id, token, resource)
+--                  job_complete(ids, tokens, queue) -> the first stale (...), queues woken
+--                  job_release(ids, tokens, queue) -> the first stale (...), queues woken
 --                  job_reap(limit) -> jobs declared dead
 --                  job_prune(succeeded_ms, dead_ms, limit) -> jobs deleted
 --                  job_stats(queue, window_ms) -> setof counts per queue
@@ -278,16 +278,19 @@ $$;
 
 -- The first of the named claims (in the order given) that is stale for an action, or
 -- no row. p_replay_state: the state in which the same token means "already done".
-CREATE FUNCTION job_first_stale(p_ids bigint[], p_tokens bigint[], p_replay_state text)
+-- p_queue: when not '', a job of another queue is stale (and named as not existing).
+CREATE FUNCTION job_first_stale(
+    p_ids bigint[], p_tokens bigint[], p_replay_state text, p_queue text
+)
 RETURNS TABLE (stale_id bigint, stale_token bigint, stale_resource text)
 LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
     SELECT r.id, r.token,
-           CASE WHEN j.id IS NULL THEN ''
+           CASE WHEN j.id IS NULL OR (p_queue <> '' AND j.queue <> p_queue) THEN ''
                 WHEN j.resource <> '' THEN j.resource
                 ELSE 'job/' || j.queue || '/' || j.id END
     FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS r (id, token, n)
     LEFT JOIN jobs AS j ON j.id = r.id
-    WHERE j.id IS NULL OR j.token <> r.token
+    WHERE j.id IS NULL OR j.token <> r.token OR (p_queue <> '' AND j.queue <> p_queue)
        OR NOT (j.state = 'running' OR j.state = p_replay_state)
     ORDER BY r.n
     LIMIT 1
@@ -301,12 +304,14 @@ LANGUAGE sql SET search_path FROM CURRENT AS $$
 $$;
 
 -- Extend the named claims to now() + ttl, or return the first stale one and change nothing.
-CREATE FUNCTION job_heartbeat(p_ids bigint[], p_tokens bigint[], p_ttl_ms bigint)
+CREATE FUNCTION job_heartbeat(
+    p_ids bigint[], p_tokens bigint[], p_ttl_ms bigint, p_queue text DEFAULT ''
+)
 RETURNS TABLE (stale_id bigint, stale_token bigint, stale_resource text)
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     PERFORM job_lock_rows(p_ids);
-    RETURN QUERY SELECT * FROM job_first_stale(p_ids, p_tokens, 'running');
+    RETURN QUERY SELECT * FROM job_first_stale(p_ids, p_tokens, 'running', p_queue);
     IF FOUND THEN
         RETURN;
     END IF;
@@ -318,7 +323,7 @@ $$;
 -- Mark the named claims succeeded (a repeat is a no-op), or return the first stale one
 -- and change nothing. woken: the queues where the next job of an ordering key became ready.
 CREATE FUNCTION job_complete(
-    p_ids bigint[], p_tokens bigint[],
+    p_ids bigint[], p_tokens bigint[], p_queue text,
     OUT stale_id bigint, OUT stale_token bigint, OUT stale_resource text, OUT woken text[]
 )
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -329,7 +334,7 @@ BEGIN
     woken := '{}';
     PERFORM job_lock_rows(p_ids);
     SELECT s.stale_id, s.stale_token, s.stale_resource INTO stale_id, stale_token, stale_resource
-    FROM job_first_stale(p_ids, p_tokens, 'succeeded') AS s;
+    FROM job_first_stale(p_ids, p_tokens, 'succeeded', p_queue) AS s;
     IF FOUND THEN
         RETURN;
     END IF;
@@ -355,7 +360,7 @@ $$;
 -- Give the named claims back, due now, the attempt not counted (a repeat is a no-op),
 -- or return the first stale one and change nothing. woken: the queues released into.
 CREATE FUNCTION job_release(
-    p_ids bigint[], p_tokens bigint[],
+    p_ids bigint[], p_tokens bigint[], p_queue text,
     OUT stale_id bigint, OUT stale_token bigint, OUT stale_resource text, OUT woken text[]
 )
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -363,7 +368,7 @@ BEGIN
     woken := '{}';
     PERFORM job_lock_rows(p_ids);
     SELECT s.stale_id, s.stale_token, s.stale_resource INTO stale_id, stale_token, stale_resource
-    FROM job_first_stale(p_ids, p_tokens, 'ready') AS s;
+    FROM job_first_stale(p_ids, p_tokens, 'ready', p_queue) AS s;
     IF FOUND THEN
         RETURN;
     END IF;

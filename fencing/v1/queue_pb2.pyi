@@ -286,11 +286,18 @@ Global___JobRef: _TypeAlias = JobRef  # noqa: Y015
 
 @_typing.final
 class HeartbeatRequest(_message.Message):
+    """Calls on claimed jobs name their queue: every job must belong to it (a job of
+    another queue counts as not yours: LEASE_LOST), and an auth policy scopes them by
+    it. Empty: any queue (only a grant on every resource allows that).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     JOBS_FIELD_NUMBER: _builtins.int
     TTL_MS_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     ttl_ms: _builtins.int
+    queue: _builtins.str
     @_builtins.property
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobRef]: ...
     def __init__(
@@ -298,10 +305,11 @@ class HeartbeatRequest(_message.Message):
         *,
         jobs: _abc.Iterable[Global___JobRef] | None = ...,
         ttl_ms: _builtins.int = ...,
+        queue: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "queue", b"queue", "ttl_ms", b"ttl_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -331,16 +339,19 @@ class CompleteRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOBS_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
     @_builtins.property
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobRef]: ...
     def __init__(
         self,
         *,
         jobs: _abc.Iterable[Global___JobRef] | None = ...,
+        queue: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "queue", b"queue"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -369,12 +380,14 @@ class FailRequest(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     RETRY_IN_MS_FIELD_NUMBER: _builtins.int
     FINAL_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     error: _builtins.str
     """Kept (truncated) as the job's last_error. Never put secrets here."""
     retry_in_ms: _builtins.int
     """> 0: retry after this long instead of the server's backoff."""
     final: _builtins.bool
     """True: do not retry, the job is dead now."""
+    queue: _builtins.str
     @_builtins.property
     def job(self) -> Global___JobRef: ...
     def __init__(
@@ -384,10 +397,11 @@ class FailRequest(_message.Message):
         error: _builtins.str = ...,
         retry_in_ms: _builtins.int = ...,
         final: _builtins.bool = ...,
+        queue: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "final", b"final", "job", b"job", "retry_in_ms", b"retry_in_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "final", b"final", "job", b"job", "queue", b"queue", "retry_in_ms", b"retry_in_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -422,16 +436,19 @@ class ReleaseJobsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOBS_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
     @_builtins.property
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobRef]: ...
     def __init__(
         self,
         *,
         jobs: _abc.Iterable[Global___JobRef] | None = ...,
+        queue: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "queue", b"queue"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -64,8 +64,10 @@ class AsyncWorker:
     ) -> None:
         if concurrency < 1:
             raise InvalidArgumentError("concurrency must be at least 1", field="concurrency")
+        # An address: the channel is opened in run(), on the loop that runs the worker.
         self._owns_client = isinstance(client, str)
-        self.client = AsyncQueueClient(client, clock=clock) if isinstance(client, str) else client
+        self._target = client if isinstance(client, str) else client.target
+        self._client: AsyncQueueClient | None = None if isinstance(client, str) else client
         self.queue = queue
         self.handler = handler
         self.ttl = ttl
@@ -86,6 +88,13 @@ class AsyncWorker:
     def counts(self) -> dict[str, int]:
         return dict(self.core.counts)
 
+    @property
+    def client(self) -> AsyncQueueClient:
+        """The queue client (opened by :meth:`run` when the worker was given an address)."""
+        if self._client is None:
+            raise RuntimeError("the worker's client opens when run() starts")
+        return self._client
+
     def stop(self, grace: float | None = None) -> None:
         """Begin a graceful stop (call from the worker's event loop, or before ``run``)."""
         self._stop_grace = grace
@@ -98,6 +107,8 @@ class AsyncWorker:
 
     async def run(self) -> None:
         """Claim and run jobs until :meth:`stop` or SIGTERM/SIGINT, then stop gracefully."""
+        if self._client is None:
+            self._client = AsyncQueueClient(self._target, clock=self._clock)
         self._stop_requested = asyncio.Event()
         self._wake = asyncio.Event()
         self._hb_wake = asyncio.Event()
@@ -115,6 +126,7 @@ class AsyncWorker:
             self.core.stopped()
             if self._owns_client:
                 await self.client.aclose()
+                self._client = None
         log.info("worker stopped queue=%s counts=%s", self.queue, self.core.counts)
 
     @contextlib.asynccontextmanager

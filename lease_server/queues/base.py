@@ -46,21 +46,28 @@ class QueueBackend(Protocol):
         """Claim up to ``limit`` claimable jobs of ``queue`` (see ``jobs.claim_order``),
         each with a fresh token and a lease until now + ``ttl_ms``; in one transaction."""
 
-    async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int) -> None:
+    async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int, queue: str = "") -> None:
         """Extend every named claim to now + ``ttl_ms``, or raise ``LeaseLost`` (naming the
-        first stale one) and change nothing."""
+        first stale one) and change nothing. With ``queue``, a job of another queue is
+        stale too (so is it for complete, fail and release)."""
 
-    async def complete(self, refs: Sequence[JobRef]) -> set[str]:
+    async def complete(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
         """Mark every named claim succeeded (repeats are no-ops), or raise ``LeaseLost``
         and change nothing. The next job of a finished job's ordering key becomes ready:
         returns the queues where that happened."""
 
     async def fail(
-        self, ref: JobRef, error: str, retry_delay: RetryDelay, *, final: bool = False
+        self,
+        ref: JobRef,
+        error: str,
+        retry_delay: RetryDelay,
+        *,
+        final: bool = False,
+        queue: str = "",
     ) -> Failed:
         """Record a failed attempt (``jobs.fail``), or raise ``LeaseLost``."""
 
-    async def release(self, refs: Sequence[JobRef]) -> set[str]:
+    async def release(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
         """Give every named claim back, due now, or raise ``LeaseLost`` and change nothing.
         Returns the queues of the released jobs."""
 

@@ -84,34 +84,40 @@ class MemoryQueue:
             claimed.append(new)
         return claimed
 
-    async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int) -> None:
+    async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int, queue: str = "") -> None:
         now = self._clock.now_ms()
-        updated = [jobs.heartbeat(self._jobs.get(ref.id), ref, ttl_ms, now) for ref in refs]
+        updated = [jobs.heartbeat(self._jobs.get(ref.id), ref, ttl_ms, now, queue) for ref in refs]
         for record in updated:
             self._jobs[record.id] = record
 
-    async def complete(self, refs: Sequence[JobRef]) -> set[str]:
+    async def complete(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
         now = self._clock.now_ms()
-        updated = [jobs.complete(self._jobs.get(ref.id), ref, now) for ref in refs]
+        updated = [jobs.complete(self._jobs.get(ref.id), ref, now, queue) for ref in refs]
         for record in updated:
             self._jobs[record.id] = record
         return {r.queue for r in updated if self._promote(r.queue, r.ordering_key)}
 
     async def fail(
-        self, ref: JobRef, error: str, retry_delay: RetryDelay, *, final: bool = False
+        self,
+        ref: JobRef,
+        error: str,
+        retry_delay: RetryDelay,
+        *,
+        final: bool = False,
+        queue: str = "",
     ) -> Failed:
         now = self._clock.now_ms()
         record = self._jobs.get(ref.id)
         delay = retry_delay(record.attempts) if record is not None else 0
-        new, outcome = jobs.fail(record, ref, error, delay, now, final=final)
+        new, outcome = jobs.fail(record, ref, error, delay, now, final=final, queue=queue)
         self._jobs[new.id] = new
         if new.state is JobState.DEAD:
             self._promote(new.queue, new.ordering_key)
         return outcome
 
-    async def release(self, refs: Sequence[JobRef]) -> set[str]:
+    async def release(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
         now = self._clock.now_ms()
-        updated = [jobs.release(self._jobs.get(ref.id), ref, now) for ref in refs]
+        updated = [jobs.release(self._jobs.get(ref.id), ref, now, queue) for ref in refs]
         for record in updated:
             self._jobs[record.id] = record
         return {r.queue for r in updated}

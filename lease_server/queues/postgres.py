@@ -74,9 +74,9 @@ class PostgresQueue:
             "SELECT * FROM {schema}.job_enqueue_many(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
         )
         self._claim_sql = q("SELECT * FROM {schema}.job_claim(%s, %s, %s, %s)")
-        self._heartbeat_sql = q("SELECT * FROM {schema}.job_heartbeat(%s, %s, %s)")
-        self._complete_sql = q("SELECT * FROM {schema}.job_complete(%s, %s)")
-        self._release_sql = q("SELECT * FROM {schema}.job_release(%s, %s)")
+        self._heartbeat_sql = q("SELECT * FROM {schema}.job_heartbeat(%s, %s, %s, %s)")
+        self._complete_sql = q("SELECT * FROM {schema}.job_complete(%s, %s, %s)")
+        self._release_sql = q("SELECT * FROM {schema}.job_release(%s, %s, %s)")
         self._reap_sql = q("SELECT {schema}.job_reap(%s)")
         self._prune_sql = q("SELECT {schema}.job_prune(%s, %s, %s)")
         self._stats_sql = q("SELECT * FROM {schema}.job_stats(%s, %s)")
@@ -128,16 +128,16 @@ class PostgresQueue:
             rows = await cur.fetchall()
         return [_record(r) for r in rows]  # job_claim returns them in claim order
 
-    async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int) -> None:
+    async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int, queue: str = "") -> None:
         ids, tokens = _ids_tokens(refs)
-        row = await self._db.fetchone(self._heartbeat_sql, (ids, tokens, ttl_ms))
+        row = await self._db.fetchone(self._heartbeat_sql, (ids, tokens, ttl_ms, queue))
         lost = _stale(row)
         if lost is not None:
             raise lost
 
-    async def complete(self, refs: Sequence[JobRef]) -> set[str]:
+    async def complete(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
         ids, tokens = _ids_tokens(refs)
-        row = await self._db.fetchone(self._complete_sql, (ids, tokens))
+        row = await self._db.fetchone(self._complete_sql, (ids, tokens, queue))
         lost = _stale(row)
         if lost is not None:
             raise lost
@@ -145,7 +145,13 @@ class PostgresQueue:
         return set(row[3] or ())
 
     async def fail(
-        self, ref: JobRef, error: str, retry_delay: RetryDelay, *, final: bool = False
+        self,
+        ref: JobRef,
+        error: str,
+        retry_delay: RetryDelay,
+        *,
+        final: bool = False,
+        queue: str = "",
     ) -> Failed:
         async with self._db.connection() as conn, conn.transaction():
             cur = await conn.execute(self._lock_sql, (ref.id,))
@@ -153,7 +159,7 @@ class PostgresQueue:
             record = _record(row) if row is not None else None
             now = int(row[17]) if row is not None else 0
             delay = retry_delay(record.attempts) if record is not None else 0
-            new, outcome = jobs.fail(record, ref, error, delay, now, final=final)
+            new, outcome = jobs.fail(record, ref, error, delay, now, final=final, queue=queue)
             if new is not record:
                 await conn.execute(
                     self._store_sql,
@@ -173,9 +179,9 @@ class PostgresQueue:
                     await conn.execute(self._promote_sql, (new.queue, new.ordering_key))
         return outcome
 
-    async def release(self, refs: Sequence[JobRef]) -> set[str]:
+    async def release(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
         ids, tokens = _ids_tokens(refs)
-        row = await self._db.fetchone(self._release_sql, (ids, tokens))
+        row = await self._db.fetchone(self._release_sql, (ids, tokens, queue))
         lost = _stale(row)
         if lost is not None:
             raise lost

@@ -165,20 +165,20 @@ class SQLiteQueue:
 
         return await self._db.transaction(tx)
 
-    async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int) -> None:
+    async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int, queue: str = "") -> None:
         def tx(conn: sqlite3.Connection) -> None:
             now = self._clock.now_ms()
             # Judge every ref before writing any: all or nothing (the rollback covers us too).
-            updated = [jobs.heartbeat(_load(conn, ref.id), ref, ttl_ms, now) for ref in refs]
+            updated = [jobs.heartbeat(_load(conn, ref.id), ref, ttl_ms, now, queue) for ref in refs]
             for record in updated:
                 _store(conn, record)
 
         await self._db.transaction(tx)
 
-    async def complete(self, refs: Sequence[JobRef]) -> set[str]:
+    async def complete(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
         def tx(conn: sqlite3.Connection) -> set[str]:
             now = self._clock.now_ms()
-            updated = [jobs.complete(_load(conn, ref.id), ref, now) for ref in refs]
+            updated = [jobs.complete(_load(conn, ref.id), ref, now, queue) for ref in refs]
             for record in updated:
                 _store(conn, record)
             return {r.queue for r in updated if _promote(conn, r.queue, r.ordering_key)}
@@ -186,13 +186,19 @@ class SQLiteQueue:
         return await self._db.transaction(tx)
 
     async def fail(
-        self, ref: JobRef, error: str, retry_delay: RetryDelay, *, final: bool = False
+        self,
+        ref: JobRef,
+        error: str,
+        retry_delay: RetryDelay,
+        *,
+        final: bool = False,
+        queue: str = "",
     ) -> Failed:
         def tx(conn: sqlite3.Connection) -> Failed:
             now = self._clock.now_ms()
             record = _load(conn, ref.id)
             delay = retry_delay(record.attempts) if record is not None else 0
-            new, outcome = jobs.fail(record, ref, error, delay, now, final=final)
+            new, outcome = jobs.fail(record, ref, error, delay, now, final=final, queue=queue)
             if new is not record:
                 _store(conn, new)
                 if new.state is JobState.DEAD:
@@ -201,10 +207,10 @@ class SQLiteQueue:
 
         return await self._db.transaction(tx)
 
-    async def release(self, refs: Sequence[JobRef]) -> set[str]:
+    async def release(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
         def tx(conn: sqlite3.Connection) -> set[str]:
             now = self._clock.now_ms()
-            updated = [jobs.release(_load(conn, ref.id), ref, now) for ref in refs]
+            updated = [jobs.release(_load(conn, ref.id), ref, now, queue) for ref in refs]
             for record in updated:
                 _store(conn, record)
             return {r.queue for r in updated}

@@ -532,3 +532,22 @@ async def test_stats_count_every_state(queue_backend: Pair) -> None:
     every = await backend.stats("", 60_000)
     assert [s.queue for s in every] == ["other", "q"]
     assert every[0].ready == 1
+
+
+async def test_calls_naming_another_queue_are_refused(queue_backend: Pair) -> None:
+    backend, _ = queue_backend
+    await enqueue(backend, "emails")
+    claimed = await claim_one(backend, "emails")
+    with pytest.raises(LeaseLost):
+        await backend.heartbeat([ref(claimed)], LONG, "billing")
+    with pytest.raises(LeaseLost):
+        await backend.complete([ref(claimed)], "billing")
+    with pytest.raises(LeaseLost):
+        await backend.fail(ref(claimed), "e", no_delay, queue="billing")
+    with pytest.raises(LeaseLost):
+        await backend.release([ref(claimed)], "billing")
+    assert await state_of(backend, claimed.id) is JobState.RUNNING
+    await backend.heartbeat([ref(claimed)], LONG, "emails")
+    await backend.complete([ref(claimed)], "emails")
+    await backend.complete([ref(claimed)], "emails")  # the repeat, named the same way
+    assert await state_of(backend, claimed.id) is JobState.SUCCEEDED

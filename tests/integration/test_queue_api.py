@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from grpc_status import rpc_status
 
 from fencing import GuardClient, Job, LeaseLost, QueueClient, StaleTokenError
 from fencing._backoff import Backoff
-from fencing.errors import InvalidArgumentError
+from fencing._server import ServerOptions
+from fencing.auth import AuthPolicy
+from fencing.errors import InvalidArgumentError, PermissionDeniedError
 from fencing.testing import RunningServers, running_servers
 from fencing.types import Put
 from fencing.v1 import queue_pb2, queue_pb2_grpc
@@ -233,3 +236,44 @@ def test_requests_are_validated_at_the_edge(queue: QueueClient) -> None:
     with pytest.raises(InvalidArgumentError):
         queue.enqueue("q", b"x", max_attempts=-1)
     assert queue.stats("q") == []
+
+
+QUEUE_POLICY = """
+[principals.mailer]
+tokens = ["mailer-token"]
+allow = [{ prefix = "emails", actions = ["enqueue", "claim"] }]
+
+[principals.ops]
+tokens = ["ops-token"]
+allow = [{ prefix = "", actions = ["*"] }]
+"""
+
+
+def test_an_auth_policy_scopes_every_queue_call_by_its_queue() -> None:
+    """A grant on queue ``emails`` covers the whole cycle there (Claim to Release, all
+    naming their queue) and nothing in another queue."""
+    policy = AuthPolicy.from_dict(tomllib.loads(QUEUE_POLICY))
+    with (
+        running_servers(options=ServerOptions(auth=policy)) as servers,
+        QueueClient(servers.queue_address, token="mailer-token") as mailer,
+        QueueClient(servers.queue_address, token="ops-token") as ops,
+    ):
+        mailer.enqueue("emails", b"a")
+        mailer.enqueue("emails", b"b")
+        first, second = mailer.claim("emails", batch=2)
+        assert mailer.heartbeat([first, second]) == []
+        mailer.complete(first)
+        assert mailer.fail(second, "later", retry_in=0.01).state == "ready"
+        (again,) = mailer.claim("emails", wait=2)
+        mailer.release(again)
+        with pytest.raises(PermissionDeniedError):
+            mailer.enqueue("billing", b"x")
+        ops.enqueue("billing", b"x")
+        (billing,) = ops.claim("billing")
+        with pytest.raises(PermissionDeniedError):
+            mailer.claim("billing")
+        with pytest.raises(PermissionDeniedError):
+            mailer.stats()  # every queue: only a grant on every resource allows it
+        (stats,) = ops.stats("emails")
+        assert (stats.succeeded, stats.ready) == (1, 1)
+        ops.complete(billing)
