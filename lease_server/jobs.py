@@ -47,6 +47,7 @@ from fencing.errors import LeaseLost
 DEFAULT_RETRY_BACKOFF = Backoff(base=1000, cap=300_000, factor=2.0, jitter=0.2)
 #: last_error of a job rescued after its worker's lease expired.
 EXPIRED_ERROR = "lease expired: attempt {attempt} by {owner} did not finish"
+EXPIRED_PREFIX = "lease expired: attempt"
 #: last_error of a job the reaper declared dead.
 REAPED_ERROR = "lease expired after the final attempt"
 

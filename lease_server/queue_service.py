@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc.aio
+from prometheus_client import CollectorRegistry
 
 from fencing import config, limits
 from fencing._backoff import Backoff
@@ -27,6 +28,7 @@ from fencing.errors import InvalidArgumentError, LeaseLost
 from fencing.v1 import queue_pb2, queue_pb2_grpc
 from lease_server import jobs
 from lease_server.jobs import DEFAULT_RETRY_BACKOFF, JobRecord, JobRef, JobState, NewJob
+from lease_server.queue_metrics import QueueMetrics
 from lease_server.queues.base import QueueBackend
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,8 @@ class QueueOptions:
     reap_interval_s: float = 1.0
     reap_batch: int = 1000
     poll_interval_s: float = 0.25
+    #: Seconds between refreshes of the backlog gauges (a Stats query).
+    stats_interval_s: float = 15.0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> QueueOptions:
@@ -226,18 +230,34 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         backend: QueueBackend,
         options: QueueOptions | None = None,
         *,
+        metrics: QueueMetrics | None = None,
         rand: Callable[[], float] = random.random,
     ) -> None:
         self.backend = backend
         self.options = options or QueueOptions()
+        self.metrics = metrics or QueueMetrics(CollectorRegistry())
         self._rand = rand
         self._wakeups = _Wakeups()
         self.lost_rejections = 0
 
     def _lost(self, exc: LeaseLost, call: str) -> LeaseLost:
         self.lost_rejections += 1
+        self.metrics.lost.inc()
         log.warning("%s refused: %s", call, exc)
         return exc
+
+    async def refresh_gauges_forever(self) -> None:
+        """Every ``stats_interval_s``, set the backlog gauges from Stats (a server task)."""
+        while True:
+            try:
+                counts = await self.backend.stats("", limits.DEFAULT_WINDOW_MS)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the gauges go stale; the next tick tries again
+                log.warning("queue stats for the gauges failed: %s", exc)
+            else:
+                self.metrics.observe(counts)
+            await asyncio.sleep(self.options.stats_interval_s)
 
     @rpc
     async def Enqueue(
@@ -248,7 +268,9 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         now = _wall_ms()
         specs = [new_job_from_proto(j, f"jobs[{i}]", now) for i, j in enumerate(request.jobs)]
         enqueued = await self.backend.enqueue(queue, specs)
-        if any(e.created for e in enqueued):
+        created = sum(e.created for e in enqueued)
+        if created:
+            self.metrics.jobs.labels("enqueued").inc(created)
             self._wakeups.notify(queue)
         log.debug(
             "enqueued queue=%s jobs=%d created=%d",
@@ -285,6 +307,9 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
                     await event.wait()
             except TimeoutError:
                 pass
+        rescued = sum(r.last_error.startswith(jobs.EXPIRED_PREFIX) for r in claimed)
+        self.metrics.jobs.labels("claimed").inc(len(claimed))
+        self.metrics.jobs.labels("rescued").inc(rescued)
         for record in claimed:
             log.debug(
                 "claimed queue=%s job_id=%d attempt=%d token=%d worker=%s",
@@ -319,8 +344,9 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
             woken = await self.backend.complete(refs, queue)
         except LeaseLost as exc:
             raise self._lost(exc, "complete") from None
-        for queue in woken:  # the next job of an ordering key became ready
-            self._wakeups.notify(queue)
+        self.metrics.jobs.labels("completed").inc(len(refs))
+        for woke in woken:  # the next job of an ordering key became ready
+            self._wakeups.notify(woke)
         return queue_pb2.CompleteResponse()
 
     @rpc
@@ -340,6 +366,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
             outcome = await self.backend.fail(ref, error, delay, final=request.final, queue=queue)
         except LeaseLost as exc:
             raise self._lost(exc, "fail") from None
+        self.metrics.jobs.labels("dead" if outcome.state is JobState.DEAD else "retried").inc()
         if outcome.state is JobState.DEAD:
             log.warning("job dead job_id=%d token=%d error=%r", ref.id, ref.token, error[:200])
         else:
@@ -361,8 +388,9 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
             woken = await self.backend.release(refs, queue)
         except LeaseLost as exc:
             raise self._lost(exc, "release") from None
-        for queue in woken:
-            self._wakeups.notify(queue)
+        self.metrics.jobs.labels("released").inc(len(refs))
+        for woke in woken:
+            self._wakeups.notify(woke)
         log.info("released jobs=%s", ",".join(str(r.id) for r in refs))
         return queue_pb2.ReleaseJobsResponse()
 

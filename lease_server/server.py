@@ -22,6 +22,7 @@ from fencing.v1 import lease_pb2_grpc, queue_pb2_grpc
 from lease_server.backends import LeaseBackend, open_backend
 from lease_server.expiry import DEFAULT_EVENT_RETENTION
 from lease_server.metrics import LeaseMetrics
+from lease_server.queue_metrics import QueueMetrics
 from lease_server.queue_service import QueueOptions, QueueService
 from lease_server.queues import QueueBackend, open_queue, queue_url_for
 from lease_server.reaper import Reaper
@@ -87,9 +88,9 @@ def lease_services(
 
 
 def queue_services(
-    backend: QueueBackend, options: QueueOptions | None = None
+    backend: QueueBackend, options: QueueOptions | None = None, metrics: QueueMetrics | None = None
 ) -> tuple[QueueService, list[Service]]:
-    service = QueueService(backend, options)
+    service = QueueService(backend, options, metrics=metrics)
     return service, [
         Service(QUEUE_SERVICE_NAME, service, queue_pb2_grpc.add_QueueServiceServicer_to_server)
     ]
@@ -146,7 +147,7 @@ async def start_lease_server(
             require_durability(qb, "queue backend " + qb.name, require_durable)
             qtimeouts = metrics.group(StorageMetrics).timeouts.labels("queue")
             qbounded = with_deadline(qb, options.backend_timeout, "queue backend", qtimeouts.inc)
-            qservice, more = queue_services(qbounded, queue_options)
+            qservice, more = queue_services(qbounded, queue_options, metrics.group(QueueMetrics))
             services += more
         built = await build_server(
             address, services, reflection_enabled=reflection, options=options
@@ -162,6 +163,7 @@ async def start_lease_server(
     built.spawn(service.run())
     if qservice is not None:
         built.spawn(Reaper(qservice.backend, qservice.options).run())
+        built.spawn(qservice.refresh_gauges_forever())
     host = address.rsplit(":", 1)[0]
     return LeaseServer(built, be, service, f"{host}:{built.port}", qb, qservice)
 

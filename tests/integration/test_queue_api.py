@@ -277,3 +277,39 @@ def test_an_auth_policy_scopes_every_queue_call_by_its_queue() -> None:
         (stats,) = ops.stats("emails")
         assert (stats.succeeded, stats.ready) == (1, 1)
         ops.complete(billing)
+
+
+def test_metrics_count_outcomes_and_show_the_backlog(tmp_path: Path) -> None:
+    options = QueueOptions(stats_interval_s=0.05, reap_interval_s=0.05, poll_interval_s=0.05)
+    with (
+        running_servers(f"sqlite:{tmp_path / 'l.db'}", "memory://", queue_options=options) as s,
+        QueueClient(s.queue_address) as q,
+    ):
+        registry = s.lease.metrics.registry
+
+        def sample(name: str, **labels: str) -> float | None:
+            return registry.get_sample_value(name, labels)
+
+        for i in range(3):
+            q.enqueue("mail", str(i).encode())
+        (old,) = q.claim("mail", ttl=0.2)
+        time.sleep(0.3)
+        (new,) = q.claim("mail", ttl=10)  # a rescue
+        with pytest.raises(LeaseLost):
+            q.complete(old)
+        q.complete(new)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (
+            sample("fencing_queue_running", queue="mail") != 0
+            or sample("fencing_queue_depth", queue="mail") != 2
+        ):
+            time.sleep(0.05)  # the gauges refresh every 50 ms
+        assert sample("fencing_queue_jobs_total", outcome="enqueued") == 3
+        assert sample("fencing_queue_jobs_total", outcome="claimed") == 2
+        assert sample("fencing_queue_jobs_total", outcome="rescued") == 1
+        assert sample("fencing_queue_jobs_total", outcome="completed") == 1
+        assert sample("fencing_queue_lost_total") == 1
+        assert sample("fencing_queue_depth", queue="mail") == 2
+        assert sample("fencing_queue_running", queue="mail") == 0
+        age = sample("fencing_queue_oldest_job_age_seconds", queue="mail")
+        assert age is not None and age >= 0.3
