@@ -224,31 +224,36 @@ $$;
 -- Claim up to p_limit jobs of a queue: expired running ones with attempts left first
 -- (a rescue: the old worker's token goes stale), then ready, due ones by priority, due
 -- time and id. Each gets a fresh token, attempts + 1, and a lease until now() + ttl.
+-- The candidates are picked (and locked) into arrays first, so the UPDATE reaches them
+-- through the primary key whatever the table's size; rows come back in claim order.
 CREATE FUNCTION job_claim(p_queue text, p_worker text, p_limit integer, p_ttl_ms bigint)
 RETURNS SETOF job_rows
-LANGUAGE sql SET search_path FROM CURRENT AS $$
-    WITH rescued AS MATERIALIZED (
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_rescued bigint[];
+    v_ready bigint[] := '{}';
+    v_left integer;
+BEGIN
+    SELECT coalesce(array_agg(c.id), '{}') INTO v_rescued FROM (
         SELECT j.id FROM jobs AS j
         WHERE j.queue = p_queue AND j.state = 'running' AND j.lease_until <= now()
           AND j.attempts < j.max_attempts
         ORDER BY j.lease_until, j.id
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED
-    ), ready AS MATERIALIZED (
-        SELECT j.id FROM jobs AS j
-        WHERE j.queue = p_queue AND j.state = 'ready' AND j.available_at <= now()
-        ORDER BY j.priority DESC, j.available_at, j.id
-        LIMIT p_limit
-        FOR UPDATE SKIP LOCKED
-    ), picked AS (
-        SELECT c.id, c.rank FROM (
-            SELECT r.id, 0 AS rank FROM rescued AS r
-            UNION ALL
-            SELECT r.id, 1 AS rank FROM ready AS r
-        ) AS c
-        ORDER BY c.rank
-        LIMIT p_limit
-    ), claimed AS (
+    ) AS c;
+    v_left := p_limit - coalesce(array_length(v_rescued, 1), 0);
+    IF v_left > 0 THEN
+        SELECT coalesce(array_agg(c.id), '{}') INTO v_ready FROM (
+            SELECT j.id FROM jobs AS j
+            WHERE j.queue = p_queue AND j.state = 'ready' AND j.available_at <= now()
+            ORDER BY j.priority DESC, j.available_at, j.id
+            LIMIT v_left
+            FOR UPDATE SKIP LOCKED
+        ) AS c;
+    END IF;
+    RETURN QUERY
+    WITH claimed AS (
         UPDATE jobs AS j
         SET state = 'running',
             attempts = j.attempts + 1,
@@ -259,21 +264,23 @@ LANGUAGE sql SET search_path FROM CURRENT AS $$
                               THEN format('lease expired: attempt %s by %s did not finish',
                                           j.attempts, j.lease_owner)
                               ELSE j.last_error END
-        FROM picked
-        WHERE j.id = picked.id
+        WHERE j.id = ANY (v_rescued || v_ready)
         RETURNING j.id, j.queue, j.payload, j.state, j.resource, j.ordering_key,
                   j.idempotency_key, j.priority, j.attempts, j.max_attempts, j.token,
                   job_ms(j.available_at) AS available_at_ms, j.lease_owner,
                   job_ms(j.lease_until) AS lease_until_ms, j.last_error,
-                  job_ms(j.created_at) AS created_at_ms, job_ms(j.finished_at) AS finished_at_ms,
-                  picked.rank
+                  job_ms(j.created_at) AS created_at_ms,
+                  job_ms(j.finished_at) AS finished_at_ms,
+                  j.id = ANY (v_rescued) AS rescued
     )
     -- In claim order, as lease_server/jobs.py claim_order() sorts: rescues first.
     SELECT c.id, c.queue, c.payload, c.state, c.resource, c.ordering_key, c.idempotency_key,
            c.priority, c.attempts, c.max_attempts, c.token, c.available_at_ms, c.lease_owner,
            c.lease_until_ms, c.last_error, c.created_at_ms, c.finished_at_ms
     FROM claimed AS c
-    ORDER BY c.rank, CASE WHEN c.rank = 0 THEN 0 ELSE -c.priority END, c.available_at_ms, c.id
+    ORDER BY c.rescued DESC, CASE WHEN c.rescued THEN 0 ELSE -c.priority END,
+             c.available_at_ms, c.id;
+END
 $$;
 
 -- The first of the named claims (in the order given) that is stale for an action, or
