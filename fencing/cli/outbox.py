@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from fencing._server import configure_logging
+from fencing.cli import connect
 from fencing.errors import FencingError
 
 QUEUE_ADDR = os.environ.get("FENCING_QUEUE_ADDR") or os.environ.get(
@@ -27,11 +28,13 @@ GUARD_ADDR = os.environ.get("FENCING_GUARD_ADDR", "127.0.0.1:50052")
 
 
 async def _publish(args: argparse.Namespace) -> int:
+    from fencing.client.async_queue import AsyncQueueClient
     from fencing.outbox import GuardSink, OutboxPublisher
 
-    sink = GuardSink(args.guard_addr, key_prefix=args.key_prefix)
+    tls, token = connect.tls_of(args), args.auth_token
+    sink = GuardSink(args.guard_addr, key_prefix=args.key_prefix, tls=tls, token=token)
     publisher = OutboxPublisher(
-        args.addr,
+        AsyncQueueClient(args.addr, tls=tls, token=token),
         sink,
         queue_name=args.queue,
         batch=args.batch,
@@ -46,6 +49,7 @@ async def _publish(args: argparse.Namespace) -> int:
         await publisher.run()
     finally:
         await sink.aclose()
+        await publisher.worker.client.aclose()
     counts = publisher.counts
     print(
         " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "nothing published",
@@ -89,4 +93,5 @@ def register(sub: Any) -> None:
         choices=["console", "json"],
         default=os.environ.get("FENCING_LOG_FORMAT", "console"),
     )
+    connect.add_options(p)
     p.set_defaults(run=_run)

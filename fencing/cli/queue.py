@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+from fencing.cli import connect
 from fencing.client.queue import QueueClient
 from fencing.errors import FencingError
 
@@ -37,9 +38,13 @@ COLUMNS = (
 )
 
 
+def _client(args: argparse.Namespace) -> QueueClient:
+    return QueueClient(args.addr, tls=connect.tls_of(args), token=args.auth_token)
+
+
 def _stats(args: argparse.Namespace) -> int:
     try:
-        with QueueClient(args.addr) as client:
+        with _client(args) as client:
             stats = client.stats(args.queue or "", window=args.window)
     except FencingError as exc:
         print(f"error: {exc.reason}: {exc}", file=sys.stderr)
@@ -69,7 +74,7 @@ def _stats(args: argparse.Namespace) -> int:
 def _enqueue(args: argparse.Namespace) -> int:
     payload = sys.stdin.buffer.read() if args.payload == "-" else args.payload.encode()
     try:
-        with QueueClient(args.addr) as client:
+        with _client(args) as client:
             job = client.enqueue(
                 args.queue,
                 payload,
@@ -96,6 +101,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         "FENCING_LEASE_ADDR; default %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
+    connect.add_options(p)
 
 
 def register(sub: Any) -> None:

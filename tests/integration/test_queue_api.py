@@ -313,3 +313,29 @@ def test_metrics_count_outcomes_and_show_the_backlog(tmp_path: Path) -> None:
         assert sample("fencing_queue_running", queue="mail") == 0
         age = sample("fencing_queue_oldest_job_age_seconds", queue="mail")
         assert age is not None and age >= 0.3
+
+
+def test_the_queue_cli_enqueues_and_reports(servers: RunningServers) -> None:
+    import json
+    import subprocess
+    import sys
+
+    def fencing(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "fencing", "queue", *args, "--addr", servers.queue_address],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return done.stdout
+
+    first = json.loads(fencing("enqueue", "mail", "hi", "--idempotency-key", "k", "--json"))
+    again = json.loads(fencing("enqueue", "mail", "hi", "--idempotency-key", "k", "--json"))
+    assert first["created"] and not again["created"] and again["id"] == first["id"]
+    fencing("enqueue", "mail", "later", "--delay", "60")
+    (stats,) = json.loads(fencing("stats", "mail", "--json"))
+    assert (stats["ready"], stats["scheduled"], stats["running"]) == (1, 1, 0)
+    table = fencing("stats")
+    assert table.splitlines()[0].split()[:3] == ["queue", "ready", "sched"]
+    assert table.splitlines()[1].split()[:3] == ["mail", "1", "1"]
