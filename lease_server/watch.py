@@ -9,6 +9,13 @@ once; other processes' where the backend can notify) and, while anyone watches,
 by polling ``head_revision`` every ``poll_interval`` (other processes sharing a
 backend that cannot notify, e.g. SQLite). A stream sleeps until the feed passes
 its cursor, then reads.
+
+A backend with one log per resource (:class:`~lease_server.backends.base.ResourceEventLog`,
+a Redis Cluster) has no global head: its streams watch one resource each and share a
+:class:`ResourceFeed`, which knows the newest revision of each watched resource from
+``on_resource_events``; a stream also re-reads every ``poll_interval`` anyway (other
+processes' appends whose message was lost, and an expiry, which such a backend logs
+when the resource's log is read).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import logging
 from collections.abc import Iterator
 
 from fencing.errors import FencingError
-from lease_server.backends.base import EventLog
+from lease_server.backends.base import EventLog, ResourceEventLog
 
 log = logging.getLogger(__name__)
 
@@ -89,3 +96,68 @@ class EventFeed:
             except FencingError as exc:
                 log.warning("watch feed cannot read the event log: %s", exc)
             await asyncio.sleep(self.poll_interval)
+
+
+class ResourceFeed:
+    """The newest revision of each watched resource's own log, and a way to wait for it."""
+
+    def __init__(self, backend: ResourceEventLog, poll_interval: float = POLL_INTERVAL) -> None:
+        self.backend = backend
+        self.poll_interval = poll_interval
+        self.closed = False
+        #: resource -> (newest revision known, number of streams watching it).
+        self._heads: dict[str, list[int]] = {}
+        self._changed: dict[str, asyncio.Event] = {}
+        backend.on_resource_events(self.advance)
+
+    @property
+    def watchers(self) -> int:
+        return sum(count for _, count in self._heads.values())
+
+    def advance(self, resource: str, head: int) -> None:
+        """``resource``'s log reached ``head``: wake its streams (unwatched: ignored)."""
+        entry = self._heads.get(resource)
+        if entry is not None and head > entry[0]:
+            entry[0] = head
+            self._wake(resource)
+
+    def _wake(self, resource: str) -> None:
+        changed = self._changed.pop(resource, None)
+        if changed is not None:
+            changed.set()
+
+    def close(self) -> None:
+        """The server is stopping: every waiting stream returns False."""
+        self.closed = True
+        for resource in list(self._changed):
+            self._wake(resource)
+
+    @contextlib.contextmanager
+    def watching(self, resource: str) -> Iterator[None]:
+        entry = self._heads.setdefault(resource, [0, 0])
+        entry[1] += 1
+        try:
+            yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._heads[resource]
+                self._changed.pop(resource, None)
+
+    async def wait_beyond(self, resource: str, cursor: int) -> bool:
+        """Sleep until ``resource``'s log passes ``cursor`` or ``poll_interval`` ran out
+        (then the caller reads anyway); False if the feed closed first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.poll_interval
+        while not self.closed:
+            entry = self._heads.get(resource)
+            if entry is None or entry[0] > cursor:
+                return True
+            left = deadline - loop.time()
+            if left <= 0:
+                return True
+            changed = self._changed.setdefault(resource, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await changed.wait()
+        return False
