@@ -274,12 +274,22 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
             await _status.abort(context, exc)
         events, feed = self.events, self.feed
         per_resource, resource_feed = self.resource_events, self.resource_feed
+        # Per mode: how to read a page after a cursor, what to note before reading, and
+        # how to wait, after it, for news beyond the cursor (False: the server stops).
         read: Callable[[int], Awaitable[EventPage]]
-        wait: Callable[[int], Awaitable[bool]]
+        note: Callable[[], int]
+        wait: Callable[[int, int], Awaitable[bool]]
         if events is not None and feed is not None:
             watching = feed.watching()
+            start = events.head_revision
             read = functools.partial(events.events_after, scope=scope, limit=WATCH_PAGE)
-            wait, start = feed.wait_beyond, events.head_revision
+
+            def note() -> int:
+                return 0
+
+            async def wait(cursor: int, noted: int) -> bool:
+                return await feed.wait_beyond(cursor)
+
         elif per_resource is not None and resource_feed is not None:
             if not scope.resource:
                 await context.abort(
@@ -291,9 +301,13 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                 )
             resource = scope.resource
             watching = resource_feed.watching(resource)
-            read = functools.partial(per_resource.resource_events_after, resource, limit=WATCH_PAGE)
-            wait = functools.partial(resource_feed.wait_beyond, resource)
             start = functools.partial(per_resource.resource_head, resource)
+            read = functools.partial(per_resource.resource_events_after, resource, limit=WATCH_PAGE)
+            note = functools.partial(resource_feed.version, resource)
+
+            async def wait(cursor: int, noted: int) -> bool:
+                return await resource_feed.wait_changed(resource, noted)
+
         else:
             await context.abort(
                 grpc.StatusCode.UNIMPLEMENTED,
@@ -309,6 +323,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         log.debug("watch started %s after=%d", scope, cursor)
         with watching:
             while True:
+                noted = note()
                 try:
                     page = await read(cursor)
                 except FencingError as exc:
@@ -332,5 +347,5 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                     cursor = page.events[-1].revision
                     continue
                 cursor = max(cursor, page.head)
-                if not await wait(cursor):
+                if not await wait(cursor, noted):
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "lease server is stopping")

@@ -92,72 +92,90 @@ class EventFeed:
         while not self.closed:
             await self._someone_watches.wait()
             try:
-                self.advance(await self.backend.head_revision())
+                known = self.head
+                head = await self.backend.head_revision()
+                if head < known:
+                    # Every head the feed knew was committed before this read began: the
+                    # log went back (a Redis that forgot, a restored database). Follow it,
+                    # or streams below the old head would never wait again.
+                    log.warning(
+                        "event log head went back from %d to %d: the backend lost or "
+                        "replaced its log; watchers resync",
+                        known,
+                        head,
+                    )
+                    self.head = head
+                else:
+                    self.advance(head)
             except FencingError as exc:
                 log.warning("watch feed cannot read the event log: %s", exc)
             await asyncio.sleep(self.poll_interval)
 
 
 class ResourceFeed:
-    """The newest revision of each watched resource's own log, and a way to wait for it."""
+    """News of watched resources' own logs, and a way to wait for it.
+
+    A stream takes :meth:`version` of its resource *before* it reads, then waits in
+    :meth:`wait_changed` until news arrived since (during the read included) or
+    ``poll_interval`` passed. News is counted, not compared by revision, so a log
+    that starts over (a Redis that forgot) cannot leave a stream spinning.
+    """
 
     def __init__(self, backend: ResourceEventLog, poll_interval: float = POLL_INTERVAL) -> None:
         self.backend = backend
         self.poll_interval = poll_interval
         self.closed = False
-        #: resource -> (newest revision known, number of streams watching it).
-        self._heads: dict[str, list[int]] = {}
+        #: watched resource -> [news heard so far, streams watching it]
+        self._watched: dict[str, list[int]] = {}
         self._changed: dict[str, asyncio.Event] = {}
         backend.on_resource_events(self.advance)
 
     @property
     def watchers(self) -> int:
-        return sum(count for _, count in self._heads.values())
+        return sum(count for _, count in self._watched.values())
 
     def advance(self, resource: str, head: int) -> None:
         """``resource``'s log reached ``head``: wake its streams (unwatched: ignored)."""
-        entry = self._heads.get(resource)
-        if entry is not None and head > entry[0]:
-            entry[0] = head
-            self._wake(resource)
-
-    def _wake(self, resource: str) -> None:
-        changed = self._changed.pop(resource, None)
-        if changed is not None:
-            changed.set()
+        entry = self._watched.get(resource)
+        if entry is not None:
+            entry[0] += 1
+            changed = self._changed.pop(resource, None)
+            if changed is not None:
+                changed.set()
 
     def close(self) -> None:
         """The server is stopping: every waiting stream returns False."""
         self.closed = True
-        for resource in list(self._changed):
-            self._wake(resource)
+        for changed in self._changed.values():
+            changed.set()
+        self._changed.clear()
 
     @contextlib.contextmanager
     def watching(self, resource: str) -> Iterator[None]:
-        entry = self._heads.setdefault(resource, [0, 0])
+        entry = self._watched.setdefault(resource, [0, 0])
         entry[1] += 1
         try:
             yield
         finally:
             entry[1] -= 1
             if entry[1] == 0:
-                del self._heads[resource]
+                del self._watched[resource]
                 self._changed.pop(resource, None)
 
-    async def wait_beyond(self, resource: str, cursor: int) -> bool:
-        """Sleep until ``resource``'s log passes ``cursor`` or ``poll_interval`` ran out
+    def version(self, resource: str) -> int:
+        """How much news of ``resource`` was heard so far (take it before reading)."""
+        entry = self._watched.get(resource)
+        return entry[0] if entry is not None else 0
+
+    async def wait_changed(self, resource: str, version: int) -> bool:
+        """Sleep until news of ``resource`` newer than ``version`` or ``poll_interval``
         (then the caller reads anyway); False if the feed closed first."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.poll_interval
-        while not self.closed:
-            entry = self._heads.get(resource)
-            if entry is None or entry[0] > cursor:
-                return True
-            left = deadline - loop.time()
-            if left <= 0:
-                return True
-            changed = self._changed.setdefault(resource, asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):
-                    await changed.wait()
-        return False
+        if self.closed:
+            return False
+        if self.version(resource) != version:
+            return True
+        changed = self._changed.setdefault(resource, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.poll_interval):
+                await changed.wait()
+        return not self.closed

@@ -144,8 +144,14 @@ class PostgresBackend:
     # -- the event log -----------------------------------------------------------------------
 
     async def head_revision(self) -> int:
+        known = self._reported
         row = await self._db.fetchone(self._head_sql)
-        return int(row[0]) if row is not None else 0
+        head = int(row[0]) if row is not None else 0
+        if head < known:
+            # Every reported head was committed before this read: the log went back (a
+            # restored database). Report from here on, or no head would be news again.
+            self._reported = head
+        return head
 
     async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
         async with self._db.connection() as conn:
@@ -179,13 +185,15 @@ class PostgresBackend:
 
     def on_events(self, callback: Callable[[int], None]) -> None:
         """``callback(head)`` after this object's appends, at once, and after any other
-        process's, when their NOTIFY arrives. Heads only ever grow: a head already
-        reported (this process's own append, echoed by NOTIFY) is not reported again."""
+        process's, when their NOTIFY arrives. Heads only grow: a head already reported
+        (this process's own append, echoed by NOTIFY) is not reported again."""
         self._event_callbacks.append(callback)
         if self._opened:
             self._start_listener()
 
     def _appended(self, head: int) -> None:
+        """Report ``head`` (from an own append, a NOTIFY, or the head found on
+        reconnecting) if it is news: each head once, in increasing order."""
         if head <= self._reported:
             return
         self._reported = head

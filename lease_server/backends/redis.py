@@ -324,9 +324,14 @@ class RedisBackend:
         self._global_only("head_revision")
         if self._client is None:
             raise RuntimeError("RedisBackend is not open")
+        known = self._reported
         with driver_errors("head_revision"):
-            head = await self._client.get(self._shared_log.head)
-        return int(head or 0)
+            head = int(await self._client.get(self._shared_log.head) or 0)
+        if head < known:
+            # Every reported head was written before this read: Redis lost the log.
+            # Report from here on, or no head would be news again until it passes.
+            self._reported = head
+        return head
 
     async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
         self._global_only("events_after")
@@ -406,7 +411,9 @@ class RedisBackend:
         self._start_listener()
 
     def _appended(self, resource: str, revision: int) -> None:
-        """Tell the callbacks that the log reached ``revision`` (0: nothing appended)."""
+        """Tell the callbacks that the log reached ``revision`` (0: nothing appended).
+        One Redis: each head once, in increasing order (an own append's echo is not
+        news); a cluster: as heard (callers keep the highest per resource)."""
         if revision <= 0:
             return
         if self.cluster:

@@ -158,7 +158,7 @@ async def test_control_redis_py_default_client_resends_the_script(
     # The one event log of a single Redis (see lease_server/lua/acquire.lua).
     log_keys = EventLogKeys.shared(prefix).all()
 
-    def args(resource: str, ttl_ms: int) -> list[object]:
+    def args(resource: str, ttl_ms: int) -> list[str | int]:
         return ["a", ttl_ms, "", "0", resource, "0", events_channel(prefix), "0"]
 
     try:
