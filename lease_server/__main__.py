@@ -40,7 +40,7 @@ OPTIONS: tuple[config.Option, ...] = (
         "FENCING_EVENT_RETENTION",
         DEFAULT_EVENT_RETENTION,
         "events the log keeps for Watch streams to resume from; an older cursor gets RESYNC "
-        "(on a Redis Cluster each resource's own log keeps its newest 1000 instead)",
+        "(on a Redis Cluster each resource's own log keeps its newest 100 instead)",
         int,
         check=config.positive,
         metavar="EVENTS",

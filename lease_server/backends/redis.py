@@ -65,6 +65,13 @@ script: the takeover (just before its ACQUIRED), or the expiry step below (rule 
   reading a resource's log first logs its owed expiry, so no reader ever sees the log
   without it, and a resource nobody reads gets it at its next takeover.
 
+A Redis that forgets (no AOF) forgets the log too, which starts again at revision 1
+(revisions have no clock floor: they must stay dense). A reader whose cursor is ahead
+of it is told (RESYNC); one that comes back only after the new log passed its cursor
+cannot tell, and misses the new log's events up to there (a guard keeps its fences:
+those resources are back to the monotonic rule until their next event). All lease
+servers on one Redis must run code that logs: an older one grants without events.
+
 **Wake-ups.** Release publishes the resource on ``<prefix>:released`` inside its
 script, and every append publishes on ``<prefix>:events`` (one Redis: the new head;
 a cluster: ``<revision>:<resource>``). One subscriber per backend listens on both
@@ -122,8 +129,10 @@ RESOURCE_EVENTS_LUA = _redis.load_lua(_LUA, "resource_events", helpers=_LOG)
 #: Events of the shared log one ``events_after`` examines at most (bounds the script
 #: when a narrow scope matches few of many events; the page then ends where it stopped).
 EVENTS_SCAN = 10_000
-#: On a Redis Cluster, the newest events each resource's own log keeps.
-EVENTS_PER_RESOURCE = 1_000
+#: On a Redis Cluster, the newest events each resource's own log keeps. Per resource
+#: and never deleted with it (like its counter): about 10 KB for a busy one. A watcher
+#: that falls further behind (about 100 renewals) gets RESYNC.
+EVENTS_PER_RESOURCE = 100
 
 #: How long the listener (releases, events) waits before it re-subscribes after an error (s).
 LISTEN_BACKOFF = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
