@@ -41,7 +41,8 @@ OPTIONS: tuple[config.Option, ...] = (
         "event_retention",
         "FENCING_EVENT_RETENTION",
         DEFAULT_EVENT_RETENTION,
-        "events the log keeps for Watch streams to resume from; an older cursor gets RESYNC",
+        "events the log keeps for Watch streams to resume from; an older cursor gets RESYNC "
+        "(on a Redis Cluster each resource's own log keeps its newest 100 instead)",
         int,
         check=config.positive,
         metavar="EVENTS",
