@@ -5,6 +5,7 @@
     python -m bench --duration 5         # longer measurements
     python -m bench --clients 1,16       # client counts
     python -m bench --all                # everything, and bench/RESULTS.md written
+    python -m bench --queue              # also the queue (service vs seed 002's SQL)
 
 Sections: ``floor`` (the empty gRPC call, and the embedded SQLite servers against it),
 ``redis`` (redis-py Lock, raw EVALSHA, our servers on Redis), ``postgres`` (the guard's
@@ -13,9 +14,10 @@ PostgreSQL; ``FENCING_BENCH_POSTGRES_DSN``), ``modes`` (what the promise and a w
 guard add to taking a lease, and the watch delivery delay), ``throughput`` (guarded
 writes per second against the backend's own check-and-write), ``scale`` (latency with
 1,000 against 1,000,000 resources), ``sessions`` (one client holding 10,000 leases),
-``peers`` (etcd, PostgreSQL advisory locks and redis-py Lock next to ours). A section
-whose server is unreachable is skipped with a note, never faked. Progress goes to
-stderr, tables to stdout.
+``peers`` (etcd, PostgreSQL advisory locks and redis-py Lock next to ours), ``queue``
+(jobs/s through the QueueService next to seed 002's SQL on PostgreSQL; only with
+``--queue`` or ``--only queue``). A section whose server is unreachable is skipped with
+a note, never faked. Progress goes to stderr, tables to stdout.
 """
 
 from __future__ import annotations
@@ -82,6 +84,12 @@ async def _postgres(o: Options) -> list[Result]:
     from bench import postgres
 
     return await postgres.run(o.clients, o.duration, servers=True)
+
+
+async def _queue(o: Options) -> list[Result]:
+    from bench import queue
+
+    return await queue.run(o.clients, o.duration)
 
 
 def _met(ok: bool) -> str:
@@ -197,7 +205,10 @@ SECTIONS: dict[str, tuple[str, Section]] = {
     "scale": ("State at scale: 1,000 against 1,000,000 resources", _scale),
     "sessions": ("Sessions: one client holding 10,000 leases", _sessions),
     "peers": ("Peers: etcd, PostgreSQL advisory locks and redis-py Lock next to ours", _peers),
+    "queue": ("Queue: jobs/s through the QueueService next to seed 002's SQL", _queue),
 }
+#: Sections run only when asked for (``--queue``, or ``--only``).
+OPT_IN = {"queue"}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -209,8 +220,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     p.add_argument("--clients", default="1,16", help="comma-separated client counts")
     p.add_argument(
-        "--only", default=",".join(SECTIONS), help="comma-separated sections (default: %(default)s)"
+        "--only",
+        default=",".join(n for n in SECTIONS if n not in OPT_IN),
+        help="comma-separated sections (default: %(default)s)",
     )
+    p.add_argument("--queue", action="store_true", help="add the queue section")
     p.add_argument("--all", action="store_true", help="every section, and write bench/RESULTS.md")
     p.add_argument("--results", type=Path, default=RESULTS_MD, help="where --all writes")
     p.add_argument(
@@ -325,7 +339,13 @@ def write_results(
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    names = list(SECTIONS) if args.all else [n for n in args.only.split(",") if n]
+    names = (
+        [n for n in SECTIONS if n not in OPT_IN]
+        if args.all
+        else [n for n in args.only.split(",") if n]
+    )
+    if args.queue and "queue" not in names:
+        names.append("queue")
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
         print(

@@ -32,6 +32,14 @@ hash tag, so all of them live in one slot and each script touches one slot::
     <prefix>:{<tag>}:data         hash: key -> "<token>:<value bytes>"
     <prefix>:{<tag>}:idem:<key>   "<fence>:<recorded_at_ms>", expires after the idempotency ttl
     <prefix>:released             pub/sub channel; message = the released resource, raw
+    <prefix>:events               pub/sub channel of the lease event log (see below)
+
+The lease backend's event log (:mod:`lease_server.backends.redis`) lives, on one
+Redis, in keys outside every resource's (no brace after the prefix, so no resource
+key can be one of them), and on a Redis Cluster under each resource's own tag::
+
+    <prefix>:events:log|head|compacted|owed|due   one Redis: the one log of every resource
+    <prefix>:{<tag>}:events|revision|compacted|owed   a cluster: the resource's own log
 
 ``<tag>`` is the resource with ``%`` -> ``%25``, ``{`` -> ``%7B`` and ``}`` -> ``%7D``
 (:func:`escape_tag`): the hash tag is the text between the first ``{`` and the next
@@ -218,6 +226,40 @@ def release_channel(prefix: str) -> str:
     return f"{prefix}:released"
 
 
+def events_channel(prefix: str) -> str:
+    """The pub/sub channel the lease event log announces appends on."""
+    return f"{prefix}:events"
+
+
+@dataclass(frozen=True, slots=True)
+class EventLogKeys:
+    """The keys of a lease event log, in the order its scripts take them (``due`` only
+    on one Redis: see ``lease_server/lua/eventlog.lua``)."""
+
+    log: str
+    head: str
+    compacted: str
+    owed: str
+    due: str | None = None
+
+    @classmethod
+    def shared(cls, prefix: str) -> EventLogKeys:
+        """The one log of every resource under ``prefix`` (one Redis)."""
+        base = f"{prefix}:events"
+        return cls(
+            f"{base}:log", f"{base}:head", f"{base}:compacted", f"{base}:owed", f"{base}:due"
+        )
+
+    @classmethod
+    def of(cls, keys: ResourceKeys) -> EventLogKeys:
+        """A resource's own log, in its hash slot (Redis Cluster)."""
+        base = keys.base
+        return cls(f"{base}:events", f"{base}:revision", f"{base}:compacted", f"{base}:owed")
+
+    def all(self) -> list[str]:
+        return [self.log, self.head, self.compacted, self.owed, *([self.due] if self.due else [])]
+
+
 def glob_escape(text: str) -> str:
     """``text`` as a literal inside a Redis glob pattern (SCAN MATCH)."""
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
@@ -236,13 +278,12 @@ async def scan_keys(client: Client, pattern: str, count: int = 1000) -> list[byt
 # -- Lua -----------------------------------------------------------------------------------
 
 
-def load_lua(package: str, name: str, *helpers: str) -> str:
+def load_lua(package: str, name: str, *, helpers: tuple[str, ...] = ()) -> str:
     """The text of ``<package>/<name>.lua``, preceded by the shared decimal helpers and
-    then by each ``<package>/<helper>.lua`` named in ``helpers``."""
-    files = resources.files(package)
+    then by ``<package>/<helper>.lua`` for each of ``helpers``, in that order."""
     parts = [resources.files("fencing.lua").joinpath("decimal.lua").read_text("utf-8")]
-    parts += [files.joinpath(f"{helper}.lua").read_text("utf-8") for helper in helpers]
-    parts.append(files.joinpath(f"{name}.lua").read_text("utf-8"))
+    for helper in (*helpers, name):
+        parts.append(resources.files(package).joinpath(f"{helper}.lua").read_text("utf-8"))
     return "\n".join(parts)
 
 

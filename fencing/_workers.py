@@ -78,12 +78,14 @@ def run_workers(
             if "listening on" not in line:
                 print(f"{what} worker did not start: {line!r}", file=sys.stderr, flush=True)
                 return 1
-            threading.Thread(target=_drain, args=(proc,), daemon=True).start()
         print(
             f"{what} listening on {address} ({workers} workers, pids "
             f"{' '.join(str(p.pid) for p in procs)})",
             flush=True,
         )
+        # After the banner: whatever the workers print next comes after it.
+        for proc in procs:
+            threading.Thread(target=_drain, args=(proc,), daemon=True).start()
         while not stopping.wait(0.2):
             if any(proc.poll() is not None for proc in procs):
                 print(f"a {what} worker exited; stopping the others", file=sys.stderr, flush=True)

@@ -29,8 +29,7 @@ lists it under ``identities``. Tokens may be stored as ``sha256:<hex>`` of the t
 so the file holds no usable secret. Prefixes match by plain string comparison: end
 them with your separator (``orders/``) so ``orders`` does not also grant ``orders-old``.
 
-Actions, by method (the future ``QueueService`` names its resource ``queue``, and
-its methods map the same way):
+Actions, by method (``QueueService`` requests are scoped by their ``queue``):
 
 ============================  =========================================
 action                        methods
@@ -44,7 +43,7 @@ action                        methods
                               WriteStream (each streamed write, judged on its own:
                               a write outside the grants gets PERMISSION_DENIED as
                               its verdict); Read and DescribeFence; Fence
-``enqueue`` ``claim``         QueueService Enqueue; Claim, Heartbeat, Complete, Fail
+``enqueue`` ``claim``         QueueService Enqueue; Claim, Heartbeat, Complete, Fail, Release
 ``describe``                  QueueService Stats
 ============================  =========================================
 """
@@ -102,6 +101,7 @@ METHOD_ACTIONS: dict[str, Action] = {
     _QUEUE + "Heartbeat": Action.CLAIM,
     _QUEUE + "Complete": Action.CLAIM,
     _QUEUE + "Fail": Action.CLAIM,
+    _QUEUE + "Release": Action.CLAIM,
     _QUEUE + "Stats": Action.DESCRIBE,
 }
 

@@ -24,12 +24,27 @@ renewals           1 .. 10,000 per RenewMany (and releases per ReleaseMany),
                    each resource named once
 idempotency_key    0-256 bytes of UTF-8, no control characters
 prefix             0-256 bytes of UTF-8, no control characters
+queue              1-128 bytes of UTF-8, no control characters
+worker             1-128 bytes of UTF-8, no control characters (like holder)
+payload            at most 1 MiB (1,048,576 bytes) per job
+ordering_key       0-256 bytes of UTF-8, no control characters
+job resource       0-256 bytes like resource (empty: ``job/<queue>/<id>``)
+priority           -1,000 .. 1,000 (higher runs first)
+max_attempts       1 .. 1,000 (0 on the wire: the server's default, 5)
+delay_ms           0 .. 31,536,000,000 (365 days); run_at_ms at most that far ahead
+batch              1 .. 1,000 jobs per Enqueue, Claim, Heartbeat, Complete, Release
+error              kept truncated to 4,096 bytes of UTF-8 (never rejected)
+window_ms          0 (default 5 min) or 1,000 .. 604,800,000 (7 days)
 =================  ==========================================================
+
+A whole request is also bounded by the gRPC message limit (16 MiB), so a batch of
+large payloads may hit that before the batch limit.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from fencing.errors import InvalidArgumentError
 
@@ -49,6 +64,20 @@ MAX_STREAM_WRITES = 1000
 MAX_ACQUIRE_MANY = 1000
 MAX_RENEW_MANY = 10_000
 MAX_PREFIX_BYTES = 256
+MAX_QUEUE_BYTES = 128
+MAX_WORKER_BYTES = 128
+MAX_PAYLOAD_BYTES = 1024 * 1024
+MAX_ORDERING_KEY_BYTES = 256
+MIN_PRIORITY = -1000
+MAX_PRIORITY = 1000
+MAX_MAX_ATTEMPTS = 1000
+DEFAULT_MAX_ATTEMPTS = 5
+MAX_DELAY_MS = 365 * 24 * 3600 * 1000
+MAX_BATCH = 1000
+MAX_ERROR_BYTES = 4096
+MIN_WINDOW_MS = 1000
+MAX_WINDOW_MS = 7 * 24 * 3600 * 1000
+DEFAULT_WINDOW_MS = 5 * 60 * 1000
 #: Largest gRPC message the servers accept: one write of MAX_OPS values would not fit,
 #: so the byte budget of a whole write is this, not MAX_OPS * MAX_VALUE_BYTES.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -180,3 +209,71 @@ def check_many(names: list[str], field: str, limit: int) -> list[str]:
     if len(set(names)) != len(names):
         raise InvalidArgumentError(f"{field} names a resource more than once", field=field)
     return names
+
+
+# -- queues -----------------------------------------------------------------------------------
+
+
+def check_queue(value: str, field: str = "queue") -> str:
+    return check_name(field, value, MAX_QUEUE_BYTES)
+
+
+def check_worker(value: str, field: str = "worker") -> str:
+    return check_name(field, value, MAX_WORKER_BYTES)
+
+
+def check_payload(value: bytes, field: str = "payload") -> bytes:
+    if len(value) > MAX_PAYLOAD_BYTES:
+        raise InvalidArgumentError(
+            f"{field} is {len(value)} bytes; the limit is {MAX_PAYLOAD_BYTES} bytes", field=field
+        )
+    return value
+
+
+def check_ordering_key(value: str, field: str = "ordering_key") -> str:
+    return check_name(field, value, MAX_ORDERING_KEY_BYTES, required=False)
+
+
+def check_job_resource(value: str, field: str = "resource") -> str:
+    return check_name(field, value, MAX_RESOURCE_BYTES, required=False)
+
+
+def check_priority(value: int, field: str = "priority") -> int:
+    return check_range(field, value, MIN_PRIORITY, MAX_PRIORITY)
+
+
+def check_max_attempts(value: int, field: str = "max_attempts") -> int:
+    """0 (the server's default) or 1 .. MAX_MAX_ATTEMPTS; returns the effective value."""
+    if value == 0:
+        return DEFAULT_MAX_ATTEMPTS
+    return check_range(field, value, 1, MAX_MAX_ATTEMPTS)
+
+
+def check_delay_ms(value: int, field: str = "delay_ms") -> int:
+    return check_range(field, value, 0, MAX_DELAY_MS)
+
+
+def check_batch(count: int, field: str = "batch_size") -> int:
+    return check_range(field, count, 1, MAX_BATCH)
+
+
+def check_window_ms(value: int, field: str = "window_ms") -> int:
+    """0 (the default window) or MIN_WINDOW_MS .. MAX_WINDOW_MS; returns the effective value."""
+    if value == 0:
+        return DEFAULT_WINDOW_MS
+    return check_range(field, value, MIN_WINDOW_MS, MAX_WINDOW_MS)
+
+
+def truncate_error(text: str, max_bytes: int = MAX_ERROR_BYTES) -> str:
+    """``text`` cut to at most ``max_bytes`` of UTF-8 (on a character boundary), marked ``...``.
+
+    Error text is kept, never rejected: a worker that fails must be able to say so.
+    Control characters other than newline and tab become spaces.
+    """
+    cleaned = "".join(
+        ch if ch in "\n\t" or unicodedata.category(ch) != "Cc" else " " for ch in text
+    )
+    data = cleaned.encode("utf-8", errors="replace")
+    if len(data) <= max_bytes:
+        return data.decode("utf-8")
+    return data[: max_bytes - 3].decode("utf-8", errors="ignore") + "..."

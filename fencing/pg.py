@@ -159,9 +159,17 @@ def migrations() -> tuple[Migration, ...]:
         match = _MIGRATION_FILE.fullmatch(entry.name)
         if match:
             found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
-    found.sort(key=lambda m: m.version)
-    if [m.version for m in found] != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migrations must be numbered 1..n: {[m.version for m in found]}")
+    return ordered(found)
+
+
+def ordered(found: list[Migration]) -> tuple[Migration, ...]:
+    """``found`` in version order. Versions must be positive and unique, but need not be
+    contiguous: branches reserve numbers, and a gap left by a migration that has not
+    landed yet (or never will) is fine; it is applied whenever it arrives."""
+    found = sorted(found, key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if any(v < 1 for v in versions) or len(set(versions)) != len(versions):
+        raise RuntimeError(f"migration versions must be positive and unique: {versions}")
     return tuple(found)
 
 
@@ -178,11 +186,17 @@ async def _applied_versions(conn: psycopg.AsyncConnection[TupleRow], schema: str
     return {int(r[0]) for r in await cur.fetchall()}
 
 
-async def _apply_migrations(conn: psycopg.AsyncConnection[TupleRow], schema: str) -> list[int]:
+async def _apply_migrations(
+    conn: psycopg.AsyncConnection[TupleRow],
+    schema: str,
+    available: Sequence[Migration] | None = None,
+) -> list[int]:
+    """Apply the ``available`` migrations (default: :func:`migrations`) missing in ``schema``."""
     ident = sql.Identifier(schema)
+    available = migrations() if available is None else ordered(list(available))
     # Up to date: no DDL, no lock, so servers may run as a role that cannot create schemas
     # once an owner has run `fencing migrate`.
-    if {m.version for m in migrations()} <= await _applied_versions(conn, schema):
+    if {m.version for m in available} <= await _applied_versions(conn, schema):
         return []
     async with conn.transaction():
         # Two servers starting at once: the second waits here, then finds nothing to do.
@@ -199,7 +213,9 @@ async def _apply_migrations(conn: psycopg.AsyncConnection[TupleRow], schema: str
         )
         done = await _applied_versions(conn, schema)
         applied = []
-        for migration in migrations():
+        # Every missing version, in version order, even below one already applied (a
+        # migration numbered into a gap that landed later than a higher one).
+        for migration in available:
             if migration.version in done:
                 continue
             # A whole file, several statements, no parameters: the simple query protocol.
@@ -209,9 +225,9 @@ async def _apply_migrations(conn: psycopg.AsyncConnection[TupleRow], schema: str
                 (migration.version, migration.name),
             )
             applied.append(migration.version)
-        newer = sorted(v for v in done if v > len(migrations()))
-        if newer:
-            log.info("schema %s has migrations newer than this code: %s", schema, newer)
+        unknown = sorted(done - {m.version for m in available})
+        if unknown:
+            log.info("schema %s has migrations this code does not know: %s", schema, unknown)
     return applied
 
 

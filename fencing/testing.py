@@ -7,6 +7,7 @@
     with running_servers() as servers:              # in-memory lease server + guard
         leases = LeaseClient(servers.lease_address)
         guard = GuardClient(servers.guard_address)
+        queue = QueueClient(servers.queue_address)  # hosted by the lease server
 
 The servers are the real gRPC servers on 127.0.0.1 with port 0; only their storage
 is in memory unless you pass ``sqlite:`` URLs (or any other backend URL).
@@ -26,6 +27,8 @@ from guard.fence import FenceMode
 from guard.server import GuardServer, start_guard
 from guard.stores.base import GuardStore
 from lease_server.backends.base import LeaseBackend
+from lease_server.queue_service import QueueOptions
+from lease_server.queues.base import QueueBackend
 from lease_server.server import LeaseServer, start_lease_server
 
 T = TypeVar("T")
@@ -48,6 +51,11 @@ class RunningServers:
     def guard_address(self) -> str:
         return self.guard.address
 
+    @property
+    def queue_address(self) -> str:
+        """The queue service's address: the lease server hosts it."""
+        return self.lease.address
+
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         """Run ``coro`` on the servers' loop (e.g. to inspect a backend) and wait for it."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -61,10 +69,14 @@ def running_servers(
     mode: FenceMode = FenceMode.MONOTONIC,
     host: str = "127.0.0.1",
     options: ServerOptions | None = None,
+    queue: QueueBackend | str | None = None,
+    queue_options: QueueOptions | None = None,
 ) -> Iterator[RunningServers]:
     """Start a lease server and a guard on free ports in a daemon thread; stop them after.
 
-    ``options`` (TLS, auth, per-client caps, metrics...) apply to both servers.
+    ``options`` (TLS, auth, per-client caps, metrics...) apply to both servers. The
+    lease server hosts the queue service, on ``queue`` (default: beside the leases,
+    see :func:`lease_server.queues.queue_url_for`).
     """
     loop = asyncio.new_event_loop()
     started = threading.Event()
@@ -77,7 +89,11 @@ def running_servers(
     def call(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, loop).result(60)
 
-    lease = call(start_lease_server(backend, f"{host}:0", options=options))
+    lease = call(
+        start_lease_server(
+            backend, f"{host}:0", options=options, queue=queue, queue_options=queue_options
+        )
+    )
     try:
         # In watch mode the guard follows this lease server.
         follow = lease.address if mode is FenceMode.WATCH else ""

@@ -16,7 +16,9 @@ from fencing._server import ServerOptions, configure_logging, serve_until_signal
 from fencing._workers import run_workers
 from lease_server.backends import LeaseBackend, open_backend
 from lease_server.expiry import DEFAULT_EVENT_RETENTION
-from lease_server.server import start_lease_server
+from lease_server.queue_service import QUEUE_OPTIONS, QueueOptions
+from lease_server.queues import queue_url_for
+from lease_server.server import QUEUE_OFF, start_lease_server
 
 COMMAND = "lease-server"
 
@@ -41,11 +43,13 @@ OPTIONS: tuple[config.Option, ...] = (
         "event_retention",
         "FENCING_EVENT_RETENTION",
         DEFAULT_EVENT_RETENTION,
-        "events the log keeps for Watch streams to resume from; an older cursor gets RESYNC",
+        "events the log keeps for Watch streams to resume from; an older cursor gets RESYNC "
+        "(on a Redis Cluster each resource's own log keeps its newest 100 instead)",
         int,
         check=config.positive,
         metavar="EVENTS",
     ),
+    *QUEUE_OPTIONS,
     *config.LEASE_LIMIT_OPTIONS,
     config.WORKERS,
     *config.SERVER_OPTIONS,
@@ -68,8 +72,13 @@ async def _run(args: argparse.Namespace, backend: LeaseBackend, options: ServerO
         options=dataclasses.replace(options, reuse_port=args.reuse_port),
         require_durable=args.require_durable,
         event_retention=args.event_retention,
+        # The backend arrives opened, as an object: derive the queue from its URL here.
+        queue=args.queue or queue_url_for(args.backend) or QUEUE_OFF,
+        queue_options=QueueOptions.from_args(args),
     )
     print(f"lease server listening on {server.address} (backend {server.backend.name})", flush=True)
+    if server.queue is not None:
+        print(f"queue service on {server.address} ({server.queue.name})", flush=True)
     await serve_until_signal(
         [server],
         grace=args.grace,

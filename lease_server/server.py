@@ -1,4 +1,8 @@
-"""Build and run the lease server: a function builds it, the caller serves it."""
+"""Build and run the lease server: a function builds it, the caller serves it.
+
+The lease server also hosts the queue service (``fencing.v1.QueueService``) and its
+reaper: a claim of a job is a lease on that job, so they live in one process.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +18,20 @@ from fencing._server import (
 )
 from fencing._storage import StorageMetrics, with_deadline
 from fencing.metrics import Metrics
-from fencing.v1 import lease_pb2_grpc
+from fencing.v1 import lease_pb2_grpc, queue_pb2_grpc
 from lease_server.backends import LeaseBackend, open_backend
 from lease_server.expiry import DEFAULT_EVENT_RETENTION
 from lease_server.metrics import LeaseMetrics
+from lease_server.queue_metrics import QueueMetrics
+from lease_server.queue_service import QueueOptions, QueueService
+from lease_server.queues import QueueBackend, open_queue, queue_url_for
+from lease_server.reaper import Reaper
 from lease_server.service import LeaseService
 
 SERVICE_NAME = "fencing.v1.LeaseService"
+QUEUE_SERVICE_NAME = "fencing.v1.QueueService"
+#: ``queue=QUEUE_OFF`` starts a lease server without the queue service.
+QUEUE_OFF = "off"
 #: Seconds between sweeps of the ``leases held`` gauge.
 SWEEP_INTERVAL_S = 1.0
 
@@ -33,6 +44,8 @@ class LeaseServer:
     backend: LeaseBackend
     service: LeaseService
     address: str
+    queue: QueueBackend | None = None
+    queue_service: QueueService | None = None
 
     @property
     def port(self) -> int:
@@ -50,12 +63,16 @@ class LeaseServer:
         ``BACKEND_UNAVAILABLE`` (retry, with the same request id, elsewhere or later)
         rather than cut off at the end of the drain. New calls are refused, and Watch
         streams end at once with ``UNAVAILABLE`` (a follower resumes elsewhere or later).
+        The queue's reaper stops with the other background tasks; Claims waiting for
+        work return what they have (nothing) when the drain ends.
         """
         await self.built.enter_shutdown()
         self.service.waiters.close()
         self.service.close()
         await self.built.server.stop(grace)
         await self.backend.close()
+        if self.queue is not None:
+            await self.queue.close()
 
 
 def lease_services(
@@ -70,6 +87,26 @@ def lease_services(
     ]
 
 
+def queue_services(
+    backend: QueueBackend, options: QueueOptions | None = None, metrics: QueueMetrics | None = None
+) -> tuple[QueueService, list[Service]]:
+    service = QueueService(backend, options, metrics=metrics)
+    return service, [
+        Service(QUEUE_SERVICE_NAME, service, queue_pb2_grpc.add_QueueServiceServicer_to_server)
+    ]
+
+
+def _queue_backend(
+    backend: LeaseBackend | str, queue: QueueBackend | str | None
+) -> QueueBackend | None:
+    if queue is None:
+        url = queue_url_for(backend) if isinstance(backend, str) else ""
+        return open_queue(url) if url else None
+    if isinstance(queue, str):
+        return None if queue == QUEUE_OFF else open_queue(queue)
+    return queue
+
+
 async def start_lease_server(
     backend: LeaseBackend | str,
     address: str = "127.0.0.1:50051",
@@ -78,6 +115,8 @@ async def start_lease_server(
     options: ServerOptions | None = None,
     require_durable: bool = False,
     event_retention: int = DEFAULT_EVENT_RETENTION,
+    queue: QueueBackend | str | None = None,
+    queue_options: QueueOptions | None = None,
 ) -> LeaseServer:
     """Open ``backend`` (an object or a URL), bind ``address`` (port 0 picks one), start.
 
@@ -85,9 +124,16 @@ async def start_lease_server(
     deadline (see :class:`~fencing._server.ServerOptions`). Also starts the expiry
     sweeper and the event feed (:meth:`LeaseService.run`); the event log keeps the
     newest ``event_retention`` events.
+
+    ``queue`` is the queue service's backend (an object or a URL); by default it is
+    derived from a backend URL (:func:`lease_server.queues.queue_url_for`: beside the
+    leases), and there is none for a backend object. ``"off"``: no queue service.
+    Its calls get the same deadline as the lease backend's; the reaper runs as a
+    background task (``queue_options``: retry backoff, retention, reap interval).
     """
     options, metrics = (options or ServerOptions()).with_metrics()
     be = open_backend(backend) if isinstance(backend, str) else backend
+    qb = _queue_backend(backend, queue)
     await be.open()
     try:
         require_durability(be, "lease backend " + be.name, require_durable)
@@ -95,18 +141,31 @@ async def start_lease_server(
         bounded = with_deadline(be, options.backend_timeout, "lease backend", timeouts.inc)
         lease_metrics = metrics.group(LeaseMetrics)
         service, services = lease_services(bounded, lease_metrics, event_retention=event_retention)
+        qservice: QueueService | None = None
+        if qb is not None:
+            await qb.open()
+            require_durability(qb, "queue backend " + qb.name, require_durable)
+            qtimeouts = metrics.group(StorageMetrics).timeouts.labels("queue")
+            qbounded = with_deadline(qb, options.backend_timeout, "queue backend", qtimeouts.inc)
+            qservice, more = queue_services(qbounded, queue_options, metrics.group(QueueMetrics))
+            services += more
         built = await build_server(
             address, services, reflection_enabled=reflection, options=options
         )
         await built.server.start()
     except BaseException:
         await be.close()
+        if qb is not None:
+            await qb.close()
         raise
     built.probe_storage(be, "lease", options.backend_timeout, options.health_interval)
     built.spawn(_sweep_forever(lease_metrics))
     built.spawn(service.run())
+    if qservice is not None:
+        built.spawn(Reaper(qservice.backend, qservice.options).run())
+        built.spawn(qservice.refresh_gauges_forever())
     host = address.rsplit(":", 1)[0]
-    return LeaseServer(built, be, service, f"{host}:{built.port}")
+    return LeaseServer(built, be, service, f"{host}:{built.port}", qb, qservice)
 
 
 async def _sweep_forever(metrics: LeaseMetrics) -> None:

@@ -10,8 +10,9 @@ them (:mod:`lease_server.metrics`). ``Watch`` streams the backend's event log
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -29,11 +30,12 @@ from fencing.errors import (
 )
 from fencing.types import WATCH_START_KEY
 from fencing.v1 import lease_pb2, lease_pb2_grpc
-from lease_server.backends.base import LeaseBackend, event_log_of
+from lease_server.backends.base import LeaseBackend, event_log_of, resource_log_of
 from lease_server.batches import batches_of
 from lease_server.expiry import DEFAULT_EVENT_RETENTION, Sweeper
 from lease_server.leases import (
     EventKind,
+    EventPage,
     Grant,
     Held,
     LeaseEvent,
@@ -43,7 +45,7 @@ from lease_server.leases import (
 )
 from lease_server.metrics import LeaseMetrics
 from lease_server.waiters import WaitQueues
-from lease_server.watch import EventFeed
+from lease_server.watch import EventFeed, ResourceFeed
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +117,22 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
             self.sweeper = Sweeper(
                 self.events, on_expired=self.waiters.notify, retention=event_retention
             )
+        # Only one log per resource (a Redis Cluster): Watch of one resource at a time.
+        self.resource_events = resource_log_of(backend) if self.events is None else None
+        self.resource_feed: ResourceFeed | None = None
+        if self.resource_events is not None:
+            self.resource_feed = ResourceFeed(self.resource_events)
 
     async def run(self) -> None:
         """Sweep expiries and follow the event log until cancelled."""
+        if self.resource_events is not None:
+            log.info(
+                "the %s lease backend keeps one event log per resource: Watch serves one "
+                "resource at a time, and guards in watch mode (a prefix) cannot follow "
+                "this server",
+                self.backend.name,
+            )
+            return
         if self.feed is None or self.sweeper is None:
             log.warning(
                 "the %s lease backend keeps no event log: Watch is unavailable and guards "
@@ -133,6 +148,8 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         """End every Watch stream (they finish with UNAVAILABLE: reconnect elsewhere)."""
         if self.feed is not None:
             self.feed.close()
+        if self.resource_feed is not None:
+            self.resource_feed.close()
 
     @rpc
     async def Acquire(self, request: lease_pb2.AcquireRequest, context: Context) -> lease_pb2.Lease:
@@ -407,26 +424,64 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         carrying the revision the stream continues after: re-read state (Describe)
         and go on. The stream ends only when the client leaves or the server stops.
         """
+        try:
+            scope = watch_scope(request)
+        except FencingError as exc:
+            await _status.abort(context, exc)
         events, feed = self.events, self.feed
-        if events is None or feed is None:
+        per_resource, resource_feed = self.resource_events, self.resource_feed
+        # Per mode: how to read a page after a cursor, what to note before reading, and
+        # how to wait, after it, for news beyond the cursor (False: the server stops).
+        read: Callable[[int], Awaitable[EventPage]]
+        note: Callable[[], int]
+        wait: Callable[[int, int], Awaitable[bool]]
+        if events is not None and feed is not None:
+            watching = feed.watching()
+            start = events.head_revision
+            read = functools.partial(events.events_after, scope=scope, limit=WATCH_PAGE)
+
+            def note() -> int:
+                return 0
+
+            async def wait(cursor: int, noted: int) -> bool:
+                return await feed.wait_beyond(cursor)
+
+        elif per_resource is not None and resource_feed is not None:
+            if not scope.resource:
+                await context.abort(
+                    grpc.StatusCode.UNIMPLEMENTED,
+                    f"the {self.backend.name} lease backend keeps one event log per resource "
+                    "here (a Redis Cluster cannot append one log atomically with keys in "
+                    "every hash slot), so events have no order across resources: watch one "
+                    "resource, not a prefix",
+                )
+            resource = scope.resource
+            watching = resource_feed.watching(resource)
+            start = functools.partial(per_resource.resource_head, resource)
+            read = functools.partial(per_resource.resource_events_after, resource, limit=WATCH_PAGE)
+            note = functools.partial(resource_feed.version, resource)
+
+            async def wait(cursor: int, noted: int) -> bool:
+                return await resource_feed.wait_changed(resource, noted)
+
+        else:
             await context.abort(
                 grpc.StatusCode.UNIMPLEMENTED,
                 f"the {self.backend.name} lease backend keeps no event log: Watch needs one",
             )
         try:
-            scope = watch_scope(request)
-            head = await events.head_revision()
+            cursor = request.after_revision or await start()
         except FencingError as exc:
             await _status.abort(context, exc)
-        cursor = request.after_revision or head
         # Headers now, so a client knows the stream is open before the first event, and
         # where it starts: a client that asked "from now" learns the revision to resume after.
         await context.send_initial_metadata(((WATCH_START_KEY, str(cursor)),))
         log.debug("watch started %s after=%d", scope, cursor)
-        with feed.watching():
+        with watching:
             while True:
+                noted = note()
                 try:
-                    page = await events.events_after(cursor, scope, WATCH_PAGE)
+                    page = await read(cursor)
                 except FencingError as exc:
                     await _status.abort(context, exc)
                 if page.gap(cursor):
@@ -448,5 +503,5 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                     cursor = page.events[-1].revision
                     continue
                 cursor = max(cursor, page.head)
-                if not await feed.wait_beyond(cursor):
+                if not await wait(cursor, noted):
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "lease server is stopping")

@@ -26,6 +26,9 @@ from lease_server.backends.memory import MemoryBackend
 from lease_server.backends.redis import RedisBackend
 from lease_server.backends.sqlite import SQLiteBackend
 from lease_server.clock import ManualClock
+from lease_server.queues.base import QueueBackend
+from lease_server.queues.memory import MemoryQueue
+from lease_server.queues.sqlite import SQLiteQueue
 from tests import redis_server
 
 
@@ -102,6 +105,27 @@ async def sqlite_store() -> AsyncIterator[GuardStore]:
 
 
 @asynccontextmanager
+async def memory_queue() -> AsyncIterator[tuple[QueueBackend, TimeControl]]:
+    clock = ManualClock()
+    queue = MemoryQueue(clock)
+    await queue.open()
+    yield queue, TimeControl(clock.advance, manual=True)
+    await queue.close()
+
+
+@asynccontextmanager
+async def sqlite_queue() -> AsyncIterator[tuple[QueueBackend, TimeControl]]:
+    clock = ManualClock()
+    with tempfile.TemporaryDirectory() as tmp:
+        queue = SQLiteQueue(Path(tmp) / "queue.db", clock)
+        await queue.open()
+        try:
+            yield queue, TimeControl(clock.advance, manual=True)
+        finally:
+            await queue.close()
+
+
+@asynccontextmanager
 async def postgres_store() -> AsyncIterator[GuardStore]:
     from guard.stores.postgres import PostgresStore
     from tests import pg
@@ -159,8 +183,23 @@ def redis_cluster_store() -> AbstractAsyncContextManager[GuardStore]:
     return _redis_store(redis_server.SERVERS.cluster_url())
 
 
+@asynccontextmanager
+async def postgres_queue() -> AsyncIterator[tuple[QueueBackend, TimeControl]]:
+    from lease_server.queues.postgres import PostgresQueue
+    from tests import pg
+
+    async with pg.fresh_schema() as (dsn, schema):
+        queue = PostgresQueue(dsn, schema)
+        await queue.open()
+        try:
+            yield queue, TimeControl(_real_time, manual=False)
+        finally:
+            await queue.close()
+
+
 BackendFactory = Callable[[], AbstractAsyncContextManager[tuple[LeaseBackend, TimeControl]]]
 StoreFactory = Callable[[], AbstractAsyncContextManager[GuardStore]]
+QueueFactory = Callable[[], AbstractAsyncContextManager[tuple[QueueBackend, TimeControl]]]
 
 LEASE_BACKENDS: dict[str, BackendFactory] = {
     "memory": memory_backend,
@@ -183,4 +222,10 @@ MARKS: dict[str, str] = {
     "postgres": "postgres",
     "redis": "redis",
     "redis-cluster": "redis",
+}
+
+QUEUE_BACKENDS: dict[str, QueueFactory] = {
+    "memory": memory_queue,
+    "sqlite": sqlite_queue,
+    "postgres": postgres_queue,
 }

@@ -8,7 +8,8 @@ import pytest
 
 from guard.stores.base import GuardStore
 from lease_server.backends.base import LeaseBackend
-from tests.backends import GUARD_STORES, LEASE_BACKENDS, MARKS, TimeControl
+from lease_server.queues.base import QueueBackend
+from tests.backends import GUARD_STORES, LEASE_BACKENDS, MARKS, QUEUE_BACKENDS, TimeControl
 from tests.redis_server import (  # noqa: F401  (fixtures)
     redis_cluster_url,
     redis_session,
@@ -38,3 +39,11 @@ async def lease_backend(
 async def guard_store(request: pytest.FixtureRequest) -> AsyncIterator[GuardStore]:
     async with GUARD_STORES[request.param]() as store:
         yield store
+
+
+@pytest.fixture(params=sorted(QUEUE_BACKENDS))
+async def queue_backend(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[tuple[QueueBackend, TimeControl]]:
+    async with QUEUE_BACKENDS[request.param]() as pair:
+        yield pair

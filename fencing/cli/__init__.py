@@ -10,11 +10,11 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from fencing.cli import demo, healthcheck, migrate, ops, serve
+from fencing.cli import demo, healthcheck, migrate, ops, outbox, queue, serve
 
 Command = Callable[[argparse.Namespace], int]
 
-MODULES = [serve, ops, migrate, healthcheck, demo]
+MODULES = [serve, ops, queue, outbox, migrate, healthcheck, demo]
 
 
 def parser() -> argparse.ArgumentParser:

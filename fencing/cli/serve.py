@@ -17,6 +17,7 @@ from fencing import config
 from fencing._server import ServerOptions, configure_logging, serve_until_signal
 from guard.fence import FenceMode
 from guard.server import start_guard
+from lease_server.queue_service import QUEUE_OPTIONS, QueueOptions
 from lease_server.server import start_lease_server
 
 COMMAND = "fencing serve"
@@ -26,7 +27,7 @@ OPTIONS: tuple[config.Option, ...] = (
         "data_dir",
         "FENCING_DATA_DIR",
         "./fencing-data",
-        "where leases.db and guard.db live",
+        "where leases.db, queue.db and guard.db live",
         metavar="PATH",
     ),
     config.Option(
@@ -53,6 +54,7 @@ OPTIONS: tuple[config.Option, ...] = (
         "off disables fencing (demo/chaos control only)",
         choices=(FenceMode.MONOTONIC.value, FenceMode.WATCH.value, FenceMode.OFF.value),
     ),
+    *QUEUE_OPTIONS,
     *config.LEASE_LIMIT_OPTIONS,
     # Quieter by default than the standalone servers: this is the interactive command.
     *(
@@ -80,6 +82,8 @@ async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
         reflection=args.reflection,
         options=options,
         require_durable=args.require_durable,
+        queue=args.queue or f"sqlite:{data / 'queue.db'}",
+        queue_options=QueueOptions.from_args(args),
     )
     try:
         guard = await start_guard(
@@ -97,6 +101,8 @@ async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
         raise
     print(f"lease server listening on {leases.address}", flush=True)
     print(f"guard listening on {guard.address} (fence mode {args.fence_mode})", flush=True)
+    if leases.queue is not None:
+        print(f"queue service on {leases.address} ({leases.queue.name})", flush=True)
     print(f"data in {data}; stop with Ctrl-C or SIGTERM", flush=True)
     signal_name = await serve_until_signal(
         [guard, leases],

@@ -20,7 +20,7 @@ SQLSTATEs (``FN001``, ``FN002``) and the message says which.
 
 Multi-resource writes (``guard_write_many``) and batches of independent writes
 (``guard_write_batch``, the guard's group commit) are one statement each too, in
-``0003_guard_batches.sql``; both lock fence rows in sorted order (no deadlocks
+``0006_guard_batches.sql``; both lock fence rows in sorted order (no deadlocks
 between overlapping sets) and a batch applies its accepted ops set-based.
 
 Idempotency keys are kept with the database's time of recording; the guard

@@ -57,9 +57,9 @@ from guard.stores.base import BatchedWrite, ManyResult, ResourceWrite, Verdict, 
 log = logging.getLogger(__name__)
 
 _LUA = "guard.lua"
-WRITE_LUA = _redis.load_lua(_LUA, "write", "fenced")
-WRITE_MANY_LUA = _redis.load_lua(_LUA, "write_many", "fenced")
-WRITE_BATCH_LUA = _redis.load_lua(_LUA, "write_batch", "fenced")
+WRITE_LUA = _redis.load_lua(_LUA, "write", helpers=("fenced",))
+WRITE_MANY_LUA = _redis.load_lua(_LUA, "write_many", helpers=("fenced",))
+WRITE_BATCH_LUA = _redis.load_lua(_LUA, "write_batch", helpers=("fenced",))
 #: Writes per write_batch.lua call: bounds how long one call keeps Redis busy.
 BATCH_CHUNK = 256
 FENCE_LUA = _redis.load_lua(_LUA, "fence")

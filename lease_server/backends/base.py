@@ -50,6 +50,15 @@ checks them, and skips backends without a log):
    oldest events and records the highest revision dropped as
    ``compacted_through``; a reader asking for events after an older revision is
    told so (:meth:`lease_server.leases.EventPage.gap`) and must resync.
+
+A backend that cannot keep one log for all resources (a Redis Cluster, where a
+script reaches one hash slot and each resource's keys have their own) may keep
+one per resource instead, a :class:`ResourceEventLog`: the rules hold per
+resource (revisions 1, 2, 3 ... of that resource's log; rule 4 with "a read of
+the resource's log" in place of the sweeper), and ``Watch`` serves one resource
+at a time; a prefix, which needs one order across resources, is refused. Such a
+backend says ``event_log_scope = "resource"`` (the default is ``"global"``), so
+:func:`event_log_of` and :func:`resource_log_of` tell the two apart.
 """
 
 from __future__ import annotations
@@ -204,6 +213,42 @@ class LeaseBatches(Protocol):
         """Release each lease as ``release`` would, in one transaction; None when released."""
 
 
+@runtime_checkable
+class ResourceEventLog(Protocol):
+    """An event log kept per resource (see the module docstring); the same object as
+    the :class:`LeaseBackend`, whose acquire, renew and release append to the log of
+    their resource in the same atomic step."""
+
+    async def resource_head(self, resource: str) -> int:
+        """The newest revision of ``resource``'s log (0 if it has none)."""
+
+    async def resource_events_after(self, resource: str, revision: int, limit: int) -> EventPage:
+        """As :meth:`EventLog.events_after`, for one resource's log. Appends first, in
+        the same atomic step, the EXPIRED owed to a lease that expired unlogged, so
+        a reader never sees the log without it (rule 4)."""
+
+    def on_resource_events(self, callback: Callable[[str, int], None]) -> None:
+        """Register ``callback(resource, head)``, called on the event loop after events
+        up to ``head`` of ``resource``'s log were committed (own appends, and other
+        processes' where observable). The same head may be reported again (an own
+        append heard back from other processes' channel): keep the highest. Callers
+        also poll; the callback must not block."""
+
+
+def _scope(backend: object) -> str:
+    return str(getattr(backend, "event_log_scope", "global"))
+
+
 def event_log_of(backend: LeaseBackend) -> EventLog | None:
-    """The backend's event log, or None if it keeps none (Watch is then unavailable)."""
-    return backend if isinstance(backend, EventLog) else None
+    """The backend's event log, or None if it keeps none or only per-resource logs
+    (Watch is then unavailable, or limited to one resource: :func:`resource_log_of`)."""
+    if isinstance(backend, EventLog) and _scope(backend) == "global":
+        return backend
+    return None
+
+
+def resource_log_of(backend: LeaseBackend) -> ResourceEventLog | None:
+    """The backend's per-resource event logs, if that is what it keeps."""
+    if isinstance(backend, ResourceEventLog) and _scope(backend) == "resource":
+        return backend
+    return None

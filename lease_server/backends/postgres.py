@@ -11,14 +11,32 @@ any hosts agree (G2). URL parameters (``schema``, ``timeout``, ``pool_max``) are
 described in :mod:`fencing.pg`; every call is bounded by ``timeout`` and fails
 with ``BackendUnavailableError`` when the database is unreachable.
 
-Wake-ups: a release runs ``pg_notify('fencing_released:<schema>', resource)`` in
-its transaction. One dedicated autocommit connection per backend, outside the
-pool, LISTENs on that channel and calls the ``on_release`` callbacks on the event
-loop, so a waiter held in one server process is woken by a release through
-another. Notifications sent while that connection is down are lost: it
-reconnects with backoff, and meanwhile waiters fall back to their periodic
-re-check (at least every 100 ms, see :mod:`lease_server.waiters`), so a lost
-notification costs latency, never correctness.
+**Event log** (:class:`~lease_server.backends.base.EventLog`, ``0005_lease_events.sql``).
+``lease_acquire_logged``/``lease_renew_logged``/``lease_release_logged`` append their
+events to ``lease_events`` in the same transaction as the change, numbered from the one
+``lease_event_log`` row with ``UPDATE ... SET head = head + 1 RETURNING``: that row's
+lock, held until commit, serializes appenders across every server on the schema, so
+revisions commit in order (rule 3; a sequence would commit out of order). The cost is
+that appends (every acquire, renew and release, on any resource) commit one at a time.
+Each returns the last revision it appended, and this object calls its ``on_events``
+callbacks with it at once. ``lease_expire_due`` clears expired leases (``FOR UPDATE SKIP
+LOCKED``, re-checked under the lock) and appends their EXPIRED in the same transaction;
+an acquire that takes over an expired lease first appends the EXPIRED itself, so each
+expiry is logged once however many servers sweep. ``lease_events_after`` reads head,
+events and ``compacted_through`` in one statement (one snapshot); ``lease_prune_events``
+deletes and raises ``compacted_through`` in one transaction.
+
+Wake-ups: a release runs ``pg_notify('fencing_released:<schema>', resource)`` and every
+append ``pg_notify('fencing_events:<schema>', revision)``, in their transactions. One
+dedicated autocommit connection per backend, outside the pool, LISTENs on both
+channels and calls the ``on_release`` and ``on_events`` callbacks on the event loop, so
+a waiter held in one server process is woken by a release through another, and a
+Watch stream on one server sees another server's appends at once. Notifications sent
+while that connection is down are lost: it reconnects with backoff (and reports the
+head it finds), and meanwhile waiters fall back to their periodic re-check (at least
+every 100 ms, see :mod:`lease_server.waiters`) and Watch streams to the feed's poll of
+``head_revision`` (every 100 ms, :mod:`lease_server.watch`), so a lost notification
+costs latency, never correctness.
 """
 
 from __future__ import annotations
@@ -40,7 +58,17 @@ from fencing.pg import (
     PostgresDatabase,
     migrate,
 )
-from lease_server.leases import Grant, Held, LeaseInfo, ReleaseItem, RenewItem
+from lease_server.leases import (
+    EventKind,
+    EventPage,
+    Grant,
+    Held,
+    LeaseEvent,
+    LeaseInfo,
+    ReleaseItem,
+    RenewItem,
+    Scope,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +89,10 @@ class PostgresBackend:
     def __init__(self, url: str, schema: str | None = None) -> None:
         self._db = PostgresDatabase(PgConfig.from_url(url, schema), "fencing-lease-server")
         q = self._db.qualified
-        self._acquire_sql = q("SELECT * FROM {schema}.lease_acquire(%s, %s, %s, %s)")
-        self._renew_sql = q("SELECT {schema}.lease_renew(%s, %s, %s, %s)")
-        self._release_sql = q("SELECT {schema}.lease_release(%s, %s, %s)")
+        self._acquire_sql = q("SELECT * FROM {schema}.lease_acquire_logged(%s, %s, %s, %s)")
+        self._renew_sql = q("SELECT * FROM {schema}.lease_renew_logged(%s, %s, %s, %s)")
+        self._release_sql = q("SELECT * FROM {schema}.lease_release_logged(%s, %s, %s)")
         self._describe_sql = q("SELECT * FROM {schema}.lease_describe(%s)")
-        self._channel_sql = q("SELECT {schema}.lease_channel()")
         self._acquire_many_sql = q(
             "SELECT * FROM {schema}.lease_acquire_many(%s::text[], %s, %s, %s)"
         )
@@ -76,7 +103,15 @@ class PostgresBackend:
         self._release_many_sql = q(
             "SELECT * FROM {schema}.lease_release_many(%s::text[], %s::bigint[], %s::text[])"
         )
+        self._channels_sql = q("SELECT {schema}.lease_channel(), {schema}.lease_events_channel()")
+        self._head_sql = q("SELECT head FROM {schema}.lease_event_log WHERE id = 1")
+        self._events_sql = q("SELECT * FROM {schema}.lease_events_after(%s, %s, %s, %s)")
+        self._expire_sql = q("SELECT * FROM {schema}.lease_expire_due(%s)")
+        self._prune_sql = q("SELECT {schema}.lease_prune_events(%s)")
         self._callbacks: list[Callable[[str], None]] = []
+        self._event_callbacks: list[Callable[[int], None]] = []
+        #: The highest revision reported to the ``on_events`` callbacks.
+        self._reported = 0
         self._listener: asyncio.Task[None] | None = None
         self._opened = False
 
@@ -87,7 +122,7 @@ class PostgresBackend:
     async def open(self) -> None:
         await self._db.open()
         self._opened = True
-        if self._callbacks:
+        if self._callbacks or self._event_callbacks:
             self._start_listener()
 
     async def close(self) -> None:
@@ -107,8 +142,9 @@ class PostgresBackend:
         self, resource: str, holder: str, ttl_ms: int, request_id: str
     ) -> Grant | Held:
         row = await self._db.fetchone(self._acquire_sql, (resource, holder, ttl_ms, request_id))
-        assert row is not None  # lease_acquire always returns one row
-        granted, replayed, current_holder, token, ms = row
+        assert row is not None  # lease_acquire_logged always returns one row
+        granted, replayed, current_holder, token, ms, revision = row
+        self._appended(revision)
         if granted:
             return Grant(resource, current_holder, token, ms, replayed)
         return Held(resource, current_holder, token, max(0, ms))
@@ -117,12 +153,14 @@ class PostgresBackend:
         row = await self._db.fetchone(self._renew_sql, (resource, token, holder, ttl_ms))
         if row is None or row[0] is None:
             raise LeaseLost(resource=resource, token=token)
+        self._appended(row[1])
         return Grant(resource, row[0], token, ttl_ms)
 
     async def release(self, resource: str, token: int, holder: str) -> None:
         row = await self._db.fetchone(self._release_sql, (resource, token, holder))
         if row is None or not row[0]:
             raise LeaseLost(resource=resource, token=token)
+        self._appended(row[1])
 
     async def describe(self, resource: str) -> LeaseInfo:
         row = await self._db.fetchone(self._describe_sql, (resource,))
@@ -130,7 +168,7 @@ class PostgresBackend:
         held, holder, token, remaining_ms, last_token = row
         return LeaseInfo(resource, held, holder, token, remaining_ms, last_token)
 
-    # -- many at once (0004_lease_batches.sql): one statement each ------------------------------
+    # -- many at once (0007_lease_batches.sql): one statement each, events appended -----------
 
     async def acquire_many(
         self, resources: Sequence[str], holder: str, ttl_ms: int, request_id: str
@@ -149,7 +187,8 @@ class PostgresBackend:
                 int(detail.get("token", 0)),
                 max(0, int(detail.get("remaining_ms", 0))),
             )
-        got = {r: Grant(r, holder, int(t), int(ms), bool(again)) for r, again, t, ms in rows}
+        self._appended(max((int(row[4]) for row in rows), default=0))
+        got = {r: Grant(r, holder, int(t), int(ms), bool(again)) for r, again, t, ms, _ in rows}
         return [got[r] for r in resources]
 
     async def renew_many(self, items: Sequence[RenewItem]) -> list[Grant | LeaseLost]:
@@ -162,7 +201,8 @@ class PostgresBackend:
                 [i.ttl_ms for i in items],
             ),
         )
-        holders = {int(ord_): holder for ord_, holder in rows}
+        self._appended(max((int(row[2]) for row in rows), default=0))
+        holders = {int(row[0]): row[1] for row in rows}
         return [
             Grant(i.resource, holders[n], i.token, i.ttl_ms)
             if n in holders
@@ -175,11 +215,74 @@ class PostgresBackend:
             self._release_many_sql,
             ([i.resource for i in items], [i.token for i in items], [i.holder for i in items]),
         )
+        self._appended(max((int(row[1]) for row in rows), default=0))
         released = {int(row[0]) for row in rows}
         return [
             None if n in released else LeaseLost(resource=i.resource, token=i.token)
             for n, i in enumerate(items, start=1)
         ]
+
+    # -- the event log -----------------------------------------------------------------------
+
+    async def head_revision(self) -> int:
+        known = self._reported
+        row = await self._db.fetchone(self._head_sql)
+        head = int(row[0]) if row is not None else 0
+        if head < known:
+            # Every reported head was committed before this read: the log went back (a
+            # restored database). Report from here on, or no head would be news again.
+            self._reported = head
+        return head
+
+    async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
+        async with self._db.connection() as conn:
+            cur = await conn.execute(
+                self._events_sql, (revision, scope.resource, scope.prefix, max(1, limit))
+            )
+            rows = await cur.fetchall()
+        head, compacted = (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+        events = tuple(
+            LeaseEvent(rev, EventKind(kind), resource, token, holder, ttl_ms)
+            for _, _, rev, kind, resource, token, holder, ttl_ms in rows
+            if rev is not None
+        )
+        return EventPage(events, head, compacted)
+
+    async def expire_due(self, limit: int) -> list[LeaseEvent]:
+        async with self._db.connection() as conn:
+            cur = await conn.execute(self._expire_sql, (limit,))
+            rows = await cur.fetchall()
+        events = [
+            LeaseEvent(rev, EventKind.EXPIRED, resource, token, holder)
+            for rev, resource, token, holder in rows
+        ]
+        if events:
+            self._appended(events[-1].revision)
+        return events
+
+    async def prune_events(self, keep: int) -> int:
+        row = await self._db.fetchone(self._prune_sql, (max(0, keep),))
+        return int(row[0]) if row is not None else 0
+
+    def on_events(self, callback: Callable[[int], None]) -> None:
+        """``callback(head)`` after this object's appends, at once, and after any other
+        process's, when their NOTIFY arrives. Heads only grow: a head already reported
+        (this process's own append, echoed by NOTIFY) is not reported again."""
+        self._event_callbacks.append(callback)
+        if self._opened:
+            self._start_listener()
+
+    def _appended(self, head: int) -> None:
+        """Report ``head`` (from an own append, a NOTIFY, or the head found on
+        reconnecting) if it is news: each head once, in increasing order."""
+        if head <= self._reported:
+            return
+        self._reported = head
+        for callback in self._event_callbacks:
+            try:
+                callback(head)
+            except Exception:
+                log.exception("on_events callback failed at revision %d", head)
 
     # -- wake-ups from other processes --------------------------------------------------------
 
@@ -207,21 +310,32 @@ class PostgresBackend:
             try:
                 conn = await self._db.connect()
                 async with conn:
-                    cur = await conn.execute(self._channel_sql)
+                    cur = await conn.execute(self._channels_sql)
                     row = await cur.fetchone()
                     assert row is not None
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(row[0])))
-                    log.info("listening for releases on %s", row[0])
+                    released, events = row
+                    for channel in (released, events):
+                        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    log.info("listening for releases on %s and events on %s", released, events)
                     failures = 0
+                    if self._event_callbacks:
+                        # Appends made while no one listened: report the head now.
+                        cur = await conn.execute(self._head_sql)
+                        head = await cur.fetchone()
+                        self._appended(int(head[0]) if head else 0)
                     while True:
                         async for note in conn.notifies(timeout=LISTEN_PING_S):
-                            self._dispatch(note.payload)
+                            if note.channel == events:
+                                if note.payload.isdigit():
+                                    self._appended(int(note.payload))
+                            else:
+                                self._dispatch(note.payload)
                         # Quiet for a while: prove the connection still works.
                         async with asyncio.timeout(self._db.config.timeout):
                             await conn.execute("SELECT 1")
             except (psycopg.Error, FencingError, TimeoutError) as exc:
                 log.warning(
-                    "release listener on schema %s lost (%s); waiters poll until it is back",
+                    "listener on schema %s lost (%s); waiters and watchers poll until it is back",
                     self.schema,
                     exc,
                 )

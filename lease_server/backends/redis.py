@@ -35,11 +35,51 @@ warning) and ``require_durable=True`` (or ``?require_durable=1``), which refuses
 to open a Redis without AOF (``appendfsync always`` or ``everysec``). Replication
 is asynchronous: a failover can lose acknowledged writes even with AOF.
 
+**Event log** (``Watch``, watch-mode guards; ``lease_server/lua/eventlog.lua``). Each
+script that changes a lease appends its events in the same script: ``INCR`` of the
+head and ``XADD`` to a stream, so appends are atomic with the change and revisions
+appear in order (rules 1-3 of :mod:`lease_server.backends.base`). Redis expires a
+lease by itself (``PEXPIREAT``) and runs nothing when it does, so each script also
+keeps ``owed``: resource -> the token (and holder) whose end is not logged yet. Its
+EXPIRED is appended by whichever comes first, each conditional on ``owed`` in one
+script: the takeover (just before its ACQUIRED), or the expiry step below (rule 4).
+
+- *One Redis:* one log for every resource, in keys outside every resource's
+  (``<prefix>:events:*``; a script on one Redis may touch any key). ``due`` is a
+  sorted set of the owed leases' expiries (the same instant the lease hash was
+  given), where the sweeper (``expire_due``) finds what expired. The log is pruned
+  by ``prune_events``; ``events_after`` is one read-only script (one consistent
+  view). This is a full :class:`~lease_server.backends.base.EventLog`: Watch of a
+  resource or a prefix, and guards in ``watch`` mode, work as on PostgreSQL.
+- *Redis Cluster:* no script can touch one global log *and* a resource's keys, which
+  live in the resource's slot, and a log appended in a second step could lose or
+  reorder events. So each resource keeps **its own log, in its own slot**
+  (``<prefix>:{<tag>}:events|revision|compacted|owed``), numbered 1, 2, 3 ... per
+  resource, trimmed to its newest ``events_per_resource`` events at each append. The
+  backend is then a :class:`~lease_server.backends.base.ResourceEventLog`, not an
+  ``EventLog``: ``Watch`` of one resource works (with RESYNC and resume cursors of
+  that resource's log); ``Watch`` of a prefix, which needs one order across
+  resources, is refused with UNIMPLEMENTED, so guards in ``watch`` mode cannot follow
+  a lease server on a cluster (use ``promise``, or ``strict`` with the guard's store
+  in the same cluster). There is no sweeper either (nothing sees every slot's keys):
+  reading a resource's log first logs its owed expiry, so no reader ever sees the log
+  without it, and a resource nobody reads gets it at its next takeover.
+
+A Redis that forgets (no AOF) forgets the log too, which starts again at revision 1
+(revisions have no clock floor: they must stay dense). A reader whose cursor is ahead
+of it is told (RESYNC); one that comes back only after the new log passed its cursor
+cannot tell, and misses the new log's events up to there (a guard keeps its fences:
+those resources are back to the monotonic rule until their next event). All lease
+servers on one Redis must run code that logs: an older one grants without events.
+
 **Wake-ups.** Release publishes the resource on ``<prefix>:released`` inside its
-script; :meth:`RedisBackend.on_release` subscribes and calls the callbacks on the
-event loop, so waiters in other lease-server processes wake at once. Messages
-sent while the subscriber is reconnecting are lost: waiters also poll (see
-:mod:`lease_server.waiters`).
+script, and every append publishes on ``<prefix>:events`` (one Redis: the new head;
+a cluster: ``<revision>:<resource>``). One subscriber per backend listens on both
+(:meth:`RedisBackend.on_release`, ``on_events``, ``on_resource_events``) and calls
+the callbacks on the event loop, so waiters and Watch streams in other lease-server
+processes wake at once. Messages sent while the subscriber is reconnecting are lost:
+waiters and Watch streams also poll (see :mod:`lease_server.waiters`,
+:mod:`lease_server.watch`).
 
 **Failures.** Nothing is re-sent automatically. A script that timed out may or may
 not have run: the caller gets ``BackendUnavailableError``; the SDK retries an
@@ -51,6 +91,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -59,26 +100,55 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
+from redis.crc import key_slot
 
 from fencing import _redis
-from fencing._redis import Client, RedisTarget, ResourceKeys, driver_errors, text
+from fencing._redis import (
+    Client,
+    EventLogKeys,
+    RedisTarget,
+    ResourceKeys,
+    driver_errors,
+    text,
+)
 from fencing.errors import InvalidArgumentError, LeaseLost
-from lease_server.leases import Grant, Held, LeaseInfo, ReleaseItem, RenewItem
+from lease_server.leases import (
+    EventKind,
+    EventPage,
+    Grant,
+    Held,
+    LeaseEvent,
+    LeaseInfo,
+    ReleaseItem,
+    RenewItem,
+    Scope,
+)
 
 log = logging.getLogger(__name__)
 
 _LUA = "lease_server.lua"
-ACQUIRE_LUA = _redis.load_lua(_LUA, "acquire", "lease")
-RENEW_LUA = _redis.load_lua(_LUA, "renew")
-RELEASE_LUA = _redis.load_lua(_LUA, "release")
+_LOG = ("eventlog",)
+ACQUIRE_LUA = _redis.load_lua(_LUA, "acquire", helpers=(*_LOG, "lease"))
+ACQUIRE_MANY_LUA = _redis.load_lua(_LUA, "acquire_many", helpers=(*_LOG, "lease"))
+#: Renewals or releases per pipeline: each is its own script (and its own events).
+PIPELINE_CHUNK = 1000
+RENEW_LUA = _redis.load_lua(_LUA, "renew", helpers=_LOG)
+RELEASE_LUA = _redis.load_lua(_LUA, "release", helpers=_LOG)
 DESCRIBE_LUA = _redis.load_lua(_LUA, "describe")
-ACQUIRE_MANY_LUA = _redis.load_lua(_LUA, "acquire_many", "lease")
-RENEW_MANY_LUA = _redis.load_lua(_LUA, "renew_many", "lease")
-RELEASE_MANY_LUA = _redis.load_lua(_LUA, "release_many", "lease")
-#: Items per renew_many.lua / release_many.lua call: bounds how long one keeps Redis busy.
-BATCH_CHUNK = 1000
+EXPIRE_LUA = _redis.load_lua(_LUA, "expire", helpers=_LOG)
+EVENTS_LUA = _redis.load_lua(_LUA, "events")
+PRUNE_LUA = _redis.load_lua(_LUA, "prune")
+RESOURCE_EVENTS_LUA = _redis.load_lua(_LUA, "resource_events", helpers=_LOG)
 
-#: How long the release listener waits before it re-subscribes after an error (s).
+#: Events of the shared log one ``events_after`` examines at most (bounds the script
+#: when a narrow scope matches few of many events; the page then ends where it stopped).
+EVENTS_SCAN = 10_000
+#: On a Redis Cluster, the newest events each resource's own log keeps. Per resource
+#: and never deleted with it (like its counter): about 10 KB for a busy one. A watcher
+#: that falls further behind (about 100 renewals) gets RESYNC.
+EVENTS_PER_RESOURCE = 100
+
+#: How long the listener (releases, events) waits before it re-subscribes after an error (s).
 LISTEN_BACKOFF = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 #: Idle seconds after which the listener PINGs its subscription.
 LISTEN_PING_INTERVAL = 5.0
@@ -93,9 +163,12 @@ class RedisBackend:
     when the Redis persistence settings do not make counters durable.
     ``clock_floor=False`` turns the never-backwards clock floor off (tokens 1, 2, ...
     that restart at 1 when Redis forgets): only for tests that show why it exists.
+    ``events_per_resource``: on a Redis Cluster, how many events each resource's own
+    log keeps (the one log of a single Redis is bounded by ``prune_events`` instead).
 
     After :meth:`open`: ``durability_warning`` is None or says why tokens and fences
-    may be forgotten; ``cluster`` says whether a Redis Cluster answered.
+    may be forgotten; ``cluster`` says whether a Redis Cluster answered, and with it
+    ``event_log_scope`` whether the event log is ``"global"`` or ``"resource"``.
     """
 
     name = "redis"
@@ -107,6 +180,7 @@ class RedisBackend:
         prefix: str | None = None,
         require_durable: bool | None = None,
         clock_floor: bool = True,
+        events_per_resource: int = EVENTS_PER_RESOURCE,
     ) -> None:
         target = _redis.parse_url(url)
         self.target: RedisTarget = target
@@ -118,9 +192,16 @@ class RedisBackend:
         self.durability_warning: str | None = None
         self.cluster = False
         self.channel = _redis.release_channel(self.prefix)
+        self.events_channel = _redis.events_channel(self.prefix)
+        self.events_per_resource = max(1, events_per_resource)
+        self._shared_log = EventLogKeys.shared(self.prefix)
         self._client: Client | None = None
         self._scripts: dict[str, AsyncScript] = {}
         self._callbacks: list[Callable[[str], None]] = []
+        self._event_callbacks: list[Callable[[int], None]] = []
+        self._resource_callbacks: list[Callable[[str, int], None]] = []
+        #: The highest head reported to the ``on_events`` callbacks (one Redis).
+        self._reported = 0
         self._listener: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -140,10 +221,12 @@ class RedisBackend:
             "acquire": client.register_script(ACQUIRE_LUA),
             "renew": client.register_script(RENEW_LUA),
             "release": client.register_script(RELEASE_LUA),
-            "describe": client.register_script(DESCRIBE_LUA),
             "acquire_many": client.register_script(ACQUIRE_MANY_LUA),
-            "renew_many": client.register_script(RENEW_MANY_LUA),
-            "release_many": client.register_script(RELEASE_MANY_LUA),
+            "describe": client.register_script(DESCRIBE_LUA),
+            "expire": client.register_script(EXPIRE_LUA),
+            "events": client.register_script(EVENTS_LUA),
+            "prune": client.register_script(PRUNE_LUA),
+            "resource_events": client.register_script(RESOURCE_EVENTS_LUA),
         }
         self._start_listener()
 
@@ -175,35 +258,184 @@ class RedisBackend:
 
     # -- the Protocol --------------------------------------------------------------------
 
+    @property
+    def event_log_scope(self) -> str:
+        """``"global"`` (one log, an ``EventLog``) or, on a cluster, ``"resource"``."""
+        return "resource" if self.cluster else "global"
+
+    def _log_keys(self, keys: ResourceKeys) -> list[str]:
+        return (EventLogKeys.of(keys) if self.cluster else self._shared_log).all()
+
+    def _log_args(self) -> list[str]:
+        """maxlen, channel, per-resource flag: the last ARGV of the changing scripts."""
+        if self.cluster:
+            return [str(self.events_per_resource), self.events_channel, "1"]
+        return ["0", self.events_channel, "0"]
+
     async def acquire(
         self, resource: str, holder: str, ttl_ms: int, request_id: str
     ) -> Grant | Held:
         keys = ResourceKeys(self.prefix, resource)
-        outcome, token, ms, who = await self._run(
+        outcome, token, ms, who, revision = await self._run(
             "acquire",
             "acquire",
-            [keys.lease, keys.counter],
-            [holder, ttl_ms, request_id, "1" if self.clock_floor else "0"],
+            [keys.lease, keys.counter, *self._log_keys(keys)],
+            [
+                holder,
+                ttl_ms,
+                request_id,
+                "1" if self.clock_floor else "0",
+                resource,
+                *self._log_args(),
+            ],
         )
         kind = text(outcome)
+        self._appended(resource, int(revision))
         if kind == "held":
             return Held(resource, text(who), int(token), max(0, int(ms)))
         return Grant(resource, text(who), int(token), max(0, int(ms)), kind == "replayed")
 
     async def renew(self, resource: str, token: int, holder: str, ttl_ms: int) -> Grant:
         keys = ResourceKeys(self.prefix, resource)
-        outcome, who = await self._run("renew", "renew", [keys.lease], [str(token), holder, ttl_ms])
+        outcome, who, revision = await self._run(
+            "renew",
+            "renew",
+            [keys.lease, *self._log_keys(keys)],
+            [str(token), holder, ttl_ms, resource, *self._log_args()],
+        )
         if text(outcome) != "renewed":
             raise LeaseLost(resource=resource, token=token)
+        self._appended(resource, int(revision))
         return Grant(resource, text(who), token, ttl_ms)
 
     async def release(self, resource: str, token: int, holder: str) -> None:
         keys = ResourceKeys(self.prefix, resource)
-        outcome = await self._run(
-            "release", "release", [keys.lease], [str(token), holder, self.channel, resource]
+        outcome, revision = await self._run(
+            "release",
+            "release",
+            [keys.lease, *self._log_keys(keys)],
+            [str(token), holder, self.channel, resource, *self._log_args()],
         )
         if text(outcome) != "released":
             raise LeaseLost(resource=resource, token=token)
+        self._appended(resource, int(revision))
+
+    # -- many at once ------------------------------------------------------------------------
+
+    async def acquire_many(
+        self, resources: Sequence[str], holder: str, ttl_ms: int, request_id: str
+    ) -> list[Grant] | Held:
+        """One acquire_many.lua call: atomic on one Redis; on a cluster only when every
+        resource hashes to one slot (``InvalidArgumentError`` otherwise)."""
+        ordered = sorted(resources)
+        resource_keys = [ResourceKeys(self.prefix, r) for r in ordered]
+        if self.cluster and len({key_slot(k.lease.encode()) for k in resource_keys}) > 1:
+            raise InvalidArgumentError(
+                "on a Redis Cluster AcquireMany is atomic only within one hash slot, and "
+                "these resources live in different slots: acquire them one by one, or use a "
+                "standalone Redis or PostgreSQL",
+                field="resources",
+            )
+        keys: list[str] = []
+        for k in resource_keys:
+            keys += [k.lease, k.counter]
+        logs = [self._log_keys(k) for k in resource_keys]
+        for log_keys in logs:
+            keys += log_keys
+        reply = await self._run(
+            "acquire_many",
+            "acquire_many",
+            keys,
+            [
+                holder,
+                ttl_ms,
+                request_id,
+                "1" if self.clock_floor else "0",
+                len(ordered),
+                len(logs[0]),
+                *self._log_args(),
+                *ordered,
+            ],
+        )
+        if text(reply[0]) == "held":
+            _, i, token, ms, who = reply
+            return Held(ordered[int(i) - 1], text(who), int(token), max(0, int(ms)))
+        got: dict[str, Grant] = {}
+        for n, resource in enumerate(ordered):
+            outcome, token, ms, revision = reply[1 + 4 * n : 5 + 4 * n]
+            self._appended(resource, int(revision))
+            got[resource] = Grant(
+                resource, holder, int(token), max(0, int(ms)), text(outcome) == "replayed"
+            )
+        return [got[r] for r in resources]
+
+    async def renew_many(self, items: Sequence[RenewItem]) -> list[Grant | LeaseLost]:
+        """renew.lua per lease (each with its RENEWED), pipelined: one round trip per
+        PIPELINE_CHUNK on one Redis; on a cluster the calls go out concurrently."""
+        replies = await self._each(
+            "renew",
+            [
+                (
+                    [ResourceKeys(self.prefix, i.resource).lease],
+                    i.resource,
+                    [str(i.token), i.holder, i.ttl_ms, i.resource],
+                )
+                for i in items
+            ],
+        )
+        outcomes: list[Grant | LeaseLost] = []
+        for item, (outcome, who, revision) in zip(items, replies, strict=True):
+            if text(outcome) == "renewed":
+                self._appended(item.resource, int(revision))
+                outcomes.append(Grant(item.resource, text(who), item.token, item.ttl_ms))
+            else:
+                outcomes.append(LeaseLost(resource=item.resource, token=item.token))
+        return outcomes
+
+    async def release_many(self, items: Sequence[ReleaseItem]) -> list[LeaseLost | None]:
+        """release.lua per lease (each with its RELEASED and wake-up), pipelined as
+        :meth:`renew_many`."""
+        replies = await self._each(
+            "release",
+            [
+                (
+                    [ResourceKeys(self.prefix, i.resource).lease],
+                    i.resource,
+                    [str(i.token), i.holder, self.channel, i.resource],
+                )
+                for i in items
+            ],
+        )
+        outcomes: list[LeaseLost | None] = []
+        for item, (outcome, revision) in zip(items, replies, strict=True):
+            if text(outcome) == "released":
+                self._appended(item.resource, int(revision))
+                outcomes.append(None)
+            else:
+                outcomes.append(LeaseLost(resource=item.resource, token=item.token))
+        return outcomes
+
+    async def _each(self, script: str, calls: list[tuple[list[str], str, list[Any]]]) -> list[Any]:
+        """Run ``script`` once per call (own keys, the resource, own args; the event log's
+        keys and arguments added), every reply in order."""
+        if self._client is None:
+            raise RuntimeError("RedisBackend is not open")
+        registered = self._scripts[script]
+        full = [
+            (own + self._log_keys(ResourceKeys(self.prefix, resource)), args + self._log_args())
+            for own, resource, args in calls
+        ]
+        with driver_errors(script):
+            if self.cluster:
+                return list(await asyncio.gather(*(registered(keys=k, args=a) for k, a in full)))
+            replies: list[Any] = []
+            for start in range(0, len(full), PIPELINE_CHUNK):
+                # AsyncScript takes a pipeline at run time (typed for clients only).
+                pipe: Any = self._client.pipeline(transaction=False)
+                for keys, args in full[start : start + PIPELINE_CHUNK]:
+                    await registered(keys=keys, args=args, client=pipe)
+                replies += await pipe.execute()
+            return replies
 
     async def describe(self, resource: str) -> LeaseInfo:
         keys = ResourceKeys(self.prefix, resource)
@@ -220,99 +452,131 @@ class RedisBackend:
             last_token=int(last),
         )
 
-    # -- many at once ------------------------------------------------------------------------
+    # -- the event log: one Redis (EventLog) ------------------------------------------------
 
-    async def acquire_many(
-        self, resources: Sequence[str], holder: str, ttl_ms: int, request_id: str
-    ) -> list[Grant] | Held:
-        """One acquire_many.lua call: atomic on one Redis; on a cluster only when every
-        resource hashes to one slot (``InvalidArgumentError`` otherwise)."""
-        ordered = sorted(resources)
-        keys: list[str] = []
-        for resource in ordered:
-            k = ResourceKeys(self.prefix, resource)
-            keys += [k.lease, k.counter]
-        if self.cluster and len(_redis.slot_groups(keys, cluster=True)) > 1:
-            raise InvalidArgumentError(
-                "on a Redis Cluster AcquireMany is atomic only within one hash slot, and "
-                "these resources live in different slots: acquire them one by one, or use a "
-                "standalone Redis or PostgreSQL",
-                field="resources",
+    def _global_only(self, what: str) -> None:
+        if self.cluster:
+            raise RuntimeError(
+                f"{what}: on a Redis Cluster each resource keeps its own event log "
+                "(see ResourceEventLog): there is no global one"
             )
-        reply = await self._run(
-            "acquire_many",
-            "acquire_many",
-            keys,
-            [holder, ttl_ms, request_id, "1" if self.clock_floor else "0"],
+
+    async def head_revision(self) -> int:
+        self._global_only("head_revision")
+        if self._client is None:
+            raise RuntimeError("RedisBackend is not open")
+        known = self._reported
+        with driver_errors("head_revision"):
+            head = int(await self._client.get(self._shared_log.head) or 0)
+        if head < known:
+            # Every reported head was written before this read: Redis lost the log.
+            # Report from here on, or no head would be news again until it passes.
+            self._reported = head
+        return head
+
+    async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
+        self._global_only("events_after")
+        keys = self._shared_log
+        head, compacted, rows = await self._run(
+            "events",
+            "events_after",
+            [keys.log, keys.head, keys.compacted],
+            [revision, scope.resource, scope.prefix, max(1, limit), EVENTS_SCAN],
         )
-        if text(reply[0]) == "held":
-            _, i, token, ms, who = reply
-            return Held(ordered[int(i) - 1], text(who), int(token), max(0, int(ms)))
-        got = {
-            resource: Grant(
-                resource,
-                holder,
-                int(reply[2 + 3 * n]),
-                max(0, int(reply[3 + 3 * n])),
-                text(reply[1 + 3 * n]) == "replayed",
-            )
-            for n, resource in enumerate(ordered)
-        }
-        return [got[r] for r in resources]
+        return EventPage(tuple(map(_event, rows)), int(head), int(compacted))
 
-    async def renew_many(self, items: Sequence[RenewItem]) -> list[Grant | LeaseLost]:
-        keys = [ResourceKeys(self.prefix, i.resource).lease for i in items]
-
-        def args(chunk: list[int]) -> list[Any]:
-            out: list[Any] = []
-            for n in chunk:
-                out += [str(items[n].token), items[n].holder, items[n].ttl_ms]
-            return out
-
-        replies = await self._many("renew_many", keys, args, width=2)
-        return [
-            Grant(i.resource, text(who), i.token, i.ttl_ms)
-            if text(outcome) == "renewed"
-            else LeaseLost(resource=i.resource, token=i.token)
-            for i, (outcome, who) in zip(items, replies, strict=True)
+    async def expire_due(self, limit: int) -> list[LeaseEvent]:
+        """One Redis: log what expired (``due`` <= now). A cluster has nothing to sweep:
+        expiries are logged by the takeover or the next read of the resource's log."""
+        if self.cluster:
+            return []
+        keys = self._shared_log
+        assert keys.due is not None
+        rows = await self._run(
+            "expire",
+            "expire_due",
+            [keys.log, keys.head, keys.owed, keys.due],
+            [max(1, limit), self.events_channel],
+        )
+        events = [
+            LeaseEvent(int(rev), EventKind.EXPIRED, text(resource), int(token), text(holder))
+            for rev, resource, token, holder in rows
         ]
+        if events:
+            self._appended("", events[-1].revision)
+        return events
 
-    async def release_many(self, items: Sequence[ReleaseItem]) -> list[LeaseLost | None]:
-        keys = [ResourceKeys(self.prefix, i.resource).lease for i in items]
+    async def prune_events(self, keep: int) -> int:
+        """One Redis: keep the newest ``keep`` events. A cluster's per-resource logs are
+        trimmed at each append (``events_per_resource``): nothing to do here."""
+        if self.cluster:
+            return 0
+        keys = self._shared_log
+        dropped = await self._run(
+            "prune", "prune_events", [keys.log, keys.head, keys.compacted], [max(0, keep)]
+        )
+        return int(dropped)
 
-        def args(chunk: list[int]) -> list[Any]:
-            out: list[Any] = [self.channel]
-            for n in chunk:
-                out += [str(items[n].token), items[n].holder, items[n].resource]
-            return out
+    def on_events(self, callback: Callable[[int], None]) -> None:
+        """One Redis: ``callback(head)`` after this object's appends, at once, and after
+        other processes' (pub/sub). Heads only grow: none is reported twice."""
+        self._event_callbacks.append(callback)
+        self._start_listener()
 
-        replies = await self._many("release_many", keys, args, width=1)
-        return [
-            None if text(outcome) == "released" else LeaseLost(resource=i.resource, token=i.token)
-            for i, (outcome,) in zip(items, replies, strict=True)
-        ]
+    # -- the event log: Redis Cluster (ResourceEventLog) ------------------------------------
 
-    async def _many(
-        self,
-        script: str,
-        keys: list[str],
-        args: Callable[[list[int]], list[Any]],
-        width: int,
-    ) -> list[tuple[Any, ...]]:
-        """Run ``script`` over items grouped by hash slot (one group on one Redis), in
-        chunks of BATCH_CHUNK; the slots concurrently. Each item's reply, in order."""
-        replies: list[tuple[Any, ...]] = [()] * len(keys)
+    async def resource_head(self, resource: str) -> int:
+        if self._client is None:
+            raise RuntimeError("RedisBackend is not open")
+        keys = EventLogKeys.of(ResourceKeys(self.prefix, resource))
+        with driver_errors("resource_head"):
+            head = await self._client.get(keys.head)
+        return int(head or 0)
 
-        async def chain(group: list[int]) -> None:
-            for start in range(0, len(group), BATCH_CHUNK):
-                chunk = group[start : start + BATCH_CHUNK]
-                reply = await self._run(script, script, [keys[n] for n in chunk], args(chunk))
-                for position, n in enumerate(chunk):
-                    replies[n] = tuple(reply[width * position : width * (position + 1)])
+    async def resource_events_after(self, resource: str, revision: int, limit: int) -> EventPage:
+        keys = ResourceKeys(self.prefix, resource)
+        log_keys = EventLogKeys.of(keys)
+        head, compacted, rows, settled = await self._run(
+            "resource_events",
+            "resource_events_after",
+            [keys.lease, log_keys.log, log_keys.head, log_keys.compacted, log_keys.owed],
+            [revision, max(1, limit), resource, self.events_channel, self.events_per_resource],
+        )
+        self._appended(resource, int(settled))
+        return EventPage(tuple(map(_event, rows)), int(head), int(compacted))
 
-        groups = _redis.slot_groups(keys, cluster=self.cluster)
-        await asyncio.gather(*(chain(group) for group in groups))
-        return replies
+    def on_resource_events(self, callback: Callable[[str, int], None]) -> None:
+        """Cluster: ``callback(resource, revision)`` after appends to a resource's log,
+        this object's at once, other processes' through pub/sub."""
+        self._resource_callbacks.append(callback)
+        self._start_listener()
+
+    def _appended(self, resource: str, revision: int) -> None:
+        """Tell the callbacks that the log reached ``revision`` (0: nothing appended).
+        One Redis: each head once, in increasing order (an own append's echo is not
+        news); a cluster: as heard (callers keep the highest per resource)."""
+        if revision <= 0:
+            return
+        if self.cluster:
+            callbacks: list[Callable[[], None]] = [
+                functools.partial(cb, resource, revision) for cb in self._resource_callbacks
+            ]
+        else:
+            if revision <= self._reported:
+                return
+            self._reported = revision
+            callbacks = [functools.partial(cb, revision) for cb in self._event_callbacks]
+        for call in callbacks:
+            try:
+                call()
+            except Exception:
+                log.exception("event callback failed at revision %d", revision)
+
+    def _heard(self, payload: str) -> None:
+        """A message on the events channel (see the module docstring)."""
+        revision, _, resource = payload.partition(":")
+        if revision.isdigit() and (bool(resource) == self.cluster):
+            self._appended(resource, int(revision))
 
     # -- wake-ups ------------------------------------------------------------------------
 
@@ -323,13 +587,14 @@ class RedisBackend:
         self._start_listener()
 
     def _start_listener(self) -> None:
-        if self._client is None or not self._callbacks or self._listener is not None:
+        wanted = self._callbacks or self._event_callbacks or self._resource_callbacks
+        if self._client is None or not wanted or self._listener is not None:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # started by open(), which runs on the loop
-        self._listener = loop.create_task(self._listen(), name=f"redis-release-{self.prefix}")
+        self._listener = loop.create_task(self._listen(), name=f"redis-listen-{self.prefix}")
 
     def _pubsub(self, attempt: int) -> tuple[PubSub, Redis | None]:
         """A pub/sub connection, and the client to close with it if it has its own."""
@@ -352,8 +617,11 @@ class RedisBackend:
             pubsub, own = self._pubsub(attempt)
             try:
                 with driver_errors("subscribe"):
-                    await pubsub.subscribe(self.channel)
+                    await pubsub.subscribe(self.channel, self.events_channel)
                     failures = 0
+                    if self._event_callbacks and not self.cluster:
+                        # Appends made while no one listened: report the head now.
+                        self._appended("", await self.head_revision())
                     unanswered = 0
                     while True:
                         message = await pubsub.get_message(
@@ -370,6 +638,9 @@ class RedisBackend:
                         unanswered = 0
                         if message.get("type") != "message":
                             continue
+                        if text(message.get("channel")) == self.events_channel:
+                            self._heard(text(message["data"]))
+                            continue
                         resource = text(message["data"])
                         for callback in list(self._callbacks):
                             try:
@@ -382,7 +653,7 @@ class RedisBackend:
                 delay = LISTEN_BACKOFF[min(failures, len(LISTEN_BACKOFF) - 1)]
                 failures += 1
                 attempt += 1
-                log.info("release listener lost its subscription (%s); again in %.2f s", exc, delay)
+                log.info("redis listener lost its subscription (%s); again in %.2f s", exc, delay)
                 await asyncio.sleep(delay)
             finally:
                 with contextlib.suppress(Exception):
@@ -390,3 +661,11 @@ class RedisBackend:
                 if own is not None:
                     with contextlib.suppress(Exception):
                         await own.aclose()
+
+
+def _event(row: list[Any]) -> LeaseEvent:
+    """An event as the read scripts return it: revision, kind, resource, token, holder, ttl."""
+    revision, kind, resource, token, holder, ttl_ms = row
+    return LeaseEvent(
+        int(revision), EventKind(text(kind)), text(resource), int(token), text(holder), int(ttl_ms)
+    )

@@ -23,8 +23,8 @@ async def test_migrate_applies_then_is_idempotent() -> None:
     async with fresh_schema() as (dsn, schema):
         first = fencing("migrate", with_schema(dsn, schema))
         assert first.returncode == 0, first.stderr
-        shipped = [m.version for m in migrations()]
-        assert f"applied migrations {shipped}" in first.stdout
+        everything = [m.version for m in migrations()]
+        assert f"applied migrations {everything}" in first.stdout
         again = fencing("migrate", dsn, "--schema", schema)
         assert again.returncode == 0, again.stderr
         assert "up to date" in again.stdout

@@ -221,10 +221,14 @@ async def test_a_release_through_another_server_wakes_listeners(
 
 
 async def _listener_pid(schema: tuple[str, str], other_than: int = 0) -> int:
-    """The pid of the backend's LISTEN connection once it is idle (listening)."""
+    """The pid of the backend's LISTEN connection once it is idle (listening: its last
+    statement LISTENed on the release or, after it, the event channel)."""
     query = sql.SQL(
-        "SELECT pid FROM pg_stat_activity WHERE query = {} AND state = 'idle' AND pid <> %s"
-    ).format(sql.Literal(f'LISTEN "fencing_released:{schema[1]}"'))
+        "SELECT pid FROM pg_stat_activity WHERE query IN ({}, {}) AND state = 'idle' AND pid <> %s"
+    ).format(
+        sql.Literal(f'LISTEN "fencing_released:{schema[1]}"'),
+        sql.Literal(f'LISTEN "fencing_events:{schema[1]}"'),
+    )
     for _ in range(200):
         async with await psycopg.AsyncConnection.connect(schema[0], autocommit=True) as conn:
             rows = await (await conn.execute(query, (other_than,))).fetchall()

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from fencing._redis import url_for_node
+from fencing._redis import EventLogKeys, events_channel, url_for_node
 from fencing.errors import BackendUnavailableError
 from lease_server.backends.redis import ACQUIRE_LUA, RedisBackend
 from tests.redis_server import drop_prefix, unique_prefix
@@ -155,12 +155,18 @@ async def test_control_redis_py_default_client_resends_the_script(
     client = Redis.from_url(via_proxy, retry=copy.deepcopy(default_retry))
     script = client.register_script(ACQUIRE_LUA)
     lease, count = f"{prefix}:{{r}}:lease", f"{prefix}:{{r}}:counter"
+    # The one event log of a single Redis (see lease_server/lua/acquire.lua).
+    log_keys = EventLogKeys.shared(prefix).all()
+
+    def args(resource: str, ttl_ms: int) -> list[str | int]:
+        return ["a", ttl_ms, "", "0", resource, "0", events_channel(prefix), "0"]
+
     try:
-        warm = [f"{prefix}:{{w}}:lease", f"{prefix}:{{w}}:counter"]
-        await script(keys=warm, args=["a", 1000, "", "0"])
+        warm = [f"{prefix}:{{w}}:lease", f"{prefix}:{{w}}:counter", *log_keys]
+        await script(keys=warm, args=args("w", 1000))
         proxy.evalshas = 0
         proxy.armed = True
-        outcome = await script(keys=[lease, count], args=["a", 10_000, "", "0"])
+        outcome = await script(keys=[lease, count, *log_keys], args=args("r", 10_000))
         assert proxy.cuts == 1
         assert proxy.evalshas == 2
         # The re-sent script found its own first run's lease: "held", token 1.

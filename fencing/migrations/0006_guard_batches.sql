@@ -1,4 +1,4 @@
--- 0003_guard_batches: multi-resource writes and batched (group-committed) writes.
+-- 0006_guard_batches: multi-resource writes and batched (group-committed) writes.
 --
 -- Creates functions guard_write_many(resources, tokens, op_index, keys, values,
 --                                      idempotency_key, mode) -> (fences, replayed)

@@ -1,0 +1,265 @@
+"""The I/O-free half of the queue SDK, shared by the sync and asyncio clients and workers.
+
+:class:`Job` is a claimed job: its proof (``resource``, ``token``: pass the job
+itself to ``guard.write(job, ...)``) and its local liveness (``lost``, ``check()``),
+kept apart as for leases. The rest builds requests and reads responses.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from fencing._renewal import RenewalPolicy, RenewalSchedule
+from fencing.errors import InvalidArgumentError, LeaseLost
+from fencing.v1 import queue_pb2
+
+Clock = Callable[[], float]
+
+
+class Job:
+    """A claimed job.
+
+    ``resource`` and ``token`` are the claim's proof: the guard fences the job's
+    effects with them (``guard.write(job, ops, idempotency_key=...)``), and every
+    later call on the job must present the token. ``lost`` (a ``threading.Event``) is
+    set once this worker can no longer trust the claim (a heartbeat was refused, the
+    local deadline passed, or the worker gave the job back); :meth:`check` raises
+    :class:`LeaseLost` from then on. ``attempt`` counts claims (1 for the first).
+    """
+
+    def __init__(
+        self,
+        msg: queue_pb2.Job,
+        sent_at: float,
+        policy: RenewalPolicy | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.id: int = msg.id
+        self.queue: str = msg.queue
+        self.payload: bytes = msg.payload
+        self.token: int = msg.token
+        self.resource: str = msg.resource
+        self.attempt: int = msg.attempt
+        self.max_attempts: int = msg.max_attempts
+        self.ordering_key: str = msg.ordering_key
+        self.priority: int = msg.priority
+        self.idempotency_key: str = msg.idempotency_key
+        self.last_error: str = msg.last_error
+        self.ttl_ms: int = msg.ttl_ms
+        self.enqueued_at_ms: int = msg.enqueued_at_ms
+        self.lost = threading.Event()
+        self.lost_reason = ""
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.schedule = RenewalSchedule(msg.ttl_ms, sent_at, policy)
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost.is_set() else "live"
+        return (
+            f"<Job {self.id} of {self.queue!r} attempt={self.attempt} token={self.token} {state}>"
+        )
+
+    @property
+    def final_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    def log_fields(self) -> dict[str, object]:
+        """What a log line about this job may say: never the payload."""
+        return {
+            "queue": self.queue,
+            "job_id": self.id,
+            "attempt": self.attempt,
+            "token": self.token,
+        }
+
+    def remaining(self) -> float:
+        """Seconds until the local deadline (0 once lost)."""
+        if self.lost.is_set():
+            return 0.0
+        with self._lock:
+            return self.schedule.remaining(self._clock())
+
+    def expired(self) -> bool:
+        with self._lock:
+            return self.schedule.expired(self._clock())
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if the claim is lost or its local deadline passed."""
+        if not self.lost.is_set() and self.expired():
+            self.mark_lost("local deadline passed")
+        if self.lost.is_set():
+            raise LeaseLost(
+                f"job {self.id}: claim with token {self.token} is lost ({self.lost_reason})",
+                resource=self.resource,
+                token=self.token,
+            )
+
+    def mark_lost(self, why: str) -> bool:
+        """Set ``lost`` (once); True if this call set it."""
+        with self._lock:
+            if self.lost.is_set():
+                return False
+            self.lost_reason = why
+            self.lost.set()
+            return True
+
+    def renewed(self, sent_at: float, ttl_ms: int) -> None:
+        with self._lock:
+            self.schedule.renewed(sent_at, ttl_ms)
+
+    def renew_failed(self, now: float) -> None:
+        with self._lock:
+            self.schedule.failed(now)
+
+    def next_renewal(self) -> float:
+        with self._lock:
+            return min(self.schedule.next_renewal, self.schedule.deadline)
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueuedJob:
+    """What Enqueue returns per job: ``created`` is False for a known idempotency key."""
+
+    id: int
+    created: bool
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class FailOutcome:
+    """After Fail: ``"ready"`` again in ``retry_in`` seconds, or ``"dead"``."""
+
+    state: str
+    retry_in: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One queue's counts (see ``fencing.v1.QueueStats``); ages in seconds."""
+
+    queue: str
+    ready: int
+    scheduled: int
+    waiting: int
+    running: int
+    expired: int
+    succeeded: int
+    dead: int
+    oldest_ready_age: float
+    retrying: int
+    retry_rate: float
+    finished_in_window: int
+    window: float
+
+
+def stats(msg: queue_pb2.QueueStats) -> QueueStats:
+    return QueueStats(
+        queue=msg.queue,
+        ready=msg.ready,
+        scheduled=msg.scheduled,
+        waiting=msg.waiting,
+        running=msg.running,
+        expired=msg.expired,
+        succeeded=msg.succeeded,
+        dead=msg.dead,
+        oldest_ready_age=msg.oldest_ready_age_ms / 1000,
+        retrying=msg.retrying,
+        retry_rate=msg.retry_rate,
+        finished_in_window=msg.finished_in_window,
+        window=msg.window_ms / 1000,
+    )
+
+
+def new_job(
+    payload: bytes | str,
+    *,
+    idempotency_key: str = "",
+    ordering_key: str = "",
+    priority: int = 0,
+    max_attempts: int = 0,
+    delay: float = 0.0,
+    run_at: datetime | float | None = None,
+    resource: str = "",
+) -> queue_pb2.NewJob:
+    """One job for Enqueue. ``delay`` in seconds; ``run_at`` a datetime or Unix seconds."""
+    if isinstance(payload, str):
+        payload = payload.encode("utf-8")
+    if delay < 0:
+        raise InvalidArgumentError("delay must not be negative", field="delay")
+    run_at_ms = 0
+    if run_at is not None:
+        seconds = run_at.timestamp() if isinstance(run_at, datetime) else float(run_at)
+        run_at_ms = max(1, round(seconds * 1000))
+    return queue_pb2.NewJob(
+        payload=payload,
+        idempotency_key=idempotency_key,
+        max_attempts=max_attempts,
+        delay_ms=round(delay * 1000),
+        run_at_ms=run_at_ms,
+        ordering_key=ordering_key,
+        priority=priority,
+        resource=resource,
+    )
+
+
+def enqueued(msg: queue_pb2.EnqueueResponse) -> list[EnqueuedJob]:
+    return [EnqueuedJob(j.id, j.created, j.state) for j in msg.jobs]
+
+
+def refs(jobs: Iterable[Job]) -> list[queue_pb2.JobRef]:
+    return [queue_pb2.JobRef(id=j.id, token=j.token) for j in jobs]
+
+
+def job_list(jobs: Job | Sequence[Job]) -> list[Job]:
+    return [jobs] if isinstance(jobs, Job) else list(jobs)
+
+
+def queue_of(jobs: Sequence[Job]) -> str:
+    """The one queue of ``jobs``, which every call on them names (for the server's check
+    and its auth policy); mixing queues in one call is refused."""
+    queues = {j.queue for j in jobs}
+    if len(queues) > 1:
+        raise InvalidArgumentError(
+            f"one call names jobs of one queue, not {sorted(queues)}", field="jobs"
+        )
+    return queues.pop() if queues else ""
+
+
+def error_text(error: str | BaseException) -> str:
+    """The text a Fail carries: ``Type: message`` for an exception (never a traceback)."""
+    if isinstance(error, BaseException):
+        message = str(error)
+        return f"{type(error).__name__}: {message}" if message else type(error).__name__
+    return error
+
+
+def stale_job(jobs: Sequence[Job], exc: LeaseLost) -> Job | None:
+    """Which of ``jobs`` a LEASE_LOST refusal of a batch call names (tokens are unique)."""
+    for job in jobs:
+        if job.token == exc.token and (not exc.resource or job.resource == exc.resource):
+            return job
+    return None
+
+
+def split_expired(jobs: Sequence[Job]) -> tuple[list[Job], list[Job]]:
+    """(still live, lost): jobs past their local deadline are marked lost, not renewed."""
+    live: list[Job] = []
+    lost: list[Job] = []
+    for job in jobs:
+        if job.lost.is_set():
+            continue
+        if job.expired():
+            job.mark_lost("local deadline passed before a heartbeat succeeded")
+            lost.append(job)
+        else:
+            live.append(job)
+    return live, lost
+
+
+def heartbeat_timeout(jobs: Sequence[Job], cap: float) -> float:
+    """A heartbeat's RPC deadline: never past the earliest local deadline among ``jobs``."""
+    return max(0.001, min(cap, *(j.remaining() for j in jobs)))

@@ -1,0 +1,215 @@
+"""``AsyncQueueClient``: the asyncio twin of :class:`fencing.client.queue.QueueClient`.
+
+Same methods, same semantics, same I/O-free core (:mod:`fencing.client._queue`);
+``aclose`` instead of ``close``. It talks to the generated ``grpc.aio`` stub directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import TypeVar
+
+import grpc
+import grpc.aio
+
+from fencing._renewal import RenewalPolicy
+from fencing.client import _core
+from fencing.client import _queue as core
+from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
+from fencing.errors import LeaseLost
+from fencing.tls import TLSConfig
+from fencing.v1 import queue_pb2, queue_pb2_grpc
+
+T = TypeVar("T")
+Clock = Callable[[], float]
+
+
+class AsyncQueueClient:
+    """An asyncio client of ``fencing.v1.QueueService`` (see :class:`QueueClient`)."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        worker: str | None = None,
+        tls: TLSConfig | None = None,
+        token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
+        policy: RenewalPolicy | None = None,
+        clock: Clock = time.monotonic,
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        self.target = target
+        self.worker = worker or _core.default_holder()
+        self.rpc_timeout = rpc_timeout
+        self.policy = policy or RenewalPolicy()
+        self._clock = clock
+        self._channel = (
+            channel
+            if channel is not None
+            else _core.open_aio_channel(target, tls=tls, token=token, credentials=credentials)
+        )
+        self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
+
+    async def aclose(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncQueueClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _call(self, fn: Callable[[], Awaitable[T]], *, retry: bool) -> T:
+        attempts = len(_core.RETRY_BACKOFF) if retry else 0
+        for attempt in range(attempts + 1):
+            try:
+                return await fn()
+            except grpc.RpcError as err:
+                exc = _core.translate(err)
+                if attempt >= attempts or not _core.is_transient(exc):
+                    raise exc from err
+            await asyncio.sleep(_core.RETRY_BACKOFF[attempt])
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: bytes | str,
+        *,
+        idempotency_key: str = "",
+        ordering_key: str = "",
+        priority: int = 0,
+        max_attempts: int = 0,
+        delay: float = 0.0,
+        run_at: datetime | float | None = None,
+        resource: str = "",
+    ) -> EnqueuedJob:
+        job = core.new_job(
+            payload,
+            idempotency_key=idempotency_key,
+            ordering_key=ordering_key,
+            priority=priority,
+            max_attempts=max_attempts,
+            delay=delay,
+            run_at=run_at,
+            resource=resource,
+        )
+        return (await self.enqueue_many(queue, [job]))[0]
+
+    async def enqueue_many(self, queue: str, jobs: Sequence[queue_pb2.NewJob]) -> list[EnqueuedJob]:
+        request = queue_pb2.EnqueueRequest(queue=queue, jobs=jobs)
+        retry = all(j.idempotency_key for j in jobs)
+        response = await self._call(
+            lambda: self._stub.Enqueue(request, timeout=self.rpc_timeout), retry=retry
+        )
+        return core.enqueued(response)
+
+    async def claim(
+        self, queue: str, *, batch: int = 1, ttl: float = 30.0, wait: float = 0.0
+    ) -> list[Job]:
+        request = queue_pb2.ClaimRequest(
+            queue=queue,
+            worker=self.worker,
+            batch_size=batch,
+            ttl_ms=_core.ttl_ms_of(ttl),
+            wait_ms=_core.wait_ms_of(wait),
+        )
+        sent_at = self._clock()
+        response = await self._call(
+            lambda: self._stub.Claim(request, timeout=wait + self.rpc_timeout), retry=False
+        )
+        return [Job(msg, sent_at, self.policy, self._clock) for msg in response.jobs]
+
+    async def heartbeat(self, jobs: Job | Sequence[Job], ttl: float | None = None) -> list[Job]:
+        live, lost = core.split_expired(core.job_list(jobs))
+        while live:
+            ttl_ms = _core.ttl_ms_of(ttl) if ttl is not None else live[0].ttl_ms
+            request = queue_pb2.HeartbeatRequest(
+                jobs=core.refs(live), ttl_ms=ttl_ms, queue=core.queue_of(live)
+            )
+            sent_at = self._clock()
+            timeout = core.heartbeat_timeout(live, self.rpc_timeout)
+            try:
+                response = await self._call(
+                    functools.partial(self._stub.Heartbeat, request, timeout=timeout),
+                    retry=False,
+                )
+            except LeaseLost as exc:
+                stale = core.stale_job(live, exc)
+                if stale is None:
+                    if len(live) > 1:
+                        for job in list(live):
+                            lost += await self.heartbeat(job, ttl)
+                        return lost
+                    stale = live[0]
+                stale.mark_lost("heartbeat refused: the job was taken over")
+                lost.append(stale)
+                live.remove(stale)
+                continue
+            for job in live:
+                job.renewed(sent_at, response.ttl_ms)
+            break
+        return lost
+
+    async def complete(self, jobs: Job | Sequence[Job]) -> None:
+        items = core.job_list(jobs)
+        request = queue_pb2.CompleteRequest(jobs=core.refs(items), queue=core.queue_of(items))
+        await self._settle(items, lambda: self._stub.Complete(request, timeout=self.rpc_timeout))
+
+    async def fail(
+        self,
+        job: Job,
+        error: str | BaseException,
+        *,
+        retry_in: float | None = None,
+        final: bool = False,
+    ) -> FailOutcome:
+        request = queue_pb2.FailRequest(
+            job=queue_pb2.JobRef(id=job.id, token=job.token),
+            error=core.error_text(error),
+            retry_in_ms=0 if retry_in is None else max(1, round(retry_in * 1000)),
+            final=final,
+            queue=job.queue,
+        )
+        response = await self._settle(
+            [job], lambda: self._stub.Fail(request, timeout=self.rpc_timeout)
+        )
+        return FailOutcome(response.state, response.retry_in_ms / 1000)
+
+    async def release(self, jobs: Job | Sequence[Job]) -> None:
+        items = core.job_list(jobs)
+        request = queue_pb2.ReleaseJobsRequest(jobs=core.refs(items), queue=core.queue_of(items))
+        await self._settle(items, lambda: self._stub.Release(request, timeout=self.rpc_timeout))
+        for job in items:
+            job.mark_lost("released")
+
+    async def _settle(self, items: list[Job], fn: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await self._call(fn, retry=True)
+        except LeaseLost as exc:
+            stale = core.stale_job(items, exc)
+            if stale is not None:
+                stale.mark_lost("refused: the job was taken over")
+            raise
+
+    async def stats(self, queue: str = "", *, window: float = 0.0) -> list[QueueStats]:
+        request = queue_pb2.QueueStatsRequest(queue=queue, window_ms=round(window * 1000))
+        response = await self._call(
+            lambda: self._stub.Stats(request, timeout=self.rpc_timeout), retry=True
+        )
+        return [core.stats(s) for s in response.queues]
+
+
+__all__ = ["AsyncQueueClient"]

@@ -1,0 +1,248 @@
+"""``QueueClient``: enqueue, claim, heartbeat, complete, fail and release jobs (blocking).
+
+::
+
+    queue = QueueClient("127.0.0.1:50051")          # the lease server hosts the queues
+    queue.enqueue("emails", b'{"to": "a@example.com"}', idempotency_key="welcome-42")
+    for job in queue.claim("emails", batch=10, ttl=30, wait=5):
+        guard.write(job, Put("sent/42", b"1"), idempotency_key=f"job-{job.id}")
+        queue.complete(job)
+
+Most programs want :class:`fencing.worker.Worker` instead, which heartbeats,
+cancels, retries and shuts down gracefully. Complete, Fail, Release and Heartbeat
+are safe to retry (a repeat of a call that took effect is a no-op), so this client
+retries them on transient failures; Enqueue only when every job has an
+idempotency key; Claim never (a lost reply's jobs are rescued when their lease expires).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import TypeVar
+
+import grpc
+
+from fencing._renewal import RenewalPolicy
+from fencing.client import _core
+from fencing.client import _queue as core
+from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
+from fencing.errors import FencingError, LeaseLost
+from fencing.tls import TLSConfig
+from fencing.v1 import queue_pb2, queue_pb2_grpc
+
+T = TypeVar("T")
+Clock = Callable[[], float]
+
+
+class QueueClient:
+    """A blocking client of ``fencing.v1.QueueService`` (hosted by the lease server).
+
+    ``worker`` names this client in claims (default host-pid-random). Times are seconds.
+    ``tls``, ``token`` and ``credentials`` secure the channel as for ``LeaseClient``.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        worker: str | None = None,
+        tls: TLSConfig | None = None,
+        token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
+        policy: RenewalPolicy | None = None,
+        clock: Clock = time.monotonic,
+        channel: grpc.Channel | None = None,
+    ) -> None:
+        self.target = target
+        self.worker = worker or _core.default_holder()
+        self.rpc_timeout = rpc_timeout
+        self.policy = policy or RenewalPolicy()
+        self._clock = clock
+        self._channel = (
+            channel
+            if channel is not None
+            else _core.open_channel(target, tls=tls, token=token, credentials=credentials)
+        )
+        self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> QueueClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _call(self, fn: Callable[[], T], *, retry: bool) -> T:
+        attempts = len(_core.RETRY_BACKOFF) if retry else 0
+        for attempt in range(attempts + 1):
+            try:
+                return fn()
+            except grpc.RpcError as err:
+                exc = _core.translate(err)
+                if attempt >= attempts or not _core.is_transient(exc):
+                    raise exc from err
+            time.sleep(_core.RETRY_BACKOFF[attempt])
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- producing -------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        queue: str,
+        payload: bytes | str,
+        *,
+        idempotency_key: str = "",
+        ordering_key: str = "",
+        priority: int = 0,
+        max_attempts: int = 0,
+        delay: float = 0.0,
+        run_at: datetime | float | None = None,
+        resource: str = "",
+    ) -> EnqueuedJob:
+        """Add one job. With ``idempotency_key``, a second enqueue returns the first job
+        (``created=False``). ``ordering_key``: jobs of one key run one at a time, in order.
+        ``max_attempts`` 0 means the server's default (5)."""
+        job = core.new_job(
+            payload,
+            idempotency_key=idempotency_key,
+            ordering_key=ordering_key,
+            priority=priority,
+            max_attempts=max_attempts,
+            delay=delay,
+            run_at=run_at,
+            resource=resource,
+        )
+        return self.enqueue_many(queue, [job])[0]
+
+    def enqueue_many(self, queue: str, jobs: Sequence[queue_pb2.NewJob]) -> list[EnqueuedJob]:
+        """Add several jobs (built with :func:`fencing.client._queue.new_job`) atomically."""
+        request = queue_pb2.EnqueueRequest(queue=queue, jobs=jobs)
+        retry = all(j.idempotency_key for j in jobs)
+        response = self._call(
+            lambda: self._stub.Enqueue(request, timeout=self.rpc_timeout), retry=retry
+        )
+        return core.enqueued(response)
+
+    # -- consuming -------------------------------------------------------------------------
+
+    def claim(
+        self, queue: str, *, batch: int = 1, ttl: float = 30.0, wait: float = 0.0
+    ) -> list[Job]:
+        """Claim up to ``batch`` jobs for ``ttl`` seconds, waiting up to ``wait`` for one.
+
+        The jobs are not heartbeated: call :meth:`heartbeat` every ttl/3, or use a Worker.
+        """
+        request = queue_pb2.ClaimRequest(
+            queue=queue,
+            worker=self.worker,
+            batch_size=batch,
+            ttl_ms=_core.ttl_ms_of(ttl),
+            wait_ms=_core.wait_ms_of(wait),
+        )
+        sent_at = self._clock()
+        response = self._call(
+            lambda: self._stub.Claim(request, timeout=wait + self.rpc_timeout), retry=False
+        )
+        return [Job(msg, sent_at, self.policy, self._clock) for msg in response.jobs]
+
+    def heartbeat(self, jobs: Job | Sequence[Job], ttl: float | None = None) -> list[Job]:
+        """Extend the claims of ``jobs``; return those found lost (now marked ``lost``).
+
+        A refused job is marked lost and the rest are renewed; transient failures raise
+        (the caller retries on its schedule, before the jobs' local deadlines).
+        """
+        live, lost = core.split_expired(core.job_list(jobs))
+        while live:
+            ttl_ms = _core.ttl_ms_of(ttl) if ttl is not None else live[0].ttl_ms
+            request = queue_pb2.HeartbeatRequest(
+                jobs=core.refs(live), ttl_ms=ttl_ms, queue=core.queue_of(live)
+            )
+            sent_at = self._clock()
+            timeout = core.heartbeat_timeout(live, self.rpc_timeout)
+            try:
+                response = self._call(
+                    functools.partial(self._stub.Heartbeat, request, timeout=timeout),
+                    retry=False,
+                )
+            except LeaseLost as exc:
+                stale = core.stale_job(live, exc)
+                if stale is None:  # cannot tell which: judge them one by one
+                    if len(live) > 1:
+                        for job in list(live):
+                            lost += self.heartbeat(job, ttl)
+                        return lost
+                    stale = live[0]
+                stale.mark_lost("heartbeat refused: the job was taken over")
+                lost.append(stale)
+                live.remove(stale)
+                continue
+            for job in live:
+                job.renewed(sent_at, response.ttl_ms)
+            break
+        return lost
+
+    def complete(self, jobs: Job | Sequence[Job]) -> None:
+        """Mark ``jobs`` succeeded (all or none); ``LeaseLost`` (naming one) if any is stale."""
+        items = core.job_list(jobs)
+        request = queue_pb2.CompleteRequest(jobs=core.refs(items), queue=core.queue_of(items))
+        self._settle(items, lambda: self._stub.Complete(request, timeout=self.rpc_timeout))
+
+    def fail(
+        self,
+        job: Job,
+        error: str | BaseException,
+        *,
+        retry_in: float | None = None,
+        final: bool = False,
+    ) -> FailOutcome:
+        """Record a failed attempt: ready again after the server's backoff (or ``retry_in``
+        seconds), or dead after the last attempt (or at once with ``final``)."""
+        request = queue_pb2.FailRequest(
+            job=queue_pb2.JobRef(id=job.id, token=job.token),
+            error=core.error_text(error),
+            retry_in_ms=0 if retry_in is None else max(1, round(retry_in * 1000)),
+            final=final,
+            queue=job.queue,
+        )
+        response = self._settle([job], lambda: self._stub.Fail(request, timeout=self.rpc_timeout))
+        return FailOutcome(response.state, response.retry_in_ms / 1000)
+
+    def release(self, jobs: Job | Sequence[Job]) -> None:
+        """Give ``jobs`` back at once (the attempt does not count), e.g. on shutdown."""
+        items = core.job_list(jobs)
+        request = queue_pb2.ReleaseJobsRequest(jobs=core.refs(items), queue=core.queue_of(items))
+        self._settle(items, lambda: self._stub.Release(request, timeout=self.rpc_timeout))
+        for job in items:
+            job.mark_lost("released")
+
+    def _settle(self, items: list[Job], fn: Callable[[], T]) -> T:
+        try:
+            return self._call(fn, retry=True)
+        except LeaseLost as exc:
+            stale = core.stale_job(items, exc)
+            if stale is not None:
+                stale.mark_lost("refused: the job was taken over")
+            raise
+
+    def stats(self, queue: str = "", *, window: float = 0.0) -> list[QueueStats]:
+        """Counts and ages of ``queue`` (or every queue)."""
+        request = queue_pb2.QueueStatsRequest(queue=queue, window_ms=round(window * 1000))
+        response = self._call(
+            lambda: self._stub.Stats(request, timeout=self.rpc_timeout), retry=True
+        )
+        return [core.stats(s) for s in response.queues]
+
+
+__all__ = ["FencingError", "Job", "QueueClient"]

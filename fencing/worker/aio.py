@@ -1,0 +1,346 @@
+"""``AsyncWorker``: the asyncio twin of :class:`fencing.worker.Worker`.
+
+::
+
+    async def send_email(job: Job) -> None:
+        ...  # awaits; cancelled (CancelledError) if the job's claim is lost
+
+    await AsyncWorker(AsyncQueueClient("127.0.0.1:50051"), "emails", send_email,
+                      concurrency=32).run()
+
+Same rules as the threaded worker, on the same I/O-free core
+(:mod:`fencing.worker._core`), with one difference a thread cannot offer: when a
+job's claim is lost (heartbeat refused, or the local deadline passed) its handler
+task is **cancelled**. Nothing is sent for a job lost that way: the server has
+already given it to someone else, or will rescue it when its lease expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fencing.client import _core
+from fencing.client._queue import Job, error_text
+from fencing.client.async_queue import AsyncQueueClient
+from fencing.errors import FencingError, InvalidArgumentError, LeaseLost
+from fencing.worker._core import Discard, Phase, Retry, WorkerCore
+
+log = logging.getLogger("fencing.worker")
+
+AsyncHandler = Callable[[Job], Awaitable[object]]
+
+
+def _fields(job: Job) -> str:
+    return f"queue={job.queue} job_id={job.id} attempt={job.attempt} token={job.token}"
+
+
+class AsyncWorker:
+    """Runs ``handler`` on jobs of ``queue`` as up to ``concurrency`` tasks until stopped.
+
+    Arguments as for :class:`fencing.worker.Worker`; ``client`` is an
+    :class:`AsyncQueueClient` or the lease server's address.
+    """
+
+    def __init__(
+        self,
+        client: AsyncQueueClient | str,
+        queue: str,
+        handler: AsyncHandler,
+        *,
+        concurrency: int = 1,
+        ttl: float = 30.0,
+        poll: float = 1.0,
+        grace: float = 30.0,
+        handle_signals: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        if concurrency < 1:
+            raise InvalidArgumentError("concurrency must be at least 1", field="concurrency")
+        # An address: the channel is opened in run(), on the loop that runs the worker.
+        self._owns_client = isinstance(client, str)
+        self._target = client if isinstance(client, str) else client.target
+        self._client: AsyncQueueClient | None = None if isinstance(client, str) else client
+        self.queue = queue
+        self.handler = handler
+        self.ttl = ttl
+        self.poll = poll
+        self.grace = grace
+        self.handle_signals = handle_signals
+        self.core = WorkerCore(concurrency, clock, rand)
+        self._clock = clock
+        self._stop_grace: float | None = None
+        self._stop_requested: asyncio.Event | None = None
+        self._stop_early = False
+        self._wake: asyncio.Event | None = None
+        self._hb_wake: asyncio.Event | None = None
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._cancelled_for_loss: set[int] = set()
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return dict(self.core.counts)
+
+    @property
+    def client(self) -> AsyncQueueClient:
+        """The queue client (opened by :meth:`run` when the worker was given an address)."""
+        if self._client is None:
+            raise RuntimeError("the worker's client opens when run() starts")
+        return self._client
+
+    def stop(self, grace: float | None = None) -> None:
+        """Begin a graceful stop (call from the worker's event loop, or before ``run``)."""
+        self._stop_grace = grace
+        if self._stop_requested is None:
+            self._stop_early = True
+            return
+        self._stop_requested.set()
+        assert self._wake is not None
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Claim and run jobs until :meth:`stop` or SIGTERM/SIGINT, then stop gracefully."""
+        if self._client is None:
+            self._client = AsyncQueueClient(self._target, clock=self._clock)
+        self._stop_requested = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._hb_wake = asyncio.Event()
+        if self._stop_early:
+            self._stop_requested.set()
+        heartbeats = asyncio.create_task(self._heartbeat_loop())
+        try:
+            async with self._signals():
+                await self._loop()
+        finally:
+            heartbeats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeats
+            await self._cancel_all()
+            self.core.stopped()
+            if self._owns_client:
+                await self.client.aclose()
+                self._client = None
+        log.info("worker stopped queue=%s counts=%s", self.queue, self.core.counts)
+
+    @contextlib.asynccontextmanager
+    async def _signals(self) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        installed = []
+        if self.handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                try:
+                    loop.add_signal_handler(sig, self._on_signal, sig)
+                except (NotImplementedError, RuntimeError, ValueError):
+                    continue  # not the main thread, or no signals here
+                installed.append(sig)
+        try:
+            yield
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("worker got %s: stopping gracefully", sig.name)
+        self.stop()
+
+    def _begin_stop(self) -> None:
+        grace = self.grace if self._stop_grace is None else self._stop_grace
+        if self.core.stop(grace):
+            log.info("worker stopping queue=%s grace=%.1fs", self.queue, grace)
+
+    async def _wait_wake(self, seconds: float) -> None:
+        assert self._wake is not None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
+        self._wake.clear()
+
+    async def _loop(self) -> None:
+        core = self.core
+        assert self._stop_requested is not None
+        while True:
+            if self._stop_requested.is_set():
+                self._begin_stop()
+            if core.phase is Phase.STOPPING:
+                if core.drained():
+                    return
+                if core.grace_over():
+                    await self._release(core.give_back(), "grace period over")
+                    return
+                await self._wait_wake(core.next_wakeup(0.1))
+                continue
+            slots = core.free_slots()
+            if slots == 0:
+                await self._wait_wake(0.5)
+                continue
+            try:
+                jobs = await self.client.claim(
+                    self.queue, batch=slots, ttl=self.ttl, wait=self.poll
+                )
+            except FencingError as exc:
+                if not _core.is_transient(exc):
+                    raise
+                delay = core.unavailable()
+                core.count("unavailable")
+                log.warning("claim failed, retrying in %.2fs queue=%s: %s", delay, self.queue, exc)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._stop_requested.wait()
+                continue
+            core.reachable()
+            if not jobs:
+                continue
+            core.count("claimed", len(jobs))
+            if self._stop_requested.is_set():
+                self._begin_stop()
+            back = core.claimed(jobs)
+            if back:
+                await self._release(back, "claimed after the stop began")
+                continue
+            for job in jobs:
+                log.debug("job claimed %s", _fields(job))
+                self._tasks[job.id] = asyncio.create_task(self._run_one(job))
+            assert self._hb_wake is not None
+            self._hb_wake.set()
+
+    async def _run_one(self, job: Job) -> None:
+        core = self.core
+        try:
+            if not core.start(job):
+                if core.settle(job):
+                    await self._release([job], "stopping before it started")
+                return
+            core.count("started")
+            log.info("job started %s", _fields(job))
+            started = self._clock()
+            retry_in: float | None = None
+            final = False
+            error: BaseException | None = None
+            try:
+                await self.handler(job)
+            except asyncio.CancelledError:
+                if job.id not in self._cancelled_for_loss:
+                    raise
+                log.warning("job handler cancelled %s: %s", _fields(job), job.lost_reason)
+                core.settle(job)
+                return
+            except Retry as exc:
+                error, retry_in = exc, exc.after
+            except Discard as exc:
+                error, final = exc, True
+            except Exception as exc:
+                error = exc
+                log.warning("job handler raised %s: %s", _fields(job), error_text(exc))
+                log.debug("handler traceback", exc_info=True)
+            took = self._clock() - started
+            if not core.settle(job):
+                log.warning("job abandoned %s: released at shutdown before it ended", _fields(job))
+                return
+            if error is None:
+                if await self._send(job, self.client.complete(job), "complete") is not None:
+                    log.info("job completed %s took=%.3fs", _fields(job), took)
+            else:
+                outcome = await self._send(
+                    job, self.client.fail(job, error, retry_in=retry_in, final=final), "fail"
+                )
+                if outcome is not None:
+                    log.info(
+                        "job failed %s state=%s retry_in=%.2fs",
+                        _fields(job),
+                        outcome.state,
+                        outcome.retry_in,
+                    )
+                    core.count("dead" if outcome.state == "dead" else "failed")
+        finally:
+            core.done(job)
+            self._tasks.pop(job.id, None)
+            self._cancelled_for_loss.discard(job.id)
+            if self._wake is not None:
+                self._wake.set()
+
+    async def _send(self, job: Job, call: Awaitable[Any], what: str) -> Any:
+        """Send a job's outcome (the client retries transient failures); None if refused."""
+        try:
+            result = await call
+        except LeaseLost as exc:
+            if job.mark_lost(f"{what} refused"):
+                self.core.count("lost")
+            self.core.count("refused")
+            log.warning("job lost %s: %s refused, it was taken over: %s", _fields(job), what, exc)
+            return None
+        except FencingError as exc:
+            self.core.count("lost")
+            log.error("job %s not sent %s: %s", what, _fields(job), exc)
+            return None
+        if what == "complete":
+            self.core.count("completed")
+        return True if result is None else result
+
+    async def _release(self, jobs: list[Job], why: str) -> None:
+        if not jobs:
+            return
+        for job in jobs:
+            job.mark_lost(f"released: {why}")
+        try:
+            await self.client.release(jobs)
+            self.core.count("released", len(jobs))
+            for job in jobs:
+                log.info("job released %s (%s)", _fields(job), why)
+        except FencingError as exc:
+            log.warning("release of %d jobs failed (%s): %s", len(jobs), why, exc)
+        finally:
+            for job in jobs:
+                self.core.done(job)
+                task = self._tasks.get(job.id)
+                if task is not None and task is not asyncio.current_task():
+                    self._cancelled_for_loss.add(job.id)
+                    task.cancel()
+
+    def _lost(self, job: Job, why: str) -> None:
+        self.core.count("lost")
+        log.warning("job lost %s: %s", _fields(job), why)
+        task = self._tasks.get(job.id)
+        if task is not None:
+            self._cancelled_for_loss.add(job.id)
+            task.cancel()
+
+    async def _heartbeat_loop(self) -> None:
+        core = self.core
+        while True:
+            for job in core.expire():
+                self._lost(job, "local deadline passed")
+            due = core.due()
+            if due:
+                try:
+                    lost = await self.client.heartbeat(due, self.ttl)
+                except FencingError as exc:
+                    now = self._clock()
+                    for job in due:
+                        job.renew_failed(now)
+                    log.info("heartbeat of %d jobs failed, retrying: %s", len(due), exc)
+                else:
+                    for job in lost:
+                        self._lost(job, "heartbeat refused, it was taken over")
+            assert self._hb_wake is not None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(core.next_wakeup(1.0)):
+                    await self._hb_wake.wait()
+            self._hb_wake.clear()
+
+    async def _cancel_all(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait(tasks, timeout=5)
+
+
+__all__ = ["AsyncHandler", "AsyncWorker", "Discard", "Retry"]

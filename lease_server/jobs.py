@@ -1,0 +1,419 @@
+"""The job rules, pure: what enqueue, claim, heartbeat, complete, fail, release and the
+reaper do to one job record, and when a failed job is due again.
+
+States, after seed 002, plus ``waiting`` for ordering keys::
+
+    waiting --(the earlier job of its ordering key finished)--> ready
+    ready   --claim--> running                  attempts + 1, a fresh token, a lease
+    running --claim, lease expired, attempts left--> running   (rescue: a fresh token)
+    running --complete--> succeeded
+    running --fail, attempts left--> ready      due after the backoff
+    running --fail, last attempt (or final)--> dead
+    running --release--> ready                  due now; the attempt does not count
+    running --reaper, lease expired, no attempts left--> dead
+    succeeded, dead --reaper, older than the retention--> deleted
+
+The **token** of a claim comes from one counter per queue backend that only grows
+(the backend passes it in), so every claim of a job gets a token larger than every
+earlier claim of it: the guard sees a job's tokens in order. A call after Claim must
+present the job's current token; any other gets :class:`~fencing.errors.LeaseLost`
+and changes nothing. An expired lease that nobody rescued yet is still current: the
+rescue is what bumps the token and fences the old worker (as the guard does: the
+old token is good until a newer one is seen). Repeating a call that already took
+effect with the same token (a retry after a lost reply) is a no-op, not an error.
+
+**Ordering keys**: at most one job per (queue, ordering key) is ready or running,
+the earliest enqueued live one (its *head*); the others wait. Only the head can be
+claimed, so jobs of a key run one at a time in enqueue order, with no fixed shard
+count. When the head finishes (succeeded or dead) the next one becomes ready. A dead
+job does not block its key.
+
+Backends that run Python inside their transaction (memory, SQLite) call these
+functions on the rows they locked; PostgreSQL implements the same rules in SQL for
+the hot paths, and the contract suite holds all of them to it. Times are
+milliseconds on the backend's clock; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from fencing import limits
+from fencing._backoff import Backoff
+from fencing.errors import LeaseLost
+
+#: The default retry backoff of failed jobs, in milliseconds: 1 s, 2 s, 4 s ... 5 min.
+DEFAULT_RETRY_BACKOFF = Backoff(base=1000, cap=300_000, factor=2.0, jitter=0.2)
+#: last_error of a job rescued after its worker's lease expired.
+EXPIRED_ERROR = "lease expired: attempt {attempt} by {owner} did not finish"
+EXPIRED_PREFIX = "lease expired: attempt"
+#: last_error of a job the reaper declared dead.
+REAPED_ERROR = "lease expired after the final attempt"
+
+
+class JobState(StrEnum):
+    WAITING = "waiting"
+    READY = "ready"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+
+
+LIVE_STATES = (JobState.WAITING, JobState.READY, JobState.RUNNING)
+FINISHED_STATES = (JobState.SUCCEEDED, JobState.DEAD)
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to enqueue, validated. ``run_at_ms`` (> 0) wins over ``delay_ms``."""
+
+    payload: bytes
+    idempotency_key: str = ""
+    max_attempts: int = limits.DEFAULT_MAX_ATTEMPTS
+    delay_ms: int = 0
+    run_at_ms: int = 0
+    ordering_key: str = ""
+    priority: int = 0
+    resource: str = ""
+
+    def due_at(self, now_ms: int) -> int:
+        return self.run_at_ms if self.run_at_ms > 0 else now_ms + self.delay_ms
+
+
+@dataclass(frozen=True, slots=True)
+class JobRef:
+    """A claimed job as a worker names it: id and the claim's token."""
+
+    id: int
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """Everything stored for one job."""
+
+    id: int
+    queue: str
+    payload: bytes
+    state: JobState
+    resource: str = ""
+    ordering_key: str = ""
+    idempotency_key: str = ""
+    priority: int = 0
+    attempts: int = 0
+    max_attempts: int = limits.DEFAULT_MAX_ATTEMPTS
+    token: int = 0
+    available_at_ms: int = 0
+    lease_owner: str = ""
+    lease_until_ms: int = 0
+    last_error: str = ""
+    created_at_ms: int = 0
+    finished_at_ms: int = 0
+
+    @property
+    def fenced_resource(self) -> str:
+        """The guard resource this job's tokens fence."""
+        return self.resource or default_resource(self.queue, self.id)
+
+    def expired(self, now_ms: int) -> bool:
+        """Running, and the lease ran out at ``now_ms`` (nobody rescued it yet)."""
+        return self.state is JobState.RUNNING and self.lease_until_ms <= now_ms
+
+    def lost(self, token: int) -> LeaseLost:
+        return LeaseLost(
+            f"job {self.id} of {self.queue!r}: token {token} is not its current claim",
+            resource=self.fenced_resource,
+            token=token,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """The outcome of enqueuing one job: the job, and whether it is new."""
+
+    id: int
+    created: bool
+    state: JobState
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The outcome of Fail: the job's new state and, when ready, the delay before it is due."""
+
+    state: JobState
+    retry_in_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """Stats of one queue (see the proto's ``QueueStats``)."""
+
+    queue: str
+    ready: int = 0
+    scheduled: int = 0
+    waiting: int = 0
+    running: int = 0
+    expired: int = 0
+    succeeded: int = 0
+    dead: int = 0
+    oldest_ready_age_ms: int = 0
+    retrying: int = 0
+    finished_in_window: int = 0
+    attempts_in_window: int = 0
+    window_ms: int = limits.DEFAULT_WINDOW_MS
+
+    @property
+    def retry_rate(self) -> float:
+        """Of the attempts of jobs finished in the window, the share that were retries."""
+        if self.attempts_in_window <= 0:
+            return 0.0
+        retries = self.attempts_in_window - self.finished_in_window
+        return max(0.0, retries / self.attempts_in_window)
+
+
+def default_resource(queue: str, job_id: int) -> str:
+    return f"job/{queue}/{job_id}"
+
+
+# -- transitions ------------------------------------------------------------------------------
+
+
+def new_job(job_id: int, queue: str, spec: NewJob, blocked: bool, now_ms: int) -> JobRecord:
+    """The record of a freshly enqueued job; ``blocked`` if its ordering key has a live job."""
+    return JobRecord(
+        id=job_id,
+        queue=queue,
+        payload=spec.payload,
+        state=JobState.WAITING if blocked else JobState.READY,
+        resource=spec.resource,
+        ordering_key=spec.ordering_key,
+        idempotency_key=spec.idempotency_key,
+        priority=spec.priority,
+        max_attempts=spec.max_attempts,
+        available_at_ms=spec.due_at(now_ms),
+        created_at_ms=now_ms,
+    )
+
+
+def claimable(record: JobRecord, now_ms: int) -> bool:
+    """Ready and due, or running with an expired lease and attempts left (a rescue)."""
+    if record.state is JobState.READY:
+        return record.available_at_ms <= now_ms
+    return record.expired(now_ms) and record.attempts < record.max_attempts
+
+
+def claim_order(record: JobRecord) -> tuple[int, int, int, int]:
+    """Sort key among claimable jobs: rescues first, then priority, due time, enqueue order."""
+    if record.state is JobState.RUNNING:
+        return (0, 0, record.lease_until_ms, record.id)
+    return (1, -record.priority, record.available_at_ms, record.id)
+
+
+def claim(record: JobRecord, worker: str, ttl_ms: int, token: int, now_ms: int) -> JobRecord:
+    """Give the job to ``worker`` with ``token`` (> every earlier token) until now + ttl."""
+    if not claimable(record, now_ms):
+        raise ValueError(f"job {record.id} is not claimable")  # a backend bug, never a user error
+    if token <= record.token:
+        raise ValueError(f"token {token} does not exceed job {record.id}'s token {record.token}")
+    last_error = record.last_error
+    if record.state is JobState.RUNNING:
+        last_error = EXPIRED_ERROR.format(attempt=record.attempts, owner=record.lease_owner)
+    return replace(
+        record,
+        state=JobState.RUNNING,
+        attempts=record.attempts + 1,
+        token=token,
+        lease_owner=worker,
+        lease_until_ms=now_ms + ttl_ms,
+        last_error=last_error,
+    )
+
+
+def _named(record: JobRecord | None, ref: JobRef, queue: str) -> JobRecord | None:
+    """The record, unless it does not exist or is not in ``queue`` (when one is named)."""
+    if record is None or (queue and record.queue != queue):
+        return None
+    return record
+
+
+def require_current(record: JobRecord | None, ref: JobRef, queue: str = "") -> JobRecord:
+    """The record if ``ref.token`` is its current claim (running) and it belongs to ``queue``
+    (any queue if empty); ``LeaseLost`` otherwise."""
+    if _named(record, ref, queue) is None:
+        raise LeaseLost(f"job {ref.id} does not exist in {queue!r}", resource="", token=ref.token)
+    assert record is not None
+    if record.state is not JobState.RUNNING or record.token != ref.token:
+        raise record.lost(ref.token)
+    return record
+
+
+def heartbeat(
+    record: JobRecord | None, ref: JobRef, ttl_ms: int, now_ms: int, queue: str = ""
+) -> JobRecord:
+    """Extend the current claim's lease to now + ttl."""
+    current = require_current(record, ref, queue)
+    return replace(current, lease_until_ms=now_ms + ttl_ms)
+
+
+def complete(record: JobRecord | None, ref: JobRef, now_ms: int, queue: str = "") -> JobRecord:
+    """Mark the job succeeded; a repeat with the same token returns the record unchanged."""
+    named = _named(record, ref, queue)
+    if named is not None and named.state is JobState.SUCCEEDED and named.token == ref.token:
+        return named
+    current = require_current(record, ref, queue)
+    return replace(
+        current,
+        state=JobState.SUCCEEDED,
+        lease_owner="",
+        lease_until_ms=0,
+        last_error="",
+        finished_at_ms=now_ms,
+    )
+
+
+def retry_delay_ms(attempts: int, policy: Backoff, rand: float, retry_in_ms: int = 0) -> int:
+    """When a job that failed its ``attempts``-th attempt is due again (ms from now)."""
+    if retry_in_ms > 0:
+        return retry_in_ms
+    return round(policy.delay(attempts, rand))
+
+
+def fail(
+    record: JobRecord | None,
+    ref: JobRef,
+    error: str,
+    delay_ms: int,
+    now_ms: int,
+    *,
+    final: bool = False,
+    queue: str = "",
+) -> tuple[JobRecord, Failed]:
+    """Record a failed attempt: ready after ``delay_ms``, or dead if none is left (or final).
+
+    A repeat with the same token (the job is ready or dead with it) changes nothing.
+    """
+    named = _named(record, ref, queue)
+    if (
+        named is not None
+        and named.token == ref.token
+        and named.state in (JobState.READY, JobState.DEAD)
+    ):
+        return named, Failed(named.state, max(0, named.available_at_ms - now_ms))
+    current = require_current(record, ref, queue)
+    error = limits.truncate_error(error)
+    if final or current.attempts >= current.max_attempts:
+        dead = replace(
+            current,
+            state=JobState.DEAD,
+            lease_owner="",
+            lease_until_ms=0,
+            last_error=error,
+            finished_at_ms=now_ms,
+        )
+        return dead, Failed(JobState.DEAD)
+    ready = replace(
+        current,
+        state=JobState.READY,
+        available_at_ms=now_ms + delay_ms,
+        lease_owner="",
+        lease_until_ms=0,
+        last_error=error,
+    )
+    return ready, Failed(JobState.READY, delay_ms)
+
+
+def release(record: JobRecord | None, ref: JobRef, now_ms: int, queue: str = "") -> JobRecord:
+    """Give the job back, due now; the attempt does not count. A repeat changes nothing."""
+    named = _named(record, ref, queue)
+    if named is not None and named.state is JobState.READY and named.token == ref.token:
+        return named
+    current = require_current(record, ref, queue)
+    return replace(
+        current,
+        state=JobState.READY,
+        attempts=max(0, current.attempts - 1),
+        available_at_ms=now_ms,
+        lease_owner="",
+        lease_until_ms=0,
+    )
+
+
+def reapable(record: JobRecord, now_ms: int) -> bool:
+    """Running, lease expired, and no attempt left: only the reaper can end it (dead)."""
+    return record.expired(now_ms) and record.attempts >= record.max_attempts
+
+
+def reap(record: JobRecord, now_ms: int) -> JobRecord:
+    """The reaper's verdict on an exhausted, expired job: dead."""
+    if not reapable(record, now_ms):
+        raise ValueError(f"job {record.id} is not reapable")
+    return replace(
+        record,
+        state=JobState.DEAD,
+        lease_owner="",
+        lease_until_ms=0,
+        last_error=REAPED_ERROR,
+        finished_at_ms=now_ms,
+    )
+
+
+def promote(record: JobRecord) -> JobRecord:
+    """The next job of an ordering key becomes ready (its due time still applies)."""
+    if record.state is not JobState.WAITING:
+        raise ValueError(f"job {record.id} is not waiting")
+    return replace(record, state=JobState.READY)
+
+
+def prunable(
+    record: JobRecord, succeeded_before_ms: int | None, dead_before_ms: int | None
+) -> bool:
+    """Finished before the retention cutoff of its state (None: keep that state forever)."""
+    if record.state is JobState.SUCCEEDED and succeeded_before_ms is not None:
+        return record.finished_at_ms < succeeded_before_ms
+    if record.state is JobState.DEAD and dead_before_ms is not None:
+        return record.finished_at_ms < dead_before_ms
+    return False
+
+
+def count(queue: str, records: list[JobRecord], now_ms: int, window_ms: int) -> QueueCounts:
+    """Stats of one queue's records (the memory backend; SQL backends aggregate the same)."""
+    ready = scheduled = waiting = running = expired = succeeded = dead = retrying = 0
+    finished = attempts = 0
+    oldest: int | None = None
+    for r in records:
+        if r.state is JobState.READY:
+            if r.available_at_ms <= now_ms:
+                ready += 1
+                oldest = r.available_at_ms if oldest is None else min(oldest, r.available_at_ms)
+            else:
+                scheduled += 1
+        elif r.state is JobState.WAITING:
+            waiting += 1
+        elif r.state is JobState.RUNNING:
+            running += 1
+            expired += r.lease_until_ms <= now_ms
+        elif r.state is JobState.SUCCEEDED:
+            succeeded += 1
+        else:
+            dead += 1
+        if r.state in (JobState.READY, JobState.WAITING) and r.attempts > 0:
+            retrying += 1
+        if r.state in FINISHED_STATES and r.finished_at_ms >= now_ms - window_ms:
+            finished += 1
+            attempts += r.attempts
+    return QueueCounts(
+        queue=queue,
+        ready=ready,
+        scheduled=scheduled,
+        waiting=waiting,
+        running=running,
+        expired=expired,
+        succeeded=succeeded,
+        dead=dead,
+        oldest_ready_age_ms=0 if oldest is None else max(0, now_ms - oldest),
+        retrying=retrying,
+        finished_in_window=finished,
+        attempts_in_window=attempts,
+        window_ms=window_ms,
+    )

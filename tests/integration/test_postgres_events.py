@@ -1,0 +1,229 @@
+"""The PostgreSQL event log beyond the contract suite: commit order under concurrency,
+several servers on one schema, the 0001 entry points, upgrades, and migrations that
+arrive out of order (numbers reserved by parallel work leave gaps)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from fencing import pg
+from lease_server.backends.postgres import PostgresBackend
+from lease_server.leases import EventKind, Grant, LeaseEvent, Scope
+from tests import pg as testpg
+
+pytestmark = pytest.mark.postgres
+
+A, R, L, X = EventKind.ACQUIRED, EventKind.RENEWED, EventKind.RELEASED, EventKind.EXPIRED
+
+
+@pytest.fixture
+async def schema() -> AsyncIterator[tuple[str, str]]:
+    async with testpg.fresh_schema() as pair:
+        yield pair
+
+
+@pytest.fixture
+async def two(schema: tuple[str, str]) -> AsyncIterator[tuple[PostgresBackend, PostgresBackend]]:
+    """Two backends on one schema: two lease-server processes."""
+    a, b = PostgresBackend(*schema), PostgresBackend(*schema)
+    await a.open()
+    await b.open()
+    try:
+        yield a, b
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def _sql(
+    dsn: str, query: sql.SQL | sql.Composed, params: tuple[object, ...] = ()
+) -> list[tuple[Any, ...]]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(query, params)
+        return await cur.fetchall() if cur.description else []
+
+
+async def test_revisions_become_visible_in_order_under_concurrent_appends(
+    two: tuple[PostgresBackend, PostgresBackend],
+) -> None:
+    """Rule 3: a reader that has seen revision N never finds a revision <= N later.
+
+    Many appenders on two servers race while readers page through the log from their
+    cursors; every page must continue exactly where the cursor was (no revision skipped
+    now and appearing later), and in the end every reader saw 1..N once each."""
+    a, b = two
+    rounds, workers = 15, 8
+    stop = asyncio.Event()
+
+    async def churn(i: int) -> None:
+        backend = (a, b)[i % 2]
+        for _ in range(rounds):
+            g = await backend.acquire(f"r{i}", f"w{i}", 5000, "")
+            assert isinstance(g, Grant)
+            await backend.renew(f"r{i}", g.token, "", 5000)
+            await backend.release(f"r{i}", g.token, "")
+
+    async def read(backend: PostgresBackend) -> list[int]:
+        seen: list[int] = []
+        cursor = 0
+        while True:
+            done = stop.is_set()  # decided before the read: the last pass sees everything
+            page = await backend.events_after(cursor, Scope(), 7)
+            revisions = [e.revision for e in page.events]
+            assert revisions == list(range(cursor + 1, cursor + 1 + len(revisions)))
+            seen += revisions
+            cursor = revisions[-1] if len(revisions) == 7 else max(cursor, page.head)
+            if done and len(revisions) < 7:
+                return seen
+            await asyncio.sleep(0)
+
+    readers = [asyncio.create_task(read(x)) for x in (a, b, a)]
+    await asyncio.gather(*(churn(i) for i in range(workers)))
+    stop.set()
+    total = rounds * workers * 3
+    assert await a.head_revision() == total
+    for seen in await asyncio.gather(*readers):
+        assert seen == list(range(1, total + 1))
+
+
+async def test_another_servers_appends_are_heard_through_notify(
+    two: tuple[PostgresBackend, PostgresBackend],
+) -> None:
+    a, b = two
+    heard: asyncio.Queue[int] = asyncio.Queue()
+    b.on_events(heard.put_nowait)  # starts b's LISTEN connection
+    # Heard through NOTIFY, or, if b's LISTEN was not up yet, from the head b's listener
+    # reports once it is: either way at once, with no poll.
+    g = await a.acquire("r", "a", 5000, "")
+    assert isinstance(g, Grant)
+    assert await asyncio.wait_for(heard.get(), 5) == 1
+    await a.release("r", g.token, "a")
+    assert await asyncio.wait_for(heard.get(), 5) == 2
+    # Own appends are reported at once; their NOTIFY echo is not reported again.
+    await b.acquire("s", "b", 5000, "")
+    assert heard.get_nowait() == 3
+    await asyncio.sleep(0.3)
+    assert heard.empty()
+
+
+async def test_the_0001_entry_points_log_too(
+    schema: tuple[str, str], two: tuple[PostgresBackend, PostgresBackend]
+) -> None:
+    """An older lease server, or your own SQL, calling lease_acquire/renew/release
+    (0001) appends the same events as the backend does."""
+    dsn, name = schema
+    a, _ = two
+    s = sql.Identifier(name)
+
+    async def call(function: str, *args: object) -> Any:
+        query = sql.SQL("SELECT * FROM {}.{}(" + ", ".join(["%s"] * len(args)) + ")")
+        return (await _sql(dsn, query.format(s, sql.Identifier(function)), args))[0]
+
+    granted, _, _, token, _ = await call("lease_acquire", "r", "old", 5000, "")
+    assert granted
+    assert await call("lease_renew", "r", token, "", 5000) == ("old",)
+    assert await call("lease_release", "r", token, "") == (True,)
+    assert await call("lease_release", "r", token, "") == (False,)
+    events = (await a.events_after(0, Scope(), 100)).events
+    assert [(e.kind, e.token, e.holder) for e in events] == [
+        (A, token, "old"),
+        (R, token, "old"),
+        (L, token, "old"),
+    ]
+
+
+async def test_an_upgrade_logs_the_end_of_leases_granted_before_it(
+    schema: tuple[str, str],
+) -> None:
+    """A schema at 0001-0002 (the code before the log) with a live and an expiring lease;
+    after 0005 their ends are logged once like any other."""
+    dsn, name = schema
+    before = [m for m in pg.migrations() if m.version <= 2]
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        assert await pg._apply_migrations(conn, name, before) == [1, 2]
+        s = sql.Identifier(name)
+        for resource, ttl in (("live", 5000), ("dying", 100)):
+            await conn.execute(
+                sql.SQL("SELECT * FROM {}.lease_acquire(%s, 'h', %s, '')").format(s),
+                (resource, ttl),
+            )
+    backend = PostgresBackend(dsn, name)
+    await backend.open()  # migrates the rest
+    try:
+        assert await backend.head_revision() == 0
+        await asyncio.sleep(0.15)
+        swept = await backend.expire_due(10)
+        assert [(e.kind, e.resource, e.token) for e in swept] == [(X, "dying", 1)]
+        await backend.release("live", 1, "h")
+        events = (await backend.events_after(0, Scope(), 10)).events
+        assert [(e.kind, e.resource) for e in events] == [(X, "dying"), (L, "live")]
+    finally:
+        await backend.close()
+
+
+def _fake(version: int) -> pg.Migration:
+    return pg.Migration(
+        version,
+        f"fake{version}",
+        f"-- {version:04d}_fake{version}: test\nCREATE TABLE fake{version} (id integer);\n",
+    )
+
+
+async def test_migrations_apply_across_gaps_and_fill_them_later(schema: tuple[str, str]) -> None:
+    """Parallel work reserves numbers: 0005 may ship before 0003 and 0004. Each missing
+    version is applied, in order, whenever it arrives; none is required to be contiguous."""
+    dsn, name = schema
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        assert await pg._apply_migrations(conn, name, [_fake(1), _fake(2), _fake(5)]) == [1, 2, 5]
+        assert await pg._apply_migrations(conn, name, [_fake(1), _fake(2), _fake(5)]) == []
+        later = [_fake(4), _fake(1), _fake(3), _fake(2), _fake(5)]
+        assert await pg._apply_migrations(conn, name, later) == [3, 4]
+        # Code that knows fewer versions than the schema has: nothing to do, no error.
+        assert await pg._apply_migrations(conn, name, [_fake(1)]) == []
+    rows = await _sql(
+        dsn,
+        sql.SQL(
+            "SELECT version, name FROM {}.schema_migrations ORDER BY applied_at, version"
+        ).format(sql.Identifier(name)),
+    )
+    assert sorted(v for v, _ in rows) == [1, 2, 3, 4, 5]
+    tables = await _sql(
+        dsn,
+        sql.SQL(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+            "AND table_name LIKE 'fake%%' ORDER BY table_name"
+        ),
+        (name,),
+    )
+    assert [t for (t,) in tables] == ["fake1", "fake2", "fake3", "fake4", "fake5"]
+
+
+def test_migration_numbers_must_be_unique_and_positive() -> None:
+    with pytest.raises(RuntimeError, match="unique"):
+        pg.ordered([_fake(1), _fake(3), _fake(3)])
+    with pytest.raises(RuntimeError, match="positive"):
+        pg.ordered([_fake(0), _fake(1)])
+    assert [m.version for m in pg.ordered([_fake(5), _fake(1), _fake(2)])] == [1, 2, 5]
+
+
+def _events(page_events: tuple[LeaseEvent, ...]) -> list[tuple[EventKind, str]]:
+    return [(e.kind, e.resource) for e in page_events]
+
+
+async def test_a_narrow_scope_reads_past_other_resources(
+    two: tuple[PostgresBackend, PostgresBackend],
+) -> None:
+    a, _ = two
+    for i in range(50):
+        await a.acquire(f"noise/{i}", "n", 5000, "")
+    await a.acquire("jobs/1", "j", 5000, "")
+    page = await a.events_after(0, Scope(prefix="jobs/"), 10)
+    assert _events(page.events) == [(A, "jobs/1")] and page.head == 51
+    page = await a.events_after(51, Scope(resource="jobs/1"), 10)
+    assert page.events == () and page.head == 51
