@@ -94,6 +94,11 @@ def _has_control(text: str) -> bool:
 
 def check_name(field: str, value: str, max_bytes: int, *, required: bool = True) -> str:
     """A name-like string: UTF-8 length in ``[1 or 0, max_bytes]``, no control characters."""
+    # The common case in C: printable ASCII (for ASCII, "not printable" is exactly a
+    # control character) is as many UTF-8 bytes as characters.
+    fast = value.isascii() and value.isprintable() and (value or not required)
+    if fast and len(value) <= max_bytes:
+        return value
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError:

@@ -30,6 +30,28 @@ MAX_BATCH_WRITES = 1000
 MAX_BATCH_OPS = 10_000
 
 
+class _Ticket:
+    """One ``submit`` call's writes: their verdicts, filled in as their batches commit
+    (a call's writes may span batches), and one future for the caller."""
+
+    __slots__ = ("done", "left", "verdicts")
+
+    def __init__(self, count: int, done: asyncio.Future[list[Verdict]]) -> None:
+        self.verdicts: list[Verdict | None] = [None] * count
+        self.left = count
+        self.done = done
+
+    def settle(self, i: int, verdict: Verdict) -> None:
+        self.verdicts[i] = verdict
+        self.left -= 1
+        if self.left == 0 and not self.done.done():  # its caller may have gone away
+            self.done.set_result([v for v in self.verdicts if v is not None])
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc)
+
+
 class GroupCommit:
     """Packs writes submitted concurrently into ``store.write_batch`` transactions.
 
@@ -56,7 +78,7 @@ class GroupCommit:
         self.max_ops = max_ops
         self.batches = 0
         self.batched_writes = 0
-        self._queue: deque[tuple[BatchedWrite, asyncio.Future[Verdict]]] = deque()
+        self._queue: deque[tuple[BatchedWrite, _Ticket, int]] = deque()
         self._running = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -66,11 +88,12 @@ class GroupCommit:
         A store failure (``BackendUnavailableError``) is raised for every write of the
         batches it hit; a stale token is a verdict, not an exception.
         """
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in writes]
-        self._queue.extend(zip(writes, futures, strict=True))
+        if not writes:
+            return []
+        ticket = _Ticket(len(writes), asyncio.get_running_loop().create_future())
+        self._queue.extend((w, ticket, i) for i, w in enumerate(writes))
         self._kick()
-        return list(await asyncio.gather(*futures))
+        return await ticket.done
 
     def _kick(self) -> None:
         while self._queue and self._running < self.concurrency:
@@ -87,23 +110,20 @@ class GroupCommit:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _commit(self, batch: list[tuple[BatchedWrite, asyncio.Future[Verdict]]]) -> None:
+    async def _commit(self, batch: list[tuple[BatchedWrite, _Ticket, int]]) -> None:
         try:
-            writes = [w for w, _ in batch]
             try:
-                verdicts = await self._write(writes)
+                verdicts = await self._write([w for w, _, _ in batch])
             except BaseException as exc:
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+                for _, ticket, _ in batch:
+                    ticket.fail(exc)
                 if not isinstance(exc, Exception):
                     raise
                 return
             self.batches += 1
             self.batched_writes += len(batch)
-            for (_, future), verdict in zip(batch, verdicts, strict=True):
-                if not future.done():  # its caller may have gone away: the write stands
-                    future.set_result(verdict)
+            for (_, ticket, i), verdict in zip(batch, verdicts, strict=True):
+                ticket.settle(i, verdict)
         finally:
             self._running -= 1
             self._kick()

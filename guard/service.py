@@ -50,22 +50,38 @@ def ops_from_proto(ops: Any, field: str = "ops", *, required: bool = True) -> li
     result: list[Op] = []
     for i, op in enumerate(ops):
         which = op.WhichOneof("op")
-        if which == "put":
-            limits.check_key(op.put.key, f"{field}[{i}].put.key")
-            limits.check_value(op.put.value, f"{field}[{i}].put.value")
-            result.append(Put(op.put.key, op.put.value))
-        elif which == "delete":
-            limits.check_key(op.delete.key, f"{field}[{i}].delete.key")
-            result.append(Delete(op.delete.key))
-        else:
-            raise InvalidArgumentError(
-                f"{field}[{i}] must be a put or a delete", field=f"{field}[{i}]"
-            )
+        try:
+            if which == "put":
+                put = op.put
+                result.append(Put(limits.check_key(put.key), limits.check_value(put.value)))
+            elif which == "delete":
+                result.append(Delete(limits.check_key(op.delete.key)))
+            else:
+                raise InvalidArgumentError(
+                    f"{field}[{i}] must be a put or a delete", field=f"{field}[{i}]"
+                )
+        except InvalidArgumentError as exc:
+            if exc.field not in ("key", "value"):
+                raise
+            # Named only now, off the hot path: check again under the op's full name.
+            named = f"{field}[{i}].{which}.{exc.field}"
+            item = getattr(op, str(which))
+            if exc.field == "key":
+                limits.check_key(item.key, named)
+            limits.check_value(item.value, named)
+            raise  # pragma: no cover - the named check raises the same error
     return result
 
 
 def write_from_proto(request: guard_pb2.WriteRequest, field: str = "") -> BatchedWrite:
     """Validate one ``WriteRequest`` whole; errors name ``field`` + the request's field."""
+    if not field:  # the hot path (Write, WriteStream): the field names as they are
+        return BatchedWrite(
+            limits.check_resource(request.resource),
+            limits.check_token(request.token),
+            ops_from_proto(request.ops),
+            limits.check_idempotency_key(request.idempotency_key),
+        )
     return BatchedWrite(
         resource=limits.check_resource(request.resource, f"{field}resource"),
         token=limits.check_token(request.token, f"{field}token"),
@@ -118,26 +134,36 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         except FencingError:
             self.metrics.writes.labels("error").inc(len(writes))
             raise
+        accepted = replayed = 0
+        debug = log.isEnabledFor(logging.DEBUG)  # checked once: this loop is the hot path
         for w, verdict in zip(writes, verdicts, strict=True):
             if isinstance(verdict, StaleTokenError):
                 self.metrics.writes.labels("stale").inc()
                 self._rejected("write", w.resource, w.token, verdict)
                 continue
-            self.metrics.writes.labels("replayed" if verdict.replayed else "accepted").inc()
-            log.debug(
-                "write accepted resource=%s token=%d ops=%d fence=%d%s",
-                w.resource,
-                w.token,
-                len(w.ops),
-                verdict.fence,
-                " (replayed)" if verdict.replayed else "",
-                extra={
-                    "resource": w.resource,
-                    "token": w.token,
-                    "op_count": len(w.ops),
-                    "fence": verdict.fence,
-                },
-            )
+            if verdict.replayed:
+                replayed += 1
+            else:
+                accepted += 1
+            if debug:
+                log.debug(
+                    "write accepted resource=%s token=%d ops=%d fence=%d%s",
+                    w.resource,
+                    w.token,
+                    len(w.ops),
+                    verdict.fence,
+                    " (replayed)" if verdict.replayed else "",
+                    extra={
+                        "resource": w.resource,
+                        "token": w.token,
+                        "op_count": len(w.ops),
+                        "fence": verdict.fence,
+                    },
+                )
+        if accepted:
+            self.metrics.writes.labels("accepted").inc(accepted)
+        if replayed:
+            self.metrics.writes.labels("replayed").inc(replayed)
         return verdicts
 
     async def _write_one(self, w: BatchedWrite) -> Verdict:

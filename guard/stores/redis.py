@@ -127,7 +127,7 @@ class RedisStore:
 
     name = "redis"
     supports_strict = True
-    commit_concurrency = 4
+    commit_concurrency = 2
 
     def __init__(
         self,

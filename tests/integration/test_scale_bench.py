@@ -35,7 +35,7 @@ async def test_scale_bench_populates_and_compares() -> None:
 async def test_throughput_bench_runs_on_postgres() -> None:
     rows = await throughput.run([2], 0.2, only=("postgres",), workers=(1, 2))
     names = [r.name for r in rows]
-    assert throughput.PG_DIRECT in names and "pg guard x2 workers: WriteStream 4x64" in names
+    assert throughput.PG_DIRECT in names and "pg guard x2 workers: WriteStream 4x64 (SDK)" in names
     assert all(r.ops > 0 for r in rows)
     assert all("guard" in r.note for r in rows if r.name.startswith("pg guard"))
 
