@@ -17,7 +17,10 @@ write unless it says otherwise, each writer on its own resource:
 * **100 ops per call**: one write of 100 puts, direct and through ``Write``.
 
 Each guard row also says how much CPU the guard used, and this process (the client),
-in cores (CPU seconds per second).
+in cores (CPU seconds per second). The direct Redis rows and the guard use the same
+redis-py client setup (:mod:`fencing._redis`: commands packed by hiredis), and each
+direct baseline is measured before and after the guard rows, the better run kept, so
+the ratios err against the guard.
 The question the ratios answer: what share of what the backend itself does for the
 same check-and-write reaches a client through the guard?
 """
