@@ -69,6 +69,23 @@ GUARD_MODES: Final = {"promise": "monotonic"}
 """Modes that are a client's doing: the guard they run against (promise = monotonic
 guard + ``Fence`` calls from ``hold(..., fence=[guard])``)."""
 
+SHARED_BACKEND_MODES: Final = frozenset({"strict"})
+"""Modes that need the guard store and the lease backend in one PostgreSQL or Redis."""
+
+
+def available_modes() -> list[str]:
+    """Fence modes this build can test: the guard's (but ``off``), and ``promise`` if
+    the SDK's ``hold`` takes ``fence=[...]``."""
+    import inspect
+
+    from guard.fence import FenceMode
+
+    modes = [m.value for m in FenceMode if m.value != "off"]
+    if "fence" in inspect.signature(LeaseClient.hold).parameters:
+        modes.append("promise")
+    return modes
+
+
 SHORT_JOBS: Final = Profile()
 LONG_JOBS: Final = Profile(job_ms=(2500, 4000), step_ms=(100, 250), check="job")
 """Jobs that outlive a lease unless it is renewed: each checks its lease once, first."""
@@ -695,6 +712,13 @@ def run_scenario(
         ) from None
     if config.backend not in scenario.backends:
         raise ValueError(f"scenario {scenario.name} does not run on {config.backend}")
+    if config.fence_mode not in available_modes():
+        raise ValueError(
+            f"fence mode {config.fence_mode!r} is not available here "
+            f"(expected one of {available_modes()})"
+        )
+    if config.fence_mode in SHARED_BACKEND_MODES and config.backend == "sqlite":
+        raise ValueError(f"{config.fence_mode} mode needs --backend postgres or redis")
     guard_mode = GUARD_MODES.get(config.fence_mode, config.fence_mode)
     fenced = run_once(
         config,
@@ -721,6 +745,7 @@ __all__ = [
     "GUARD_MODES",
     "LONG_JOBS",
     "SCENARIOS",
+    "SHARED_BACKEND_MODES",
     "SHORT_JOBS",
     "HarnessError",
     "Observer",
@@ -729,6 +754,7 @@ __all__ = [
     "RunOutcome",
     "Scenario",
     "ScenarioResult",
+    "available_modes",
     "client_argv",
     "run_once",
     "run_scenario",

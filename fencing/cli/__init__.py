@@ -10,11 +10,11 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from fencing.cli import demo, ops, serve
+from fencing.cli import chaos, demo, ops, serve
 
 Command = Callable[[argparse.Namespace], int]
 
-MODULES = [serve, ops, demo]
+MODULES = [serve, ops, demo, chaos]
 
 
 def parser() -> argparse.ArgumentParser:
