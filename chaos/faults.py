@@ -612,6 +612,32 @@ def crashed(
 
 
 @contextlib.contextmanager
+def crashed_together(procs: Sequence[Proc], log: FaultLog, *, label: str) -> Iterator[None]:
+    """SIGKILL several processes at once for the block; restart them all concurrently."""
+    with log.window("crash", label, "SIGKILL ... restart, together"):
+        for proc in procs:
+            proc.kill()
+        try:
+            yield
+        finally:
+            failures: list[BaseException] = []
+
+            def restart(proc: Proc) -> None:
+                try:
+                    proc.restart()
+                except BaseException as exc:
+                    failures.append(exc)
+
+            threads = [threading.Thread(target=restart, args=(p,)) for p in procs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(READY_TIMEOUT_S + 5)
+            if failures:
+                raise failures[0]
+
+
+@contextlib.contextmanager
 def partitioned(proxy: ThreadedFaultProxy, log: FaultLog, target: str) -> Iterator[None]:
     """Blackhole the link through ``proxy``: nothing passes either way, sockets stay open."""
     with log.window("partition", target, "blackhole both directions"):
@@ -872,6 +898,7 @@ __all__ = [
     "child_env",
     "clock_skewed",
     "crashed",
+    "crashed_together",
     "delayed",
     "free_port",
     "guard_server",

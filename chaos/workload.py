@@ -2,7 +2,9 @@
 
 Run one client per process (``python -m chaos.workload --name c0 ...``); the harness
 starts N of them for M resources. Each client loops, bounded by ``--duration`` and
-``--max-jobs``, and every random choice comes from ``--seed`` (and its name)::
+``--max-jobs``, and every random choice comes from ``--seed`` (and its name). A job
+picks a random resource; when it is held by someone else the client tries the next
+one instead, so a resource left by a dead or cut-off holder soon finds a taker::
 
     hold(resource, ttl)                       acquire: ok (token, ttl_ms) / fail / info
       repeat for the job's duration:
@@ -369,8 +371,15 @@ class Client:
         self.replay()
         deadline = time.monotonic() + self.args.duration
         jobs = 0
+        resource = self.rng.choice(self.resources)
         while not self.stopping and jobs < self.args.max_jobs and time.monotonic() < deadline:
-            self.job(self.rng.choice(self.resources))
+            if self.job(resource):
+                resource = self.rng.choice(self.resources)
+            else:
+                # Held by someone else: look for work elsewhere, so a resource whose
+                # holder is gone never waits long for a taker, whatever the seed.
+                i = self.resources.index(resource)
+                resource = self.resources[(i + 1) % len(self.resources)]
             jobs += 1
             self._sleep_ms(self.args.idle_ms)
 
@@ -389,7 +398,8 @@ class Client:
         self.write(Claim(intent.resource, intent.token), intent, replay=1)
         self.journal.clear()
 
-    def job(self, resource: str) -> None:
+    def job(self, resource: str) -> bool:
+        """One job on ``resource``; False if the lease was not acquired."""
         ttl_s = self.rng.uniform(*self.args.ttl_ms) / 1000
         job_s = self.rng.uniform(*self.args.job_ms) / 1000
         op = self.rec.invoke("acquire", resource, ttl_ms=round(ttl_s * 1000))
@@ -421,6 +431,7 @@ class Client:
             # then released the lease): a token may have been granted, so unknown.
             self.rec.complete(op, "info", error=_reason(exc))
             time.sleep(0.05)
+        return acquired
 
     def _on_lost(self, lease: Lease) -> None:
         self.rec.lost(lease.resource, lease.token)
