@@ -48,6 +48,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -95,6 +96,34 @@ def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool:
             return True
     except OSError:
         return False
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living descendant of ``pid`` (children, grandchildren...), from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name may contain spaces and parentheses: split after the last ")".
+        fields = stat.rsplit(")", 1)[1].split()
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _exists(pid: int) -> bool:
+    """True while ``pid`` exists, zombies included: PostgreSQL refuses to start while
+    the PID in its lock file answers ``kill(pid, 0)``, which a zombie does."""
+    return Path(f"/proc/{pid}").exists()
 
 
 # -- fault log ----------------------------------------------------------------------
@@ -329,17 +358,25 @@ class Proc:
             return None
 
     def kill(self) -> None:
-        """SIGKILL the process group and reap the process."""
+        """SIGKILL the process group and every descendant, reap the process, and wait
+        (bounded) until all of them are gone.
+
+        Descendants matter: PostgreSQL's backends each call ``setsid()``, so killing
+        the postmaster's group leaves them running, holding its shared memory, and a
+        restart would fail.
+        """
         if self.popen is None:
             return
-        if self.popen.poll() is None:
+        doomed = descendants(self.popen.pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        for pid in doomed:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-        else:
-            # The leader is gone; its group may still hold children (a postmaster's).
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
         self.wait(STOP_GRACE_S)
+        end = time.monotonic() + STOP_GRACE_S
+        while any(_exists(pid) for pid in doomed) and time.monotonic() < end:
+            time.sleep(0.01)
         self._join_pump()
 
     def terminate(self, grace: float = STOP_GRACE_S) -> None:
@@ -460,8 +497,11 @@ def _pg_bin(name: str) -> str:
 
 
 class Postgres(Proc):
-    """A throwaway PostgreSQL cluster in ``workdir/pg`` on a free loopback port.
+    """A throwaway PostgreSQL cluster in its own temporary directory on a free loopback port.
 
+    The data directory is not under ``workdir`` (only the log is): when the harness
+    runs as root, PostgreSQL runs as ``postgres``, which must be able to reach it,
+    and test temporary directories are private to root. :meth:`close` removes it.
     ``fsync=off`` keeps it fast: the harness kills processes, not machines, and the
     OS page cache survives a SIGKILL; ``synchronous_commit`` stays on, so a commit
     acknowledged before a crash survives it. :meth:`kill` SIGKILLs the postmaster
@@ -469,7 +509,7 @@ class Postgres(Proc):
     """
 
     def __init__(self, workdir: Path, name: str = "postgres") -> None:
-        self.dir = workdir / "pg"
+        self.dir = Path(tempfile.mkdtemp(prefix="chaos-pg-"))
         self.port = free_port()
         super().__init__(
             name,
@@ -485,7 +525,6 @@ class Postgres(Proc):
     def start(self, timeout: float = READY_TIMEOUT_S) -> re.Match[str] | None:
         data = self.dir / "data"
         if not data.exists():
-            self.dir.mkdir(parents=True, exist_ok=True)
             if os.geteuid() == 0:
                 shutil.chown(self.dir, "postgres", "postgres")
             initdb = [_pg_bin("initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"]
@@ -517,6 +556,10 @@ class Postgres(Proc):
             ]
         )
         return super().start(timeout)
+
+    def close(self) -> None:
+        super().close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 REDIS_PERSISTENCE: Final = {
@@ -900,6 +943,7 @@ __all__ = [
     "crashed",
     "crashed_together",
     "delayed",
+    "descendants",
     "free_port",
     "guard_server",
     "half_open",

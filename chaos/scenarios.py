@@ -9,8 +9,10 @@ weak to prove anything and the scenario fails.
 
 Every fault targets a *fresh holder*: the harness polls the lease server's
 ``Describe`` until some resource changes hands, and strikes the client that just got
-it, so the fault lands inside a critical section (see :mod:`chaos.workload`). All
-waits are bounded; a cycle is started only if it can finish before the clients stop.
+it, so the fault lands inside a critical section (see :mod:`chaos.workload`); faults
+on the holder itself wait (bounded) until it has a write prepared and not yet sent,
+which its journal file shows. All waits are bounded; a cycle is started only if it
+can finish before the clients stop.
 
 =====================================  ===========================================
 scenario                               what happens to the fresh holder
@@ -174,6 +176,16 @@ class RunContext:
             self.stop.wait(0.02)
         return False
 
+    def wait_for_pending_write(self, client: str, timeout: float) -> bool:
+        """Wait (bounded, polling every 2 ms) until ``client`` has a write prepared and
+        unanswered (its journal note, see :class:`chaos.workload.Journal`)."""
+        end = time.monotonic() + timeout
+        while not pending_write(self.journal_dir, client):
+            if time.monotonic() >= end or self.stop.is_set():
+                return False
+            time.sleep(0.002)
+        return True
+
     def cycles(self, needs_s: float) -> Iterator[int]:
         """Cycle numbers while a cycle of ``needs_s`` seconds still fits (bounded)."""
         for n in range(MAX_CYCLES):
@@ -216,10 +228,6 @@ class Scenario:
 
 # -- schedules ------------------------------------------------------------------------------
 
-SETTLE_S: Final = 0.015
-"""After spotting a fresh holder: long enough for it to pass its check and read, far
-shorter than a step's work, so the fault lands between preparing and sending a write."""
-
 
 def _pause_holder(ctx: RunContext) -> None:
     pause_s = ctx.ttl_max_s * ctx.rng.uniform(1.9, 2.3)
@@ -228,8 +236,8 @@ def _pause_holder(ctx: RunContext) -> None:
         found = ctx.fresh_holder()
         if found is None:
             continue
-        node, _resource, _token = found
-        ctx.sleep(SETTLE_S)
+        node = found[0]
+        ctx.wait_for_pending_write(node.name, 1.0)  # between preparing and sending a write
         with faults.paused(node.proc, ctx.log, label=node.name):
             time.sleep(pause_s)
         ctx.sleep(ctx.rng.uniform(0.3, 0.8))
@@ -243,10 +251,7 @@ def _kill_holder(ctx: RunContext) -> None:
         if found is None:
             continue
         node = found[0]
-        # Strike while it has a write prepared and unanswered (bounded wait).
-        end = time.monotonic() + 1.0
-        while not pending_write(ctx.journal_dir, node.name) and time.monotonic() < end:
-            time.sleep(0.002)
+        ctx.wait_for_pending_write(node.name, 1.0)  # strike mid-write
 
         def restart(name: str = node.name) -> None:
             # The new incarnation stops with the others, not a full duration later.
@@ -283,7 +288,8 @@ def _delay_holder_to_guard(ctx: RunContext) -> None:
             continue
         node = found[0]
         assert node.guard_proxy is not None
-        ctx.sleep(SETTLE_S)
+        # Strike once its read is answered and its write prepared, not yet sent.
+        ctx.wait_for_pending_write(node.name, 1.0)
         target = f"{node.name} <-> guard"
         with faults.delayed(node.guard_proxy, ctx.log, target, delay_ms):
             # Everything it sends in this window arrives delay_ms later.
@@ -331,7 +337,7 @@ def _guard_crash(ctx: RunContext) -> None:
         if found is None:
             continue
         node, resource, token = found
-        ctx.sleep(SETTLE_S)
+        ctx.wait_for_pending_write(node.name, 1.0)
         assert ctx.cluster.guard is not None
         with faults.paused(node.proc, ctx.log, label=node.name):
             # A newer holder takes over and writes, advancing the fence ...
@@ -389,7 +395,7 @@ SCENARIOS: Final[dict[str, Scenario]] = {
             _delay_holder_to_guard,
             profile=replace(SHORT_JOBS, guard_timeout_s=0.5),
             proxy_guard=True,
-            observe_ms=5.0,
+            observe_ms=10.0,
         ),
         Scenario(
             "restart-lease-server",
