@@ -10,10 +10,22 @@ a paused former owner that wakes up after a takeover changes nothing::
     with leases.hold("orders", ttl=10) as lease:
         guard.put(lease, "last-order", b"42")
 
+The asyncio twins (``AsyncLeaseClient``, ``AsyncGuardClient``) have the same methods,
+and cancel the body of ``async with leases.hold(...)`` when the lease is lost.
 Errors: see :mod:`fencing.errors`.
 """
 
-from fencing.client import GuardClient, Lease, LeaseClient, LeaseState, WriteResult
+from fencing.client import (
+    AsyncGuardClient,
+    AsyncLease,
+    AsyncLeaseClient,
+    GuardClient,
+    Lease,
+    LeaseClient,
+    LeaseEvent,
+    LeaseState,
+    WriteResult,
+)
 from fencing.errors import (
     AcquireTimeoutError,
     BackendUnavailableError,
@@ -23,15 +35,20 @@ from fencing.errors import (
     LeaseHeldError,
     LeaseLost,
     PermissionDeniedError,
+    ResourceExhaustedError,
     StaleTokenError,
     UnauthenticatedError,
 )
+from fencing.tls import TLSConfig
 from fencing.types import Claim, Delete, Fenced, Op, Put, Record
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AcquireTimeoutError",
+    "AsyncGuardClient",
+    "AsyncLease",
+    "AsyncLeaseClient",
     "BackendUnavailableError",
     "Claim",
     "DeadlineExceededError",
@@ -42,6 +59,7 @@ __all__ = [
     "InvalidArgumentError",
     "Lease",
     "LeaseClient",
+    "LeaseEvent",
     "LeaseHeldError",
     "LeaseLost",
     "LeaseState",
@@ -49,7 +67,9 @@ __all__ = [
     "PermissionDeniedError",
     "Put",
     "Record",
+    "ResourceExhaustedError",
     "StaleTokenError",
+    "TLSConfig",
     "UnauthenticatedError",
     "WriteResult",
 ]

@@ -132,6 +132,14 @@ class SQLiteDatabase:
 
         return await self.run(_tx)
 
+    async def healthy(self) -> bool:
+        """True if the database is open and answers ``SELECT 1``."""
+        try:
+            await self.query(lambda conn: conn.execute("SELECT 1").fetchone())
+        except BackendUnavailableError:
+            return False
+        return True
+
     async def query(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run a read-only ``fn(conn)`` in autocommit mode on the database thread."""
 

@@ -25,6 +25,7 @@ from fencing.errors import (
     LeaseHeldError,
     LeaseLost,
     PermissionDeniedError,
+    ResourceExhaustedError,
     StaleTokenError,
     UnauthenticatedError,
 )
@@ -40,6 +41,7 @@ REGISTRY: dict[str, tuple[type[FencingError], grpc.StatusCode]] = {
     BackendUnavailableError.reason: (BackendUnavailableError, grpc.StatusCode.UNAVAILABLE),
     UnauthenticatedError.reason: (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
     PermissionDeniedError.reason: (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
+    ResourceExhaustedError.reason: (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
 }
 
 
@@ -103,6 +105,8 @@ def from_rpc_error(err: grpc.RpcError) -> Exception:
         return UnauthenticatedError(details or "unauthenticated")
     if code == grpc.StatusCode.PERMISSION_DENIED:
         return PermissionDeniedError(details or "permission denied")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return ResourceExhaustedError(details or "resource exhausted")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidArgumentError(details or "invalid argument")
     return err

@@ -11,7 +11,8 @@
     ├── BackendUnavailableError       the server or the store behind it is down; safe to retry
     ├── DeadlineExceededError         the call's deadline passed: its effect is unknown
     ├── UnauthenticatedError          no or bad credentials
-    └── PermissionDeniedError         authenticated, but not allowed this action
+    ├── PermissionDeniedError         authenticated, but not allowed this action
+    └── ResourceExhaustedError        a per-client cap was hit (.limit); back off and retry
 
 Each maps to exactly one gRPC status code and ``google.rpc.ErrorInfo.reason``
 through the registry in :mod:`fencing._status`, used by servers and clients alike,
@@ -183,6 +184,25 @@ class PermissionDeniedError(FencingError):
     reason = "PERMISSION_DENIED"
 
 
+class ResourceExhaustedError(FencingError):
+    """The caller hit a per-client cap (``limit`` names it: ``waiters``, ``watch_streams``),
+    or sent a message larger than the server accepts. Nothing was done; retry after some
+    of the caller's own calls have finished."""
+
+    reason = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str = "", *, limit: str = "") -> None:
+        super().__init__(message or f"limit {limit or 'unknown'} reached")
+        self.limit = limit
+
+    def metadata(self) -> dict[str, str]:
+        return {"limit": self.limit}
+
+    @classmethod
+    def from_metadata(cls, message: str, metadata: dict[str, str]) -> ResourceExhaustedError:
+        return cls(message, limit=metadata.get("limit", ""))
+
+
 __all__ = [
     "AcquireTimeoutError",
     "BackendUnavailableError",
@@ -192,6 +212,7 @@ __all__ = [
     "LeaseHeldError",
     "LeaseLost",
     "PermissionDeniedError",
+    "ResourceExhaustedError",
     "StaleTokenError",
     "UnauthenticatedError",
 ]

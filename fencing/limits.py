@@ -38,6 +38,7 @@ MAX_KEY_BYTES = 1024
 MAX_VALUE_BYTES = 1024 * 1024
 MAX_OPS = 1000
 MAX_IDEMPOTENCY_KEY_BYTES = 256
+MAX_PREFIX_BYTES = 256
 #: Largest gRPC message the servers accept: one write of MAX_OPS values would not fit,
 #: so the byte budget of a whole write is this, not MAX_OPS * MAX_VALUE_BYTES.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -82,6 +83,10 @@ def check_request_id(value: str, field: str = "request_id") -> str:
 
 def check_idempotency_key(value: str, field: str = "idempotency_key") -> str:
     return check_name(field, value, MAX_IDEMPOTENCY_KEY_BYTES, required=False)
+
+
+def check_prefix(value: str, field: str = "prefix") -> str:
+    return check_name(field, value, MAX_PREFIX_BYTES, required=False)
 
 
 def check_key(value: str, field: str = "key") -> str:

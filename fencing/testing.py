@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from fencing._server import ServerOptions
 from guard.fence import FenceMode
 from guard.server import GuardServer, start_guard
 from guard.stores.base import GuardStore
@@ -59,8 +60,12 @@ def running_servers(
     *,
     mode: FenceMode = FenceMode.MONOTONIC,
     host: str = "127.0.0.1",
+    options: ServerOptions | None = None,
 ) -> Iterator[RunningServers]:
-    """Start a lease server and a guard on free ports in a daemon thread; stop them after."""
+    """Start a lease server and a guard on free ports in a daemon thread; stop them after.
+
+    ``options`` (TLS, auth, per-client caps, metrics...) apply to both servers.
+    """
     loop = asyncio.new_event_loop()
     started = threading.Event()
     thread = threading.Thread(
@@ -72,9 +77,13 @@ def running_servers(
     def call(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, loop).result(60)
 
-    lease = call(start_lease_server(backend, f"{host}:0"))
+    lease = call(start_lease_server(backend, f"{host}:0", options=options))
     try:
-        guard = call(start_guard(store, f"{host}:0", mode=mode))
+        # In watch mode the guard follows this lease server.
+        follow = lease.address if mode is FenceMode.WATCH else ""
+        guard = call(
+            start_guard(store, f"{host}:0", mode=mode, options=options, lease_server=follow)
+        )
     except BaseException:
         call(lease.stop(0))
         raise

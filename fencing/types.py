@@ -1,9 +1,14 @@
-"""Plain data shared by the SDK and the servers: write ops and the token a caller holds."""
+"""Plain data shared by the SDK and the servers: write ops, the token a caller holds,
+and the wire's metadata keys."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
+
+#: Initial metadata of a ``Watch`` stream: the revision the stream starts after (the
+#: server's head when the client asked "from now"), so a client can resume from it.
+WATCH_START_KEY = "fencing-watch-after"
 
 
 class Fenced(Protocol):
@@ -50,4 +55,4 @@ class Record:
     written_by_token: int
 
 
-__all__ = ["Claim", "Delete", "Fenced", "Op", "Put", "Record"]
+__all__ = ["WATCH_START_KEY", "Claim", "Delete", "Fenced", "Op", "Put", "Record"]

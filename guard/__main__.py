@@ -1,75 +1,126 @@
-"""``fencing-guard`` / ``python -m guard``: run the guard alone."""
+"""``fencing-guard`` / ``python -m guard``: run the guard alone.
+
+Settings come from flags, ``FENCING_*`` variables and an optional TOML file, in that
+order of precedence (see :mod:`fencing.config` and docs/configuration.md).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 
-from fencing._server import configure_logging, wait_for_signal
+from fencing import config
+from fencing._server import ServerOptions, configure_logging, serve_until_signal
+from fencing.errors import InvalidArgumentError
 from guard.fence import FenceMode
-from guard.server import DEFAULT_IDEMPOTENCY_RETENTION_S, start_guard
+from guard.server import DEFAULT_IDEMPOTENCY_RETENTION_S, check_mode, start_guard
+from guard.stores import GuardStore, open_store
+
+COMMAND = "fencing-guard"
+
+OPTIONS: tuple[config.Option, ...] = (
+    config.Option(
+        "listen",
+        "FENCING_GUARD_LISTEN",
+        "127.0.0.1:50052",
+        "host:port to serve on; port 0 picks one",
+        check=config.address,
+        metavar="HOST:PORT",
+    ),
+    config.Option(
+        "store",
+        "FENCING_STORE",
+        "sqlite:fencing-data/guard.db",
+        "fenced store URL: memory://, sqlite:PATH, postgresql://user@host/db?schema=fencing, "
+        "redis://host:6379",
+        metavar="URL",
+    ),
+    config.Option(
+        "fence_mode",
+        "FENCING_FENCE_MODE",
+        FenceMode.MONOTONIC.value,
+        "how writes are judged; watch also follows --lease-server's events (docs/modes.md); "
+        "strict also requires the live lease (a postgres or redis store where the lease "
+        "server keeps its leases); off accepts stale tokens: chaos control only",
+        choices=tuple(m.value for m in FenceMode),
+    ),
+    config.Option(
+        "lease_server",
+        "FENCING_LEASE_SERVER",
+        "",
+        "in watch mode, the lease server whose events the guard follows",
+        metavar="HOST:PORT",
+    ),
+    config.Option(
+        "watch_prefix",
+        "FENCING_WATCH_PREFIX",
+        "",
+        "in watch mode, follow only resources whose name starts with this (empty: all)",
+        metavar="PREFIX",
+    ),
+    config.Option(
+        "idempotency_retention",
+        "FENCING_IDEMPOTENCY_RETENTION_S",
+        float(DEFAULT_IDEMPOTENCY_RETENTION_S),
+        "seconds a write's idempotency key is remembered",
+        float,
+        check=config.positive,
+        metavar="SECONDS",
+    ),
+    *config.SERVER_OPTIONS,
+)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fencing-guard", description="Run the fencing guard.")
-    p.add_argument(
-        "--listen",
-        default=os.environ.get("FENCING_GUARD_LISTEN", "127.0.0.1:50052"),
-        help="host:port to serve on (env FENCING_GUARD_LISTEN; default %(default)s)",
-    )
-    p.add_argument(
-        "--store",
-        default=os.environ.get("FENCING_STORE", "sqlite:fencing-data/guard.db"),
-        help="memory://, sqlite:///path (env FENCING_STORE; default %(default)s)",
-    )
-    p.add_argument(
-        "--fence-mode",
-        choices=[m.value for m in FenceMode],
-        default=os.environ.get("FENCING_FENCE_MODE", FenceMode.MONOTONIC.value),
-        help="monotonic (default); 'off' accepts stale tokens: chaos control only",
-    )
-    p.add_argument(
-        "--idempotency-retention",
-        type=float,
-        default=float(
-            os.environ.get("FENCING_IDEMPOTENCY_RETENTION_S", DEFAULT_IDEMPOTENCY_RETENTION_S)
-        ),
-        help="seconds a write's idempotency key is remembered (default 86400)",
-    )
-    p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
-    p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM")
-    p.add_argument("--log-level", default=os.environ.get("FENCING_LOG_LEVEL", "INFO"))
-    p.add_argument(
-        "--log-format",
-        choices=["console", "json"],
-        default=os.environ.get("FENCING_LOG_FORMAT", "console"),
-    )
+    p = argparse.ArgumentParser(prog=COMMAND, description="Run the fencing guard.")
+    config.add_options(p, OPTIONS)
     return p
 
 
-async def _run(args: argparse.Namespace) -> None:
+def _store(args: argparse.Namespace) -> GuardStore:
+    if args.fence_mode == FenceMode.WATCH.value and not args.lease_server:
+        raise InvalidArgumentError(
+            "--fence-mode watch needs --lease-server HOST:PORT to follow", field="lease_server"
+        )
+    store = open_store(args.store)
+    check_mode(store, FenceMode(args.fence_mode))
+    return store
+
+
+async def _run(args: argparse.Namespace, store: GuardStore, options: ServerOptions) -> None:
     server = await start_guard(
-        args.store,
+        store,
         args.listen,
         mode=FenceMode(args.fence_mode),
         retention_s=args.idempotency_retention,
         reflection=args.reflection,
+        require_durable=args.require_durable,
+        options=options,
+        lease_server=args.lease_server,
+        watch_prefix=args.watch_prefix,
     )
     print(
         f"guard listening on {server.address} (store {server.store.name}, "
         f"fence mode {args.fence_mode})",
         flush=True,
     )
-    await wait_for_signal()
-    await server.stop(args.grace)
+    await serve_until_signal(
+        [server],
+        grace=args.grace,
+        metrics=options.metrics,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    configure_logging(args.log_level, args.log_format)
-    asyncio.run(_run(args))
+    p = parser()
+    settled = config.settle(p, p.parse_args(argv), OPTIONS, ["listen"], _store)
+    if settled.args.check_config:
+        return settled.report(COMMAND)
+    configure_logging(settled.args.log_level, settled.args.log_format)
+    asyncio.run(_run(settled.args, settled.extra, settled.server))
     return 0
 
 

@@ -16,14 +16,19 @@ from fencing.errors import StaleTokenError
 class FenceMode(StrEnum):
     """How a guard judges a write's token.
 
-    ``monotonic``: token >= fence (the default). ``strict``: also the token must be
-    the live, unexpired lease at commit time, checked by the store in the write's own
-    transaction (needs the store and the lease backend in one PostgreSQL database or
-    one Redis). ``off``: accept every token; exists only as the chaos harness's
-    control, to show the violations fencing prevents. Never use it in production.
+    ``monotonic``: token >= fence (the default). ``watch``: the same rule for writes,
+    and the guard also advances fences itself from the lease server's Watch stream
+    (to t on ACQUIRED(t), past t on RELEASED(t) or EXPIRED(t); see
+    :mod:`guard.follower`), so a former holder is fenced at takeover (G4).
+    ``strict``: also the token must be the live, unexpired lease at commit time,
+    checked by the store in the write's own transaction (needs the store and the
+    lease backend in one PostgreSQL database or one Redis). ``off``: accept every
+    token; exists only as the chaos harness's control, to show the violations
+    fencing prevents. Never use it in production.
     """
 
     MONOTONIC = "monotonic"
+    WATCH = "watch"
     STRICT = "strict"
     OFF = "off"
 
@@ -32,8 +37,10 @@ def admit(resource: str, token: int, fence: int, mode: FenceMode = FenceMode.MON
     """Return the fence after accepting a write with ``token``, or raise ``StaleTokenError``.
 
     Equal tokens are admitted, so one holder can write many times under one lease.
+    Strict mode holds the token to this rule too (G3 holds in every mode but ``off``);
+    the store adds the live-lease check in the same transaction.
     """
-    if mode is FenceMode.MONOTONIC and token < fence:
+    if mode is not FenceMode.OFF and token < fence:
         raise StaleTokenError(resource=resource, token=token, current_token=fence)
     return max(token, fence)
 

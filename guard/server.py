@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from fencing._server import BuiltServer, Service, build_server
+import grpc
+from grpc_health.v1 import health_pb2
+
+from fencing._server import (
+    BuiltServer,
+    ServerOptions,
+    Service,
+    build_server,
+    require_durability,
+)
+from fencing._storage import StorageMetrics, with_deadline
 from fencing.errors import InvalidArgumentError
+from fencing.metrics import Metrics
 from fencing.v1 import guard_pb2_grpc
 from guard.fence import FenceMode
+from guard.follower import HEALTH_SERVICE as WATCH_HEALTH_SERVICE
+from guard.follower import FollowerStatus, LeaseFollower
+from guard.metrics import GuardMetrics
 from guard.service import GuardService
 from guard.stores import GuardStore, open_store
 
@@ -32,11 +45,17 @@ class GuardServer:
     service: GuardService
     address: str
     retention_s: float = DEFAULT_IDEMPOTENCY_RETENTION_S
-    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    #: In watch mode, the task following the lease server; its ``status`` says whether
+    #: fences currently follow takeovers (see :mod:`guard.follower`).
+    follower: LeaseFollower | None = None
 
     @property
     def port(self) -> int:
         return self.built.port
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.built.metrics
 
     async def _prune_forever(self) -> None:
         while True:
@@ -52,19 +71,35 @@ class GuardServer:
                         "pruned %d idempotency keys older than %.0f s", pruned, self.retention_s
                     )
 
+    async def _watch_health(self, status: FollowerStatus) -> None:
+        serving = (
+            health_pb2.HealthCheckResponse.SERVING
+            if status.following
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        await self.built.health.set(WATCH_HEALTH_SERVICE, serving)
+
     async def stop(self, grace: float = 5.0) -> None:
         """Stop serving: health NOT_SERVING, drain for ``grace`` seconds, close the store."""
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self.built.set_serving(False)
+        await self.built.enter_shutdown()
         await self.built.server.stop(grace)
         await self.store.close()
 
 
-def guard_services(store: GuardStore, mode: FenceMode) -> tuple[GuardService, list[Service]]:
-    service = GuardService(store, mode)
+def check_mode(store: GuardStore, mode: FenceMode) -> None:
+    """``InvalidArgumentError`` unless ``store`` can judge writes in fence ``mode``."""
+    if mode is FenceMode.STRICT and not store.supports_strict:
+        raise InvalidArgumentError(
+            f"fence mode strict needs a store that shares a database with the lease backend "
+            f"(postgres or redis); {store.name} cannot check the live lease",
+            field="fence_mode",
+        )
+
+
+def guard_services(
+    store: GuardStore, mode: FenceMode, metrics: GuardMetrics | None = None
+) -> tuple[GuardService, list[Service]]:
+    service = GuardService(store, mode, metrics)
     return service, [
         Service(SERVICE_NAME, service, guard_pb2_grpc.add_GuardServiceServicer_to_server)
     ]
@@ -77,19 +112,39 @@ async def start_guard(
     mode: FenceMode = FenceMode.MONOTONIC,
     retention_s: float = DEFAULT_IDEMPOTENCY_RETENTION_S,
     reflection: bool = False,
+    options: ServerOptions | None = None,
+    require_durable: bool = False,
+    lease_server: str = "",
+    watch_prefix: str = "",
+    lease_credentials: grpc.ChannelCredentials | None = None,
 ) -> GuardServer:
-    """Open ``store`` (an object or a URL), bind ``address`` (port 0 picks one), start."""
-    st = open_store(store) if isinstance(store, str) else store
-    if mode is FenceMode.STRICT and not st.supports_strict:
+    """Open ``store`` (an object or a URL), bind ``address`` (port 0 picks one), start.
+
+    ``options`` sets TLS, authentication, per-client caps, metrics and the store
+    deadline (see :class:`~fencing._server.ServerOptions`).
+
+    ``mode=FenceMode.WATCH`` needs ``lease_server`` (host:port, reached with
+    ``lease_credentials`` if given): a follower task then advances fences from its
+    ``Watch`` stream on ``watch_prefix`` (all resources by default) and reports
+    through ``GuardServer.follower.status`` and the health entry
+    ``fencing.v1.GuardService/watch``.
+    """
+    if mode is FenceMode.WATCH and not lease_server:
         raise InvalidArgumentError(
-            f"fence mode strict needs a store that shares a database with the lease backend "
-            f"(postgres or redis); {st.name} cannot check the live lease",
-            field="fence_mode",
+            "fence mode watch needs the lease server's address to follow", field="lease_server"
         )
+    options, metrics = (options or ServerOptions()).with_metrics()
+    st = open_store(store) if isinstance(store, str) else store
+    check_mode(st, mode)
     await st.open()
     try:
-        service, services = guard_services(st, mode)
-        built = await build_server(address, services, reflection_enabled=reflection)
+        require_durability(st, "guard store " + st.name, require_durable)
+        timeouts = metrics.group(StorageMetrics).timeouts.labels("guard")
+        bounded = with_deadline(st, options.backend_timeout, "guard store", timeouts.inc)
+        service, services = guard_services(bounded, mode, metrics.group(GuardMetrics))
+        built = await build_server(
+            address, services, reflection_enabled=reflection, options=options
+        )
         await built.server.start()
     except BaseException:
         await st.close()
@@ -98,5 +153,16 @@ async def start_guard(
         log.warning("FENCING IS OFF: this guard accepts stale tokens. Use only as a chaos control.")
     host = address.rsplit(":", 1)[0]
     running = GuardServer(built, st, service, f"{host}:{built.port}", retention_s)
-    running._tasks.append(asyncio.create_task(running._prune_forever()))
+    built.probe_storage(st, "guard", options.backend_timeout, options.health_interval)
+    built.spawn(running._prune_forever())
+    if mode is FenceMode.WATCH:
+        await built.health.set(WATCH_HEALTH_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+        running.follower = LeaseFollower(
+            bounded,
+            lease_server,
+            prefix=watch_prefix,
+            credentials=lease_credentials,
+            on_state=running._watch_health,
+        )
+        built.spawn(running.follower.run())
     return running

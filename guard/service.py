@@ -2,7 +2,8 @@
 
 Validates each request whole before the store sees it (a bad op anywhere means
 nothing is applied), and logs each acceptance and each stale-token rejection with
-resource and tokens, never values.
+resource and tokens (as structured fields too), never values, and counts them
+(:mod:`guard.metrics`).
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ import logging
 from typing import Any
 
 import grpc.aio
+from prometheus_client import CollectorRegistry
 
 from fencing import limits
+from fencing._admission import current_principal
 from fencing._server import rpc
-from fencing.errors import InvalidArgumentError, StaleTokenError
+from fencing.errors import FencingError, InvalidArgumentError, StaleTokenError
 from fencing.types import Delete, Op, Put
 from fencing.v1 import guard_pb2, guard_pb2_grpc
 from guard.fence import FenceMode
+from guard.metrics import GuardMetrics
 from guard.stores.base import GuardStore
 
 log = logging.getLogger(__name__)
@@ -48,10 +52,33 @@ def ops_from_proto(ops: Any, field: str = "ops") -> list[Op]:
 class GuardService(guard_pb2_grpc.GuardServiceServicer):
     """The guard's RPC handlers."""
 
-    def __init__(self, store: GuardStore, mode: FenceMode = FenceMode.MONOTONIC) -> None:
+    def __init__(
+        self,
+        store: GuardStore,
+        mode: FenceMode = FenceMode.MONOTONIC,
+        metrics: GuardMetrics | None = None,
+    ) -> None:
         self.store = store
         self.mode = mode
         self.stale_rejections = 0
+        self.metrics = metrics or GuardMetrics(CollectorRegistry())
+
+    def _rejected(self, what: str, resource: str, token: int, exc: StaleTokenError) -> None:
+        self.stale_rejections += 1
+        self.metrics.stale(resource)
+        log.warning(
+            "stale %s rejected resource=%s token=%d fence=%d",
+            what,
+            resource,
+            token,
+            exc.current_token,
+            extra={
+                "resource": resource,
+                "token": token,
+                "current_token": exc.current_token,
+                "principal": current_principal() or "",
+            },
+        )
 
     @rpc
     async def Write(
@@ -64,14 +91,13 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         try:
             result = await self.store.write(resource, token, ops, key, self.mode)
         except StaleTokenError as exc:
-            self.stale_rejections += 1
-            log.warning(
-                "stale write rejected resource=%s token=%d fence=%d",
-                resource,
-                token,
-                exc.current_token,
-            )
+            self.metrics.writes.labels("stale").inc()
+            self._rejected("write", resource, token, exc)
             raise
+        except FencingError:
+            self.metrics.writes.labels("error").inc()
+            raise
+        self.metrics.writes.labels("replayed" if result.replayed else "accepted").inc()
         log.debug(
             "write accepted resource=%s token=%d ops=%d fence=%d%s",
             resource,
@@ -79,6 +105,12 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
             len(ops),
             result.fence,
             " (replayed)" if result.replayed else "",
+            extra={
+                "resource": resource,
+                "token": token,
+                "op_count": len(ops),
+                "fence": result.fence,
+            },
         )
         return guard_pb2.WriteResponse(fence=result.fence, replayed=result.replayed)
 
@@ -104,15 +136,15 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         try:
             fence = await self.store.fence(resource, token)
         except StaleTokenError as exc:
-            self.stale_rejections += 1
-            log.warning(
-                "stale fence rejected resource=%s token=%d fence=%d",
-                resource,
-                token,
-                exc.current_token,
-            )
+            self._rejected("fence", resource, token, exc)
             raise
-        log.info("fenced resource=%s token=%d", resource, fence)
+        self.metrics.fence_advanced("fence")
+        log.info(
+            "fenced resource=%s token=%d",
+            resource,
+            fence,
+            extra={"resource": resource, "token": token, "fence": fence},
+        )
         return guard_pb2.FenceState(resource=resource, fence=fence)
 
     @rpc

@@ -1,50 +1,88 @@
-"""``lease-server`` / ``python -m lease_server``: run the lease server alone."""
+"""``lease-server`` / ``python -m lease_server``: run the lease server alone.
+
+Settings come from flags, ``FENCING_*`` variables and an optional TOML file, in that
+order of precedence (see :mod:`fencing.config` and docs/configuration.md).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 
-from fencing._server import configure_logging, wait_for_signal
+from fencing import config
+from fencing._server import ServerOptions, configure_logging, serve_until_signal
+from lease_server.backends import LeaseBackend, open_backend
+from lease_server.expiry import DEFAULT_EVENT_RETENTION
 from lease_server.server import start_lease_server
+
+COMMAND = "lease-server"
+
+OPTIONS: tuple[config.Option, ...] = (
+    config.Option(
+        "listen",
+        "FENCING_LISTEN",
+        "127.0.0.1:50051",
+        "host:port to serve on; port 0 picks one",
+        check=config.address,
+        metavar="HOST:PORT",
+    ),
+    config.Option(
+        "backend",
+        "FENCING_BACKEND",
+        "sqlite:fencing-data/leases.db",
+        "lease backend URL: memory://, sqlite:PATH, postgresql://user@host/db?schema=fencing, "
+        "redis://host:6379",
+        metavar="URL",
+    ),
+    config.Option(
+        "event_retention",
+        "FENCING_EVENT_RETENTION",
+        DEFAULT_EVENT_RETENTION,
+        "events the log keeps for Watch streams to resume from; an older cursor gets RESYNC",
+        int,
+        check=config.positive,
+        metavar="EVENTS",
+    ),
+    *config.LEASE_LIMIT_OPTIONS,
+    *config.SERVER_OPTIONS,
+)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lease-server", description="Run the fencing lease server.")
-    p.add_argument(
-        "--listen",
-        default=os.environ.get("FENCING_LISTEN", "127.0.0.1:50051"),
-        help="host:port to serve on (env FENCING_LISTEN; default %(default)s)",
-    )
-    p.add_argument(
-        "--backend",
-        default=os.environ.get("FENCING_BACKEND", "sqlite:fencing-data/leases.db"),
-        help="memory://, sqlite:///path (env FENCING_BACKEND; default %(default)s)",
-    )
-    p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
-    p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM")
-    p.add_argument("--log-level", default=os.environ.get("FENCING_LOG_LEVEL", "INFO"))
-    p.add_argument(
-        "--log-format",
-        choices=["console", "json"],
-        default=os.environ.get("FENCING_LOG_FORMAT", "console"),
-    )
+    p = argparse.ArgumentParser(prog=COMMAND, description="Run the fencing lease server.")
+    config.add_options(p, OPTIONS)
     return p
 
 
-async def _run(args: argparse.Namespace) -> None:
-    server = await start_lease_server(args.backend, args.listen, reflection=args.reflection)
+async def _run(args: argparse.Namespace, backend: LeaseBackend, options: ServerOptions) -> None:
+    server = await start_lease_server(
+        backend,
+        args.listen,
+        reflection=args.reflection,
+        options=options,
+        require_durable=args.require_durable,
+        event_retention=args.event_retention,
+    )
     print(f"lease server listening on {server.address} (backend {server.backend.name})", flush=True)
-    await wait_for_signal()
-    await server.stop(args.grace)
+    await serve_until_signal(
+        [server],
+        grace=args.grace,
+        metrics=options.metrics,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    configure_logging(args.log_level, args.log_format)
-    asyncio.run(_run(args))
+    p = parser()
+    settled = config.settle(
+        p, p.parse_args(argv), OPTIONS, ["listen"], lambda args: open_backend(args.backend)
+    )
+    if settled.args.check_config:
+        return settled.report(COMMAND)
+    configure_logging(settled.args.log_level, settled.args.log_format)
+    asyncio.run(_run(settled.args, settled.extra, settled.server))
     return 0
 
 

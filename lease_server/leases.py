@@ -6,12 +6,17 @@ Python inside their transaction (memory, SQLite) call these functions on the rec
 they locked; backends that decide in SQL or Lua implement the same rules there, and
 the contract suite holds both to them.
 
+Every change of a record is also a :class:`Transition` for the event log that
+``Watch`` streams (:func:`transitions`, :func:`expire`); a backend numbers each one
+with the next revision and appends it in the same transaction as the change.
+
 Time is milliseconds on the backend's clock; nothing here reads a clock.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 from fencing.errors import LeaseLost
 
@@ -125,3 +130,121 @@ def describe(record: LeaseRecord, now_ms: int) -> LeaseInfo:
         remaining_ms=record.remaining_ms(now_ms),
         last_token=record.counter,
     )
+
+
+# -- the event log ---------------------------------------------------------------------------
+
+
+class EventKind(StrEnum):
+    """What happened to a resource's lease (``LeaseEvent.Kind`` on the wire)."""
+
+    ACQUIRED = "acquired"
+    RENEWED = "renewed"
+    RELEASED = "released"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One change of a lease, before the backend gives it a revision.
+
+    ``token`` and ``holder`` are the lease's own: the new grant's for ACQUIRED, the
+    renewed one's for RENEWED, the lease that ended for RELEASED and EXPIRED.
+    ``ttl_ms`` is the validity granted (ACQUIRED, RENEWED) and 0 otherwise.
+    """
+
+    kind: EventKind
+    resource: str
+    token: int
+    holder: str
+    ttl_ms: int = 0
+
+    def numbered(self, revision: int) -> LeaseEvent:
+        return LeaseEvent(revision, self.kind, self.resource, self.token, self.holder, self.ttl_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseEvent:
+    """A :class:`Transition` appended to a backend's event log at ``revision``.
+
+    Revisions are assigned by the backend: 1, 2, 3, ... across all resources of
+    the backend, in commit order, never reused, surviving restarts where the
+    backend is durable.
+    """
+
+    revision: int
+    kind: EventKind
+    resource: str
+    token: int
+    holder: str
+    ttl_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Which resources an event reader wants: one ``resource``, or every name that
+    starts with ``prefix`` (byte-wise, no wildcards; the empty prefix means all)."""
+
+    resource: str = ""
+    prefix: str = ""
+
+    def matches(self, resource: str) -> bool:
+        if self.resource:
+            return resource == self.resource
+        return resource.startswith(self.prefix)
+
+
+@dataclass(frozen=True, slots=True)
+class EventPage:
+    """The answer to ``LeaseBackend.events_after``; see its docstring."""
+
+    events: tuple[LeaseEvent, ...]
+    head: int
+    compacted_through: int
+
+    def gap(self, after: int) -> bool:
+        """True when events after ``after`` may be missing: the caller must resync.
+
+        Either they were pruned (``after < compacted_through``), or ``after`` is
+        ahead of this log (``after > head``: a cursor from another or a reset backend).
+        """
+        return after < self.compacted_through or after > self.head
+
+
+def transitions(old: LeaseRecord, new: LeaseRecord, now_ms: int) -> list[Transition]:
+    """What changing ``old`` into ``new`` at ``now_ms`` appends to the event log, in order.
+
+    - a lease that ended (the old token is gone) is RELEASED if it was live at
+      ``now_ms`` (only :func:`release` ends a live lease) and EXPIRED otherwise,
+      so a takeover of an expired lease appends EXPIRED(t) and then ACQUIRED(t+1);
+    - a new token is ACQUIRED with the ttl granted;
+    - the same token with a moved expiry is RENEWED (a renewal that leaves the
+      expiry where it was, same millisecond and same ttl, appends nothing);
+    - no change (a refused or replayed acquire) appends nothing.
+    """
+    if old == new:
+        return []
+    out: list[Transition] = []
+    if old.token and old.token != new.token:
+        kind = EventKind.RELEASED if old.live(now_ms) else EventKind.EXPIRED
+        out.append(Transition(kind, old.resource, old.token, old.holder))
+    if new.token and new.token != old.token:
+        ttl_ms = new.expires_at_ms - now_ms
+        out.append(Transition(EventKind.ACQUIRED, new.resource, new.token, new.holder, ttl_ms))
+    elif new.token and new.expires_at_ms != old.expires_at_ms:
+        ttl_ms = new.expires_at_ms - now_ms
+        out.append(Transition(EventKind.RENEWED, new.resource, new.token, new.holder, ttl_ms))
+    return out
+
+
+def expire(record: LeaseRecord, now_ms: int) -> LeaseRecord:
+    """The expiry sweeper's rule: a granted lease whose expiry passed becomes free.
+
+    Returns ``record`` itself when there is nothing to expire (no lease, or still
+    live), so a sweeper that lost the race to another one changes nothing and
+    appends nothing. The counter stays. Describe cannot tell the difference: an
+    expired lease already reads as free.
+    """
+    if record.token == 0 or record.live(now_ms):
+        return record
+    return LeaseRecord(record.resource, record.counter)

@@ -5,6 +5,8 @@ A release through this process wakes the head alone (no thundering herd); the
 head also re-checks at the lease's expiry and at least every ``poll_interval``
 (releases through another server process on the same backend are seen that way).
 When the head leaves, granted or timed out, the next waiter becomes head at once.
+On shutdown :meth:`WaitQueues.close` wakes every waiter and ends its wait, so the
+server can answer it at once instead of cancelling it at the end of the drain.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class WaitQueues:
     def __init__(self, poll_interval: float = 0.1) -> None:
         self.poll_interval = poll_interval
         self._queues: dict[str, deque[Ticket]] = {}
+        self.closed = False
 
     def waiting(self, resource: str) -> int:
         return len(self._queues.get(resource, ()))
@@ -60,20 +63,32 @@ class WaitQueues:
         return queue is not None and len(queue) > 0 and queue[0] is ticket
 
     async def wait_turn(self, ticket: Ticket, limit: float) -> bool:
-        """Sleep until ``ticket`` heads its queue; False if ``limit`` seconds pass first."""
+        """Sleep until ``ticket`` heads its queue; False if ``limit`` seconds pass first
+        or the queues are closed."""
         while not self.is_head(ticket):
+            if self.closed:
+                return False
             ticket.wake.clear()
             try:
                 await asyncio.wait_for(ticket.wake.wait(), limit)
             except TimeoutError:
-                return self.is_head(ticket)
-        return True
+                return self.is_head(ticket) and not self.closed
+        return not self.closed
 
     async def nap(self, ticket: Ticket, seconds: float) -> None:
         """Head's sleep before asking the backend again: a release nudge cuts it short."""
+        if self.closed:
+            return
         ticket.wake.clear()
         with suppress(TimeoutError):
             await asyncio.wait_for(ticket.wake.wait(), max(0.0, min(seconds, self.poll_interval)))
+
+    def close(self) -> None:
+        """Stop every wait now (shutdown): waiting calls return at once."""
+        self.closed = True
+        for queue in self._queues.values():
+            for ticket in queue:
+                ticket.wake.set()
 
     def notify(self, resource: str) -> None:
         """The resource was released here: wake its head waiter, if any."""

@@ -4,6 +4,8 @@ A factory is an async context manager yielding a fresh, opened, isolated instanc
 and a ``Clock`` to move its time: embedded backends take a manual clock, servers
 with their own clock (PostgreSQL, Redis) are moved by really sleeping. To run the
 suites on a new implementation, add a factory here: nothing else changes.
+Tests that get a ``postgres`` instance are marked ``postgres`` (tests/conftest.py);
+each gets its own schema, dropped afterwards (tests/pg.py).
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ from pathlib import Path
 
 from guard.stores.base import GuardStore
 from guard.stores.memory import MemoryStore
+from guard.stores.redis import RedisStore
 from guard.stores.sqlite import SQLiteStore
 from lease_server.backends.base import LeaseBackend
 from lease_server.backends.memory import MemoryBackend
+from lease_server.backends.redis import RedisBackend
 from lease_server.backends.sqlite import SQLiteBackend
 from lease_server.clock import ManualClock
+from tests import redis_server
 
 
 @dataclass
@@ -59,6 +64,24 @@ async def sqlite_backend() -> AsyncIterator[tuple[LeaseBackend, TimeControl]]:
             await backend.close()
 
 
+def _real_time(ms: int) -> None:
+    """Servers with their own clock cannot be moved: ``TimeControl.sleep`` really sleeps."""
+
+
+@asynccontextmanager
+async def postgres_backend() -> AsyncIterator[tuple[LeaseBackend, TimeControl]]:
+    from lease_server.backends.postgres import PostgresBackend
+    from tests import pg
+
+    async with pg.fresh_schema() as (dsn, schema):
+        backend = PostgresBackend(dsn, schema)
+        await backend.open()
+        try:
+            yield backend, TimeControl(_real_time, manual=False)
+        finally:
+            await backend.close()
+
+
 @asynccontextmanager
 async def memory_store() -> AsyncIterator[GuardStore]:
     store = MemoryStore()
@@ -78,15 +101,86 @@ async def sqlite_store() -> AsyncIterator[GuardStore]:
             await store.close()
 
 
+@asynccontextmanager
+async def postgres_store() -> AsyncIterator[GuardStore]:
+    from guard.stores.postgres import PostgresStore
+    from tests import pg
+
+    async with pg.fresh_schema() as (dsn, schema):
+        store = PostgresStore(dsn, schema)
+        await store.open()
+        try:
+            yield store
+        finally:
+            await store.close()
+
+
+@asynccontextmanager
+async def redis_backend_at(
+    url: str, *, clock_floor: bool = True
+) -> AsyncIterator[tuple[LeaseBackend, TimeControl]]:
+    # A private key prefix per instance; the clock floor on, as it ships (tokens are
+    # sparse on Redis: the contract only asks that they grow).
+    prefix = redis_server.unique_prefix()
+    backend = RedisBackend(url, prefix=prefix, clock_floor=clock_floor)
+    await backend.open()
+    try:
+        yield backend, TimeControl(_real_time, manual=False)
+    finally:
+        await backend.close()
+        await redis_server.drop_prefix(url, prefix)
+
+
+@asynccontextmanager
+async def _redis_store(url: str) -> AsyncIterator[GuardStore]:
+    prefix = redis_server.unique_prefix()
+    store = RedisStore(url, prefix=prefix)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+        await redis_server.drop_prefix(url, prefix)
+
+
+def redis_backend() -> AbstractAsyncContextManager[tuple[LeaseBackend, TimeControl]]:
+    return redis_backend_at(redis_server.SERVERS.standalone_url())
+
+
+def redis_cluster_backend() -> AbstractAsyncContextManager[tuple[LeaseBackend, TimeControl]]:
+    return redis_backend_at(redis_server.SERVERS.cluster_url())
+
+
+def redis_store() -> AbstractAsyncContextManager[GuardStore]:
+    return _redis_store(redis_server.SERVERS.standalone_url())
+
+
+def redis_cluster_store() -> AbstractAsyncContextManager[GuardStore]:
+    return _redis_store(redis_server.SERVERS.cluster_url())
+
+
 BackendFactory = Callable[[], AbstractAsyncContextManager[tuple[LeaseBackend, TimeControl]]]
 StoreFactory = Callable[[], AbstractAsyncContextManager[GuardStore]]
 
 LEASE_BACKENDS: dict[str, BackendFactory] = {
     "memory": memory_backend,
     "sqlite": sqlite_backend,
+    "postgres": postgres_backend,
+    "redis": redis_backend,
+    "redis-cluster": redis_cluster_backend,
 }
 
 GUARD_STORES: dict[str, StoreFactory] = {
     "memory": memory_store,
     "sqlite": sqlite_store,
+    "postgres": postgres_store,
+    "redis": redis_store,
+    "redis-cluster": redis_cluster_store,
+}
+
+#: Registry name -> pytest marker name, added to every test parametrized with it.
+MARKS: dict[str, str] = {
+    "postgres": "postgres",
+    "redis": "redis",
+    "redis-cluster": "redis",
 }

@@ -10,11 +10,11 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from fencing.cli import chaos, demo, ops, serve
+from fencing.cli import chaos, demo, healthcheck, migrate, ops, serve
 
 Command = Callable[[argparse.Namespace], int]
 
-MODULES = [serve, ops, demo, chaos]
+MODULES = [serve, ops, migrate, healthcheck, demo, chaos]
 
 
 def parser() -> argparse.ArgumentParser:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from fencing.cli import connect
 from fencing.client import GuardClient, LeaseClient
 from fencing.errors import FencingError
 from fencing.types import Claim, Put
@@ -37,13 +38,25 @@ def _guarded(
         except FencingError as exc:
             print(f"error: {exc.reason}: {exc}", file=sys.stderr)
             return 1
+        except ValueError as exc:  # unreadable certificate files
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return 0
 
     return run
 
 
 def _lease_client(args: argparse.Namespace) -> LeaseClient:
-    return LeaseClient(args.lease_addr, holder=getattr(args, "holder", None) or None)
+    return LeaseClient(
+        args.lease_addr,
+        holder=getattr(args, "holder", None) or None,
+        tls=connect.tls_of(args),
+        token=args.auth_token,
+    )
+
+
+def _guard_client(args: argparse.Namespace) -> GuardClient:
+    return GuardClient(args.guard_addr, tls=connect.tls_of(args), token=args.auth_token)
 
 
 @_guarded
@@ -91,7 +104,7 @@ def _describe(args: argparse.Namespace) -> dict[str, Any]:
 
 @_guarded
 def _put(args: argparse.Namespace) -> dict[str, Any]:
-    with GuardClient(args.guard_addr) as guard:
+    with _guard_client(args) as guard:
         result = guard.write(
             Claim(args.resource, args.token),
             Put(args.key, args.value.encode()),
@@ -107,7 +120,7 @@ def _put(args: argparse.Namespace) -> dict[str, Any]:
 
 @_guarded
 def _get(args: argparse.Namespace) -> dict[str, Any]:
-    with GuardClient(args.guard_addr) as guard:
+    with _guard_client(args) as guard:
         record = guard.read(args.resource, args.key)
         if record is None:
             return {"resource": args.resource, "key": args.key, "found": False}
@@ -122,7 +135,7 @@ def _get(args: argparse.Namespace) -> dict[str, Any]:
 
 @_guarded
 def _fence(args: argparse.Namespace) -> dict[str, Any]:
-    with GuardClient(args.guard_addr) as guard:
+    with _guard_client(args) as guard:
         if args.token is None:
             return {"resource": args.resource, "fence": guard.describe_fence(args.resource)}
         return {"resource": args.resource, "fence": guard.fence(Claim(args.resource, args.token))}
@@ -142,6 +155,7 @@ def _common(p: argparse.ArgumentParser, *, lease: bool) -> None:
             help="guard (env FENCING_GUARD_ADDR; default %(default)s)",
         )
     p.add_argument("--json", action="store_true", help="print JSON")
+    connect.add_options(p)
 
 
 def register(sub: Any) -> None:

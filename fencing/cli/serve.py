@@ -1,17 +1,65 @@
-"""``fencing serve``: the lease server and the guard in one process on the embedded default."""
+"""``fencing serve``: the lease server and the guard in one process on the embedded default.
+
+Both servers share the process's settings (TLS, auth, caps, one metrics endpoint);
+settings come from flags, ``FENCING_*`` variables and an optional TOML file, in that
+order of precedence (see :mod:`fencing.config` and docs/configuration.md).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from fencing._server import configure_logging, wait_for_signal
+from fencing import config
+from fencing._server import ServerOptions, configure_logging, serve_until_signal
 from guard.fence import FenceMode
 from guard.server import start_guard
 from lease_server.server import start_lease_server
+
+COMMAND = "fencing serve"
+
+OPTIONS: tuple[config.Option, ...] = (
+    config.Option(
+        "data_dir",
+        "FENCING_DATA_DIR",
+        "./fencing-data",
+        "where leases.db and guard.db live",
+        metavar="PATH",
+    ),
+    config.Option(
+        "lease_addr",
+        "FENCING_LEASE_ADDR",
+        "127.0.0.1:50051",
+        "lease server address; port 0 picks one",
+        check=config.address,
+        metavar="HOST:PORT",
+    ),
+    config.Option(
+        "guard_addr",
+        "FENCING_GUARD_ADDR",
+        "127.0.0.1:50052",
+        "guard address; port 0 picks one",
+        check=config.address,
+        metavar="HOST:PORT",
+    ),
+    config.Option(
+        "fence_mode",
+        "FENCING_FENCE_MODE",
+        FenceMode.MONOTONIC.value,
+        "monotonic; watch: the guard also follows the lease server's events (docs/modes.md); "
+        "off disables fencing (demo/chaos control only)",
+        choices=(FenceMode.MONOTONIC.value, FenceMode.WATCH.value, FenceMode.OFF.value),
+    ),
+    *config.LEASE_LIMIT_OPTIONS,
+    # Quieter by default than the standalone servers: this is the interactive command.
+    *(
+        dataclasses.replace(o, default="WARNING") if o is config.LOG_LEVEL else o
+        for o in config.SERVER_OPTIONS
+    ),
+)
 
 
 def register(sub: Any) -> None:
@@ -20,43 +68,29 @@ def register(sub: Any) -> None:
         help="run the lease server and the guard (SQLite, nothing else needed)",
         description="Run the lease server and the guard in one process, state in --data-dir.",
     )
-    p.add_argument(
-        "--data-dir",
-        default=os.environ.get("FENCING_DATA_DIR", "./fencing-data"),
-        help="where leases.db and guard.db live (default %(default)s)",
-    )
-    p.add_argument(
-        "--lease-addr",
-        default=os.environ.get("FENCING_LEASE_ADDR", "127.0.0.1:50051"),
-        help="lease server address (default %(default)s; port 0 picks one)",
-    )
-    p.add_argument(
-        "--guard-addr",
-        default=os.environ.get("FENCING_GUARD_ADDR", "127.0.0.1:50052"),
-        help="guard address (default %(default)s; port 0 picks one)",
-    )
-    p.add_argument(
-        "--fence-mode",
-        choices=[FenceMode.MONOTONIC.value, FenceMode.OFF.value],
-        default=FenceMode.MONOTONIC.value,
-        help="monotonic (default); off disables fencing: demo/chaos control only",
-    )
-    p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM")
-    p.add_argument("--log-level", default=os.environ.get("FENCING_LOG_LEVEL", "WARNING"))
-    p.add_argument(
-        "--log-format",
-        choices=["console", "json"],
-        default=os.environ.get("FENCING_LOG_FORMAT", "console"),
-    )
-    p.set_defaults(run=run)
+    config.add_options(p, OPTIONS)
+    p.set_defaults(run=run, parser=p)
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
     data: Path = args.data_path
-    leases = await start_lease_server(f"sqlite:{data / 'leases.db'}", args.lease_addr)
+    leases = await start_lease_server(
+        f"sqlite:{data / 'leases.db'}",
+        args.lease_addr,
+        reflection=args.reflection,
+        options=options,
+        require_durable=args.require_durable,
+    )
     try:
         guard = await start_guard(
-            f"sqlite:{data / 'guard.db'}", args.guard_addr, mode=FenceMode(args.fence_mode)
+            f"sqlite:{data / 'guard.db'}",
+            args.guard_addr,
+            mode=FenceMode(args.fence_mode),
+            reflection=args.reflection,
+            options=options,
+            require_durable=args.require_durable,
+            # In watch mode the guard follows the lease server next to it.
+            lease_server=leases.address if args.fence_mode == FenceMode.WATCH.value else "",
         )
     except BaseException:
         await leases.stop(0)
@@ -64,15 +98,24 @@ async def _serve(args: argparse.Namespace) -> None:
     print(f"lease server listening on {leases.address}", flush=True)
     print(f"guard listening on {guard.address} (fence mode {args.fence_mode})", flush=True)
     print(f"data in {data}; stop with Ctrl-C or SIGTERM", flush=True)
-    signal_name = await wait_for_signal()
-    print(f"{signal_name}: draining for up to {args.grace:g} s", flush=True)
-    await asyncio.gather(guard.stop(args.grace), leases.stop(args.grace))
-    print("stopped", flush=True)
+    signal_name = await serve_until_signal(
+        [guard, leases],
+        grace=args.grace,
+        metrics=options.metrics,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+    )
+    print(f"{signal_name}: stopped", flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    settled = config.settle(
+        args.parser, args, OPTIONS, ["lease_addr", "guard_addr"], lambda a: Path(a.data_dir)
+    )
+    if args.check_config:
+        return settled.report(COMMAND)
     configure_logging(args.log_level, args.log_format)
-    args.data_path = Path(args.data_dir).resolve()
+    args.data_path = settled.extra.resolve()
     args.data_path.mkdir(parents=True, exist_ok=True)
-    asyncio.run(_serve(args))
+    asyncio.run(_serve(args, settled.server))
     return 0

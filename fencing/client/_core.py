@@ -1,28 +1,47 @@
 """The I/O-free half of the SDK, shared by the sync and asyncio clients.
 
-Request builders, response converters, and the rules for retrying: the twins
-only send what these functions build and translate what comes back.
+Request builders, response converters, the rules for retrying an acquire
+(:class:`AcquirePlan`), for judging a failed renewal (:func:`renewal_failure`) and
+everything a lease handle knows without a network (:class:`LeaseBase`): the twins
+(``lease.py``/``async_lease.py``, ``guard.py``/``async_guard.py``) only send what
+these build, wait, and translate what comes back.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Generic, Protocol, Self, TypeVar
 
 import grpc
+import grpc.aio
 
 from fencing import _status
+from fencing._renewal import RenewalPolicy, RenewalSchedule
 from fencing.errors import (
+    AcquireTimeoutError,
     BackendUnavailableError,
     DeadlineExceededError,
+    FencingError,
     InvalidArgumentError,
+    LeaseHeldError,
+    LeaseLost,
 )
 from fencing.limits import MAX_MESSAGE_BYTES, MAX_WAIT_MS
+from fencing.tls import TLSConfig, is_loopback, split_address
 from fencing.types import Delete, Fenced, Op, Put, Record
 from fencing.v1 import guard_pb2, lease_pb2
+
+log = logging.getLogger("fencing.client")
+
+#: A monotonic clock in seconds (``time.monotonic``; a fake in tests).
+Clock = Callable[[], float]
 
 #: Per-call deadline for calls that do not wait (seconds).
 DEFAULT_RPC_TIMEOUT = 5.0
@@ -30,13 +49,80 @@ DEFAULT_RPC_TIMEOUT = 5.0
 RETRY_BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8)
 
 
-def channel_options() -> list[tuple[str, int]]:
-    return [
+def channel_options(tls: TLSConfig | None = None) -> list[tuple[str, int | str]]:
+    options: list[tuple[str, int | str]] = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
     ]
+    if tls is not None:
+        options.extend(tls.channel_options())
+    return options
+
+
+def channel_credentials(
+    target: str,
+    *,
+    tls: TLSConfig | None = None,
+    token: str | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> grpc.ChannelCredentials | None:
+    """What a client channel to ``target`` is secured with; None means plaintext.
+
+    ``tls`` verifies the server (and presents a client certificate for mTLS);
+    ``token`` is sent as ``authorization: Bearer <token>`` on every call, and only
+    over TLS or to a loopback address (never in the clear across a network).
+    ``credentials`` are taken as they are, for anything else.
+    """
+    if credentials is not None:
+        if tls is not None or token:
+            raise InvalidArgumentError(
+                "give either credentials or tls/token, not both", field="credentials"
+            )
+        return credentials
+    secure = tls.channel_credentials() if tls is not None else None
+    if not token:
+        return secure
+    if secure is None:
+        if not is_loopback(split_address(target)[0]):
+            raise InvalidArgumentError(
+                f"a bearer token is only sent over TLS or to a loopback address; "
+                f"{target} needs tls=TLSConfig(...)",
+                field="token",
+            )
+        secure = grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
+    return grpc.composite_channel_credentials(secure, grpc.access_token_call_credentials(token))
+
+
+def open_channel(
+    target: str,
+    *,
+    tls: TLSConfig | None = None,
+    token: str | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> grpc.Channel:
+    """A blocking channel to ``target``, secured as :func:`channel_credentials` says."""
+    secure = channel_credentials(target, tls=tls, token=token, credentials=credentials)
+    options = channel_options(tls)
+    if secure is not None:
+        return grpc.secure_channel(target, secure, options)
+    return grpc.insecure_channel(target, options)
+
+
+def open_aio_channel(
+    target: str,
+    *,
+    tls: TLSConfig | None = None,
+    token: str | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> grpc.aio.Channel:
+    """An asyncio channel to ``target`` (create it in a running loop); see :func:`open_channel`."""
+    secure = channel_credentials(target, tls=tls, token=token, credentials=credentials)
+    options = channel_options(tls)
+    if secure is not None:
+        return grpc.aio.secure_channel(target, secure, options)
+    return grpc.aio.insecure_channel(target, options)
 
 
 def default_holder() -> str:
@@ -83,6 +169,255 @@ def acquire_request(
     )
 
 
+def renew_request(
+    resource: str, token: int, ttl_ms: int, holder: str = ""
+) -> lease_pb2.RenewRequest:
+    return lease_pb2.RenewRequest(resource=resource, token=token, ttl_ms=ttl_ms, holder=holder)
+
+
+def release_request(resource: str, token: int, holder: str = "") -> lease_pb2.ReleaseRequest:
+    return lease_pb2.ReleaseRequest(resource=resource, token=token, holder=holder)
+
+
+def describe_request(resource: str) -> lease_pb2.DescribeRequest:
+    return lease_pb2.DescribeRequest(resource=resource)
+
+
+def watch_request(resource: str, prefix: str, after_revision: int) -> lease_pb2.WatchRequest:
+    return lease_pb2.WatchRequest(resource=resource, prefix=prefix, after_revision=after_revision)
+
+
+class AcquirePlan:
+    """The rules of one ``acquire`` call, shared by both twins.
+
+    One ``request_id`` for every attempt (a retry that reaches the server after the
+    grant gets the same token back); how long to ask the server to wait in each
+    attempt; and, after a failure, how long to pause before the next attempt or
+    whether to give up. The twins loop::
+
+        plan = AcquirePlan(...)
+        while True:
+            try:
+                return send(plan.request())
+            except FencingError as exc:
+                pause = plan.retry_after(exc)   # may raise AcquireTimeoutError
+                if pause is None:
+                    raise
+            sleep(pause)
+    """
+
+    def __init__(
+        self,
+        resource: str,
+        holder: str,
+        ttl: float,
+        timeout: float | None,
+        clock: Clock,
+        *,
+        nowait: bool = False,
+    ) -> None:
+        self.resource = resource
+        self.holder = holder
+        self.ttl_ms = ttl_ms_of(ttl)
+        self.request_id = new_request_id()
+        self.nowait = nowait
+        self._clock = clock
+        self._end = None if timeout is None else clock() + max(0.0, timeout)
+        self._attempt = 0
+
+    def request(self) -> lease_pb2.AcquireRequest:
+        """The next attempt's request (``wait_ms`` is what is left of the timeout)."""
+        if self.nowait:
+            wait_ms = 0
+        else:
+            wait_ms = wait_ms_of(None if self._end is None else max(0.0, self._end - self._clock()))
+        return acquire_request(self.resource, self.holder, self.ttl_ms, wait_ms, self.request_id)
+
+    def rpc_timeout(self, request: lease_pb2.AcquireRequest, cap: float) -> float:
+        """The attempt's gRPC deadline: the server's wait plus an ordinary call's."""
+        return request.wait_ms / 1000 + cap
+
+    def _timed_out(self) -> bool:
+        return self._end is not None and self._clock() >= self._end
+
+    def retry_after(self, exc: FencingError) -> float | None:
+        """Seconds to pause before trying again, or None to re-raise ``exc``.
+
+        A held lease is asked for again at once (the server waited its maximum)
+        until the timeout runs out, then :class:`AcquireTimeoutError` is raised.
+        Transient failures are retried with backoff, within the timeout.
+        """
+        if isinstance(exc, LeaseHeldError) and not self.nowait:
+            if self._timed_out():
+                raise AcquireTimeoutError(
+                    resource=self.resource, holder=exc.holder, remaining_ms=exc.remaining_ms
+                ) from None
+            return 0.0
+        if not is_transient(exc) or self._attempt >= len(RETRY_BACKOFF) or self._timed_out():
+            return None
+        pause = RETRY_BACKOFF[self._attempt]
+        self._attempt += 1
+        return pause
+
+
+def renewal_failure(exc: FencingError) -> str | None:
+    """Why a failed renewal means the lease is lost, or None if it is worth retrying.
+
+    Transient failures (the server unreachable, a deadline) are retried until the
+    local deadline; anything else the server said is final.
+    """
+    if isinstance(exc, LeaseLost):
+        return "renewal refused"
+    if is_transient(exc):
+        return None
+    return f"renewal failed: {exc}"
+
+
+def promise_note(target: str, fenced: Fenced) -> str:
+    """The note added to the error of a guard that could not be fenced on acquire."""
+    return (
+        f"fencing guard {target} to token {fenced.token} of {fenced.resource!r} failed; "
+        "the lease was released"
+    )
+
+
+class _Flag(Protocol):
+    """``threading.Event`` or ``asyncio.Event``: what LeaseBase needs of ``lost``."""
+
+    def is_set(self) -> bool: ...
+
+    def set(self) -> None: ...
+
+
+FlagT = TypeVar("FlagT", bound=_Flag)
+
+
+class LeaseBase(Generic[FlagT]):
+    """Everything a lease handle knows without a network, for both twins.
+
+    ``resource``, ``holder``, ``token`` (the proof, judged only by guards), the
+    renewal schedule on the injected monotonic clock, and local liveness: ``lost``
+    (a ``threading.Event`` or an ``asyncio.Event``), set once the lease can no
+    longer be trusted, with ``on_lost`` callbacks. ``_guard`` protects the schedule
+    (a lock in the threaded twin, nothing in the asyncio one).
+    """
+
+    def __init__(
+        self,
+        msg: lease_pb2.Lease,
+        sent_at: float,
+        policy: RenewalPolicy,
+        clock: Clock,
+        lost: FlagT,
+        guard: AbstractContextManager[object],
+    ) -> None:
+        self.resource: str = msg.resource
+        self.holder: str = msg.holder
+        self.token: int = msg.token
+        self.ttl_ms: int = msg.ttl_ms
+        self.lost: FlagT = lost
+        self.released = False
+        self.schedule = RenewalSchedule(msg.ttl_ms, sent_at, policy)
+        self._clock = clock
+        self._guard = guard
+        self._callbacks: list[Callable[[Self], object]] = []
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost.is_set() else "live"
+        return (
+            f"<{type(self).__name__} {self.resource!r} token={self.token} "
+            f"holder={self.holder!r} {state}>"
+        )
+
+    def remaining(self) -> float:
+        """Seconds until the local deadline (0 once lost)."""
+        if self.lost.is_set():
+            return 0.0
+        with self._guard:
+            return self.schedule.remaining(self._clock())
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if the lease is lost or its local deadline has passed."""
+        if not self.lost.is_set() and self._deadline_passed():
+            self._mark_lost("local deadline passed")
+        if self.lost.is_set():
+            raise LeaseLost(resource=self.resource, token=self.token)
+
+    def on_lost(self, callback: Callable[[Self], object]) -> None:
+        """Call ``callback(lease)`` once when the lease is lost (now, if it already is)."""
+        with self._guard:
+            self._callbacks.append(callback)
+            fire = self.lost.is_set()
+        if fire:
+            callback(self)
+
+    # -- for the twins -----------------------------------------------------------------------
+
+    def _deadline_passed(self) -> bool:
+        with self._guard:
+            return self.schedule.expired(self._clock())
+
+    def _next_sleep(self) -> float:
+        """How long the keepalive sleeps before its next renewal (or the deadline)."""
+        with self._guard:
+            return self.schedule.sleep_for(self._clock())
+
+    def _renewal(self, ttl: float | None, cap: float) -> tuple[int, float, float]:
+        """Start a renewal: ``(ttl_ms, sent_at, rpc_timeout)``; raises if already lost."""
+        self.check()
+        ttl_ms = ttl_ms_of(ttl) if ttl is not None else round(self.schedule.ttl * 1000)
+        sent_at = self._clock()
+        with self._guard:
+            timeout = self.schedule.rpc_timeout(sent_at, cap)
+        return ttl_ms, sent_at, timeout
+
+    def _renewed(self, sent_at: float, msg: lease_pb2.Lease) -> None:
+        with self._guard:
+            self.schedule.renewed(sent_at, msg.ttl_ms)
+            self.ttl_ms = msg.ttl_ms
+
+    def _renewal_due(self) -> bool:
+        """The keepalive woke up to renew: False (the lease marked lost) if the local
+        deadline passed before a renewal succeeded."""
+        if self._deadline_passed():
+            self._mark_lost("local deadline passed before a renewal succeeded")
+            return False
+        return True
+
+    def _renewal_error(self, exc: Exception) -> bool:
+        """Judge the keepalive's failed renewal; True when the keepalive must stop.
+
+        Transient failures are retried sooner (never past the deadline); anything
+        else marks the lease lost (a no-op when ``renew`` already did), including a
+        crash, which is logged: the keepalive must never die silently.
+        """
+        if not isinstance(exc, FencingError):
+            log.error("renewal of %s crashed", self.resource, exc_info=exc)
+            self._mark_lost(f"renewal crashed: {exc}")
+            return True
+        why = renewal_failure(exc)
+        if why is not None:
+            self._mark_lost(why)
+            return True
+        log.info("renewal of %s failed, retrying: %s", self.resource, exc)
+        with self._guard:
+            self.schedule.failed(self._clock())
+        return False
+
+    def _mark_lost(self: Self, why: str) -> None:
+        with self._guard:
+            if self.lost.is_set():
+                return
+            self.lost.set()
+            callbacks = list(self._callbacks)
+        log.warning("lease lost resource=%s token=%d: %s", self.resource, self.token, why)
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("on_lost callback failed")
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseState:
     """What ``describe`` returns."""
@@ -99,6 +434,45 @@ def lease_state(msg: lease_pb2.LeaseState) -> LeaseState:
     return LeaseState(
         msg.resource, msg.held, msg.holder, msg.token, msg.remaining_ms, msg.last_token
     )
+
+
+class EventKind(StrEnum):
+    """What a watched lease did; RESYNC means "events were missed: re-read the state"."""
+
+    ACQUIRED = "acquired"
+    RENEWED = "renewed"
+    RELEASED = "released"
+    EXPIRED = "expired"
+    RESYNC = "resync"
+
+
+_EVENT_KINDS = {
+    lease_pb2.LeaseEvent.ACQUIRED: EventKind.ACQUIRED,
+    lease_pb2.LeaseEvent.RENEWED: EventKind.RENEWED,
+    lease_pb2.LeaseEvent.RELEASED: EventKind.RELEASED,
+    lease_pb2.LeaseEvent.EXPIRED: EventKind.EXPIRED,
+    lease_pb2.LeaseEvent.RESYNC: EventKind.RESYNC,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseEvent:
+    """One event of ``watch``. Resume a stream with ``after_revision=event.revision``."""
+
+    kind: EventKind
+    resource: str
+    token: int
+    holder: str
+    revision: int
+    ttl_ms: int
+
+
+def lease_event(msg: lease_pb2.LeaseEvent) -> LeaseEvent | None:
+    """Convert a streamed event; None for a kind this SDK does not know (skip it)."""
+    kind = _EVENT_KINDS.get(msg.kind)
+    if kind is None:
+        return None
+    return LeaseEvent(kind, msg.resource, msg.token, msg.holder, msg.revision, msg.ttl_ms)
 
 
 # -- guard messages -------------------------------------------------------------------------
@@ -133,6 +507,18 @@ class WriteResult:
 
 def write_result(msg: guard_pb2.WriteResponse) -> WriteResult:
     return WriteResult(msg.fence, msg.replayed)
+
+
+def read_request(resource: str, key: str) -> guard_pb2.ReadRequest:
+    return guard_pb2.ReadRequest(resource=resource, key=key)
+
+
+def fence_request(fenced: Fenced) -> guard_pb2.FenceRequest:
+    return guard_pb2.FenceRequest(resource=fenced.resource, token=fenced.token)
+
+
+def describe_fence_request(resource: str) -> guard_pb2.DescribeFenceRequest:
+    return guard_pb2.DescribeFenceRequest(resource=resource)
 
 
 def read_result(msg: guard_pb2.ReadResponse) -> Record | None:

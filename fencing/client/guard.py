@@ -1,16 +1,24 @@
-"""``GuardClient``: guarded writes and reads against a fencing guard (blocking)."""
+"""``GuardClient``: guarded writes and reads against a fencing guard (blocking).
+
+The asyncio twin is :mod:`fencing.client.async_guard`; both only send what
+:mod:`fencing.client._core` builds.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import TypeVar
 
 import grpc
 
 from fencing.client import _core
 from fencing.client._core import WriteResult
+from fencing.tls import TLSConfig
 from fencing.types import Delete, Fenced, Op, Put, Record
-from fencing.v1 import guard_pb2, guard_pb2_grpc
+from fencing.v1 import guard_pb2_grpc
+
+Resp = TypeVar("Resp")
 
 
 class GuardClient:
@@ -23,24 +31,26 @@ class GuardClient:
         guard.put(lease, "balance", b"100")      # StaleTokenError if a newer token wrote
 
     Errors are :mod:`fencing.errors` exceptions (``StaleTokenError.current_token``...).
+    ``tls``, ``token`` and ``credentials`` secure the channel as for ``LeaseClient``.
     """
 
     def __init__(
         self,
         target: str,
         *,
+        tls: TLSConfig | None = None,
+        token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
         channel: grpc.Channel | None = None,
     ) -> None:
         self.target = target
         self.rpc_timeout = rpc_timeout
-        if channel is not None:
-            self._channel = channel
-        elif credentials is not None:
-            self._channel = grpc.secure_channel(target, credentials, _core.channel_options())
-        else:
-            self._channel = grpc.insecure_channel(target, _core.channel_options())
+        self._channel = (
+            channel
+            if channel is not None
+            else _core.open_channel(target, tls=tls, token=token, credentials=credentials)
+        )
         self._stub = guard_pb2_grpc.GuardServiceStub(self._channel)
 
     def close(self) -> None:
@@ -57,6 +67,13 @@ class GuardClient:
     ) -> None:
         self.close()
 
+    def _call(self, method: Callable[..., Resp], request: object) -> Resp:
+        """One unary call; failures become :mod:`fencing.errors` exceptions (cause chained)."""
+        try:
+            return method(request, timeout=self.rpc_timeout)
+        except grpc.RpcError as err:
+            raise _core.translate(err) from err
+
     def write(
         self, fenced: Fenced, ops: Sequence[Op] | Op, *, idempotency_key: str = ""
     ) -> WriteResult:
@@ -66,10 +83,7 @@ class GuardClient:
         applies nothing again and returns ``replayed=True``: retries are safe.
         """
         request = _core.write_request(fenced, _core.ops_list(ops), idempotency_key)
-        try:
-            return _core.write_result(self._stub.Write(request, timeout=self.rpc_timeout))
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
+        return _core.write_result(self._call(self._stub.Write, request))
 
     def put(self, fenced: Fenced, key: str, value: bytes, *, idempotency_key: str = "") -> int:
         """Store one value; returns the fence after the write."""
@@ -81,31 +95,12 @@ class GuardClient:
 
     def read(self, resource: str, key: str) -> Record | None:
         """The value under ``key`` with the token that wrote it, or None."""
-        try:
-            msg = self._stub.Read(
-                guard_pb2.ReadRequest(resource=resource, key=key), timeout=self.rpc_timeout
-            )
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
-        return _core.read_result(msg)
+        return _core.read_result(self._call(self._stub.Read, _core.read_request(resource, key)))
 
     def fence(self, fenced: Fenced) -> int:
         """Promise: from now on reject every token older than ``fenced.token``."""
-        try:
-            msg = self._stub.Fence(
-                guard_pb2.FenceRequest(resource=fenced.resource, token=fenced.token),
-                timeout=self.rpc_timeout,
-            )
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
-        return msg.fence
+        return self._call(self._stub.Fence, _core.fence_request(fenced)).fence
 
     def describe_fence(self, resource: str) -> int:
         """The guard's fence for ``resource`` (0 if never written or fenced)."""
-        try:
-            msg = self._stub.DescribeFence(
-                guard_pb2.DescribeFenceRequest(resource=resource), timeout=self.rpc_timeout
-            )
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
-        return msg.fence
+        return self._call(self._stub.DescribeFence, _core.describe_fence_request(resource)).fence

@@ -213,7 +213,9 @@ class WatchRequest(_message.Message):
     PREFIX_FIELD_NUMBER: _builtins.int
     AFTER_REVISION_FIELD_NUMBER: _builtins.int
     resource: _builtins.str
-    """Exactly one of resource and prefix."""
+    """One resource, or every resource whose name starts with prefix (empty: all).
+    Not both.
+    """
     prefix: _builtins.str
     after_revision: _builtins.int
     """Resume after this event revision (0: from now)."""
@@ -248,7 +250,9 @@ class LeaseEvent(_message.Message):
         RELEASED: LeaseEvent._Kind.ValueType  # 3
         EXPIRED: LeaseEvent._Kind.ValueType  # 4
         RESYNC: LeaseEvent._Kind.ValueType  # 5
-        """The server cannot resume from the requested revision: resync with Describe."""
+        """The server cannot resume from the requested revision (pruned, or not from
+        this log): re-read state with Describe. revision is where the stream goes on.
+        """
 
     class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
     KIND_UNSPECIFIED: LeaseEvent.Kind.ValueType  # 0
@@ -257,7 +261,9 @@ class LeaseEvent(_message.Message):
     RELEASED: LeaseEvent.Kind.ValueType  # 3
     EXPIRED: LeaseEvent.Kind.ValueType  # 4
     RESYNC: LeaseEvent.Kind.ValueType  # 5
-    """The server cannot resume from the requested revision: resync with Describe."""
+    """The server cannot resume from the requested revision (pruned, or not from
+    this log): re-read state with Describe. revision is where the stream goes on.
+    """
 
     KIND_FIELD_NUMBER: _builtins.int
     RESOURCE_FIELD_NUMBER: _builtins.int
@@ -270,7 +276,11 @@ class LeaseEvent(_message.Message):
     token: _builtins.int
     holder: _builtins.str
     revision: _builtins.int
+    """Position in the server's event log (one counter for all resources); resume
+    with after_revision = the last revision received.
+    """
     ttl_ms: _builtins.int
+    """Validity granted, for ACQUIRED and RENEWED."""
     def __init__(
         self,
         *,

@@ -95,7 +95,12 @@ class LeaseServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Watch(self, request, context):
-        """Server stream of lease events on one resource or a prefix.
+        """Server stream of lease events on one resource or a prefix, in revision order:
+        ACQUIRED (with the new token), RENEWED, RELEASED, EXPIRED (at most ~100 ms
+        after the expiry; before the ACQUIRED of a takeover). A cursor the server can
+        no longer serve gets RESYNC, then the stream continues live. The stream's
+        initial metadata "fencing-watch-after" is the revision it starts after (the
+        head, for after_revision 0): resume from it if no event came yet.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -49,7 +49,13 @@ class LeaseServiceStub:
     Describe: _grpc.UnaryUnaryMultiCallable[_lease_pb2.DescribeRequest, _lease_pb2.LeaseState]
     """The current state of a resource, held or not."""
     Watch: _grpc.UnaryStreamMultiCallable[_lease_pb2.WatchRequest, _lease_pb2.LeaseEvent]
-    """Server stream of lease events on one resource or a prefix."""
+    """Server stream of lease events on one resource or a prefix, in revision order:
+    ACQUIRED (with the new token), RENEWED, RELEASED, EXPIRED (at most ~100 ms
+    after the expiry; before the ACQUIRED of a takeover). A cursor the server can
+    no longer serve gets RESYNC, then the stream continues live. The stream's
+    initial metadata "fencing-watch-after" is the revision it starts after (the
+    head, for after_revision 0): resume from it if no event came yet.
+    """
 
 @_typing.type_check_only
 class LeaseServiceAsyncStub(LeaseServiceStub):
@@ -66,7 +72,13 @@ class LeaseServiceAsyncStub(LeaseServiceStub):
     Describe: _aio.UnaryUnaryMultiCallable[_lease_pb2.DescribeRequest, _lease_pb2.LeaseState]  # type: ignore[assignment]
     """The current state of a resource, held or not."""
     Watch: _aio.UnaryStreamMultiCallable[_lease_pb2.WatchRequest, _lease_pb2.LeaseEvent]  # type: ignore[assignment]
-    """Server stream of lease events on one resource or a prefix."""
+    """Server stream of lease events on one resource or a prefix, in revision order:
+    ACQUIRED (with the new token), RENEWED, RELEASED, EXPIRED (at most ~100 ms
+    after the expiry; before the ACQUIRED of a takeover). A cursor the server can
+    no longer serve gets RESYNC, then the stream continues live. The stream's
+    initial metadata "fencing-watch-after" is the revision it starts after (the
+    head, for after_revision 0): resume from it if no event came yet.
+    """
 
 class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -110,6 +122,12 @@ class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _lease_pb2.WatchRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_lease_pb2.LeaseEvent], _abc.AsyncIterator[_lease_pb2.LeaseEvent]]:
-        """Server stream of lease events on one resource or a prefix."""
+        """Server stream of lease events on one resource or a prefix, in revision order:
+        ACQUIRED (with the new token), RENEWED, RELEASED, EXPIRED (at most ~100 ms
+        after the expiry; before the ACQUIRED of a takeover). A cursor the server can
+        no longer serve gets RESYNC, then the stream continues live. The stream's
+        initial metadata "fencing-watch-after" is the revision it starts after (the
+        head, for after_revision 0): resume from it if no event came yet.
+        """
 
 def add_LeaseServiceServicer_to_server(servicer: LeaseServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

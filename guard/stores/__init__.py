@@ -1,5 +1,7 @@
-"""Fenced stores, chosen by URL: ``memory://``, ``sqlite:///path``, later ``postgres://``,
-``redis://``. See :mod:`guard.stores.base` for the Protocol."""
+"""Fenced stores, chosen by URL: ``memory://``, ``sqlite:///path``,
+``postgres://``/``postgresql://`` (see :mod:`fencing.pg` for the URL's parameters),
+``redis://`` (and ``rediss://``, ``redis+cluster://``). See :mod:`guard.stores.base`
+for the Protocol."""
 
 from __future__ import annotations
 
@@ -21,8 +23,18 @@ def open_store(url: str) -> GuardStore:
         from guard.stores.sqlite import SQLiteStore
 
         return SQLiteStore(sqlite_path(url))
+    if scheme in ("postgres", "postgresql"):
+        from guard.stores.postgres import PostgresStore
+
+        return PostgresStore(url)
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
+        from guard.stores.redis import RedisStore
+
+        return RedisStore(url)
     raise InvalidArgumentError(
-        f"unsupported guard store {url!r}: use memory:// or sqlite:///path", field="store"
+        f"unsupported guard store {scheme + '://' if scheme else url!r}: use memory://, "
+        "sqlite:///path, postgresql://... or redis://...",
+        field="store",
     )
 
 

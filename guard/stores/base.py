@@ -6,6 +6,10 @@ is one transaction: lock the fence, judge the token with :func:`guard.fence.admi
 apply every op, advance the fence, commit; a rejection applies nothing (G3).
 Idempotency keys are remembered in the same transaction as the write they name (G6).
 To add a store, add a file beside this one and a branch in ``open_store``.
+
+Optional, and expected of every networked store: ``async def healthy(self) -> bool``
+(:class:`fencing._storage.HealthProbe`); see :mod:`lease_server.backends.base` for
+what the server does with it and for the deadline on every other call.
 """
 
 from __future__ import annotations

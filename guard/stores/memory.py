@@ -13,6 +13,8 @@ from guard.stores.base import WriteResult
 
 class MemoryStore:
     name = "memory"
+    #: Nothing here survives a restart: tokens would start over at 1.
+    durability_warning = "in-memory state is lost on restart"
     supports_strict = False
 
     def __init__(self) -> None:
@@ -25,6 +27,10 @@ class MemoryStore:
 
     async def close(self) -> None:
         return None
+
+    async def healthy(self) -> bool:
+        """Always: memory does not go away (see ``HealthProbe``)."""
+        return True
 
     async def write(
         self,

@@ -74,6 +74,10 @@ class SQLiteStore:
     async def close(self) -> None:
         await self._db.close()
 
+    async def healthy(self) -> bool:
+        """A read on the database thread answers (see ``HealthProbe``)."""
+        return await self._db.healthy()
+
     async def write(
         self,
         resource: str,

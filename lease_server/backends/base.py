@@ -1,18 +1,63 @@
-"""The seam between the lease service and storage: one small Protocol.
+"""The seam between the lease service and storage: two small Protocols.
 
 A backend makes each of acquire, renew and release one atomic step on its own
 clock, keeps a per-resource counter that is never deleted (so tokens only grow,
 G1), and wraps its driver's errors once into ``BackendUnavailableError`` with the
 cause chained. Waiting, validation and the wire live above it, in the service.
 To add a backend, add a file beside this one and a branch in ``open_backend``.
+
+Optional, and expected of every networked backend: ``async def healthy(self) ->
+bool`` (:class:`fencing._storage.HealthProbe`), one cheap round trip to the database.
+The server calls it every ``--health-interval`` seconds and reports NOT_SERVING on
+``grpc.health.v1`` while it says False. Every other coroutine method is called with
+a deadline (``--backend-timeout``) that ends it with ``BackendUnavailableError``;
+list methods that must not be bounded in a class attribute ``unbounded_methods``.
+
+The event log
+-------------
+A backend should also keep an **event log** (:class:`EventLog`), which ``Watch``
+streams and guards in ``watch`` mode follow. A backend without one still serves
+leases, but ``Watch`` answers ``UNIMPLEMENTED`` and no EXPIRED events exist, so
+guards in ``watch`` mode pointed at it never follow (they say so). The service
+tells them apart with ``isinstance(backend, EventLog)``. The rules, which every
+implementation must keep (the contract suite ``tests/contract/test_lease_events.py``
+checks them, and skips backends without a log):
+
+1. **Same transaction.** Each successful acquire, renew and release appends its
+   events (:func:`lease_server.leases.transitions` says which) in the same atomic
+   step as the state change: a reader never sees a grant without its event or
+   an event without its grant. A refused or replayed acquire appends nothing.
+2. **Revisions.** Each event gets the next revision of the backend's one
+   counter (1, 2, 3 ... across all resources), stored durably with the log and
+   never reused, not even after pruning or a restart.
+3. **Commit order.** Appends are serialized, so revisions become visible in
+   order: once a reader has seen revision N, no event with a revision <= N can
+   appear later. (A PostgreSQL sequence alone does not give this, since sequence
+   values commit out of order: bump a counter row with ``UPDATE ... RETURNING`` in
+   the appending transaction, whose row lock serializes appenders. In Redis, do
+   the ``INCR`` and the append in the same Lua script; on a Redis Cluster that
+   script must reach the log's keys and the resource's keys in one slot, which
+   per-resource hash tags do not allow: a cluster needs another shape.)
+4. **Expiry exactly once.** A lease that ends by expiry gets exactly one EXPIRED
+   event: appended either by :meth:`EventLog.expire_due` (the sweeper, which
+   clears the expired lease in the same step), or, if a takeover comes first, by
+   that acquire, immediately before its ACQUIRED. Both are conditional on the
+   lease still being there, so several servers sweeping one backend never
+   append it twice. (A store that expires leases by itself, such as Redis
+   ``PEXPIRE``, must remember which token is owed an EXPIRED event, e.g. in a
+   sorted set of expiries that release and renew update.)
+5. **Retention.** The log is bounded: :meth:`EventLog.prune_events` drops the
+   oldest events and records the highest revision dropped as
+   ``compacted_through``; a reader asking for events after an older revision is
+   told so (:meth:`lease_server.leases.EventPage.gap`) and must resync.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from lease_server.leases import Grant, Held, LeaseInfo
+from lease_server.leases import EventPage, Grant, Held, LeaseEvent, LeaseInfo, Scope
 
 
 class LeaseBackend(Protocol):
@@ -34,13 +79,19 @@ class LeaseBackend(Protocol):
 
         A retry with the current lease's non-empty ``request_id`` and holder returns
         that lease (``Grant.replayed``). Otherwise returns :class:`Held`.
+
+        With an event log, a grant appends ACQUIRED, preceded by EXPIRED of the
+        previous token when it takes over an expired lease not yet swept.
         """
 
     async def renew(self, resource: str, token: int, holder: str, ttl_ms: int) -> Grant:
-        """Extend the current unexpired lease to now + ttl_ms, or raise ``LeaseLost``."""
+        """Extend the current unexpired lease to now + ttl_ms, or raise ``LeaseLost``.
+
+        With an event log, appends RENEWED (with the new ttl_ms) when the expiry moves.
+        """
 
     async def release(self, resource: str, token: int, holder: str) -> None:
-        """Free the resource now, or raise ``LeaseLost``."""
+        """Free the resource now, or raise ``LeaseLost``. With an event log, appends RELEASED."""
 
     async def describe(self, resource: str) -> LeaseInfo:
         """Current state; an unknown resource is free with ``last_token == 0``."""
@@ -52,3 +103,68 @@ class LeaseBackend(Protocol):
         it from the event loop so waiters wake promptly; embedded backends, which only
         see their own process, keep the callback and never call it.
         """
+
+
+@runtime_checkable
+class EventLog(Protocol):
+    """A lease backend's event log (see the module docstring for the rules).
+
+    Implemented by the same object as :class:`LeaseBackend`; its acquire, renew
+    and release then also append their events (rules 1-4).
+    """
+
+    async def head_revision(self) -> int:
+        """The revision of the newest event appended (0 if none ever was)."""
+
+    async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
+        """Events in ``scope`` with a revision greater than ``revision``, oldest first.
+
+        Returns an :class:`EventPage` read so that nothing can be missed in between:
+
+        - ``head``: the newest revision in the whole log, read *first*; every event
+          with a revision <= ``head`` is committed and visible (rule 3);
+        - ``events``: the matching events with ``revision < r <= head``, ascending,
+          at most ``limit`` (>= 1). Fewer than ``limit`` means there is no other
+          matching event up to ``head``, so the reader's next cursor is ``head``;
+          a full page means "ask again after the last one";
+        - ``compacted_through``: the highest revision pruned (0 if none), read
+          *after* the events, so a prune racing the read is reported, never hidden.
+
+        Matching is exact on ``scope.resource`` when set, else a byte-wise prefix
+        test on ``scope.prefix`` (no LIKE wildcards; the empty prefix matches all).
+        """
+
+    async def expire_due(self, limit: int) -> list[LeaseEvent]:
+        """The sweeper's step: clear up to ``limit`` leases whose expiry has passed.
+
+        In one atomic step per lease (or for the whole batch): re-check on the
+        backend's clock that the lease with that token is still there and expired
+        (:func:`lease_server.leases.expire`), clear it, and append its EXPIRED
+        event. Returns the events appended, in revision order: empty when none
+        was due or another process cleared them first. Run by every lease server
+        about every 50 ms, so an EXPIRED event is at most ~100 ms late.
+        """
+
+    async def prune_events(self, keep: int) -> int:
+        """Drop all but the newest ``keep`` events; return how many were dropped.
+
+        Raises ``compacted_through`` to the highest revision dropped, in the same
+        atomic step as the delete. Never drops an event with a revision above
+        ``head - keep`` and never lowers ``head``.
+        """
+
+    def on_events(self, callback: Callable[[int], None]) -> None:
+        """Register ``callback(head)`` to be called, on the event loop, after events
+        up to revision ``head`` were committed.
+
+        Call it after this object's own appends; backends that can also observe
+        other processes' appends (PostgreSQL LISTEN/NOTIFY, Redis pub/sub) call it
+        for those too. Callers also poll :meth:`head_revision` about every 100 ms,
+        so a backend that cannot observe other processes (SQLite shared by two
+        servers) is still followed, only later. The callback must not block.
+        """
+
+
+def event_log_of(backend: LeaseBackend) -> EventLog | None:
+    """The backend's event log, or None if it keeps none (Watch is then unavailable)."""
+    return backend if isinstance(backend, EventLog) else None

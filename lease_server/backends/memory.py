@@ -1,22 +1,42 @@
-"""In-memory lease backend: the honest fake for unit tests (no durability)."""
+"""In-memory lease backend: the honest fake for unit tests (no durability).
+
+The event log is a list of the retained events in revision order, trimmed from
+the front by ``prune_events``. Listeners are called synchronously after each append.
+"""
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 
 from lease_server import leases
 from lease_server.clock import Clock, SystemClock
-from lease_server.leases import Grant, Held, LeaseInfo, LeaseRecord
+from lease_server.leases import (
+    EventPage,
+    Grant,
+    Held,
+    LeaseEvent,
+    LeaseInfo,
+    LeaseRecord,
+    Scope,
+    Transition,
+)
 
 
 class MemoryBackend:
     """Keeps records in a dict; every call is atomic because it never awaits inside."""
 
     name = "memory"
+    #: Nothing here survives a restart: tokens would start over at 1.
+    durability_warning = "in-memory state is lost on restart"
 
     def __init__(self, clock: Clock | None = None) -> None:
         self._clock = clock or SystemClock()
         self._records: dict[str, LeaseRecord] = {}
+        self._events: list[LeaseEvent] = []
+        self._head = 0
+        self._compacted_through = 0
+        self._listeners: list[Callable[[int], None]] = []
 
     async def open(self) -> None:
         return None
@@ -24,29 +44,49 @@ class MemoryBackend:
     async def close(self) -> None:
         return None
 
+    async def healthy(self) -> bool:
+        """Always: memory does not go away (see ``HealthProbe``)."""
+        return True
+
     def _get(self, resource: str) -> LeaseRecord:
         return self._records.get(resource) or LeaseRecord(resource)
+
+    def _put(self, old: LeaseRecord, new: LeaseRecord, now_ms: int) -> list[LeaseEvent]:
+        """Store ``new`` and append its transitions: one atomic step (no await)."""
+        self._records[new.resource] = new
+        return self._append(leases.transitions(old, new, now_ms))
+
+    def _append(self, changes: list[Transition]) -> list[LeaseEvent]:
+        appended = []
+        for change in changes:
+            self._head += 1
+            appended.append(change.numbered(self._head))
+        self._events.extend(appended)
+        if appended:
+            for listener in self._listeners:
+                listener(self._head)
+        return appended
 
     async def acquire(
         self, resource: str, holder: str, ttl_ms: int, request_id: str
     ) -> Grant | Held:
-        record, outcome = leases.acquire(
-            self._get(resource), holder, ttl_ms, request_id, self._clock.now_ms()
-        )
-        self._records[resource] = record
+        now = self._clock.now_ms()
+        old = self._get(resource)
+        record, outcome = leases.acquire(old, holder, ttl_ms, request_id, now)
+        self._put(old, record, now)
         return outcome
 
     async def renew(self, resource: str, token: int, holder: str, ttl_ms: int) -> Grant:
-        record, grant = leases.renew(
-            self._get(resource), token, holder, ttl_ms, self._clock.now_ms()
-        )
-        self._records[resource] = record
+        now = self._clock.now_ms()
+        old = self._get(resource)
+        record, grant = leases.renew(old, token, holder, ttl_ms, now)
+        self._put(old, record, now)
         return grant
 
     async def release(self, resource: str, token: int, holder: str) -> None:
-        self._records[resource] = leases.release(
-            self._get(resource), token, holder, self._clock.now_ms()
-        )
+        now = self._clock.now_ms()
+        old = self._get(resource)
+        self._put(old, leases.release(old, token, holder, now), now)
 
     async def describe(self, resource: str) -> LeaseInfo:
         return leases.describe(self._get(resource), self._clock.now_ms())
@@ -54,3 +94,37 @@ class MemoryBackend:
     def on_release(self, callback: Callable[[str], None]) -> None:
         # Only this process changes this state: the service already wakes its own waiters.
         return None
+
+    # -- the event log -----------------------------------------------------------------------
+
+    async def head_revision(self) -> int:
+        return self._head
+
+    async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
+        start = bisect.bisect_right(self._events, revision, key=lambda e: e.revision)
+        found: list[LeaseEvent] = []
+        for event in self._events[start:]:
+            if scope.matches(event.resource):
+                found.append(event)
+                if len(found) >= limit:
+                    break
+        return EventPage(tuple(found), self._head, self._compacted_through)
+
+    async def expire_due(self, limit: int) -> list[LeaseEvent]:
+        now = self._clock.now_ms()
+        due = [r for r in self._records.values() if r.token and not r.live(now)]
+        due.sort(key=lambda r: (r.expires_at_ms, r.resource))
+        appended: list[LeaseEvent] = []
+        for old in due[:limit]:
+            appended += self._put(old, leases.expire(old, now), now)
+        return appended
+
+    async def prune_events(self, keep: int) -> int:
+        drop = max(0, len(self._events) - max(0, keep))
+        if drop:
+            self._compacted_through = self._events[drop - 1].revision
+            del self._events[:drop]
+        return drop
+
+    def on_events(self, callback: Callable[[int], None]) -> None:
+        self._listeners.append(callback)

@@ -3,19 +3,35 @@
 One row per resource, never deleted: ``counter`` is the last token issued, so a
 restart (SIGTERM or SIGKILL) never hands out a token twice (G1). Each call is one
 ``BEGIN IMMEDIATE`` transaction that reads the row, applies the pure rule from
-:mod:`lease_server.leases`, and writes the row back. Expiry uses this host's clock.
+:mod:`lease_server.leases`, writes the row back and appends the change's events to
+the ``events`` table, numbered from the single ``event_log`` row (whose update,
+under SQLite's one write lock, serializes appenders: revisions commit in order).
+Expiry uses this host's clock.
+
+Several lease-server processes may share one file: the write lock serializes
+them, and each sees the others' events by polling (SQLite cannot notify).
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fencing._sqlite import SQLiteDatabase
 from lease_server import leases
 from lease_server.clock import Clock, SystemClock
-from lease_server.leases import Grant, Held, LeaseInfo, LeaseRecord
+from lease_server.leases import (
+    EventKind,
+    EventPage,
+    Grant,
+    Held,
+    LeaseEvent,
+    LeaseInfo,
+    LeaseRecord,
+    Scope,
+    Transition,
+)
 
 MIGRATIONS = [
     # 1: one row per resource; counter never decreases and the row is never deleted.
@@ -28,6 +44,25 @@ MIGRATIONS = [
         expires_at_ms INTEGER NOT NULL DEFAULT 0,
         request_id    TEXT NOT NULL DEFAULT ''
     ) WITHOUT ROWID
+    """,
+    # 2: the event log. One row of counters; events keyed by revision, pruned from the
+    # oldest; a partial index lets the sweeper find due leases without a scan.
+    """
+    CREATE TABLE event_log (
+        id                INTEGER PRIMARY KEY CHECK (id = 1),
+        head              INTEGER NOT NULL CHECK (head >= 0),
+        compacted_through INTEGER NOT NULL CHECK (compacted_through >= 0)
+    );
+    INSERT INTO event_log (id, head, compacted_through) VALUES (1, 0, 0);
+    CREATE TABLE events (
+        revision INTEGER PRIMARY KEY,
+        kind     TEXT NOT NULL,
+        resource TEXT NOT NULL,
+        token    INTEGER NOT NULL,
+        holder   TEXT NOT NULL,
+        ttl_ms   INTEGER NOT NULL
+    );
+    CREATE INDEX leases_due ON leases (expires_at_ms) WHERE token != 0
     """,
 ]
 
@@ -60,6 +95,46 @@ def _store(conn: sqlite3.Connection, record: LeaseRecord) -> None:
     )
 
 
+_DUE = (
+    "SELECT resource, counter, holder, token, expires_at_ms, request_id FROM leases "
+    "WHERE token != 0 AND expires_at_ms <= ? ORDER BY expires_at_ms, resource LIMIT ?"
+)
+_EVENT_COLUMNS = "revision, kind, resource, token, holder, ttl_ms"
+
+
+def _head(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT head FROM event_log WHERE id = 1").fetchone()[0])
+
+
+def _append(conn: sqlite3.Connection, changes: Sequence[Transition]) -> list[LeaseEvent]:
+    """Number ``changes`` and insert them, inside the caller's write transaction."""
+    if not changes:
+        return []
+    head = _head(conn)
+    events = [change.numbered(head + i) for i, change in enumerate(changes, start=1)]
+    conn.executemany(
+        f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+        [(e.revision, e.kind.value, e.resource, e.token, e.holder, e.ttl_ms) for e in events],
+    )
+    conn.execute("UPDATE event_log SET head = ? WHERE id = 1", (events[-1].revision,))
+    return events
+
+
+def _change(
+    conn: sqlite3.Connection, old: LeaseRecord, new: LeaseRecord, now_ms: int
+) -> list[LeaseEvent]:
+    """Store ``new`` in place of ``old`` and append what changed."""
+    if new == old:
+        return []
+    _store(conn, new)
+    return _append(conn, leases.transitions(old, new, now_ms))
+
+
+def _event(row: tuple[int, str, str, int, str, int]) -> LeaseEvent:
+    revision, kind, resource, token, holder, ttl_ms = row
+    return LeaseEvent(revision, EventKind(kind), resource, token, holder, ttl_ms)
+
+
 class SQLiteBackend:
     """Lease state in one SQLite file (``sqlite:///path/to/leases.db``)."""
 
@@ -68,6 +143,7 @@ class SQLiteBackend:
     def __init__(self, path: str | Path, clock: Clock | None = None) -> None:
         self._db = SQLiteDatabase(path, MIGRATIONS)
         self._clock = clock or SystemClock()
+        self._listeners: list[Callable[[int], None]] = []
 
     async def open(self) -> None:
         await self._db.open()
@@ -75,33 +151,41 @@ class SQLiteBackend:
     async def close(self) -> None:
         await self._db.close()
 
+    async def healthy(self) -> bool:
+        """A read on the database thread answers (see ``HealthProbe``)."""
+        return await self._db.healthy()
+
     async def acquire(
         self, resource: str, holder: str, ttl_ms: int, request_id: str
     ) -> Grant | Held:
-        def tx(conn: sqlite3.Connection) -> Grant | Held:
+        def tx(conn: sqlite3.Connection) -> tuple[Grant | Held, list[LeaseEvent]]:
+            now = self._clock.now_ms()
             old = _load(conn, resource)
-            new, outcome = leases.acquire(old, holder, ttl_ms, request_id, self._clock.now_ms())
-            if new is not old:
-                _store(conn, new)
-            return outcome
+            new, outcome = leases.acquire(old, holder, ttl_ms, request_id, now)
+            return outcome, _change(conn, old, new, now)
 
-        return await self._db.transaction(tx)
+        outcome, events = await self._db.transaction(tx)
+        self._notify(events)
+        return outcome
 
     async def renew(self, resource: str, token: int, holder: str, ttl_ms: int) -> Grant:
-        def tx(conn: sqlite3.Connection) -> Grant:
-            new, grant = leases.renew(
-                _load(conn, resource), token, holder, ttl_ms, self._clock.now_ms()
-            )
-            _store(conn, new)
-            return grant
+        def tx(conn: sqlite3.Connection) -> tuple[Grant, list[LeaseEvent]]:
+            now = self._clock.now_ms()
+            old = _load(conn, resource)
+            new, grant = leases.renew(old, token, holder, ttl_ms, now)
+            return grant, _change(conn, old, new, now)
 
-        return await self._db.transaction(tx)
+        grant, events = await self._db.transaction(tx)
+        self._notify(events)
+        return grant
 
     async def release(self, resource: str, token: int, holder: str) -> None:
-        def tx(conn: sqlite3.Connection) -> None:
-            _store(conn, leases.release(_load(conn, resource), token, holder, self._clock.now_ms()))
+        def tx(conn: sqlite3.Connection) -> list[LeaseEvent]:
+            now = self._clock.now_ms()
+            old = _load(conn, resource)
+            return _change(conn, old, leases.release(old, token, holder, now), now)
 
-        await self._db.transaction(tx)
+        self._notify(await self._db.transaction(tx))
 
     async def describe(self, resource: str) -> LeaseInfo:
         def q(conn: sqlite3.Connection) -> LeaseInfo:
@@ -112,3 +196,73 @@ class SQLiteBackend:
     def on_release(self, callback: Callable[[str], None]) -> None:
         # Only this process changes this state: the service already wakes its own waiters.
         return None
+
+    # -- the event log -----------------------------------------------------------------------
+
+    def _notify(self, events: list[LeaseEvent]) -> None:
+        if events:
+            for listener in self._listeners:
+                listener(events[-1].revision)
+
+    async def head_revision(self) -> int:
+        return await self._db.query(_head)
+
+    async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
+        if scope.resource:
+            where, args = "resource = ?", [scope.resource]
+        elif scope.prefix:
+            where, args = "substr(resource, 1, length(?)) = ?", [scope.prefix, scope.prefix]
+        else:
+            where, args = "1", []
+
+        def q(conn: sqlite3.Connection) -> EventPage:
+            # Head first: every revision up to it is committed (appends are serialized).
+            head = _head(conn)
+            rows = conn.execute(
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE revision > ? AND revision <= ? "
+                f"AND {where} ORDER BY revision LIMIT ?",
+                [revision, head, *args, max(1, limit)],
+            ).fetchall()
+            # Compaction last, so a prune racing this read is reported rather than hidden.
+            (compacted,) = conn.execute(
+                "SELECT compacted_through FROM event_log WHERE id = 1"
+            ).fetchone()
+            return EventPage(tuple(_event(row) for row in rows), head, int(compacted))
+
+        return await self._db.query(q)
+
+    async def expire_due(self, limit: int) -> list[LeaseEvent]:
+        # A read first, so the common case (nothing due) never takes the write lock.
+        now = self._clock.now_ms()
+        if not await self._db.query(lambda conn: conn.execute(_DUE, (now, 1)).fetchone()):
+            return []
+
+        def tx(conn: sqlite3.Connection) -> list[LeaseEvent]:
+            now = self._clock.now_ms()
+            appended: list[LeaseEvent] = []
+            # Re-read inside the write lock: another server may have swept them already.
+            for row in conn.execute(_DUE, (now, limit)).fetchall():
+                old = LeaseRecord(*row)
+                appended += _change(conn, old, leases.expire(old, now), now)
+            return appended
+
+        events = await self._db.transaction(tx)
+        self._notify(events)
+        return events
+
+    async def prune_events(self, keep: int) -> int:
+        def tx(conn: sqlite3.Connection) -> int:
+            cutoff = _head(conn) - max(0, keep)
+            cur = conn.execute("DELETE FROM events WHERE revision <= ?", (cutoff,))
+            if cur.rowcount:
+                conn.execute(
+                    "UPDATE event_log SET compacted_through = max(compacted_through, ?) "
+                    "WHERE id = 1",
+                    (cutoff,),
+                )
+            return int(cur.rowcount)
+
+        return await self._db.transaction(tx)
+
+    def on_events(self, callback: Callable[[int], None]) -> None:
+        self._listeners.append(callback)

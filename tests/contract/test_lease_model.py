@@ -3,7 +3,8 @@
 Hypothesis drives random acquire / renew / release / describe / time steps on a
 real backend and on a tiny model, and checks after each step: tokens strictly
 increase per resource, a grant never happens while the model says someone else
-holds an unexpired lease, and Describe agrees with the model.
+holds an unexpired lease, Describe agrees with the model, and the event log tells
+the same story (every token acquired once, in order, ended at most once).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from fencing.errors import LeaseLost
-from lease_server.backends.base import LeaseBackend
-from lease_server.leases import Grant
+from lease_server.backends.base import LeaseBackend, event_log_of
+from lease_server.leases import EventKind, Grant, Scope
 from tests.backends import LEASE_BACKENDS, BackendFactory, TimeControl
 
 T = TypeVar("T")
@@ -108,6 +109,37 @@ def machine_for(factory: BackendFactory) -> type[RuleBasedStateMachine]:
         def advance(self, ms: int) -> None:
             self.time.advance(ms)
             self.now += ms
+
+        @precondition(lambda self: self.time.manual and event_log_of(self.backend) is not None)
+        @rule()
+        def sweep(self) -> None:
+            events = event_log_of(self.backend)
+            assert events is not None
+            for event in self.run(events.expire_due(100)):
+                lease = self.leases.get(event.resource)
+                assert lease is not None and lease.token == event.token
+                assert lease.expires_at <= self.now, f"swept a live lease: {event}"
+
+        @invariant()
+        def event_log_tells_the_same_story(self) -> None:
+            events = event_log_of(self.backend)
+            if events is None:
+                return
+            page = self.run(events.events_after(0, Scope(), 100_000))
+            revisions = [e.revision for e in page.events]
+            assert revisions == list(range(1, page.head + 1))
+            open_token: dict[str, int] = {}
+            acquired: dict[str, int] = {}
+            for e in page.events:
+                if e.kind is EventKind.ACQUIRED:
+                    assert e.resource not in open_token, f"acquired over a live lease: {e}"
+                    assert e.token > acquired.get(e.resource, 0)
+                    open_token[e.resource] = acquired[e.resource] = e.token
+                else:
+                    assert open_token.get(e.resource) == e.token, f"no open lease for {e}"
+                    if e.kind is not EventKind.RENEWED:
+                        del open_token[e.resource]
+            assert acquired == self.last_token
 
         @invariant()
         def describe_agrees(self) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from fencing import GuardClient, Lease, LeaseClient, LeaseLost, StaleTokenError
 from fencing.testing import RunningServers
+from tests.integration.conftest import LeaseClientFactory
 
 
 def test_hold_outlives_its_ttl_and_releases_on_exit(leases: LeaseClient) -> None:
@@ -22,7 +23,7 @@ def test_hold_outlives_its_ttl_and_releases_on_exit(leases: LeaseClient) -> None
 
 
 def test_lost_lease_is_noticed_and_surfaces_from_the_block(
-    servers: RunningServers, leases: LeaseClient, guard: GuardClient
+    lease_client: LeaseClientFactory, leases: LeaseClient, guard: GuardClient
 ) -> None:
     lost_calls: list[Lease] = []
     fired = threading.Event()
@@ -34,7 +35,7 @@ def test_lost_lease_is_noticed_and_surfaces_from_the_block(
     with pytest.raises(LeaseLost), leases.hold("r", ttl=0.5, on_lost=on_lost) as lease:
         # Someone releases our lease behind our back (an operator, a bug):
         leases.release("r", lease.token)
-        with LeaseClient(servers.lease_address, holder="thief") as thief:
+        with lease_client(holder="thief") as thief:
             newer = thief.acquire("r", ttl=5)
         assert fired.wait(5)
         assert lease.lost.is_set()
@@ -47,13 +48,11 @@ def test_lost_lease_is_noticed_and_surfaces_from_the_block(
     assert lost_calls == [lease]
 
 
-def test_local_deadline_marks_the_lease_lost_when_the_server_vanishes(tmp_path: object) -> None:
-    from fencing.testing import running_servers
-
-    with running_servers() as servers:
-        client = LeaseClient(servers.lease_address, rpc_timeout=0.2)
-        with pytest.raises(LeaseLost), client.hold("r", ttl=0.6) as lease:
-            servers.call(servers.lease.built.server.stop(0))  # the server disappears
-            assert lease.lost.wait(5)
-            assert lease.remaining() == 0.0
-        client.close()
+def test_local_deadline_marks_the_lease_lost_when_the_server_vanishes(
+    servers: RunningServers, lease_client: LeaseClientFactory
+) -> None:
+    client = lease_client(rpc_timeout=0.2)
+    with pytest.raises(LeaseLost), client.hold("r", ttl=0.6) as lease:
+        servers.call(servers.lease.built.server.stop(0))  # the server disappears
+        assert lease.lost.wait(5)
+        assert lease.remaining() == 0.0

@@ -17,6 +17,7 @@ from fencing import (
 )
 from fencing.testing import RunningServers
 from fencing.v1 import lease_pb2, lease_pb2_grpc
+from tests.integration.conftest import LeaseClientFactory
 
 
 def test_acquire_describe_release(leases: LeaseClient) -> None:
@@ -34,9 +35,11 @@ def test_acquire_describe_release(leases: LeaseClient) -> None:
     assert leases.acquire("orders", ttl=5).token == 2
 
 
-def test_nowait_raises_held_with_the_holder(servers: RunningServers, leases: LeaseClient) -> None:
+def test_nowait_raises_held_with_the_holder(
+    lease_client: LeaseClientFactory, leases: LeaseClient
+) -> None:
     leases.acquire("r", ttl=5)
-    with LeaseClient(servers.lease_address, holder="other") as other:
+    with lease_client(holder="other") as other:
         with pytest.raises(LeaseHeldError) as held:
             other.acquire_nowait("r", ttl=5)
         assert held.value.holder == "tester"
@@ -47,11 +50,11 @@ def test_nowait_raises_held_with_the_holder(servers: RunningServers, leases: Lea
 
 
 def test_waiter_gets_the_lease_when_it_is_released(
-    servers: RunningServers, leases: LeaseClient
+    lease_client: LeaseClientFactory, leases: LeaseClient
 ) -> None:
     first = leases.acquire("r", ttl=30)
     got: list[int] = []
-    with LeaseClient(servers.lease_address, holder="waiter") as other:
+    with lease_client(holder="waiter") as other:
         t = threading.Thread(target=lambda: got.append(other.acquire("r", 5, timeout=20).token))
         t.start()
         time.sleep(0.3)
@@ -61,11 +64,13 @@ def test_waiter_gets_the_lease_when_it_is_released(
     assert got == [2]
 
 
-def test_waiters_are_served_in_arrival_order(servers: RunningServers, leases: LeaseClient) -> None:
+def test_waiters_are_served_in_arrival_order(
+    lease_client: LeaseClientFactory, leases: LeaseClient
+) -> None:
     lease = leases.acquire("fifo", ttl=30)
     order: list[str] = []
     lock = threading.Lock()
-    clients = [LeaseClient(servers.lease_address, holder=f"w{i}") for i in range(4)]
+    clients = [lease_client(holder=f"w{i}") for i in range(4)]
 
     def wait(i: int) -> None:
         got = clients[i].acquire("fifo", ttl=30, timeout=30)
@@ -82,24 +87,24 @@ def test_waiters_are_served_in_arrival_order(servers: RunningServers, leases: Le
     lease.release()
     for t in threads:
         t.join(30)
-    for c in clients:
-        c.close()
     assert order == ["w0", "w1", "w2", "w3"]
 
 
-def test_waiter_gets_an_expired_lease(servers: RunningServers, leases: LeaseClient) -> None:
+def test_waiter_gets_an_expired_lease(
+    lease_client: LeaseClientFactory, leases: LeaseClient
+) -> None:
     leases.acquire("r", ttl=0.3)  # never renewed
-    with LeaseClient(servers.lease_address, holder="next") as other:
+    with lease_client(holder="next") as other:
         lease = other.acquire("r", ttl=5, timeout=10)
     assert lease.token == 2
 
 
 def test_renew_and_release_of_a_superseded_token_are_lost(
-    servers: RunningServers, leases: LeaseClient
+    lease_client: LeaseClientFactory, leases: LeaseClient
 ) -> None:
     old = leases.acquire("r", ttl=0.2)
     time.sleep(0.3)
-    with LeaseClient(servers.lease_address, holder="new") as other:
+    with lease_client(holder="new") as other:
         other.acquire("r", ttl=5)
     with pytest.raises(LeaseLost):
         old.renew()

@@ -32,7 +32,21 @@ def test_the_fence_never_goes_down(token: int, fence: int) -> None:
         assert token < fence
 
 
+@pytest.mark.parametrize("mode", [m for m in FenceMode if m is not FenceMode.OFF])
+def test_every_fencing_mode_rejects_a_token_below_the_fence(mode: FenceMode) -> None:
+    with pytest.raises(StaleTokenError):
+        admit("r", 4, 5, mode)
+    assert admit("r", 5, 5, mode) == 5
+
+
 def test_off_mode_admits_a_stale_token() -> None:
     assert admit("r", 1, 5, FenceMode.OFF) == 5
     with pytest.raises(StaleTokenError):
         admit("r", 1, 5, FenceMode.MONOTONIC)
+
+
+@pytest.mark.parametrize("mode", [m for m in FenceMode if m is not FenceMode.OFF])
+def test_every_mode_but_off_rejects_a_stale_write(mode: FenceMode) -> None:
+    with pytest.raises(StaleTokenError):
+        admit("r", 1, 5, mode)
+    assert admit("r", 5, 5, mode) == 5

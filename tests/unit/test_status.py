@@ -14,6 +14,7 @@ from fencing.errors import (
     LeaseHeldError,
     LeaseLost,
     PermissionDeniedError,
+    ResourceExhaustedError,
     StaleTokenError,
     UnauthenticatedError,
 )
@@ -26,6 +27,7 @@ CASES: list[tuple[FencingError, grpc.StatusCode]] = [
     (BackendUnavailableError("db down"), grpc.StatusCode.UNAVAILABLE),
     (UnauthenticatedError("who?"), grpc.StatusCode.UNAUTHENTICATED),
     (PermissionDeniedError("no"), grpc.StatusCode.PERMISSION_DENIED),
+    (ResourceExhaustedError("too many", limit="waiters"), grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
 
 

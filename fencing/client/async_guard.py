@@ -1,0 +1,102 @@
+"""``AsyncGuardClient``: the asyncio twin of :class:`~fencing.client.guard.GuardClient`.
+
+Same methods, awaited, and ``aclose`` for ``close``; requests and results come
+from :mod:`fencing.client._core`, so only the waiting differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import TypeVar
+
+import grpc
+import grpc.aio
+
+from fencing.client import _core
+from fencing.client._core import WriteResult
+from fencing.tls import TLSConfig
+from fencing.types import Delete, Fenced, Op, Put, Record
+from fencing.v1 import guard_pb2_grpc
+
+Resp = TypeVar("Resp")
+
+
+class AsyncGuardClient:
+    """An asyncio client of ``fencing.v1.GuardService`` (create it inside a running loop).
+
+    ::
+
+        async with AsyncGuardClient("127.0.0.1:50052") as guard:
+            await guard.put(lease, "balance", b"100")   # StaleTokenError if a newer token wrote
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        tls: TLSConfig | None = None,
+        token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        self.target = target
+        self.rpc_timeout = rpc_timeout
+        self._channel = (
+            channel
+            if channel is not None
+            else _core.open_aio_channel(target, tls=tls, token=token, credentials=credentials)
+        )
+        self._stub = guard_pb2_grpc.GuardServiceStub(self._channel)
+
+    async def aclose(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncGuardClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _call(self, method: Callable[..., Awaitable[Resp]], request: object) -> Resp:
+        try:
+            return await method(request, timeout=self.rpc_timeout)
+        except grpc.RpcError as err:
+            raise _core.translate(err) from err
+
+    async def write(
+        self, fenced: Fenced, ops: Sequence[Op] | Op, *, idempotency_key: str = ""
+    ) -> WriteResult:
+        """Apply ``ops`` atomically under ``fenced.token``; ``StaleTokenError`` if stale."""
+        request = _core.write_request(fenced, _core.ops_list(ops), idempotency_key)
+        return _core.write_result(await self._call(self._stub.Write, request))
+
+    async def put(
+        self, fenced: Fenced, key: str, value: bytes, *, idempotency_key: str = ""
+    ) -> int:
+        """Store one value; returns the fence after the write."""
+        return (await self.write(fenced, Put(key, value), idempotency_key=idempotency_key)).fence
+
+    async def delete(self, fenced: Fenced, key: str, *, idempotency_key: str = "") -> int:
+        """Remove one key; returns the fence after the write."""
+        return (await self.write(fenced, Delete(key), idempotency_key=idempotency_key)).fence
+
+    async def read(self, resource: str, key: str) -> Record | None:
+        """The value under ``key`` with the token that wrote it, or None."""
+        msg = await self._call(self._stub.Read, _core.read_request(resource, key))
+        return _core.read_result(msg)
+
+    async def fence(self, fenced: Fenced) -> int:
+        """Promise: from now on reject every token older than ``fenced.token``."""
+        return (await self._call(self._stub.Fence, _core.fence_request(fenced))).fence
+
+    async def describe_fence(self, resource: str) -> int:
+        """The guard's fence for ``resource`` (0 if never written or fenced)."""
+        msg = await self._call(self._stub.DescribeFence, _core.describe_fence_request(resource))
+        return msg.fence

@@ -1,0 +1,383 @@
+"""``AsyncLeaseClient``: the asyncio twin of :class:`~fencing.client.lease.LeaseClient`.
+
+Same methods, awaited (``aclose`` for ``close``), the same rules from
+:mod:`fencing.client._core`. What asyncio adds is real cancellation: the body of
+``async with leases.hold(...)`` runs in a scope that is cancelled when the lease
+is lost (renewal refused, or the local deadline passed), and the block then ends
+with :class:`LeaseLost`, the way ``asyncio.timeout`` turns its own cancellation
+into ``TimeoutError``. A cancellation from outside stays a cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from contextvars import Token
+from types import TracebackType
+from typing import Protocol, TypeVar
+
+import grpc
+import grpc.aio
+
+from fencing import propagation
+from fencing._renewal import RenewalPolicy
+from fencing.client import _core
+from fencing.client._core import Clock, LeaseEvent, LeaseState
+from fencing.errors import FencingError, LeaseLost
+from fencing.tls import TLSConfig
+from fencing.types import Fenced
+from fencing.v1 import lease_pb2, lease_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+Resp = TypeVar("Resp")
+
+
+class AsyncFencer(Protocol):
+    """A guard to promise to on acquire (an ``AsyncGuardClient``)."""
+
+    target: str
+
+    async def fence(self, fenced: Fenced) -> int: ...
+
+
+class AsyncLease(_core.LeaseBase[asyncio.Event]):
+    """A granted lease, asyncio flavour: ``lost`` is an :class:`asyncio.Event`.
+
+    :meth:`check` raises :class:`LeaseLost` once the lease is lost or its local
+    deadline passed; :meth:`wait_lost` sleeps until then; :meth:`on_lost` callbacks
+    run on the event loop (from the renewal task) and must not block.
+    """
+
+    def __init__(
+        self,
+        client: AsyncLeaseClient,
+        msg: lease_pb2.Lease,
+        sent_at: float,
+        policy: RenewalPolicy,
+        clock: Clock,
+    ) -> None:
+        super().__init__(msg, sent_at, policy, clock, asyncio.Event(), contextlib.nullcontext())
+        self._client = client
+
+    async def wait_lost(self) -> None:
+        """Return once the lease is lost: marked so, or its local deadline passed."""
+        while not self.lost.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.lost.wait(), max(self.remaining(), 0.001))
+            if self._deadline_passed():
+                self._mark_lost("local deadline passed")
+
+    async def renew(self, ttl: float | None = None) -> None:
+        """Renew now (``ttl`` seconds, default the granted ttl); ``LeaseLost`` if refused."""
+        ttl_ms, sent_at, timeout = self._renewal(ttl, self._client.rpc_timeout)
+        try:
+            msg = await self._client._call(
+                self._client._stub.Renew,
+                _core.renew_request(self.resource, self.token, ttl_ms, self.holder),
+                timeout,
+            )
+        except LeaseLost:
+            self._mark_lost("renewal refused")
+            raise
+        self._renewed(sent_at, msg)
+
+    async def release(self) -> None:
+        """Give the lease up now; ``LeaseLost`` if it was no longer ours."""
+        if self.released:
+            return
+        self.released = True
+        try:
+            await self._client.release(self.resource, self.token, holder=self.holder)
+        except LeaseLost:
+            self._mark_lost("release refused")
+            raise
+        finally:
+            self.lost.set()
+
+
+async def _keep_alive(lease: AsyncLease) -> None:
+    """Renew ``lease`` until cancelled or lost (the task twin of ``_KeepAlive``)."""
+    while not lease.lost.is_set():
+        await asyncio.sleep(lease._next_sleep())
+        if not lease._renewal_due():
+            return
+        try:
+            await lease.renew()
+        except Exception as exc:  # judged by the core; the task never dies silently
+            if lease._renewal_error(exc):
+                return
+
+
+class AsyncHold:
+    """``async with leases.hold(...) as lease``: see :meth:`AsyncLeaseClient.hold`."""
+
+    def __init__(
+        self,
+        client: AsyncLeaseClient,
+        resource: str,
+        ttl: float,
+        timeout: float | None,
+        on_lost: Callable[[AsyncLease], object] | None,
+        fence: Sequence[AsyncFencer],
+    ) -> None:
+        self._client = client
+        self._resource = resource
+        self._ttl = ttl
+        self._timeout = timeout
+        self._on_lost = on_lost
+        self._fence = fence
+        self.lease: AsyncLease | None = None
+        self._task: asyncio.Task[object] | None = None
+        self._keepalive: asyncio.Task[None] | None = None
+        self._current: Token[Fenced | None] | None = None
+        self._cancelling = 0
+        self._body_running = False
+        self._cancelled = False
+
+    async def __aenter__(self) -> AsyncLease:
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - asyncio always runs coroutines in tasks
+            raise RuntimeError("hold() must be used inside a task")
+        lease = await self._client.acquire(
+            self._resource, self._ttl, self._timeout, fence=self._fence
+        )
+        if self._on_lost is not None:
+            lease.on_lost(self._on_lost)
+        self.lease, self._task = lease, task
+        self._cancelling = task.cancelling()
+        lease.on_lost(self._cancel_body)
+        self._keepalive = asyncio.create_task(
+            _keep_alive(lease), name=f"fencing-keepalive-{lease.resource}"
+        )
+        self._current = propagation.set_current(lease)
+        self._body_running = True
+        return lease
+
+    def _cancel_body(self, lease: AsyncLease) -> None:
+        # Runs where the loss was noticed. In the renewal task (the body is suspended at
+        # an await): cancel the task running the body, and remember the cancellation is
+        # ours. In the body's own task (check, renew, release, wait_lost), the body
+        # already learns it from that call: a cancel there would only hit a later await.
+        if (
+            self._body_running
+            and not self._cancelled
+            and self._task is not None
+            and asyncio.current_task() is not self._task
+        ):
+            self._cancelled = True
+            self._task.cancel(f"lease on {lease.resource!r} token {lease.token} lost")
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self.lease is not None and self._task is not None and self._keepalive is not None
+        lease = self.lease
+        self._body_running = False
+        ours = False
+        if self._cancelled:
+            # As asyncio.timeout does: the CancelledError is ours only if no other
+            # cancellation was requested of this task meanwhile.
+            ours = self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError
+        if self._current is not None:
+            propagation.reset_current(self._current)
+        self._keepalive.cancel()
+        # wait(), not await: the keepalive's CancelledError stays its own, while a
+        # cancellation of this task arriving meanwhile still propagates.
+        await asyncio.wait({self._keepalive})
+        was_lost = lease.lost.is_set()
+        if not was_lost:
+            try:
+                await lease.release()
+            except LeaseLost:
+                was_lost = True
+            except FencingError as exc2:
+                # The lease expires by itself; the guard fences any late writer.
+                log.warning("release of %s failed: %s", lease.resource, exc2)
+        if ours:
+            raise LeaseLost(resource=lease.resource, token=lease.token) from exc
+        if exc_type is None and was_lost:
+            raise LeaseLost(resource=lease.resource, token=lease.token)
+
+
+class AsyncLeaseClient:
+    """An asyncio client of ``fencing.v1.LeaseService`` (create it inside a running loop).
+
+    ::
+
+        leases = AsyncLeaseClient("127.0.0.1:50051")
+        async with leases.hold("orders", ttl=10) as lease:   # renewed every ttl/3
+            await guard.put(lease, "k", b"v")                # fenced by lease.token
+        # LeaseLost here if the lease was lost: the body was cancelled at that moment
+
+    Options as for :class:`~fencing.client.lease.LeaseClient` (``tls``, ``token``,
+    ``credentials``, ``holder``...).
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        holder: str | None = None,
+        tls: TLSConfig | None = None,
+        token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
+        policy: RenewalPolicy | None = None,
+        clock: Clock = time.monotonic,
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        self.target = target
+        self.holder = holder or _core.default_holder()
+        self.rpc_timeout = rpc_timeout
+        self.policy = policy or RenewalPolicy()
+        self._clock = clock
+        self._channel = (
+            channel
+            if channel is not None
+            else _core.open_aio_channel(target, tls=tls, token=token, credentials=credentials)
+        )
+        self._stub = lease_pb2_grpc.LeaseServiceStub(self._channel)
+
+    async def aclose(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncLeaseClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _call(
+        self,
+        method: Callable[..., Awaitable[Resp]],
+        request: object,
+        timeout: float | None = None,  # noqa: ASYNC109 - the gRPC deadline of this call
+    ) -> Resp:
+        try:
+            return await method(request, timeout=self.rpc_timeout if timeout is None else timeout)
+        except grpc.RpcError as err:
+            raise _core.translate(err) from err
+
+    # -- acquiring ---------------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        resource: str,
+        ttl: float,
+        timeout: float | None = None,  # noqa: ASYNC109 - the server waits it (twin's signature)
+        *,
+        fence: Sequence[AsyncFencer] = (),
+    ) -> AsyncLease:
+        """Acquire ``resource`` for ``ttl`` seconds, waiting up to ``timeout`` (None: forever).
+
+        As :meth:`LeaseClient.acquire <fencing.client.lease.LeaseClient.acquire>`; the
+        ``fence`` guards are promised to concurrently.
+        """
+        plan = _core.AcquirePlan(resource, self.holder, ttl, timeout, self._clock)
+        lease = await self._acquire(plan)
+        await self._promise(lease, fence)
+        return lease
+
+    async def acquire_nowait(
+        self, resource: str, ttl: float, *, fence: Sequence[AsyncFencer] = ()
+    ) -> AsyncLease:
+        """Acquire only if free now; :class:`LeaseHeldError` at once otherwise."""
+        plan = _core.AcquirePlan(resource, self.holder, ttl, None, self._clock, nowait=True)
+        lease = await self._acquire(plan)
+        await self._promise(lease, fence)
+        return lease
+
+    async def _acquire(self, plan: _core.AcquirePlan) -> AsyncLease:
+        while True:
+            request = plan.request()
+            sent_at = self._clock()
+            try:
+                msg = await self._call(
+                    self._stub.Acquire, request, plan.rpc_timeout(request, self.rpc_timeout)
+                )
+                return AsyncLease(self, msg, sent_at, self.policy, self._clock)
+            except FencingError as exc:
+                pause = plan.retry_after(exc)
+                if pause is None:
+                    raise
+            await asyncio.sleep(pause)
+
+    async def _promise(self, lease: AsyncLease, guards: Sequence[AsyncFencer]) -> None:
+        if not guards:
+            return
+        outcomes = await asyncio.gather(*(g.fence(lease) for g in guards), return_exceptions=True)
+        for guard, outcome in zip(guards, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                outcome.add_note(_core.promise_note(guard.target, lease))
+                with contextlib.suppress(FencingError):
+                    await lease.release()
+                raise outcome
+
+    def hold(
+        self,
+        resource: str,
+        ttl: float,
+        *,
+        timeout: float | None = None,
+        on_lost: Callable[[AsyncLease], object] | None = None,
+        fence: Sequence[AsyncFencer] = (),
+    ) -> AsyncHold:
+        """Acquire (promising to the ``fence`` guards), keep renewed in a task, release on exit.
+
+        ::
+
+            async with leases.hold("orders", ttl=10, fence=[guard]) as lease:
+                ...
+
+        If the lease is lost while the body runs, ``lease.lost`` is set, ``on_lost``
+        is called, and the task running the body is cancelled at its current
+        ``await``; the block then ends with :class:`LeaseLost` (chained to that
+        ``CancelledError``). A cancellation from outside the block propagates as
+        ``CancelledError``. Loss noticed only at exit (e.g. release refused) also
+        ends the block with ``LeaseLost`` unless it raised something else. Inside
+        the block the lease is :func:`fencing.propagation.current`.
+        """
+        return AsyncHold(self, resource, ttl, timeout, on_lost, fence)
+
+    # -- the other calls ---------------------------------------------------------------------
+
+    async def describe(self, resource: str) -> LeaseState:
+        """Who holds ``resource`` now, with which token, and the last token ever issued."""
+        msg = await self._call(self._stub.Describe, _core.describe_request(resource))
+        return _core.lease_state(msg)
+
+    async def renew(self, resource: str, token: int, ttl: float) -> int:
+        """Renew by (resource, token) without a handle; returns the granted ttl in ms."""
+        request = _core.renew_request(resource, token, _core.ttl_ms_of(ttl))
+        return (await self._call(self._stub.Renew, request)).ttl_ms
+
+    async def release(self, resource: str, token: int, *, holder: str = "") -> None:
+        """Release by (resource, token) without a handle (``holder`` is checked if given)."""
+        await self._call(self._stub.Release, _core.release_request(resource, token, holder))
+
+    async def watch(
+        self, resource: str = "", *, prefix: str = "", after_revision: int = 0
+    ) -> AsyncGenerator[LeaseEvent, None]:
+        """Yield the events of ``resource`` or ``prefix``; see ``LeaseClient.watch``."""
+        call = self._stub.Watch(_core.watch_request(resource, prefix, after_revision))
+        try:
+            async for msg in call:
+                event = _core.lease_event(msg)
+                if event is not None:
+                    yield event
+        except grpc.RpcError as err:
+            raise _core.translate(err) from err
+        finally:
+            call.cancel()

@@ -1,0 +1,1 @@
+"""Lua shared by every Redis script: ``decimal.lua`` (exact comparison of tokens)."""

@@ -1,0 +1,309 @@
+"""Watch mode: the guard follows the lease server's event stream and fences by itself (G4).
+
+A :class:`LeaseFollower` runs inside the guard (``--fence-mode watch --lease-server
+ADDR``). It keeps one ``Watch`` stream open on a prefix (default: every resource)
+and advances the store's fences through the ordinary ``GuardStore.fence`` (the
+promise; it never lowers a fence):
+
+- ACQUIRED(t) and RENEWED(t): fence to t (t is the live token: every older one is dead);
+- RELEASED(t) and EXPIRED(t): fence to t + 1 (t is dead too; the next grant is >= t + 1).
+
+So a former holder is rejected from the moment its successor's grant (or its own
+expiry) reaches the guard, even before the successor writes. What is left open
+is the delivery delay of the event (and, for EXPIRED, the sweeper's <= ~100 ms).
+
+**Resuming.** The follower remembers the last revision it applied and reconnects
+after any failure with exponential backoff (50 ms doubling to 5 s, jittered),
+asking for ``after_revision`` = that revision, so a restart of the lease server
+(or a switch to another server on the same backend) misses nothing the log still
+holds. The revision is also stored, at most every second and on stop, as the
+fence of a reserved resource name that no request can use (it starts with a
+control character), so a restarted guard resumes where it was; only the
+``GuardStore`` Protocol is needed for that.
+
+**RESYNC.** If the log no longer holds the revision (pruned, or the cursor belongs
+to another log), the server sends RESYNC and continues live. The follower then
+re-reads, with Describe, the resources it has fenced in this run (at most
+``MAX_KNOWN`` of them) and fences each to the live token, or past the last token
+if none is live. Resources it knows nothing about are left as they are: fences
+only ever go up, so nothing is lost; for such a resource the guard is back to the
+monotonic rule until its next event arrives.
+
+**Disconnected.** While the stream is down the guard keeps serving and still
+enforces the monotonic rule (token >= fence) on every write, but fences no
+longer move on takeovers. It says so: a warning in the log at each disconnect,
+:attr:`LeaseFollower.status` (``state`` is ``"following"`` only while a stream is
+open), and the guard's own health entry ``fencing.v1.GuardService/watch``
+(NOT_SERVING while disconnected; the guard's other entries stay SERVING).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import grpc
+import grpc.aio
+
+from fencing.client import _core
+from fencing.client._core import EventKind, LeaseEvent
+from fencing.errors import FencingError, StaleTokenError
+from fencing.types import WATCH_START_KEY
+from fencing.v1 import lease_pb2_grpc
+from guard.stores.base import GuardStore
+
+log = logging.getLogger(__name__)
+
+#: The guard's health entry for the follower (the lead may expose it elsewhere too).
+HEALTH_SERVICE = "fencing.v1.GuardService/watch"
+#: Where the last applied revision is kept: a fence that no request can name
+#: (limits reject control characters in resource names).
+CURSOR_RESOURCE = "\x1ffencing-watch-revision"
+#: Resources remembered for a RESYNC re-read.
+MAX_KNOWN = 100_000
+#: Seconds between writes of the cursor to the store.
+CURSOR_SAVE_INTERVAL = 1.0
+INITIAL_BACKOFF = 0.05
+MAX_BACKOFF = 5.0
+
+State = Literal["connecting", "following", "disconnected", "stopped"]
+
+
+def fence_for(event: LeaseEvent) -> int | None:
+    """The fence an event calls for, or None (RESYNC, or an unknown kind)."""
+    if event.kind in (EventKind.ACQUIRED, EventKind.RENEWED):
+        return event.token
+    if event.kind in (EventKind.RELEASED, EventKind.EXPIRED):
+        return event.token + 1
+    return None
+
+
+def _start_revision(headers: object) -> int | None:
+    for key, value in headers or ():  # type: ignore[attr-defined]
+        if key == WATCH_START_KEY:
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            return int(text) if text.isdigit() else None
+    return None
+
+
+def reconnect_delay(attempt: int, rng: Callable[[], float] = random.random) -> float:
+    """Seconds before reconnect ``attempt`` (0-based): doubling from 50 ms to 5 s, jittered
+    down by up to half so that many guards do not reconnect in step."""
+    base: float = min(MAX_BACKOFF, INITIAL_BACKOFF * 2 ** min(attempt, 16))
+    return base * (0.5 + 0.5 * rng())
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerStatus:
+    """What the follower is doing, for logs, health and metrics."""
+
+    state: State
+    lease_server: str
+    prefix: str
+    #: The last revision applied (0: none yet in this run and none stored).
+    revision: int = 0
+    events_applied: int = 0
+    resyncs: int = 0
+    #: Streams lost after they were open (failed reconnect attempts are not counted).
+    disconnects: int = 0
+    #: Why the last stream ended or could not be opened ('' while following).
+    last_error: str = ""
+    #: ``time.monotonic()`` when ``state`` last changed.
+    since: float = field(default_factory=time.monotonic)
+
+    @property
+    def following(self) -> bool:
+        return self.state == "following"
+
+
+class LeaseFollower:
+    """Follows ``Watch(prefix)`` on ``lease_server`` and fences ``store`` accordingly."""
+
+    def __init__(
+        self,
+        store: GuardStore,
+        lease_server: str,
+        *,
+        prefix: str = "",
+        credentials: grpc.ChannelCredentials | None = None,
+        on_state: Callable[[FollowerStatus], Awaitable[None]] | None = None,
+        rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
+    ) -> None:
+        self.store = store
+        self.lease_server = lease_server
+        self.prefix = prefix
+        self.rpc_timeout = rpc_timeout
+        self._credentials = credentials
+        self._on_state = on_state
+        self.status = FollowerStatus("connecting", lease_server, prefix)
+        # Fences this follower set in this run: skips repeats, and is the RESYNC list.
+        self._known: dict[str, int] = {}
+        self._saved_revision = 0
+        self._saved_at = 0.0
+        self._connected = asyncio.Event()
+
+    async def wait_following(self) -> None:
+        """Return once a stream is open (for tests and orderly startup)."""
+        await self._connected.wait()
+
+    async def _set(self, **changes: object) -> None:
+        old = self.status
+        new = replace(old, **changes)  # type: ignore[arg-type]
+        if new.state != old.state:
+            new = replace(new, since=time.monotonic())
+            if new.state == "following":
+                self._connected.set()
+            else:
+                self._connected.clear()
+        self.status = new
+        if new.state != old.state and self._on_state is not None:
+            await self._on_state(new)
+
+    async def run(self) -> None:
+        """Follow until cancelled; never raises otherwise."""
+        self._saved_revision = await self._load_revision()
+        await self._set(revision=self._saved_revision)
+        channel = _core.open_aio_channel(self.lease_server, credentials=self._credentials)
+        stub = lease_pb2_grpc.LeaseServiceStub(channel)
+        attempt = 0
+        try:
+            while True:
+                try:
+                    await self._follow(stub)
+                    error = "stream ended"
+                except grpc.RpcError as err:
+                    error = str(_core.translate(err))
+                except FencingError as exc:  # the store failed: reconnect and re-apply
+                    error = f"store: {exc}"
+                except Exception as exc:  # the follower must never die silently
+                    log.exception("watch follower crashed; reconnecting")
+                    error = f"crashed: {exc!r}"
+                dropped = self.status.following
+                if dropped:
+                    attempt = 0
+                    log.warning(
+                        "watch stream to %s lost (%s): fences no longer follow takeovers; "
+                        "writes are still held to the monotonic rule until it is back",
+                        self.lease_server,
+                        error,
+                    )
+                elif attempt == 0:
+                    log.warning(
+                        "cannot follow lease events on %s (%s): fences do not follow "
+                        "takeovers, writes are held to the monotonic rule; retrying",
+                        self.lease_server,
+                        error,
+                    )
+                else:
+                    log.debug("watch reconnect to %s failed: %s", self.lease_server, error)
+                await self._set(
+                    state="disconnected",
+                    last_error=error,
+                    disconnects=self.status.disconnects + int(dropped),
+                )
+                await self._save_revision(force=True)
+                await asyncio.sleep(reconnect_delay(attempt))
+                attempt += 1
+        finally:
+            self.status = replace(self.status, state="stopped", since=time.monotonic())
+            self._connected.clear()
+            await channel.close()
+            await self._save_revision(force=True)
+
+    async def _follow(self, stub: lease_pb2_grpc.LeaseServiceAsyncStub) -> None:
+        request = _core.watch_request("", self.prefix, self.status.revision)
+        call = stub.Watch(request)
+        try:
+            # The server sends headers as soon as it streams; they say where it starts,
+            # so a follower that asked "from now" can resume from there after a drop.
+            headers = await call.initial_metadata()
+            start = _start_revision(headers)
+            if start is not None and start > self.status.revision:
+                await self._set(revision=start)
+            log.info(
+                "following lease events on %s (prefix %r) after revision %d",
+                self.lease_server,
+                self.prefix,
+                self.status.revision,
+            )
+            await self._set(state="following", last_error="")
+            async for msg in call:
+                event = _core.lease_event(msg)
+                if event is None:
+                    continue
+                if event.kind is EventKind.RESYNC:
+                    await self._resync(stub, event)
+                else:
+                    await self._apply(event)
+                await self._set(
+                    revision=event.revision, events_applied=self.status.events_applied + 1
+                )
+                await self._save_revision()
+        finally:
+            call.cancel()
+
+    async def _fence(self, resource: str, token: int) -> None:
+        if token <= self._known.get(resource, 0):
+            return
+        try:
+            fence = await self.store.fence(resource, token)
+        except StaleTokenError as exc:
+            fence = exc.current_token  # already past it: fences only go up
+        if resource in self._known or len(self._known) < MAX_KNOWN:
+            self._known[resource] = fence
+        log.debug("watch fenced resource=%s token=%d fence=%d", resource, token, fence)
+
+    async def _apply(self, event: LeaseEvent) -> None:
+        token = fence_for(event)
+        if token is not None:
+            await self._fence(event.resource, token)
+
+    async def _resync(self, stub: lease_pb2_grpc.LeaseServiceAsyncStub, event: LeaseEvent) -> None:
+        log.warning(
+            "lease server cannot resume after revision %d (continuing after %d): "
+            "re-reading the %d resources fenced in this run; others keep their fences",
+            self.status.revision,
+            event.revision,
+            len(self._known),
+        )
+        await self._set(resyncs=self.status.resyncs + 1)
+        for resource in list(self._known):
+            try:
+                state = await stub.Describe(
+                    _core.describe_request(resource), timeout=self.rpc_timeout
+                )
+            except grpc.RpcError as err:
+                raise _core.translate(err) from err
+            if state.held:
+                await self._fence(resource, state.token)
+            elif state.last_token:
+                await self._fence(resource, state.last_token + 1)
+
+    async def _load_revision(self) -> int:
+        try:
+            return await self.store.describe_fence(CURSOR_RESOURCE)
+        except FencingError as exc:
+            log.warning("cannot read the stored watch revision, starting from now: %s", exc)
+            return 0
+
+    async def _save_revision(self, *, force: bool = False) -> None:
+        revision = self.status.revision
+        if revision <= self._saved_revision:
+            return
+        now = time.monotonic()
+        if not force and now - self._saved_at < CURSOR_SAVE_INTERVAL:
+            return
+        self._saved_at = now
+        try:
+            self._saved_revision = await self.store.fence(CURSOR_RESOURCE, revision)
+        except StaleTokenError as exc:
+            # A higher revision is stored: it came from another (or a reset) log. The
+            # server answers it with RESYNC next time; keep following this one.
+            self._saved_revision = exc.current_token
+        except FencingError as exc:
+            log.warning("cannot store the watch revision: %s", exc)

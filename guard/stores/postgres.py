@@ -1,0 +1,119 @@
+"""PostgreSQL fenced store (``postgres://``): fences and data in the lease backend's schema.
+
+Tables ``fences``, ``data`` and ``idempotency`` (:mod:`fencing.migrations`,
+``0002_guard.sql``). A write is one statement, and so one transaction and one
+round trip, calling ``guard_write``: lock the resource's fence row (``SELECT ...
+FOR UPDATE``, the row inserted first if missing, race-free), replay a recorded
+idempotency key, apply the fence rule of :func:`guard.fence.admit` (the same rule,
+in SQL), apply every op in order, advance the fence, record the key, commit. A
+rejection raises inside the transaction, so nothing of it lands (G3, G6).
+
+Strict mode (G5): the lease backend keeps its ``leases`` table in the same schema,
+so a strict write also share-locks the resource's lease row and requires the token
+to be the current unexpired lease by the database's clock; the row lock holds
+every acquire of the resource back until the write commits, so no other holder
+can be granted in between. A token below the fence, and a token that is not the
+live lease (expired, released, taken over, or no lease server on this schema at
+all: strict mode fails closed), are both refused with :class:`StaleTokenError`
+carrying the fence, as the other stores do; the SQL raises them with distinct
+SQLSTATEs (``FN001``, ``FN002``) and the message says which.
+
+Idempotency keys are kept with the database's time of recording; the guard
+prunes them after its retention (default 24 h) in batches, oldest first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from fencing.pg import PgConfig, PostgresDatabase
+from fencing.types import Op, Put, Record
+from guard.fence import FenceMode
+from guard.stores.base import WriteResult
+
+#: Idempotency keys deleted per statement when pruning.
+PRUNE_BATCH = 5000
+
+
+class PostgresStore:
+    """Fences and data in one schema of a PostgreSQL database, shared by any number of guards.
+
+    ``PostgresStore("postgresql://user@host/db?schema=fencing")``; an explicit
+    ``schema`` argument wins over the URL's. :meth:`open` migrates the schema.
+    """
+
+    name = "postgres"
+    #: The schema always holds the lease backend's ``leases`` table.
+    supports_strict = True
+
+    def __init__(self, url: str, schema: str | None = None) -> None:
+        self._db = PostgresDatabase(PgConfig.from_url(url, schema), "fencing-guard")
+        q = self._db.qualified
+        self._write_sql = q("SELECT * FROM {schema}.guard_write(%s, %s, %s, %s, %s, %s)")
+        self._read_sql = q(
+            "SELECT value, token FROM {schema}.data WHERE resource = %s AND key = %s"
+        )
+        self._fence_sql = q("SELECT {schema}.check_and_advance(%s, %s)")
+        self._describe_sql = q("SELECT fence FROM {schema}.fences WHERE resource = %s")
+        self._prune_sql = q(
+            "DELETE FROM {schema}.idempotency AS i USING ("
+            " SELECT resource, key FROM {schema}.idempotency WHERE recorded_at < %s"
+            " ORDER BY recorded_at LIMIT %s FOR UPDATE SKIP LOCKED) AS old"
+            " WHERE i.resource = old.resource AND i.key = old.key"
+        )
+
+    @property
+    def schema(self) -> str:
+        return self._db.config.schema
+
+    async def open(self) -> None:
+        await self._db.open()
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    async def healthy(self) -> bool:
+        """PostgreSQL answers ``SELECT 1`` (see ``fencing._storage.HealthProbe``)."""
+        return await self._db.healthy()
+
+    async def write(
+        self,
+        resource: str,
+        token: int,
+        ops: Sequence[Op],
+        idempotency_key: str = "",
+        mode: FenceMode = FenceMode.MONOTONIC,
+    ) -> WriteResult:
+        keys = [op.key for op in ops]
+        values = [op.value if isinstance(op, Put) else None for op in ops]
+        row = await self._db.fetchone(
+            self._write_sql, (resource, token, keys, values, idempotency_key, mode.value)
+        )
+        assert row is not None  # guard_write always returns one row
+        return WriteResult(int(row[0]), replayed=bool(row[1]))
+
+    async def read(self, resource: str, key: str) -> Record | None:
+        row = await self._db.fetchone(self._read_sql, (resource, key))
+        return Record(bytes(row[0]), int(row[1])) if row else None
+
+    async def fence(self, resource: str, token: int) -> int:
+        row = await self._db.fetchone(self._fence_sql, (resource, token))
+        assert row is not None
+        return int(row[0])
+
+    async def describe_fence(self, resource: str) -> int:
+        row = await self._db.fetchone(self._describe_sql, (resource,))
+        return int(row[0]) if row else 0
+
+    async def prune_idempotency(self, older_than_ms: int) -> int:
+        """Forget keys recorded (database clock) before ``older_than_ms`` (ms since the epoch)."""
+        cutoff = datetime.fromtimestamp(older_than_ms / 1000, UTC)
+        total = 0
+        # Bounded: each round deletes up to PRUNE_BATCH keys, each in its own transaction.
+        for _ in range(1000):
+            deleted = await self._db.execute(self._prune_sql, (cutoff, PRUNE_BATCH))
+            total += deleted
+            if deleted < PRUNE_BATCH:
+                break
+        return total

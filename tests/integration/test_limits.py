@@ -1,0 +1,193 @@
+"""Abuse limits: per-client caps on waiters and watch streams, deadlines on backend calls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+
+from fencing import _status
+from fencing._server import ServerOptions, Service, build_server
+from fencing.auth import AuthPolicy
+from fencing.errors import BackendUnavailableError, ResourceExhaustedError
+from fencing.v1 import lease_pb2, lease_pb2_grpc
+from lease_server.backends.memory import MemoryBackend
+from lease_server.server import SERVICE_NAME, LeaseServer, start_lease_server
+from lease_server.service import LeaseService
+from tests.waiting import HANG_GUARD, eventually
+
+#: Channels in one process share connections unless told not to; a client without
+#: auth is its connection (peer address), so each test client gets its own.
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
+
+
+def acquire(resource: str, holder: str, wait_ms: int = 0) -> lease_pb2.AcquireRequest:
+    return lease_pb2.AcquireRequest(
+        resource=resource, holder=holder, ttl_ms=60_000, wait_ms=wait_ms
+    )
+
+
+def error_of(outcome: BaseException | Any) -> Exception | None:
+    if isinstance(outcome, grpc.aio.AioRpcError):
+        return _status.from_rpc_error(outcome)
+    return outcome if isinstance(outcome, Exception) else None
+
+
+@pytest.fixture
+async def capped() -> AsyncIterator[LeaseServer]:
+    server = await start_lease_server(
+        MemoryBackend(), "127.0.0.1:0", options=ServerOptions(max_waiters=3)
+    )
+    yield server
+    await server.stop(0)
+
+
+async def test_a_flooding_client_hits_its_cap_while_another_still_acquires(
+    capped: LeaseServer,
+) -> None:
+    metrics = capped.metrics.registry.get_sample_value
+    async with (
+        grpc.aio.insecure_channel(capped.address, OWN_CONNECTION) as holder_ch,
+        grpc.aio.insecure_channel(capped.address, OWN_CONNECTION) as flood_ch,
+        grpc.aio.insecure_channel(capped.address, OWN_CONNECTION) as other_ch,
+    ):
+        holder = lease_pb2_grpc.LeaseServiceStub(holder_ch)
+        flooder = lease_pb2_grpc.LeaseServiceStub(flood_ch)
+        other = lease_pb2_grpc.LeaseServiceStub(other_ch)
+        await holder.Acquire(acquire("hot", "holder"))
+        calls = [flooder.Acquire(acquire("hot", "flooder", wait_ms=120_000)) for _ in range(10)]
+        waiting = [asyncio.ensure_future(_outcome(call)) for call in calls]
+        await eventually(lambda: sum(f.done() for f in waiting) == 7, "7 refusals")
+        refused = [error_of(f.result()) for f in waiting if f.done()]
+        assert all(isinstance(e, ResourceExhaustedError) for e in refused), refused
+        assert {e.limit for e in refused if isinstance(e, ResourceExhaustedError)} == {"waiters"}
+        await eventually(lambda: metrics("fencing_lease_waiters") == 3, "3 queued waiters")
+        assert metrics("fencing_client_limit_rejections_total", {"limit": "waiters"}) == 7
+
+        # The other client is not starved: it acquires at once, and may wait too.
+        lease = await other.Acquire(acquire("cool", "other"), timeout=HANG_GUARD)
+        assert lease.token == 1
+        lease = await other.Acquire(acquire("cool-2", "other", wait_ms=5_000), timeout=HANG_GUARD)
+        assert lease.token == 1
+
+        for call in calls:
+            call.cancel()
+        await asyncio.gather(*waiting)
+    await eventually(lambda: metrics("fencing_lease_waiters") == 0, "waiters gone")
+
+
+async def _outcome(call: Any) -> Any:
+    try:
+        return await call
+    except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
+        return exc
+
+
+async def test_with_auth_the_cap_is_per_principal_across_connections(tmp_path: Path) -> None:
+    path = tmp_path / "auth.toml"
+    path.write_text(
+        '[principals.flood]\ntokens = ["f"]\nallow = [{prefix = "", actions = ["*"]}]\n'
+        '[principals.calm]\ntokens = ["c"]\nallow = [{prefix = "", actions = ["*"]}]\n'
+    )
+    options = ServerOptions(auth=AuthPolicy.load(path), max_waiters=2)
+    server = await start_lease_server(MemoryBackend(), "127.0.0.1:0", options=options)
+
+    def channel(token: str) -> grpc.aio.Channel:
+        creds = grpc.composite_channel_credentials(
+            grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP),
+            grpc.access_token_call_credentials(token),
+        )
+        return grpc.aio.secure_channel(server.address, creds, OWN_CONNECTION)
+
+    try:
+        async with channel("c") as calm_ch, channel("f") as one, channel("f") as two:
+            calm = lease_pb2_grpc.LeaseServiceStub(calm_ch)
+            await calm.Acquire(acquire("hot", "x"))
+            calls = [
+                lease_pb2_grpc.LeaseServiceStub(ch).Acquire(acquire("hot", "x", wait_ms=120_000))
+                for ch in (one, two, one, two)
+            ]
+            outcomes = [asyncio.ensure_future(_outcome(call)) for call in calls]
+            await eventually(lambda: sum(f.done() for f in outcomes) == 2, "2 refusals")
+            refused = [error_of(f.result()) for f in outcomes if f.done()]
+            assert all(isinstance(e, ResourceExhaustedError) for e in refused), refused
+            granted = await calm.Acquire(acquire("cool", "x", wait_ms=1000), timeout=HANG_GUARD)
+            assert granted.holder == "calm"
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*outcomes)
+    finally:
+        await server.stop(0)
+
+
+class _StreamingLeaseService(LeaseService):
+    """Watch that streams until cancelled: enough to exercise the edge's stream caps."""
+
+    async def Watch(
+        self, request: lease_pb2.WatchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[lease_pb2.LeaseEvent]:
+        yield lease_pb2.LeaseEvent(resource=request.resource)
+        await asyncio.Event().wait()
+
+
+async def test_watch_streams_are_capped_per_client_and_counted() -> None:
+    service = _StreamingLeaseService(MemoryBackend())
+    built = await build_server(
+        "127.0.0.1:0",
+        [Service(SERVICE_NAME, service, lease_pb2_grpc.add_LeaseServiceServicer_to_server)],
+        options=ServerOptions(max_watch_streams=2),
+    )
+    await built.server.start()
+    gauge = built.metrics.registry.get_sample_value
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{built.port}") as ch:
+            stub = lease_pb2_grpc.LeaseServiceStub(ch)
+            streams = [stub.Watch(lease_pb2.WatchRequest(resource=f"r{i}")) for i in range(2)]
+            for stream in streams:
+                event: Any = await stream.read()
+                assert event.resource.startswith("r")
+            assert gauge("fencing_lease_watch_streams") == 2
+            third = stub.Watch(lease_pb2.WatchRequest(resource="r3"))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await third.read()
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            streams[0].cancel()
+            await eventually(lambda: gauge("fencing_lease_watch_streams") == 1, "a stream closed")
+            again = stub.Watch(lease_pb2.WatchRequest(resource="r4"))
+            event = await again.read()
+            assert event.resource == "r4"
+            again.cancel()
+            streams[1].cancel()
+    finally:
+        await built.server.stop(0)
+
+
+class _HungBackend(MemoryBackend):
+    async def acquire(self, resource: str, holder: str, ttl_ms: int, request_id: str) -> Any:
+        await asyncio.Event().wait()
+
+
+async def test_a_hung_backend_call_fails_unavailable_after_the_backend_timeout() -> None:
+    options = ServerOptions(backend_timeout=0.2)
+    server = await start_lease_server(_HungBackend(), "127.0.0.1:0", options=options)
+    try:
+        async with grpc.aio.insecure_channel(server.address) as ch:
+            stub = lease_pb2_grpc.LeaseServiceStub(ch)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.Acquire(acquire("r", "h"), timeout=HANG_GUARD)
+            exc = error_of(err.value)
+            assert isinstance(exc, BackendUnavailableError)
+            assert "took longer than 0.2 s" in str(exc)
+            # Describe is not hung: the server itself is fine.
+            state = await stub.Describe(lease_pb2.DescribeRequest(resource="r"))
+            assert not state.held
+        value = server.metrics.registry.get_sample_value
+        assert value("fencing_backend_timeouts_total", {"server": "lease"}) == 1
+        assert value("fencing_lease_acquires_total", {"outcome": "error"}) == 1
+    finally:
+        await server.stop(0)

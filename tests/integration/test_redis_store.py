@@ -1,0 +1,131 @@
+"""The Redis store beyond the contract: strict mode, idempotency TTL, odd resource names,
+on one Redis and on a 3-master cluster."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from fencing import _redis
+from fencing.errors import StaleTokenError
+from fencing.types import Put, Record
+from guard.fence import FenceMode
+from guard.stores.redis import RedisStore
+from lease_server.backends.redis import RedisBackend
+from lease_server.leases import Grant
+from tests.redis_server import SERVERS, drop_prefix, unique_prefix
+
+pytestmark = pytest.mark.redis
+
+Pair = tuple[RedisBackend, RedisStore]
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+async def pair(request: pytest.FixtureRequest) -> AsyncIterator[Pair]:
+    """A lease backend and a guard store on the same Redis and key prefix."""
+    url = SERVERS.standalone_url() if request.param == "redis" else SERVERS.cluster_url()
+    prefix = unique_prefix()
+    backend = RedisBackend(url, prefix=prefix)
+    store = RedisStore(url, prefix=prefix, idempotency_ttl_s=0.3)
+    await backend.open()
+    await store.open()
+    try:
+        assert backend.cluster == store.cluster == (request.param == "redis-cluster")
+        yield backend, store
+    finally:
+        await store.close()
+        await backend.close()
+        await drop_prefix(url, prefix)
+
+
+async def test_strict_rejects_an_expired_holder_and_monotonic_does_not(pair: Pair) -> None:
+    backend, store = pair
+    lease = await backend.acquire("orders", "a", 200, "")
+    assert isinstance(lease, Grant)
+    result = await store.write("orders", lease.token, [Put("k", b"live")], mode=FenceMode.STRICT)
+    assert result.fence == lease.token
+    await asyncio.sleep(0.3)  # the lease expires; nobody takes it over
+    assert not (await backend.describe("orders")).held
+    with pytest.raises(StaleTokenError) as stale:
+        await store.write("orders", lease.token, [Put("k", b"late")], mode=FenceMode.STRICT)
+    assert stale.value.current_token == lease.token and stale.value.token == lease.token
+    assert await store.read("orders", "k") == Record(b"live", lease.token)
+    # The control: monotonic mode accepts the same late write (its token is still the
+    # highest the guard has seen): the window strict mode closes.
+    late = await store.write("orders", lease.token, [Put("k", b"late")], mode=FenceMode.MONOTONIC)
+    assert late.fence == lease.token
+    assert await store.read("orders", "k") == Record(b"late", lease.token)
+
+
+async def test_strict_needs_the_current_token_not_just_a_live_lease(pair: Pair) -> None:
+    backend, store = pair
+    first = await backend.acquire("r", "a", 10_000, "")
+    assert isinstance(first, Grant)
+    await backend.release("r", first.token, "a")
+    second = await backend.acquire("r", "b", 10_000, "")
+    assert isinstance(second, Grant)
+    with pytest.raises(StaleTokenError):
+        await store.write("r", first.token, [Put("k", b"old")], mode=FenceMode.STRICT)
+    assert (await store.write("r", second.token, [Put("k", b"new")], mode=FenceMode.STRICT)).fence
+    # A fence promised beyond the live lease also stops it (G3 holds in strict mode).
+    await store.fence("r", second.token + 1)
+    with pytest.raises(StaleTokenError) as stale:
+        await store.write("r", second.token, [Put("k", b"x")], mode=FenceMode.STRICT)
+    assert stale.value.current_token == second.token + 1
+
+
+async def test_idempotency_keys_expire_with_their_ttl(pair: Pair) -> None:
+    _, store = pair
+    assert not (await store.write("r", 1, [Put("k", b"1")], "op")).replayed
+    assert (await store.write("r", 1, [Put("k", b"2")], "op")).replayed
+    await asyncio.sleep(0.4)  # the store was built with a 0.3 s idempotency ttl
+    assert not (await store.write("r", 1, [Put("k", b"3")], "op")).replayed
+    assert await store.read("r", "k") == Record(b"3", 1)
+
+
+async def test_prune_before_the_ttl_horizon_does_not_touch_redis(pair: Pair) -> None:
+    _, store = pair
+    await store.write("r", 1, [Put("k", b"v")], "op")
+    await store.close()  # a prune that needed Redis would fail now
+    assert await store.prune_idempotency(0) == 0
+    await store.open()
+
+
+NAMES = ["{", "}", "{}", "a{b}c", "}{", "%7B", "%", "{orders}", "x:{y}:lease", "é{ü}"]
+
+
+async def test_resource_names_with_braces_are_distinct_and_single_slot(pair: Pair) -> None:
+    backend, store = pair
+    for i, name in enumerate(NAMES):
+        g = await backend.acquire(name, "a", 10_000, "")
+        assert isinstance(g, Grant)
+        await store.write(name, g.token, [Put("i", str(i).encode())], "idem{}", FenceMode.STRICT)
+    for i, name in enumerate(NAMES):
+        record = await store.read(name, "i")
+        assert record is not None and record.value == str(i).encode()
+        assert (await backend.describe(name)).held
+        keys = _redis.ResourceKeys(store.prefix, name)
+        slots = {_slot(k) for k in (keys.lease, keys.counter, keys.fence, keys.data)}
+        assert len(slots) == 1
+
+
+def _slot(key: str) -> int:
+    from redis.crc import key_slot
+
+    return int(key_slot(key.encode()))
+
+
+async def test_keys_land_in_the_slot_redis_computes(redis_cluster_url: str) -> None:
+    """Our hash-tag reasoning agrees with the cluster's own CLUSTER KEYSLOT."""
+    target = _redis.parse_url(redis_cluster_url)
+    node = Redis.from_url(target.url)
+    try:
+        for name in NAMES:
+            keys = _redis.ResourceKeys("fencing", name)
+            slots = {await node.cluster("KEYSLOT", k) for k in (keys.lease, keys.idempotency("{"))}
+            assert slots == {_slot(keys.fence)}
+    finally:
+        await node.aclose()

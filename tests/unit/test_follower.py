@@ -1,0 +1,43 @@
+"""The watch follower's pure rules: which fence each event calls for, and the backoff."""
+
+from __future__ import annotations
+
+import pytest
+
+from fencing.client._core import EventKind, LeaseEvent
+from guard import __main__ as guard_main
+from guard.follower import INITIAL_BACKOFF, MAX_BACKOFF, fence_for, reconnect_delay
+
+
+def event(kind: EventKind, token: int = 7) -> LeaseEvent:
+    return LeaseEvent(kind, "r", token, "h", 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "fence"),
+    [
+        (EventKind.ACQUIRED, 7),  # the new token is live: everything older is dead
+        (EventKind.RENEWED, 7),  # still live
+        (EventKind.RELEASED, 8),  # 7 is dead as well; the next grant gets >= 8
+        (EventKind.EXPIRED, 8),
+        (EventKind.RESYNC, None),
+    ],
+)
+def test_each_event_calls_for_a_fence(kind: EventKind, fence: int | None) -> None:
+    assert fence_for(event(kind)) == fence
+
+
+def test_backoff_doubles_to_a_cap_with_jitter_below() -> None:
+    assert reconnect_delay(0, lambda: 1.0) == INITIAL_BACKOFF
+    assert reconnect_delay(1, lambda: 1.0) == 2 * INITIAL_BACKOFF
+    assert reconnect_delay(50, lambda: 1.0) == MAX_BACKOFF
+    assert reconnect_delay(50, lambda: 0.0) == MAX_BACKOFF / 2
+    delays = [reconnect_delay(n, lambda: 1.0) for n in range(20)]
+    assert delays == sorted(delays)
+
+
+def test_watch_mode_needs_a_lease_server(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        guard_main.main(["--fence-mode", "watch"])
+    assert exit_.value.code == 2
+    assert "--lease-server" in capsys.readouterr().err

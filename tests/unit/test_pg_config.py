@@ -1,0 +1,38 @@
+"""PostgreSQL configuration without a server: URLs, dispatch, the shipped migrations."""
+
+from __future__ import annotations
+
+import pytest
+
+from fencing import pg
+from fencing.errors import InvalidArgumentError
+from guard.stores import open_store
+from guard.stores.postgres import PostgresStore
+from lease_server.backends import open_backend
+from lease_server.backends.postgres import PostgresBackend
+
+
+def test_url_parameters_are_ours_and_the_rest_is_libpq() -> None:
+    config = pg.PgConfig.from_url(
+        "postgresql://u:p@db:5433/app?schema=leases_a&timeout=0.5&pool_max=3&sslmode=disable"
+    )
+    assert config.schema == "leases_a" and config.timeout == 0.5 and config.pool_max == 3
+    assert config.conninfo == "postgresql://u:p@db:5433/app?sslmode=disable"
+    assert pg.PgConfig.from_url("postgres://db/app", schema="x").schema == "x"
+    assert pg.PgConfig.from_url("host=db dbname=app").schema == pg.DEFAULT_SCHEMA
+    for bad in ("postgres://db/app?schema=Bad-Name", "postgres://db/app?timeout=0"):
+        with pytest.raises(InvalidArgumentError):
+            pg.PgConfig.from_url(bad)
+
+
+def test_open_backend_and_open_store_know_postgres_urls() -> None:
+    assert isinstance(open_backend("postgres://db/app?schema=s1"), PostgresBackend)
+    assert isinstance(open_backend("postgresql://db/app"), PostgresBackend)
+    store = open_store("postgresql://db/app?schema=s1")
+    assert isinstance(store, PostgresStore) and store.supports_strict
+    assert store.schema == "s1"
+
+
+def test_every_migration_starts_with_a_header_comment() -> None:
+    for migration in pg.migrations():
+        assert migration.sql.startswith(f"-- {migration.version:04d}_{migration.name}:")
