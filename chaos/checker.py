@@ -31,7 +31,11 @@ run invalid). All rules are per resource.
       window (a former holder may write until the new holder's first write or
       promise) and is not flagged. In ``promise`` mode the workload must record the
       acquire's completion only after its promises returned (the SDK's
-      ``hold(..., fence=[...])``), because that is when the promise starts to hold.
+      ``hold(..., fence=[...])``), because that is when the promise starts to hold;
+      in ``watch`` mode only once it saw the guard's fence reach the token (the
+      event's delivery delay is the documented window). An acquire whose
+      completion carries ``extra["fenced"] == 0`` (the client gave up waiting for
+      that) is no barrier.
 
    c. (every mode) seen by a read: an ``ok`` read (any, not only a final one) of a
       key returned the value of a write W with token ``t``, although an ``ok`` write
@@ -303,7 +307,14 @@ def _stale_writes(
 ) -> list[Violation]:
     barrier_ops = {"write", "fence"} | ({"acquire"} if mode in GRANT_FENCED_MODES else set())
     barriers = sorted(
-        (o for o in rops if o.op in barrier_ops and o.ok and o.token is not None),
+        (
+            o
+            for o in rops
+            if o.op in barrier_ops
+            and o.ok
+            and o.token is not None
+            and not (o.op == "acquire" and o.extra.get("fenced") == 0)
+        ),
         key=lambda o: o.end_ns,
     )
     writes = [o for o in rops if o.op == "write" and o.ok and o.token is not None]

@@ -72,8 +72,12 @@ LISTENING: Final = re.compile(r"listening on (\S+):(\d+)")
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a child Python process: this checkout first on its path."""
-    env = dict(os.environ)
+    """The environment of a child Python process: this checkout first on its path.
+
+    ``FENCING_*`` variables of the harness are dropped: servers read their settings
+    from them, and a run must depend on its own flags only.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FENCING_")}
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{path}" if path else str(REPO_ROOT)
     env["PYTHONUNBUFFERED"] = "1"
@@ -748,16 +752,20 @@ class Topology:
     """What one run needs: the backend, the guard's mode, where proxies sit.
 
     ``backend`` is ``sqlite`` (embedded in the lease server and the guard, one file
-    each), ``postgres`` or ``redis`` (a throwaway server shared by both).
+    each), ``postgres`` or ``redis`` (a throwaway server shared by both, so the
+    guard's store and the leases are in one database, as ``strict`` needs).
     ``proxy_lease``/``proxy_guard`` put a fault proxy of its own between every client
-    and the lease server / the guard. ``redis_persistence``: see
-    :data:`REDIS_PERSISTENCE`. ``guard_args``: extra guard flags.
+    and the lease server / the guard. ``watch``: the guard follows the lease
+    server's events (``--lease-server``, directly, not through a proxy).
+    ``redis_persistence``: see :data:`REDIS_PERSISTENCE`. ``guard_args``: extra
+    guard flags.
     """
 
     backend: str = "sqlite"
     fence_mode: str = "monotonic"
     proxy_lease: bool = False
     proxy_guard: bool = False
+    watch: bool = False
     redis_persistence: str = "aof-always"
     guard_args: tuple[str, ...] = ()
 
@@ -845,6 +853,8 @@ class Cluster:
         self.lease = lease_server(lease_url, self.workdir)
         self.lease.start()
         guard_args = list(self.topology.guard_args)
+        if self.topology.watch:
+            guard_args += ["--lease-server", self.lease.target]
         self.guard = guard_server(
             store_url, self.topology.fence_mode, self.workdir, extra_args=guard_args
         )

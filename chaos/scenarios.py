@@ -44,6 +44,7 @@ seen before someone overwrites it (checker rule 3c).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import random
 import sys
 import threading
@@ -73,6 +74,20 @@ guard + ``Fence`` calls from ``hold(..., fence=[guard])``)."""
 
 SHARED_BACKEND_MODES: Final = frozenset({"strict"})
 """Modes that need the guard store and the lease backend in one PostgreSQL or Redis."""
+
+
+def keeps_event_log(backend: str) -> bool:
+    """Whether the ``backend`` lease backend keeps the event log ``Watch`` streams."""
+    from lease_server.backends.base import EventLog
+
+    classes = {
+        "sqlite": ("lease_server.backends.sqlite", "SQLiteBackend"),
+        "postgres": ("lease_server.backends.postgres", "PostgresBackend"),
+        "redis": ("lease_server.backends.redis", "RedisBackend"),
+    }
+    module, name = classes[backend]
+    cls = getattr(importlib.import_module(module), name)
+    return issubclass(cls, EventLog)
 
 
 def available_modes() -> list[str]:
@@ -223,6 +238,7 @@ class Scenario:
             fence_mode=guard_mode,
             proxy_lease=self.proxy_lease,
             proxy_guard=self.proxy_guard,
+            watch=guard_mode == "watch",
         )
 
 
@@ -598,8 +614,11 @@ def client_argv(
         f"{scenario.skew_offset:g}",
         *scenario.profile.argv(),
     ]
-    if config.fence_mode == "promise":
-        argv.append("--promise")
+    argv += ["--fence-mode", config.fence_mode]
+    if config.fence_mode == "watch" and guard_mode != "watch":
+        # The control's guard follows no events: its fence never learns of a grant,
+        # so do not wait for it (the acquire is recorded at once, with fenced=0).
+        argv += ["--await-fence", "0"]
     return argv
 
 
@@ -729,6 +748,10 @@ def run_scenario(
         )
     if config.fence_mode in SHARED_BACKEND_MODES and config.backend == "sqlite":
         raise ValueError(f"{config.fence_mode} mode needs --backend postgres or redis")
+    if config.fence_mode == "watch" and not keeps_event_log(config.backend):
+        raise ValueError(
+            f"watch mode needs a lease backend with an event log; {config.backend} keeps none"
+        )
     guard_mode = GUARD_MODES.get(config.fence_mode, config.fence_mode)
     fenced = run_once(
         config,
@@ -766,6 +789,7 @@ __all__ = [
     "ScenarioResult",
     "available_modes",
     "client_argv",
+    "keeps_event_log",
     "run_once",
     "run_scenario",
 ]

@@ -34,8 +34,13 @@ deduplicate it if it had landed.
 
 Recording (see :mod:`chaos.history`): every call is an ``invoke`` then ``ok``,
 ``fail`` (the server refused it as a whole) or ``info`` (timeout, unavailable:
-unknown outcome). An acquire's ``ok`` carries the token and ``ttl_ms``; in promise
-mode it is recorded only after the promise (``Fence``) returned. A lease the SDK
+unknown outcome). An acquire's ``ok`` carries the token and ``ttl_ms``. It is
+recorded when the grant starts to fence older tokens at the guard, as the checker's
+rule 3b assumes: in ``promise`` mode after the promise (``Fence``) returned (the
+SDK's ``hold(..., fence=[guard])``); in ``watch`` mode after the client saw the
+guard's fence reach its token (``DescribeFence``, polled for at most
+``--await-fence`` seconds; if it never does, the acquire is recorded with
+``fenced=0`` and the checker does not count it as a barrier). A lease the SDK
 reports lost is recorded with :meth:`~chaos.history.Recorder.lost`. Reads record
 the value and ``written_by_token``. The harness records the final reads
 (:func:`record_final_reads`) after every client has stopped.
@@ -210,7 +215,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, required=True, help="seconds to start jobs for")
     p.add_argument("--max-jobs", type=int, default=10_000)
     p.add_argument("--incarnation", type=int, default=0, help="restarts so far (harness)")
-    p.add_argument("--promise", action="store_true", help="promise mode: hold(fence=[guard])")
+    p.add_argument(
+        "--fence-mode",
+        choices=["monotonic", "promise", "watch", "strict"],
+        default="monotonic",
+        help="the mode under test: promise holds with fence=[guard]; watch waits for the "
+        "guard's fence to reach a new token before recording the acquire",
+    )
+    p.add_argument("--await-fence", type=float, default=1.0, help="watch mode: seconds")
     p.add_argument("--skew-rate", type=float, default=1.0, help="clock rate on SIGUSR1")
     p.add_argument("--skew-offset", type=float, default=0.0, help="clock jump (s) on SIGUSR1")
     defaults = Profile()
@@ -404,13 +416,20 @@ class Client:
         job_s = self.rng.uniform(*self.args.job_ms) / 1000
         op = self.rec.invoke("acquire", resource, ttl_ms=round(ttl_s * 1000))
         acquired = False
-        hold_kw: dict[str, Any] = {"fence": [self.guard]} if self.args.promise else {}
+        promise = self.args.fence_mode == "promise"
+        hold_kw: dict[str, Any] = {"fence": [self.guard]} if promise else {}
         try:
             with self.leases.hold(
                 resource, ttl_s, timeout=self.args.acquire_timeout, **hold_kw
             ) as lease:
                 acquired = True
-                self.rec.complete(op, "ok", token=lease.token, ttl_ms=lease.ttl_ms)
+                if self.args.fence_mode == "watch":
+                    fenced = int(self.await_fence(lease))
+                    self.rec.complete(
+                        op, "ok", token=lease.token, ttl_ms=lease.ttl_ms, fenced=fenced
+                    )
+                else:
+                    self.rec.complete(op, "ok", token=lease.token, ttl_ms=lease.ttl_ms)
                 lease.on_lost(self._on_lost)
                 try:
                     self.work(lease, job_s)
@@ -432,6 +451,18 @@ class Client:
             self.rec.complete(op, "info", error=_reason(exc))
             time.sleep(0.05)
         return acquired
+
+    def await_fence(self, lease: Lease) -> bool:
+        """Watch mode: wait (bounded) until the guard's fence for the resource reached
+        the lease's token, i.e. the guard learnt of the grant from the lease server."""
+        end = time.monotonic() + self.args.await_fence
+        while True:
+            with contextlib.suppress(Exception):
+                if self.guard.describe_fence(lease.resource) >= lease.token:
+                    return True
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.002)
 
     def _on_lost(self, lease: Lease) -> None:
         self.rec.lost(lease.resource, lease.token)

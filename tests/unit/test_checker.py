@@ -640,6 +640,15 @@ def test_old_holder_write_after_takeover_is_the_monotonic_window_but_flagged_wit
         assert "granted token" in result.violations[0].detail
 
 
+def test_an_acquire_not_yet_seen_fenced_is_no_barrier() -> None:
+    h = History()
+    h.op("a", "acquire", "r", 0, 1, token=1)
+    h.op("b", "acquire", "r", 4, 5, token=2, fenced=0)  # the watch guard had not caught up
+    h.op("a", "write", "r", 6, 7, token=1, key="k", value="a2")
+    for mode in GRANT_FENCED_MODES:
+        assert h.check(mode).valid, mode
+
+
 def test_monotonic_window_closes_at_the_new_holders_first_write() -> None:
     h = History()
     h.op("a", "acquire", "r", 0, 1, token=1)
