@@ -8,11 +8,10 @@ The fenced run must be valid; the control must be flagged, or the faults were to
 weak to prove anything and the scenario fails.
 
 Every fault targets a *fresh holder*: the harness polls the lease server's
-``Describe`` until some resource changes hands, and strikes the client that just got
-it, so the fault lands inside a critical section (see :mod:`chaos.workload`); faults
-on the holder itself wait (bounded) until it has a write prepared and not yet sent,
-which its journal file shows. All waits are bounded; a cycle is started only if it
-can finish before the clients stop.
+``Describe`` until some resource changes hands, waits (bounded) until the client
+that got it has a write prepared and not yet sent (its journal file shows it), and
+strikes then, inside its critical section (see :mod:`chaos.workload`). All waits
+are bounded; a cycle is started only if it can finish before the clients stop.
 
 =====================================  ===========================================
 scenario                               what happens to the fresh holder
@@ -147,11 +146,13 @@ class RunContext:
         return not self.stop.wait(max(0.0, seconds))
 
     def fresh_holder(self, timeout: float = 5.0) -> tuple[ClientNode, str, int] | None:
-        """Wait for some resource to change hands; (client, resource, token) of the new holder.
+        """Wait for some resource to change hands and its new holder to be mid-step.
 
-        Polls ``Describe`` on the lease server directly (no proxy) every 10 ms, for
-        at most ``timeout`` seconds and never past the deadline; None if nothing
-        changed hands or the holder is not a running client.
+        Polls ``Describe`` on the lease server directly (no proxy) every 10 ms; when a
+        token changes, waits (up to 1 s) until that client has a write prepared and
+        not yet sent (so it did receive the grant: the server's commit is visible
+        before the reply arrives) and returns (client, resource, token). Gives up
+        after ``timeout`` seconds, never past the deadline: None.
         """
         end = min(time.monotonic() + timeout, self.deadline)
         seen: dict[str, int] = {}
@@ -167,7 +168,11 @@ class RunContext:
                     if before is None or not state.held or state.token <= before:
                         continue
                     node = self.cluster.clients.get(client_of(state.holder))
-                    if node is not None and node.proc.alive:
+                    if (
+                        node is not None
+                        and node.proc.alive
+                        and self.wait_for_pending_write(node.name, 1.0)
+                    ):
                         return node, resource, state.token
                 self.stop.wait(0.01)
         return None
@@ -253,7 +258,6 @@ def _pause_holder(ctx: RunContext) -> None:
         if found is None:
             continue
         node = found[0]
-        ctx.wait_for_pending_write(node.name, 1.0)  # between preparing and sending a write
         with faults.paused(node.proc, ctx.log, label=node.name):
             time.sleep(pause_s)
         ctx.sleep(ctx.rng.uniform(0.3, 0.8))
@@ -267,7 +271,6 @@ def _kill_holder(ctx: RunContext) -> None:
         if found is None:
             continue
         node = found[0]
-        ctx.wait_for_pending_write(node.name, 1.0)  # strike mid-write
 
         def restart(name: str = node.name) -> None:
             # The new incarnation stops with the others, not a full duration later.
@@ -304,8 +307,6 @@ def _delay_holder_to_guard(ctx: RunContext) -> None:
             continue
         node = found[0]
         assert node.guard_proxy is not None
-        # Strike once its read is answered and its write prepared, not yet sent.
-        ctx.wait_for_pending_write(node.name, 1.0)
         target = f"{node.name} <-> guard"
         with faults.delayed(node.guard_proxy, ctx.log, target, delay_ms):
             # Everything it sends in this window arrives delay_ms later.
@@ -353,7 +354,6 @@ def _guard_crash(ctx: RunContext) -> None:
         if found is None:
             continue
         node, resource, token = found
-        ctx.wait_for_pending_write(node.name, 1.0)
         assert ctx.cluster.guard is not None
         with faults.paused(node.proc, ctx.log, label=node.name):
             # A newer holder takes over and writes, advancing the fence ...
