@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import random
+import signal
 import sys
 import threading
 import time
@@ -631,91 +632,32 @@ def run_once(
     workdir: Path,
     progress: Progress | None = None,
 ) -> RunOutcome:
-    """One run on fresh servers in ``workdir``: start, drive, fault, stop, read, judge."""
+    """One run on fresh servers in ``workdir``: start, drive, fault, stop, read, judge.
+
+    Harness failures (a server that would not start or restart, a schedule that
+    raised, clients that would not stop) are collected in :attr:`RunOutcome.errors`:
+    such a run proves nothing and fails its scenario.
+    """
     history_dir = workdir / "history"
     history_dir.mkdir(parents=True, exist_ok=True)
     log = FaultLog(workdir / "faults.jsonl")
     errors: list[str] = []
     started_ns = time.monotonic_ns()
-    # One seed for the schedule, the same in the fenced run and its control.
-    rng = random.Random(f"{config.seed}:{scenario.name}:schedule")
-    topology = scenario.topology(config.backend, guard_mode)
-    with Cluster(topology, workdir, seed=config.seed) as cluster:
-        for i in range(config.clients):
-            name = f"c{i}"
-            cluster.add_client(name, client_argv(config, scenario, name, workdir, guard_mode))
-        begin = time.monotonic()
-        observer = Observer(
-            cluster.guard_target,
-            config.resource_names(),
-            history_dir,
-            scenario.observe_ms / 1000,
-        )
-        observer.start()
-        ctx = RunContext(
-            cluster=cluster,
-            log=log,
-            rng=rng,
-            resources=config.resource_names(),
-            profile=scenario.profile,
-            journal_dir=workdir / "journal",
-            deadline=begin + config.duration,
-        )
-
-        def drive() -> None:
-            try:
-                scenario.schedule(ctx)
-            except Exception as exc:
-                errors.append(f"fault schedule failed: {type(exc).__name__}: {exc}")
-
-        driver = threading.Thread(target=drive, name="schedule", daemon=True)
-        driver.start()
-        # Clients stop starting jobs at the deadline; allow for the longest job and
-        # for a fault cycle that is still winding down, then stop whatever is left.
-        grace = scenario.profile.job_ms[1] / 1000 + 20.0
-        hard_end = begin + config.duration + grace
-        while time.monotonic() < hard_end:
-            if progress is not None:
-                progress(
-                    label,
-                    time.monotonic() - begin,
-                    config.duration,
-                    _count_lines(history_dir),
-                    log.active,
-                )
-            clients_alive = any(n.proc.alive for n in cluster.clients.values())
-            if not driver.is_alive() and not clients_alive:
-                break
-            time.sleep(0.25)
-        ctx.stop.set()
-        driver.join(10.0)
-        if driver.is_alive():
-            errors.append("the fault schedule did not finish in time")
-        stragglers = cluster.wait_clients(1.0)
-        if stragglers:
-            errors.append(f"clients still running at the end, killed: {stragglers}")
-        for node in cluster.clients.values():
-            if node.proc.returncode not in (0, None, -9):
-                errors.append(
-                    f"client {node.name} exited with {node.proc.returncode}: "
-                    f"{node.proc.log_tail(600)}"
-                )
-        observer.stop()
-        cluster.stop_proxies()
-        try:
-            read = record_final_reads(cluster.guard_target, config.resource_names(), history_dir)
-            if read < 2 * config.resources:
-                errors.append(f"only {read} of {2 * config.resources} final reads succeeded")
-        except Exception as exc:
-            errors.append(f"final reads failed: {type(exc).__name__}: {exc}")
+    try:
+        with Cluster(scenario.topology(config.backend, guard_mode), workdir, seed=config.seed) as c:
+            for i in range(config.clients):
+                name = f"c{i}"
+                c.add_client(name, client_argv(config, scenario, name, workdir, guard_mode))
+            _drive(c, config, scenario, log, label, workdir, errors, progress)
+    except Exception as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
     ended_ns = time.monotonic_ns()
     events = read_history(history_dir)
-    checked = config.fence_mode
     return RunOutcome(
         label=label,
         guard_mode=guard_mode,
-        checked_mode=checked,
-        result=check(events, mode=checked),
+        checked_mode=config.fence_mode,
+        result=check(events, mode=config.fence_mode),
         events=events,
         faults=list(log.windows),
         workdir=workdir,
@@ -723,6 +665,78 @@ def run_once(
         ended_ns=ended_ns,
         errors=errors,
     )
+
+
+def _drive(
+    cluster: Cluster,
+    config: RunConfig,
+    scenario: Scenario,
+    log: FaultLog,
+    label: str,
+    workdir: Path,
+    errors: list[str],
+    progress: Progress | None,
+) -> None:
+    """Observe, run the schedule while the clients run, stop them, read the final state."""
+    history_dir = workdir / "history"
+    begin = time.monotonic()
+    observer = Observer(
+        cluster.guard_target, config.resource_names(), history_dir, scenario.observe_ms / 1000
+    )
+    observer.start()
+    ctx = RunContext(
+        cluster=cluster,
+        log=log,
+        # One seed for the schedule, the same in the fenced run and its control.
+        rng=random.Random(f"{config.seed}:{scenario.name}:schedule"),
+        resources=config.resource_names(),
+        profile=scenario.profile,
+        journal_dir=workdir / "journal",
+        deadline=begin + config.duration,
+    )
+
+    def drive() -> None:
+        try:
+            scenario.schedule(ctx)
+        except Exception as exc:
+            errors.append(f"fault schedule failed: {type(exc).__name__}: {exc}")
+
+    driver = threading.Thread(target=drive, name="schedule", daemon=True)
+    driver.start()
+    # Clients stop starting jobs at the deadline; allow for the longest job and for a
+    # fault cycle that is still winding down, then stop whatever is left.
+    hard_end = begin + config.duration + scenario.profile.job_ms[1] / 1000 + 20.0
+    try:
+        while time.monotonic() < hard_end:
+            if progress is not None:
+                elapsed = time.monotonic() - begin
+                progress(label, elapsed, config.duration, _count_lines(history_dir), log.active)
+            clients_alive = any(n.proc.alive for n in cluster.clients.values())
+            if not driver.is_alive() and not clients_alive:
+                break
+            time.sleep(0.25)
+    finally:
+        ctx.stop.set()
+        driver.join(10.0)
+        observer.stop()
+    if driver.is_alive():
+        errors.append("the fault schedule did not finish in time")
+    stragglers = cluster.wait_clients(1.0)
+    if stragglers:
+        errors.append(f"clients still running at the end, killed: {stragglers}")
+    for node in cluster.clients.values():
+        if node.proc.returncode not in (0, None, -signal.SIGKILL):
+            errors.append(
+                f"client {node.name} exited with {node.proc.returncode}: {node.proc.log_tail(600)}"
+            )
+    cluster.stop_proxies()
+    try:
+        read = record_final_reads(cluster.guard_target, config.resource_names(), history_dir)
+    except Exception as exc:
+        errors.append(f"final reads failed: {type(exc).__name__}: {exc}")
+    else:
+        if read < 2 * config.resources:
+            errors.append(f"only {read} of {2 * config.resources} final reads succeeded")
 
 
 def run_scenario(
