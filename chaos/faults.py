@@ -126,9 +126,12 @@ def descendants(pid: int) -> list[int]:
 
 
 def _exists(pid: int) -> bool:
-    """True while ``pid`` exists, zombies included: PostgreSQL refuses to start while
-    the PID in its lock file answers ``kill(pid, 0)``, which a zombie does."""
-    return Path(f"/proc/{pid}").exists()
+    """True while ``pid`` runs (a zombie has released everything but its PID)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # -- fault log ----------------------------------------------------------------------
@@ -585,6 +588,15 @@ class Postgres(Proc):
             ]
         )
         return super().start(timeout)
+
+    def kill(self) -> None:
+        super().kill()
+        # Every process of the cluster is dead, but their zombies may wait a while for
+        # init to reap them, and PostgreSQL refuses to start while the PID in a lock
+        # file answers kill(pid, 0), which a zombie does. Nobody holds the locks now.
+        for lock in (self.dir / "data" / "postmaster.pid", self.dir / f".s.PGSQL.{self.port}.lock"):
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
 
     def close(self) -> None:
         super().close()

@@ -107,11 +107,23 @@ SHORT_JOBS: Final = Profile()
 LONG_JOBS: Final = Profile(job_ms=(3500, 5000), step_ms=(100, 250), check="job")
 """Jobs that outlive a lease unless it is renewed: each checks its lease once, first.
 
-A job struck at its start must outlast the outage (up to ~2 s with the restart),
-the reconnection and a newer holder's first step, so its next writes are stale."""
+A job struck at its start must outlast the fault (partition, skew), a takeover and a
+newer holder's first step, so its next writes are stale."""
+
+RESTART_JOBS: Final = replace(LONG_JOBS, job_ms=(5000, 7000))
+"""Longer still: the job must also outlast a server's restart and its reconnection to
+a restarted database (connection pools back off for a second or two)."""
 
 MAX_CYCLES: Final = 20
 """Bound on fault cycles in one run, whatever its duration."""
+
+TAKEOVER_S: Final = 2.0
+"""Time a strike must leave before the clients stop starting jobs, so that one of them
+takes the struck holder's resource over (a TTL of at most 1.2 s, then a step) and
+writes while the struck holder is still stale."""
+
+RESTART_S: Final = 1.0
+"""Allowance for a server process to start again and its clients to reconnect."""
 
 
 class HarnessError(RuntimeError):
@@ -207,12 +219,23 @@ class RunContext:
             time.sleep(0.002)
         return True
 
-    def cycles(self, needs_s: float) -> Iterator[int]:
-        """Cycle numbers while a cycle of ``needs_s`` seconds still fits (bounded)."""
-        for n in range(MAX_CYCLES):
-            if self.stop.is_set() or self.time_left() < needs_s:
+    def strikes(self, needs_s: float) -> Iterator[tuple[ClientNode, str, int]]:
+        """Fresh holders to strike (see :meth:`fresh_holder`), one per fault cycle.
+
+        Yields only while a strike still leaves ``needs_s`` seconds before the
+        clients stop starting jobs (a takeover needs someone waiting), at most
+        :data:`MAX_CYCLES` times.
+        """
+        for _ in range(MAX_CYCLES):
+            left = self.time_left() - needs_s
+            if self.stop.is_set() or left <= 0:
                 return
-            yield n
+            found = self.fresh_holder(timeout=left)
+            if found is None:
+                continue
+            if self.time_left() < needs_s:
+                return  # found too late to be worth striking
+            yield found
 
 
 Schedule = Callable[[RunContext], None]
@@ -253,12 +276,7 @@ class Scenario:
 
 def _pause_holder(ctx: RunContext) -> None:
     pause_s = ctx.ttl_max_s * ctx.rng.uniform(1.9, 2.3)
-    ctx.sleep(ctx.rng.uniform(0.2, 0.5))
-    for _ in ctx.cycles(pause_s + 1.0):
-        found = ctx.fresh_holder()
-        if found is None:
-            continue
-        node = found[0]
+    for node, _, _ in ctx.strikes(TAKEOVER_S):
         with faults.paused(node.proc, ctx.log, label=node.name):
             time.sleep(pause_s)
         ctx.sleep(ctx.rng.uniform(0.3, 0.8))
@@ -266,12 +284,7 @@ def _pause_holder(ctx: RunContext) -> None:
 
 def _kill_holder(ctx: RunContext) -> None:
     down_s = ctx.ttl_max_s * ctx.rng.uniform(1.9, 2.3)
-    ctx.sleep(ctx.rng.uniform(0.2, 0.5))
-    for _ in ctx.cycles(down_s + 1.5):
-        found = ctx.fresh_holder()
-        if found is None:
-            continue
-        node = found[0]
+    for node, _, _ in ctx.strikes(TAKEOVER_S):
 
         def restart(name: str = node.name) -> None:
             # The new incarnation stops with the others, not a full duration later.
@@ -284,12 +297,7 @@ def _kill_holder(ctx: RunContext) -> None:
 
 def _partition_holder_from_lease_server(ctx: RunContext) -> None:
     part_s = ctx.ttl_max_s * ctx.rng.uniform(2.2, 2.6)
-    ctx.sleep(ctx.rng.uniform(0.2, 0.5))
-    for _ in ctx.cycles(part_s + 0.5):
-        found = ctx.fresh_holder()
-        if found is None:
-            continue
-        node = found[0]
+    for node, _, _ in ctx.strikes(TAKEOVER_S):
         assert node.lease_proxy is not None
         with faults.partitioned(node.lease_proxy, ctx.log, f"{node.name} <-> lease-server"):
             time.sleep(part_s)
@@ -298,15 +306,10 @@ def _partition_holder_from_lease_server(ctx: RunContext) -> None:
 
 def _delay_holder_to_guard(ctx: RunContext) -> None:
     delay_ms = ctx.ttl_max_s * 1000 * ctx.rng.uniform(3.4, 3.8)
-    ctx.sleep(ctx.rng.uniform(0.2, 0.5))
-    # The cycle needs the clients only until a newer holder has written (its job ends
-    # after a few timeouts, then a waiter takes over); the late bytes may land after
-    # the clients stopped: the observer and the final reads still see them.
-    for _ in ctx.cycles(3.0):
-        found = ctx.fresh_holder()
-        if found is None:
-            continue
-        node = found[0]
+    # The cycle needs the clients only until a newer holder has written (the struck
+    # holder's job ends after a few timeouts, then a waiter takes over); the late
+    # bytes may land after the clients stopped: the observer and final reads see them.
+    for node, _, _ in ctx.strikes(3.0):
         assert node.guard_proxy is not None
         target = f"{node.name} <-> guard"
         with faults.delayed(node.guard_proxy, ctx.log, target, delay_ms):
@@ -317,10 +320,7 @@ def _delay_holder_to_guard(ctx: RunContext) -> None:
 
 def _restart_lease_server(ctx: RunContext) -> None:
     down_s = ctx.ttl_max_s * ctx.rng.uniform(1.2, 1.35)
-    ctx.sleep(ctx.rng.uniform(0.2, 0.5))
-    for _ in ctx.cycles(down_s + 2.0):
-        if ctx.fresh_holder() is None:
-            continue
+    for _ in ctx.strikes(down_s + RESTART_S + TAKEOVER_S):
         assert ctx.cluster.lease is not None
         with faults.crashed(ctx.cluster.lease, ctx.log):
             time.sleep(down_s)
@@ -329,10 +329,7 @@ def _restart_lease_server(ctx: RunContext) -> None:
 
 def _restart_backend(ctx: RunContext) -> None:
     down_s = ctx.ttl_max_s * ctx.rng.uniform(1.2, 1.35)
-    ctx.sleep(ctx.rng.uniform(0.2, 0.5))
-    for _ in ctx.cycles(down_s + 2.0):
-        if ctx.fresh_holder() is None:
-            continue
+    for _ in ctx.strikes(down_s + RESTART_S + TAKEOVER_S):
         cluster = ctx.cluster
         if cluster.database is not None:
             with faults.crashed(cluster.database, ctx.log):
@@ -349,12 +346,7 @@ def _restart_backend(ctx: RunContext) -> None:
 
 def _guard_crash(ctx: RunContext) -> None:
     down_s = ctx.rng.uniform(0.5, 1.0)
-    ctx.sleep(ctx.rng.uniform(0.2, 0.5))
-    for _ in ctx.cycles(ctx.ttl_max_s + down_s + 2.5):
-        found = ctx.fresh_holder()
-        if found is None:
-            continue
-        node, resource, token = found
+    for node, resource, token in ctx.strikes(TAKEOVER_S):
         assert ctx.cluster.guard is not None
         with faults.paused(node.proc, ctx.log, label=node.name):
             # A newer holder takes over and writes, advancing the fence ...
@@ -369,12 +361,7 @@ def _guard_crash(ctx: RunContext) -> None:
 
 def _clock_skew(ctx: RunContext) -> None:
     part_s = ctx.ttl_max_s * ctx.rng.uniform(2.2, 2.6)
-    ctx.sleep(ctx.rng.uniform(0.2, 0.5))
-    for _ in ctx.cycles(part_s + 0.5):
-        found = ctx.fresh_holder()
-        if found is None:
-            continue
-        node = found[0]
+    for node, _, _ in ctx.strikes(TAKEOVER_S):
         assert node.lease_proxy is not None
         with (
             faults.clock_skewed(node.proc, ctx.log, detail="SDK clock at 1/4 speed"),
@@ -418,14 +405,14 @@ SCENARIOS: Final[dict[str, Scenario]] = {
             "restart-lease-server",
             "SIGKILL the lease server for over a TTL while a long job runs; restart it",
             _restart_lease_server,
-            profile=LONG_JOBS,
+            profile=RESTART_JOBS,
         ),
         Scenario(
             "restart-backend",
             "SIGKILL the backend (PostgreSQL, Redis, or both SQLite servers) for over "
             "a TTL while a long job runs; restart it",
             _restart_backend,
-            profile=LONG_JOBS,
+            profile=RESTART_JOBS,
         ),
         Scenario(
             "guard-crash",
@@ -645,10 +632,13 @@ def run_once(
     started_ns = time.monotonic_ns()
     try:
         with Cluster(scenario.topology(config.backend, guard_mode), workdir, seed=config.seed) as c:
-            for i in range(config.clients):
-                name = f"c{i}"
-                c.add_client(name, client_argv(config, scenario, name, workdir, guard_mode))
-            _drive(c, config, scenario, log, label, workdir, errors, progress)
+
+            def start_clients() -> None:
+                for i in range(config.clients):
+                    name = f"c{i}"
+                    c.add_client(name, client_argv(config, scenario, name, workdir, guard_mode))
+
+            _drive(c, config, scenario, log, label, workdir, errors, progress, start_clients)
     except Exception as exc:
         errors.append(f"{type(exc).__name__}: {exc}")
     ended_ns = time.monotonic_ns()
@@ -676,8 +666,13 @@ def _drive(
     workdir: Path,
     errors: list[str],
     progress: Progress | None,
+    start_clients: Callable[[], None],
 ) -> None:
-    """Observe, run the schedule while the clients run, stop them, read the final state."""
+    """Observe, run the schedule while the clients run, stop them, read the final state.
+
+    The schedule starts watching the lease server before the clients start, so the
+    very first grants already count as fresh holders.
+    """
     history_dir = workdir / "history"
     begin = time.monotonic()
     observer = Observer(
@@ -703,10 +698,14 @@ def _drive(
 
     driver = threading.Thread(target=drive, name="schedule", daemon=True)
     driver.start()
-    # Clients stop starting jobs at the deadline; allow for the longest job and for a
-    # fault cycle that is still winding down, then stop whatever is left.
-    hard_end = begin + config.duration + scenario.profile.job_ms[1] / 1000 + 20.0
     try:
+        start_clients()
+        # The clients count their duration from their own start (a little later still).
+        begin = time.monotonic()
+        ctx.deadline = begin + config.duration
+        # Clients stop starting jobs at the deadline; allow for the longest job and for
+        # a fault cycle that is still winding down, then stop whatever is left.
+        hard_end = begin + config.duration + scenario.profile.job_ms[1] / 1000 + 20.0
         while time.monotonic() < hard_end:
             if progress is not None:
                 elapsed = time.monotonic() - begin
@@ -791,6 +790,7 @@ def run_scenario(
 __all__ = [
     "GUARD_MODES",
     "LONG_JOBS",
+    "RESTART_JOBS",
     "SCENARIOS",
     "SHARED_BACKEND_MODES",
     "SHORT_JOBS",
