@@ -17,6 +17,7 @@ runs ``python -m chaos.workload``); loopback only.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 import time
@@ -142,6 +143,12 @@ def run_command(args: argparse.Namespace) -> int:
         control=not args.no_control,
     )
     progress = _ProgressLine(args.quiet)
+
+    def on_term(signum: int, frame: object) -> None:
+        # Unwind, so every process and proxy the harness started is stopped.
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
         result = run_scenario(config, out, progress=progress)
     except ValueError as exc:

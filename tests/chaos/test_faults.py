@@ -21,11 +21,14 @@ from chaos.faults import (
     Topology,
     crashed,
     crashed_together,
+    half_open,
     lease_server,
     partitioned,
     paused,
     read_faults,
+    reset_link,
 )
+from chaos.proxy import ThreadedFaultProxy
 from fencing import BackendUnavailableError, DeadlineExceededError, LeaseClient
 
 pytestmark = pytest.mark.timeout(120)
@@ -218,3 +221,38 @@ def test_throwaway_postgres_recovers_committed_rows_after_sigkill(tmp_path: Path
         assert row == (7,)
     finally:
         server.close()
+
+
+def test_half_open_and_reset_links_through_a_proxy(tmp_path: Path) -> None:
+    server = lease_server(f"sqlite:///{tmp_path / 'leases.db'}", tmp_path)
+    server.start()
+    proxy = ThreadedFaultProxy("127.0.0.1", server.port)
+    proxy.start()
+    log = FaultLog()
+    try:
+        with LeaseClient(proxy.target, rpc_timeout=0.5) as client:
+            assert not client.describe("r").held
+            # Requests get through, replies do not: the caller times out.
+            with (
+                half_open(proxy, log, "client <-> lease", "upstream"),
+                pytest.raises(DeadlineExceededError),
+            ):
+                client.describe("r")
+            assert not client.describe("r").held
+            reset_link(proxy, log, "client <-> lease")
+            assert proxy.connections == 0
+            for _ in range(20):  # the channel reconnects on its own (bounded)
+                try:
+                    assert not client.describe("r").held
+                    break
+                except BackendUnavailableError:
+                    time.sleep(0.1)
+            else:
+                pytest.fail("the client did not reconnect after the reset")
+    finally:
+        proxy.stop()
+        server.close()
+    assert [(w.kind, w.end_ns == w.start_ns) for w in log.windows] == [
+        ("half-open", False),
+        ("reset", True),
+    ]
