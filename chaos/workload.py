@@ -1,8 +1,9 @@
 """The chaos workload: client processes contending for resources through leases and a guard.
 
 Run one client per process (``python -m chaos.workload --name c0 ...``); the harness
-starts N of them for M resources. Each client loops, bounded by ``--duration`` and
-``--max-jobs``, and every random choice comes from ``--seed`` (and its name). A job
+starts N of them for M resources. Each client loops, bounded by ``--duration`` (no
+job starts after it, none runs on for more than 1.5 s past it) and ``--max-jobs``,
+and every random choice comes from ``--seed`` (and its name). A job
 picks a random resource; when it is held by someone else the client tries the next
 one instead, so a resource left by a dead or cut-off holder soon finds a taker::
 
@@ -93,6 +94,9 @@ EFFECT_KEY: Final = "effect/log"
 
 MAX_STEPS_PER_JOB: Final = 1000
 """Hard bound on steps in one job, whatever the job's duration."""
+
+JOB_OVERRUN_S: Final = 1.5
+"""A job ends at most this long after ``--duration`` is over, however long it was drawn."""
 
 CHANNEL_OPTIONS: Final = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -343,6 +347,7 @@ class Client:
         self.journal = Journal(args.journal_dir, args.name)
         self.stopping = False
         self.seq = 0
+        self.jobs_end = float("inf")
         self._lease_channel = grpc.insecure_channel(args.lease, CHANNEL_OPTIONS)
         self._guard_channel = grpc.insecure_channel(args.guard, CHANNEL_OPTIONS)
         self.leases = LeaseClient(
@@ -382,6 +387,8 @@ class Client:
     def run(self) -> None:
         self.replay()
         deadline = time.monotonic() + self.args.duration
+        # No job runs on for long after the last one may start (bounded in time).
+        self.jobs_end = deadline + JOB_OVERRUN_S
         jobs = 0
         resource = self.rng.choice(self.resources)
         while not self.stopping and jobs < self.args.max_jobs and time.monotonic() < deadline:
@@ -481,7 +488,7 @@ class Client:
             self.rec.complete(op, "ok")
 
     def work(self, lease: Lease, job_s: float) -> None:
-        end = time.monotonic() + job_s
+        end = min(time.monotonic() + job_s, self.jobs_end)
         for step in range(MAX_STEPS_PER_JOB):
             if self.stopping:
                 return
