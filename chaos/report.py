@@ -219,6 +219,12 @@ class Bar:
     end: float
     how: str  # released, lost, unknown (release of unknown outcome), open
     row: int = 0
+    tail: float = 0.0  # its holder's last write with this token, if after ``end``
+
+    @property
+    def extent(self) -> float:
+        """Where the bar's row is busy until: its end, or its holder's last write."""
+        return max(self.end, self.tail)
 
 
 def _color(process: str, clients: list[str]) -> str:
@@ -238,6 +244,12 @@ def lease_bars(ops: Sequence[Operation]) -> list[Bar]:
             lost = o.extra.get("lost") == 1
             how = "lost" if lost else ("released" if o.ok else "unknown" if o.info else "lost")
             ends[(o.process, o.resource, o.token)].append((float(o.start_ns), how))
+    last_write: dict[tuple[str, str, int], float] = {}
+    for o in ops:
+        if o.op == "write" and o.token is not None:
+            key = (o.process, o.resource, o.token)
+            when = float(o.start_ns if o.pending else o.end_ns)
+            last_write[key] = max(last_write.get(key, 0.0), when)
     bars = []
     for o in ops:
         if o.op != "acquire" or not o.ok or o.token is None:
@@ -249,21 +261,27 @@ def lease_bars(ops: Sequence[Operation]) -> list[Bar]:
             end, how = after[0]
         else:
             end, how = max(last_seen[o.process], start), "open"
-        bars.append(Bar(o.process, o.resource, o.token, start, max(end, start), how))
+        bar = Bar(o.process, o.resource, o.token, start, max(end, start), how)
+        bar.tail = last_write.get(key, 0.0)
+        bars.append(bar)
     return bars
 
 
 def _assign_rows(bars: list[Bar]) -> int:
-    """Stack overlapping bars of one lane in rows (first fit); returns the row count."""
+    """Stack overlapping bars of one lane in rows (first fit); returns the row count.
+
+    A bar occupies its row until its :attr:`Bar.extent`, so the writes a holder sends
+    after it lost the lease stay on its own row, not on its successor's bar.
+    """
     row_ends: list[float] = []
     for bar in sorted(bars, key=lambda b: b.start):
         for i, end in enumerate(row_ends):
             if end <= bar.start:
-                bar.row, row_ends[i] = i, bar.end
+                bar.row, row_ends[i] = i, bar.extent
                 break
         else:
             bar.row = len(row_ends)
-            row_ends.append(bar.end)
+            row_ends.append(bar.extent)
     return max(1, len(row_ends))
 
 
@@ -403,8 +421,16 @@ def timeline_svg(run: RunOutcome, clients: list[str]) -> str:
                     f'<text x="{bx + 4:.1f}" y="{by + ROW - 11:.1f}" fill="#222">'
                     f"{_esc(bar.process)} t{bar.token}</text>"
                 )
+            if bar.tail > bar.end:
+                # Still writing with this token after its lease ended: a thin tail.
+                ty = by + (ROW - 6) / 2
+                out.append(
+                    f'<line x1="{bx + bw:.1f}" y1="{ty:.1f}" x2="{x(bar.tail):.1f}" '
+                    f'y2="{ty:.1f}" stroke="{color}" stroke-width="2" '
+                    f'stroke-dasharray="2 3"/>'
+                )
             out.append("</g>")
-    labelled: dict[tuple[str, int], float] = {}  # (resource, row) -> x of the last label
+    labelled: set[tuple[str, int, bool]] = set()  # (resource, row, flagged): said once
     for o in sorted(ops, key=lambda o: o.start_ns if o.pending else o.end_ns):
         if o.op != "write" or o.token is None or o.resource not in lanes:
             continue
@@ -413,9 +439,10 @@ def timeline_svg(run: RunOutcome, clients: list[str]) -> str:
         when = float(o.start_ns if o.pending else o.end_ns)
         mx, my = x(when), top + row * ROW + (ROW - 6) / 2
         is_flagged = o.op_id in flagged
-        label = (o.fail or is_flagged) and mx - labelled.get((o.resource, row), -1e9) > 110
+        said = (o.resource, row, is_flagged)
+        label = (o.fail or is_flagged) and said not in labelled
         if label:
-            labelled[(o.resource, row)] = mx
+            labelled.add(said)
         out += _write_mark(o, mx, my, _color(o.process, clients), is_flagged, t0, label)
     out.append("</svg>")
     return "".join(out)
@@ -471,7 +498,7 @@ def _legend(clients: list[str]) -> str:
     items.append(
         '<span><svg width="26" height="12"><rect x="1" y="1" width="24" height="10" rx="2" '
         'fill="#bbb" fill-opacity="0.35" stroke="#888" stroke-dasharray="3 2"/></svg> '
-        "lease that ended lost (dashed)</span>"
+        "lease that ended lost (dashed), dotted: writes after it ended</span>"
     )
     return '<div class="legend">' + "".join(items) + "</div>"
 
