@@ -267,7 +267,7 @@ def lease_bars(ops: Sequence[Operation]) -> list[Bar]:
     return bars
 
 
-def _assign_rows(bars: list[Bar]) -> int:
+def assign_rows(bars: list[Bar]) -> int:
     """Stack overlapping bars of one lane in rows (first fit); returns the row count.
 
     A bar occupies its row until its :attr:`Bar.extent`, so the writes a holder sends
@@ -360,7 +360,7 @@ def timeline_svg(run: RunOutcome, clients: list[str]) -> str:
     lanes: dict[str, tuple[float, int]] = {}
     y = float(TOP)
     for r in resources:
-        rows = _assign_rows(by_resource[r]) + 1  # a last row for writes without a bar
+        rows = assign_rows(by_resource[r]) + 1  # a last row for writes without a bar
         lanes[r] = (y, rows)
         y += rows * ROW + LANE_GAP
     height = y + 24
@@ -612,6 +612,7 @@ def write_report(result: ScenarioResult, out_dir: Path) -> tuple[Path, Path]:
 
 
 __all__ = [
+    "assign_rows",
     "lease_bars",
     "load_result",
     "percentile",

@@ -13,6 +13,7 @@ from chaos.history import Event, HistoryWriter, Recorder, pair_operations
 from chaos.report import (
     FLAGGED,
     REJECTED,
+    assign_rows,
     lease_bars,
     load_result,
     percentile,
@@ -160,6 +161,11 @@ def test_lease_bars_end_at_release_or_loss() -> None:
     assert bars["c0"].how == "lost"
     assert bars["c1"].how == "released"
     assert bars["c1"].end - bars["c1"].start == pytest.approx(200 * MS)
+    # c0 wrote after it knew its lease lost: its row stays busy until that write.
+    assert bars["c0"].tail > bars["c0"].end
+    assert bars["c0"].extent == bars["c0"].tail
+    assert assign_rows(list(bars.values())) == 2
+    assert bars["c0"].row != bars["c1"].row
 
 
 def test_timeline_marks_the_rejected_write_and_the_accepted_stale_one() -> None:
