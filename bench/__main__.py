@@ -4,60 +4,193 @@
     python -m bench --only floor,redis   # some sections
     python -m bench --duration 5         # longer measurements
     python -m bench --clients 1,16       # client counts
+    python -m bench --all                # everything, and bench/RESULTS.md written
     python -m bench --queue              # also the queue (service vs seed 002's SQL)
 
 Sections: ``floor`` (the empty gRPC call, and the embedded SQLite servers against it),
 ``redis`` (redis-py Lock, raw EVALSHA, our servers on Redis), ``postgres`` (the guard's
 check-and-write SQL one call, client-side and batched, the store, our servers on
 PostgreSQL; ``FENCING_BENCH_POSTGRES_DSN``), ``modes`` (what the promise and a watch
-guard add to taking a lease, and the watch delivery delay), ``queue`` (jobs/s through
-the QueueService next to seed 002's SQL on PostgreSQL; only with ``--queue`` or
-``--only queue``), and the others as they land. A section whose server is
-unreachable is skipped with a note, never faked.
+guard add to taking a lease, and the watch delivery delay), ``throughput`` (guarded
+writes per second against the backend's own check-and-write), ``scale`` (latency with
+1,000 against 1,000,000 resources), ``sessions`` (one client holding 10,000 leases),
+``peers`` (etcd, PostgreSQL advisory locks and redis-py Lock next to ours), ``queue``
+(jobs/s through the QueueService next to seed 002's SQL on PostgreSQL; only with
+``--queue`` or ``--only queue``). A section whose server is unreachable is skipped with
+a note, never faked. Progress goes to stderr, tables to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import platform
+import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from bench.harness import Result, table
+from bench.harness import Result, baseline_of, markdown, progress, table
 
-Section = Callable[[Sequence[int], float], Awaitable[list[Result]]]
+RESULTS_MD = Path(__file__).with_name("RESULTS.md")
 
 
-async def _floor(clients: Sequence[int], duration: float) -> list[Result]:
+@dataclass
+class Report:
+    """What a section produced: rows (ratio tables), or its own text and Markdown, notes
+    (skipped parts), and its lines for the summary of targets."""
+
+    results: list[Result] = field(default_factory=list)
+    text: str = ""
+    markdown: str = ""
+    notes: list[str] = field(default_factory=list)
+    #: (target, what was measured, met?) rows for RESULTS.md's summary.
+    targets: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Options:
+    clients: list[int]
+    duration: float
+    session_hold: float = 60.0
+    scale_size: int = 1_000_000
+
+
+Section = Callable[[Options], Awaitable[list[Result] | Report]]
+
+
+async def _floor(o: Options) -> list[Result]:
     from bench import floor
 
-    return await floor.run(clients, duration)
+    return await floor.run(o.clients, o.duration)
 
 
-async def _redis(clients: Sequence[int], duration: float) -> list[Result]:
+async def _redis(o: Options) -> list[Result]:
     from bench import redis
 
-    return await redis.run(clients, duration, servers=True)
+    return await redis.run(o.clients, o.duration, servers=True)
 
 
-async def _modes(clients: Sequence[int], duration: float) -> list[Result]:
+async def _modes(o: Options) -> list[Result]:
     from bench import modes
 
-    return await modes.run(clients, duration)
+    return await modes.run(o.clients, o.duration)
 
 
-async def _postgres(clients: Sequence[int], duration: float) -> list[Result]:
+async def _postgres(o: Options) -> list[Result]:
     from bench import postgres
 
-    return await postgres.run(clients, duration, servers=True)
+    return await postgres.run(o.clients, o.duration, servers=True)
 
 
-async def _queue(clients: Sequence[int], duration: float) -> list[Result]:
+async def _queue(o: Options) -> list[Result]:
     from bench import queue
 
-    return await queue.run(clients, duration)
+    return await queue.run(o.clients, o.duration)
+
+
+def _met(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+async def _throughput(o: Options) -> Report:
+    from bench import throughput
+
+    report = Report()
+    for backend, direct in (("postgres", throughput.PG_DIRECT), ("redis", throughput.REDIS_DIRECT)):
+        try:
+            rows = await throughput.run(o.clients, o.duration, only=(backend,))
+        except (OSError, RuntimeError, ConnectionError) as exc:
+            report.notes.append(f"{backend}: skipped ({type(exc).__name__}: {exc})")
+            continue
+        report.results += rows
+        base = next(r for r in rows if r.name == direct)
+        streams = [r for r in rows if "WriteStream" in r.name]
+        best = max(streams, key=lambda r: r.rate)
+        ratio = best.rate / base.rate if base.rate else 0.0
+        report.targets.append(
+            (
+                f"{backend}: guarded writes >= 0.5x the backend's own check-and-write",
+                f"{best.name}: {best.rate:,.0f} ops/s = {ratio:.2f}x {direct} "
+                f"({base.rate:,.0f} ops/s)",
+                _met(ratio >= 0.5),
+            )
+        )
+    return report
+
+
+async def _scale(o: Options) -> Report:
+    from bench import scale
+
+    report = Report()
+    for backend in ("postgres", "redis", "sqlite"):
+        try:
+            rows = await scale.run(max(4.0, 2 * o.duration), large=o.scale_size, only=(backend,))
+        except (OSError, RuntimeError, ConnectionError) as exc:
+            report.notes.append(f"{backend}: skipped ({type(exc).__name__}: {exc})")
+            continue
+        report.results += rows
+        for name, p50, p99 in scale.p50_ratio(rows):
+            report.targets.append(
+                (
+                    f"{name.split(':')[0]}: {name.split(': ')[1].split(',')[0]} latency with "
+                    f"{o.scale_size:,} resources within 1.3x of 1,000",
+                    f"p50 {p50:.2f}x, p99 {p99:.2f}x",
+                    _met(p50 <= 1.3 and p99 <= 1.3),
+                )
+            )
+    return report
+
+
+async def _sessions(o: Options) -> Report:
+    from bench import sessions
+
+    report = Report()
+    runs: list[sessions.SessionRun] = []
+    for backend in ("sqlite", "postgres"):
+        try:
+            runs += await sessions.run(hold_s=o.session_hold, backends=(backend,))
+        except (OSError, RuntimeError, ConnectionError) as exc:
+            report.notes.append(f"{backend}: skipped ({type(exc).__name__}: {exc})")
+    if runs:
+        report.text = sessions.table(runs)
+        report.markdown = sessions.markdown(runs)
+    for r in runs:
+        report.targets.append(
+            (
+                f"{r.backend}: one client, {r.leases:,} leases (ttl {r.ttl:g} s) held "
+                f"{r.hold_s:.0f} s: 0 expirations, <= 10 calls/s, server < 0.5 core",
+                f"{r.expirations} expirations, {r.calls_per_s:.2f} calls/s "
+                f"({r.calls_per_s_total:.2f} incl. acquire and release), "
+                f"{r.server_cores:.3f} cores",
+                _met(r.expirations == 0 and r.calls_per_s <= 10 and r.server_cores < 0.5),
+            )
+        )
+    return report
+
+
+async def _peers(o: Options) -> Report:
+    from bench import peers
+
+    report = Report()
+    report.results = await peers.run(o.clients, o.duration, notes=report.notes)
+    for r in report.results:
+        if r.name.startswith("ours") and r.concurrency == max(o.clients):
+            base = baseline_of(r, report.results)
+            if base is not None and base.rate:
+                report.targets.append(
+                    (
+                        f"side by side with {r.baseline} ({r.concurrency} clients)",
+                        f"{r.name}: {r.rate:,.0f} ops/s = {r.rate / base.rate:.2f}x "
+                        f"({base.rate:,.0f}); p50 {r.percentile(0.5) * 1000:.2f} ms vs "
+                        f"{base.percentile(0.5) * 1000:.2f} ms",
+                        "measured",
+                    )
+                )
+    return report
 
 
 SECTIONS: dict[str, tuple[str, Section]] = {
@@ -65,6 +198,13 @@ SECTIONS: dict[str, tuple[str, Section]] = {
     "redis": ("Redis: our scripts and servers next to redis-py Lock and raw EVALSHA", _redis),
     "postgres": ("PostgreSQL: check-and-write SQL against SELECT 1, and our servers", _postgres),
     "modes": ("Closing the monotonic window: promise and watch (SQLite)", _modes),
+    "throughput": (
+        "Throughput: guarded writes against the backend's own check-and-write",
+        _throughput,
+    ),
+    "scale": ("State at scale: 1,000 against 1,000,000 resources", _scale),
+    "sessions": ("Sessions: one client holding 10,000 leases", _sessions),
+    "peers": ("Peers: etcd, PostgreSQL advisory locks and redis-py Lock next to ours", _peers),
     "queue": ("Queue: jobs/s through the QueueService next to seed 002's SQL", _queue),
 }
 #: Sections run only when asked for (``--queue``, or ``--only``).
@@ -85,26 +225,125 @@ def parser() -> argparse.ArgumentParser:
         help="comma-separated sections (default: %(default)s)",
     )
     p.add_argument("--queue", action="store_true", help="add the queue section")
+    p.add_argument("--all", action="store_true", help="every section, and write bench/RESULTS.md")
+    p.add_argument("--results", type=Path, default=RESULTS_MD, help="where --all writes")
+    p.add_argument(
+        "--session-hold", type=float, default=60.0, help="seconds the sessions section holds"
+    )
+    p.add_argument(
+        "--scale-size",
+        type=int,
+        default=1_000_000,
+        help="resources of the scale section's large run",
+    )
     return p
 
 
-async def _run(names: list[str], clients: list[int], duration: float) -> int:
-    failed = 0
-    for name in names:
+async def _run(names: list[str], options: Options) -> dict[str, tuple[Report, float]]:
+    done: dict[str, tuple[Report, float]] = {}
+    for number, name in enumerate(names, start=1):
         title, section = SECTIONS[name]
+        progress(f"[{number}/{len(names)}] {title}")
+        started = time.perf_counter()
         try:
-            results = await section(clients, duration)
+            outcome = await section(options)
         except (OSError, RuntimeError, ConnectionError) as exc:
+            report = Report(notes=[f"skipped ({type(exc).__name__}: {exc})"])
             print(f"\n{title}: skipped ({type(exc).__name__}: {exc})", flush=True)
-            failed += 1
-            continue
-        print("\n" + table(results, title), flush=True)
-    return failed
+        else:
+            report = outcome if isinstance(outcome, Report) else Report(results=outcome)
+            print("\n" + (table(report.results, title) if report.results else title), flush=True)
+            if report.text:
+                print(report.text, flush=True)
+            for note in report.notes:
+                print(f"  note: {note}", flush=True)
+        elapsed = time.perf_counter() - started
+        progress(f"[{number}/{len(names)}] {title}: {elapsed:.0f} s")
+        done[name] = (report, elapsed)
+    return done
+
+
+def _command(*args: str) -> str:
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "not found"
+    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else "?"
+
+
+def machine() -> list[str]:
+    """What the figures were measured on."""
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
+        memory = f"{mem_kb / 1024 / 1024:.0f} GiB"
+    except (OSError, ValueError, IndexError):
+        memory = "?"
+    return [
+        f"host `{platform.node()}`: {platform.system()} {platform.release()}, {platform.machine()}",
+        f"CPU: {os.cpu_count()} cores ({cpu}); memory {memory}",
+        f"Python {platform.python_version()} ({platform.python_implementation()})",
+        f"PostgreSQL: {_command('psql', '--version')}",
+        f"Redis: {_command('redis-server', '--version')}",
+        f"etcd: {_command('etcd', '--version')}",
+    ]
+
+
+def write_results(
+    path: Path, done: dict[str, tuple[Report, float]], options: Options, started: str, took: float
+) -> None:
+    load = os.getloadavg()
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Written by `python -m bench --all` on {started} (took {took / 60:.1f} min; "
+        f"{options.duration:g} s per measurement, clients {','.join(map(str, options.clients))}).",
+        "Every figure is measured in the same run as what it is compared with; a ratio is "
+        "ops/s over the baseline row's ops/s (for latency rows, see the note).",
+        "",
+        "## Machine",
+        "",
+        *[f"- {line}" for line in machine()],
+        f"- load average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} (other "
+        "processes shared the machine; absolute figures move with them, ratios less)",
+        "",
+        "## Targets of issue 9",
+        "",
+        "| target | measured | met |",
+        "| --- | --- | --- |",
+    ]
+    for report, _ in done.values():
+        for target, figure, met in report.targets:
+            lines.append(f"| {target} | {figure} | {met} |")
+    for name, (report, elapsed) in done.items():
+        title, _ = SECTIONS[name]
+        lines += ["", f"## {title}", "", f"Section `{name}`, {elapsed:.0f} s.", ""]
+        module = sys.modules.get(f"bench.{name}")
+        if module is not None and module.__doc__:
+            lines += [module.__doc__.strip(), ""]
+        if report.results:
+            lines += [markdown(report.results), ""]
+        if report.markdown:
+            lines += [report.markdown, ""]
+        for note in report.notes:
+            lines.append(f"- note: {note}")
+    path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    names = [n for n in args.only.split(",") if n]
+    names = (
+        [n for n in SECTIONS if n not in OPT_IN]
+        if args.all
+        else [n for n in args.only.split(",") if n]
+    )
     if args.queue and "queue" not in names:
         names.append("queue")
     unknown = [n for n in names if n not in SECTIONS]
@@ -114,14 +353,24 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    clients = [int(c) for c in args.clients.split(",") if c]
+    options = Options(
+        clients=[int(c) for c in args.clients.split(",") if c],
+        duration=args.duration,
+        session_hold=args.session_hold,
+        scale_size=args.scale_size,
+    )
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     print(
         f"fencing bench on {platform.node()} ({platform.python_implementation()} "
-        f"{platform.python_version()}, {platform.machine()}), "
-        f"{time.strftime('%Y-%m-%d %H:%M:%S')}",
+        f"{platform.python_version()}, {platform.machine()}, {os.cpu_count()} cores), {started}",
         flush=True,
     )
-    asyncio.run(_run(names, clients, args.duration))
+    t0 = time.perf_counter()
+    done = asyncio.run(_run(names, options))
+    took = time.perf_counter() - t0
+    if args.all:
+        write_results(args.results, done, options, started, took)
+        progress(f"wrote {args.results} ({took / 60:.1f} min)")
     return 0
 
 

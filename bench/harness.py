@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,6 +30,8 @@ class Result:
     #: Operations each timed call stands for (a batched write of 100 ops counts 100).
     per_call: int = 1
     baseline: str = ""
+    #: Printed after the ratio (e.g. the server's CPU use during the run).
+    note: str = ""
 
     @property
     def rate(self) -> float:
@@ -83,20 +88,52 @@ async def measure(
     )
 
 
+def baseline_of(r: Result, results: Sequence[Result]) -> Result | None:
+    """The row ``r`` is compared with: its baseline at the same client count, else the
+    first baseline row of that name (a stream of 256 writers against 16 connections)."""
+    if not r.baseline:
+        return None
+    same = [b for b in results if b.name == r.baseline and b.concurrency == r.concurrency]
+    if same:
+        return same[0]
+    return next((b for b in results if b.name == r.baseline), None)
+
+
+def ratio_text(r: Result, results: Sequence[Result]) -> str:
+    base = baseline_of(r, results)
+    if base is None or not base.rate:
+        return "(baseline)" if not r.baseline else "(no baseline)"
+    return f"{r.rate / base.rate:.2f}x {r.baseline}"
+
+
 def table(results: Sequence[Result], title: str = "") -> str:
     """A fixed-width table: rate, p50, p99 and the ratio to each row's baseline row."""
-    by_key = {(r.name, r.concurrency): r for r in results}
     lines = []
     if title:
         lines.append(title)
-    header = f"{'benchmark':<44} {'clients':>7} {'ops/s':>10} {'p50 ms':>8} {'p99 ms':>8}  ratio"
+    width = max([44, *(len(r.name) for r in results)])
+    header = f"{'benchmark':<{width}} {'clients':>7} {'ops/s':>10} "
+    header += f"{'p50 ms':>8} {'p99 ms':>8}  ratio"
     lines += [header, "-" * len(header)]
     for r in results:
-        base = by_key.get((r.baseline, r.concurrency)) if r.baseline else None
-        ratio = f"{r.rate / base.rate:5.2f}x {r.baseline}" if base and base.rate else "  (baseline)"
         lines.append(
-            f"{r.name:<44} {r.concurrency:>7} {r.rate:>10.0f} "
-            f"{r.percentile(0.5) * 1000 / 1:>8.2f} {r.percentile(0.99) * 1000:>8.2f}  {ratio}"
+            f"{r.name:<{width}} {r.concurrency:>7} {r.rate:>10.0f} "
+            f"{r.percentile(0.5) * 1000:>8.2f} {r.percentile(0.99) * 1000:>8.2f}  "
+            f"{ratio_text(r, results)}{'  ' + r.note if r.note else ''}"
+        )
+    return "\n".join(lines)
+
+
+def markdown(results: Sequence[Result]) -> str:
+    """The same rows as :func:`table`, as a Markdown table."""
+    lines = [
+        "| benchmark | clients | ops/s | p50 ms | p99 ms | ratio | note |",
+        "| --- | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.name} | {r.concurrency} | {r.rate:,.0f} | {r.percentile(0.5) * 1000:.2f} | "
+            f"{r.percentile(0.99) * 1000:.2f} | {ratio_text(r, results)} | {r.note} |"
         )
     return "\n".join(lines)
 
@@ -105,22 +142,64 @@ def median_rate(results: Sequence[Result]) -> float:
     return statistics.median(r.rate for r in results) if results else 0.0
 
 
+@dataclass
+class Server:
+    """A started server process: the address it printed and the pids doing the work
+    (its workers with ``--workers N``, else itself), for CPU accounting."""
+
+    address: str
+    pids: list[int]
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time used so far by every pid (from /proc)."""
+        return sum(cpu_seconds(pid) for pid in self.pids)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far: utime + stime of /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # After the command name: state is field 3, utime 14 and stime 15 (1-based).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
 def server_process(module: str, *args: str) -> Iterator[str]:
     """Start ``python -m module ... --listen 127.0.0.1:0``; yield the address it printed."""
+    with server(module, *args) as started:
+        yield started.address
+
+
+@contextmanager
+def server(module: str, *args: str) -> Iterator[Server]:
+    """Start ``python -m module ... --listen 127.0.0.1:0``; yield its :class:`Server`."""
     proc = subprocess.Popen(
         [sys.executable, "-m", module, "--listen", "127.0.0.1:0", "--log-level", "WARNING", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    # Keep reading what it logs, so a chatty server never blocks on a full pipe.
+    tail: deque[str] = deque(maxlen=50)
+    drain = threading.Thread(
+        target=lambda: tail.extend(proc.stderr or ()), name=f"{module}-stderr", daemon=True
+    )
+    drain.start()
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if "listening on" not in line:
-            err = proc.stderr.read() if proc.stderr else ""
-            raise RuntimeError(f"{module} did not start: {line!r} {err[-2000:]}")
-        yield line.split("listening on ")[1].split()[0]
+            proc.wait(5)
+            drain.join(1)
+            raise RuntimeError(f"{module} did not start: {line!r} {''.join(tail)[-2000:]}")
+        address = line.split("listening on ")[1].split()[0]
+        pids = [proc.pid]
+        if "pids " in line:
+            pids = [int(p) for p in line.split("pids ")[1].rstrip(")\n").split()]
+        yield Server(address, pids)
     finally:
         proc.terminate()
         try:
@@ -128,6 +207,7 @@ def server_process(module: str, *args: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        drain.join(2)
         for stream in (proc.stdout, proc.stderr):
             if stream:
                 stream.close()

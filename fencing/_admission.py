@@ -37,12 +37,14 @@ from fencing import _handlers, _status
 from fencing.auth import (
     EXEMPT_PREFIXES,
     METHOD_ACTIONS,
+    PER_ITEM_METHODS,
     Action,
     AuthPolicy,
     Scope,
     bearer_token,
+    bind_holder,
     certificate_identities,
-    scope_of,
+    scopes_of,
 )
 from fencing.errors import (
     FencingError,
@@ -65,6 +67,20 @@ _principal: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 def current_principal() -> str | None:
     """The authenticated principal of the call being handled (None with auth off)."""
     return _principal.get()
+
+
+_item_check: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "fencing_item_check", default=None
+)
+
+
+def authorize_item(resource: str) -> None:
+    """Inside a call of a :data:`~fencing.auth.PER_ITEM_METHODS` method: raise
+    ``PermissionDeniedError`` unless the caller's grants cover ``resource`` for the
+    call's action. Does nothing with authentication off."""
+    check = _item_check.get()
+    if check is not None:
+        check(resource)
 
 
 class EdgeMetrics:
@@ -160,11 +176,23 @@ class Admission:
         assert self.policy is not None
         if action is None:
             raise PermissionDeniedError(f"{method} is not covered by the auth policy")
-        scope = scope_of(request) if request is not None else Scope("", is_prefix=True)
-        if not self.policy.allows(principal, action, scope):
-            raise PermissionDeniedError(f"principal {principal!r} may not {action} {scope}")
-        if request is not None and "holder" in request.DESCRIPTOR.fields_by_name:
-            request.holder = principal
+        if method in PER_ITEM_METHODS:
+            policy = self.policy
+
+            def check(resource: str) -> None:
+                if not policy.allows(principal, action, Scope(resource)):
+                    raise PermissionDeniedError(
+                        f"principal {principal!r} may not {action} {Scope(resource)}"
+                    )
+
+            _item_check.set(check)
+            return
+        scopes = scopes_of(request) if request is not None else [Scope("", is_prefix=True)]
+        for scope in scopes:
+            if not self.policy.allows(principal, action, scope):
+                raise PermissionDeniedError(f"principal {principal!r} may not {action} {scope}")
+        if request is not None:
+            bind_holder(request, principal)
 
     def slots_for(self, action: Action | None, request: Any) -> ClientSlots | None:
         if action is Action.ACQUIRE and request is not None and request.wait_ms > 0:
@@ -240,5 +268,6 @@ __all__ = [
     "AdmissionInterceptor",
     "ClientSlots",
     "EdgeMetrics",
+    "authorize_item",
     "current_principal",
 ]

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeAlias
@@ -68,6 +68,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
 
 from fencing.errors import BackendUnavailableError, InvalidArgumentError
 
@@ -207,6 +208,17 @@ class ResourceKeys:
 
     def idempotency(self, key: str) -> str:
         return f"{self.base}:idem:{key}"
+
+
+def slot_groups(keys: Sequence[str], *, cluster: bool) -> list[list[int]]:
+    """Positions of ``keys`` grouped by Redis Cluster hash slot, in order within each
+    group; on one Redis (``cluster=False``) a single group of all of them."""
+    if not cluster:
+        return [list(range(len(keys)))] if keys else []
+    groups: dict[int, list[int]] = {}
+    for n, key in enumerate(keys):
+        groups.setdefault(key_slot(key.encode()), []).append(n)
+    return list(groups.values())
 
 
 def release_channel(prefix: str) -> str:

@@ -93,6 +93,7 @@ class ServerOptions:
     ``max_watch_streams``: per-client caps. ``metrics``: the process's metrics (a
     private registry when None). ``backend_timeout``: the deadline of every backend
     or store call. ``health_interval``: seconds between backend health probes.
+    ``reuse_port``: share the port with sibling worker processes.
     """
 
     tls: TLSConfig | None = None
@@ -103,6 +104,8 @@ class ServerOptions:
     metrics: Metrics | None = None
     backend_timeout: float = _storage.DEFAULT_BACKEND_TIMEOUT
     health_interval: float = _storage.DEFAULT_HEALTH_INTERVAL
+    #: Bind with ``SO_REUSEPORT``: one of the processes of ``--workers N`` (fencing._workers).
+    reuse_port: bool = False
 
     def with_metrics(self) -> tuple[ServerOptions, Metrics]:
         """These options with ``metrics`` set (a fresh private registry if it was None)."""
@@ -174,11 +177,13 @@ class BuiltServer:
         await self.health.enter_graceful_shutdown()
 
 
-def server_options() -> list[tuple[str, int]]:
+def server_options(reuse_port: bool = False) -> list[tuple[str, int]]:
+    """Channel options of every server. ``SO_REUSEPORT`` stays off (a second server on a
+    port in use must fail to bind) except for the workers of ``--workers N``."""
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
     ]
 
 
@@ -207,7 +212,7 @@ async def build_server(
             MetricsInterceptor(metrics.group(GrpcMetrics)),
             AdmissionInterceptor(admission, metrics.group(EdgeMetrics)),
         ],
-        options=server_options(),
+        options=server_options(options.reuse_port),
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, srv)

@@ -5,20 +5,25 @@ that owns the connection (SQLite connections must not hop threads). The database
 is opened in WAL mode with ``synchronous=FULL`` (a committed token or fence
 survives power loss) and every write transaction starts with ``BEGIN IMMEDIATE``
 so concurrent writers (even other processes on the same file) serialise instead of
-failing on upgrade. Driver errors become ``BackendUnavailableError`` here, once.
+failing on upgrade. Write transactions that queue up while the thread is busy share
+one commit (group commit, see :meth:`SQLiteDatabase.transaction`): with
+``synchronous=FULL`` the fsync is most of a commit's cost, and concurrent callers then
+pay it once. Driver errors become ``BackendUnavailableError`` here, once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from fencing.errors import BackendUnavailableError, FencingError
+from fencing.errors import BackendUnavailableError
 
 T = TypeVar("T")
 
@@ -41,6 +46,17 @@ def sqlite_path(url: str) -> str:
     return path or ":memory:"
 
 
+def _settle(future: asyncio.Future[Any], outcome: tuple[bool, object]) -> None:
+    if future.done():  # its caller went away; the transaction stands
+        return
+    ok, value = outcome
+    if ok:
+        future.set_result(value)
+    else:
+        assert isinstance(value, BaseException)
+        future.set_exception(value)
+
+
 class SQLiteDatabase:
     """One SQLite file, migrated on open, used through :meth:`run` and :meth:`transaction`."""
 
@@ -49,6 +65,12 @@ class SQLiteDatabase:
         self._migrations = list(migrations)
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
+        self._pending: list[
+            tuple[
+                Callable[[sqlite3.Connection], Any], asyncio.Future[Any], asyncio.AbstractEventLoop
+            ]
+        ] = []
+        self._pending_lock = threading.Lock()
 
     async def open(self) -> None:
         if self._executor is not None:
@@ -106,31 +128,67 @@ class SQLiteDatabase:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     async def transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(conn)`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the database thread.
+        """Run ``fn(conn)`` in a write transaction on the database thread; return its result
+        once the transaction is committed (durable).
 
-        Any exception rolls the transaction back; our own errors pass through and
-        SQLite errors become ``BackendUnavailableError`` (cause chained).
+        Group commit: transactions that queue up while the thread is busy run together in
+        one ``BEGIN IMMEDIATE`` ... ``COMMIT`` (one fsync for all), each inside its own
+        ``SAVEPOINT``, so each still succeeds or fails alone: an exception in ``fn``
+        undoes what ``fn`` wrote and reaches its caller only (our errors as they are,
+        SQLite errors as ``BackendUnavailableError`` with the cause chained). If the
+        shared COMMIT fails, every transaction of it fails with
+        ``BackendUnavailableError``. An idle database commits a lone transaction at once.
         """
+        if self._executor is None:
+            raise BackendUnavailableError(f"sqlite database {self.path} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        with self._pending_lock:
+            self._pending.append((fn, future, loop))
+        self._executor.submit(self._commit_pending)
+        return await future
 
-        def _tx() -> T:
-            conn = self._conn
+    def _commit_pending(self) -> None:
+        """On the database thread: commit everything queued so far, together."""
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
+        if not batch:
+            return  # an earlier run took this job's transaction along
+        conn = self._conn
+        outcomes: list[tuple[bool, object]] = []
+        try:
             if conn is None:
                 raise BackendUnavailableError(f"sqlite database {self.path} is closed")
+            conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    result = fn(conn)
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
+                for fn, _, _ in batch:
+                    conn.execute("SAVEPOINT fencing_tx")
+                    try:
+                        value = fn(conn)
+                    except Exception as exc:
+                        conn.execute("ROLLBACK TO fencing_tx")
+                        conn.execute("RELEASE fencing_tx")
+                        outcomes.append((False, self._wrapped(exc)))
+                    else:
+                        conn.execute("RELEASE fencing_tx")
+                        outcomes.append((True, value))
                 conn.execute("COMMIT")
-                return result
-            except FencingError:
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
                 raise
-            except sqlite3.Error as exc:
-                raise BackendUnavailableError(f"sqlite error on {self.path}: {exc}") from exc
+        except Exception as exc:
+            error = self._wrapped(exc)
+            outcomes = [(False, error)] * len(batch)
+        for (_, future, loop), outcome in zip(batch, outcomes, strict=True):
+            loop.call_soon_threadsafe(_settle, future, outcome)
 
-        return await self.run(_tx)
+    def _wrapped(self, exc: Exception) -> Exception:
+        if isinstance(exc, sqlite3.Error):
+            error = BackendUnavailableError(f"sqlite error on {self.path}: {exc}")
+            error.__cause__ = exc
+            return error
+        return exc
 
     async def healthy(self) -> bool:
         """True if the database is open and answers ``SELECT 1``."""

@@ -112,6 +112,21 @@ def from_rpc_error(err: grpc.RpcError) -> Exception:
     return err
 
 
+def to_fields(exc: FencingError) -> tuple[int, str, str, dict[str, str]]:
+    """``(code number, reason, message, metadata)``: ``exc`` as one verdict of a stream
+    (``fencing.v1.WriteError``), carrying what its status would carry."""
+    reason = _reason_of(exc)
+    return REGISTRY[reason][1].value[0], reason, exc.message, exc.metadata()
+
+
+def from_fields(reason: str, message: str, metadata: dict[str, str]) -> FencingError:
+    """The exception a stream verdict's ``(reason, message, metadata)`` stands for."""
+    entry = REGISTRY.get(reason)
+    if entry is None:
+        return FencingError(message or reason)
+    return entry[0].from_metadata(message, metadata)
+
+
 def code_name(status: status_pb2.Status) -> str:
     """Readable name of a status code (for logs)."""
     return str(code_pb2.Code.Name(status.code))
@@ -122,7 +137,9 @@ __all__ = [
     "REGISTRY",
     "abort",
     "code_name",
+    "from_fields",
     "from_rpc_error",
     "from_status",
+    "to_fields",
     "to_status",
 ]

@@ -34,11 +34,15 @@ Actions, by method (``QueueService`` requests are scoped by their ``queue``):
 ============================  =========================================
 action                        methods
 ============================  =========================================
-``acquire`` ``renew``         LeaseService Acquire, Renew
-``release`` ``describe``      LeaseService Release, Describe
+``acquire`` ``renew``         LeaseService Acquire, Renew; AcquireMany, RenewMany (every
+                              resource they name)
+``release`` ``describe``      LeaseService Release, ReleaseMany; Describe
 ``watch``                     LeaseService Watch (a ``prefix`` request needs a grant
                               whose prefix is a prefix of the requested one)
-``write`` ``read`` ``fence``  GuardService Write; Read and DescribeFence; Fence
+``write`` ``read`` ``fence``  GuardService Write, WriteMany (every resource of it),
+                              WriteStream (each streamed write, judged on its own:
+                              a write outside the grants gets PERMISSION_DENIED as
+                              its verdict); Read and DescribeFence; Fence
 ``enqueue`` ``claim``         QueueService Enqueue; Claim, Heartbeat, Complete, Fail, Release
 ``describe``                  QueueService Stats
 ============================  =========================================
@@ -48,7 +52,7 @@ from __future__ import annotations
 
 import hashlib
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -83,7 +87,12 @@ METHOD_ACTIONS: dict[str, Action] = {
     _LEASE + "Release": Action.RELEASE,
     _LEASE + "Describe": Action.DESCRIBE,
     _LEASE + "Watch": Action.WATCH,
+    _LEASE + "AcquireMany": Action.ACQUIRE,
+    _LEASE + "RenewMany": Action.RENEW,
+    _LEASE + "ReleaseMany": Action.RELEASE,
     _GUARD + "Write": Action.WRITE,
+    _GUARD + "WriteMany": Action.WRITE,
+    _GUARD + "WriteStream": Action.WRITE,
     _GUARD + "Read": Action.READ,
     _GUARD + "DescribeFence": Action.READ,
     _GUARD + "Fence": Action.FENCE,
@@ -131,6 +140,40 @@ def scope_of(request: Any) -> Scope:
         if name in fields:
             return Scope(getattr(request, name))
     return Scope("", is_prefix=True)
+
+
+#: Batch requests -> how to list the resources they name.
+_BATCH_SCOPES: dict[str, Callable[[Any], list[str]]] = {
+    "fencing.v1.WriteManyRequest": lambda r: [w.resource for w in r.writes],
+    "fencing.v1.AcquireManyRequest": lambda r: list(r.resources),
+    "fencing.v1.RenewManyRequest": lambda r: [i.resource for i in r.renewals],
+    "fencing.v1.ReleaseManyRequest": lambda r: [i.resource for i in r.releases],
+}
+
+
+def scopes_of(request: Any) -> list[Scope]:
+    """Every scope a request touches: one per resource a batch request names (WriteMany,
+    AcquireMany, RenewMany, ReleaseMany), else :func:`scope_of`'s one."""
+    names = _BATCH_SCOPES.get(request.DESCRIPTOR.full_name)
+    if names is not None:
+        return [Scope(name) for name in names(request)] or [Scope("", is_prefix=True)]
+    return [scope_of(request)]
+
+
+def bind_holder(request: Any, principal: str) -> None:
+    """Set every ``holder`` the request carries (its own, and its items') to ``principal``."""
+    fields = request.DESCRIPTOR.fields_by_name
+    if "holder" in fields:
+        request.holder = principal
+    for name in ("renewals", "releases"):
+        if name in fields:
+            for item in getattr(request, name):
+                item.holder = principal
+
+
+#: Streaming methods whose messages carry many resources: the edge authenticates the
+#: call, and the service authorizes each item (:func:`fencing._admission.authorize_item`).
+PER_ITEM_METHODS = frozenset({_GUARD + "WriteStream"})
 
 
 @dataclass(frozen=True)

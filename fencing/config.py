@@ -367,6 +367,17 @@ MAX_WATCH_STREAMS = Option(
     metavar="N",
 )
 
+WORKERS = Option(
+    "workers",
+    "FENCING_WORKERS",
+    1,
+    "server processes sharing the port (SO_REUSEPORT), each about one core; not with "
+    "memory://; with metrics_port, worker i serves metrics on metrics_port + i",
+    int,
+    check=positive,
+    metavar="N",
+)
+
 #: Settings of every server process, after its own.
 SERVER_OPTIONS: tuple[Option, ...] = (
     TLS_CERT,
@@ -511,6 +522,7 @@ def markdown_table(commands: Mapping[str, Sequence[Option]]) -> str:
 __all__ = [
     "LEASE_LIMIT_OPTIONS",
     "SERVER_OPTIONS",
+    "WORKERS",
     "ConfigError",
     "Option",
     "Settled",

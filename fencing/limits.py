@@ -15,7 +15,13 @@ wait_ms            0 .. 300,000 (5 min)
 token              1 .. 2**63 - 1 (0 is never issued)
 key                1-1024 bytes of UTF-8, no control characters
 value              at most 1 MiB (1,048,576 bytes)
-ops                1 .. 1,000 per write
+ops                1 .. 1,000 per write (0 .. 1,000 per resource of a WriteMany,
+                   1,000 in all)
+writes             1 .. 100 resources per WriteMany, each named once;
+                   0 .. 1,000 writes per WriteStream message
+resources          1 .. 1,000 distinct resources per AcquireMany
+renewals           1 .. 10,000 per RenewMany (and releases per ReleaseMany),
+                   each resource named once
 idempotency_key    0-256 bytes of UTF-8, no control characters
 prefix             0-256 bytes of UTF-8, no control characters
 queue              1-128 bytes of UTF-8, no control characters
@@ -37,6 +43,7 @@ large payloads may hit that before the batch limit.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from fencing.errors import InvalidArgumentError
@@ -52,6 +59,10 @@ MAX_KEY_BYTES = 1024
 MAX_VALUE_BYTES = 1024 * 1024
 MAX_OPS = 1000
 MAX_IDEMPOTENCY_KEY_BYTES = 256
+MAX_WRITE_RESOURCES = 100
+MAX_STREAM_WRITES = 1000
+MAX_ACQUIRE_MANY = 1000
+MAX_RENEW_MANY = 10_000
 MAX_PREFIX_BYTES = 256
 MAX_QUEUE_BYTES = 128
 MAX_WORKER_BYTES = 128
@@ -72,8 +83,13 @@ DEFAULT_WINDOW_MS = 5 * 60 * 1000
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
+#: Unicode category Cc is exactly these 65 code points; one regex scan beats a per-character
+#: unicodedata lookup on the hot path (every key of every write).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def _has_control(text: str) -> bool:
-    return any(unicodedata.category(ch) == "Cc" for ch in text)
+    return _CONTROL.search(text) is not None
 
 
 def check_name(field: str, value: str, max_bytes: int, *, required: bool = True) -> str:
@@ -157,6 +173,42 @@ def check_op_count(count: int, field: str = "ops") -> int:
             f"{field} holds {count} ops; the limit is {MAX_OPS} per write", field=field
         )
     return count
+
+
+def check_write_resources(resources: list[str], field: str = "writes") -> list[str]:
+    """The resources of one WriteMany: 1 .. MAX_WRITE_RESOURCES, each named once."""
+    if not resources:
+        raise InvalidArgumentError(f"{field} must name at least one resource", field=field)
+    if len(resources) > MAX_WRITE_RESOURCES:
+        raise InvalidArgumentError(
+            f"{field} names {len(resources)} resources; the limit is {MAX_WRITE_RESOURCES}",
+            field=field,
+        )
+    if len(set(resources)) != len(resources):
+        raise InvalidArgumentError(f"{field} names a resource more than once", field=field)
+    return resources
+
+
+def check_stream_writes(count: int, field: str = "writes") -> int:
+    if count > MAX_STREAM_WRITES:
+        raise InvalidArgumentError(
+            f"{field} holds {count} writes; the limit is {MAX_STREAM_WRITES} per message",
+            field=field,
+        )
+    return count
+
+
+def check_many(names: list[str], field: str, limit: int) -> list[str]:
+    """The resources of one batch call: 1 .. ``limit`` of them, each named once."""
+    if not names:
+        raise InvalidArgumentError(f"{field} must name at least one resource", field=field)
+    if len(names) > limit:
+        raise InvalidArgumentError(
+            f"{field} holds {len(names)}; the limit is {limit} per call", field=field
+        )
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError(f"{field} names a resource more than once", field=field)
+    return names
 
 
 # -- queues -----------------------------------------------------------------------------------

@@ -63,6 +63,8 @@ DEFAULT_POOL_MAX = 8
 STALE_TOKEN_SQLSTATE = "FN001"
 #: SQLSTATE raised by ``check_live_lease`` and strict writes: the token is not the live lease.
 LEASE_NOT_LIVE_SQLSTATE = "FN002"
+#: SQLSTATE raised by ``lease_acquire_many``: a resource is held (nothing was granted).
+LEASE_HELD_SQLSTATE = "FN003"
 
 _OUR_PARAMS = ("schema", "timeout", "pool_max")
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,39}")
@@ -296,13 +298,16 @@ _OUTAGES = (
 def driver_error(exc: BaseException, what: str) -> FencingError | None:
     """What a driver failure becomes at the seam, or None for a fault to fix.
 
-    Our SQLSTATEs become :class:`StaleTokenError`; outages (see ``_OUTAGES``) become
+    Our SQLSTATEs become :class:`StaleTokenError` (``FN003``, a held lease, stays itself
+    for the lease backend to read); outages (see ``_OUTAGES``) become
     :class:`BackendUnavailableError`; anything else (a missing function, bad data: a
     bug, not an outage) returns None and propagates unchanged.
     """
     mapped = fencing_error(exc)
     if mapped is not None:
         return mapped
+    if getattr(exc, "sqlstate", None) == LEASE_HELD_SQLSTATE:
+        return None  # an answer, not an outage: the lease backend reads it (AcquireMany)
     if isinstance(exc, TimeoutError):
         return BackendUnavailableError(f"{what}: no answer from PostgreSQL in time")
     if isinstance(exc, _OUTAGES):
@@ -424,6 +429,14 @@ class PostgresDatabase:
             return False
         return True
 
+    async def fetchall(
+        self, query: sql.Composed, params: Sequence[object] = ()
+    ) -> list[tuple[Any, ...]]:
+        """Run one statement (its own transaction) and return every row."""
+        async with self.connection() as conn:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall()
+
     async def execute(self, query: sql.Composed, params: Sequence[object] = ()) -> int:
         """Run one statement (its own transaction) and return its row count."""
         async with self.connection() as conn:
@@ -433,6 +446,7 @@ class PostgresDatabase:
 
 __all__ = [
     "DEFAULT_SCHEMA",
+    "LEASE_HELD_SQLSTATE",
     "LEASE_NOT_LIVE_SQLSTATE",
     "STALE_TOKEN_SQLSTATE",
     "Migration",

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 
 from fencing import config
 from fencing._server import ServerOptions, configure_logging, serve_until_signal
+from fencing._workers import run_workers
 from fencing.errors import InvalidArgumentError
 from guard.fence import FenceMode
 from guard.server import DEFAULT_IDEMPOTENCY_RETENTION_S, check_mode, start_guard
@@ -68,6 +70,7 @@ OPTIONS: tuple[config.Option, ...] = (
         check=config.positive,
         metavar="SECONDS",
     ),
+    config.WORKERS,
     *config.SERVER_OPTIONS,
 )
 
@@ -75,6 +78,8 @@ OPTIONS: tuple[config.Option, ...] = (
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=COMMAND, description="Run the fencing guard.")
     config.add_options(p, OPTIONS)
+    # Set by the --workers supervisor on the processes it starts (fencing._workers).
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -96,7 +101,7 @@ async def _run(args: argparse.Namespace, store: GuardStore, options: ServerOptio
         retention_s=args.idempotency_retention,
         reflection=args.reflection,
         require_durable=args.require_durable,
-        options=options,
+        options=dataclasses.replace(options, reuse_port=args.reuse_port),
         lease_server=args.lease_server,
         watch_prefix=args.watch_prefix,
     )
@@ -119,6 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     settled = config.settle(p, p.parse_args(argv), OPTIONS, ["listen"], _store)
     if settled.args.check_config:
         return settled.report(COMMAND)
+    if settled.args.workers > 1:
+        if settled.args.store.startswith("memory:"):
+            p.error("--workers needs a store the workers can share (not memory://)")
+        return run_workers(
+            "guard",
+            sys.argv[1:] if argv is None else argv,
+            settled.args.listen,
+            settled.args.workers,
+            "guard",
+            metrics_port=settled.args.metrics_port,
+        )
     configure_logging(settled.args.log_level, settled.args.log_format)
     asyncio.run(_run(settled.args, settled.extra, settled.server))
     return 0

@@ -8,6 +8,7 @@ in one call and writes in another.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 
 from fencing.errors import StaleTokenError
@@ -54,3 +55,19 @@ def advance(resource: str, token: int, fence: int) -> int:
     if token < fence:
         raise StaleTokenError(resource=resource, token=token, current_token=fence)
     return token
+
+
+def admit_all(
+    claims: Sequence[tuple[str, int, int]], mode: FenceMode = FenceMode.MONOTONIC
+) -> list[int]:
+    """The fences after a multi-resource write, or ``StaleTokenError`` for the whole write.
+
+    ``claims`` holds ``(resource, token, fence)`` per resource, each resource once. All
+    are judged before anything is applied: one stale token refuses the whole write, and
+    the error names the first stale resource in sorted order (code point order, which is
+    byte order of the UTF-8 and PostgreSQL's ``COLLATE "C"``), so every store names the
+    same one. Returns the new fences in the order of ``claims``.
+    """
+    for resource, token, fence in sorted(claims):
+        admit(resource, token, fence, mode)
+    return [admit(resource, token, fence, mode) for resource, token, fence in claims]

@@ -8,30 +8,45 @@ resource and tokens (as structured fields too), never values, and counts them
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc.aio
 from prometheus_client import CollectorRegistry
 
-from fencing import limits
-from fencing._admission import current_principal
+from fencing import _status, limits
+from fencing._admission import authorize_item, current_principal
 from fencing._server import rpc
-from fencing.errors import FencingError, InvalidArgumentError, StaleTokenError
+from fencing.errors import (
+    FencingError,
+    InvalidArgumentError,
+    PermissionDeniedError,
+    StaleTokenError,
+)
 from fencing.types import Delete, Op, Put
 from fencing.v1 import guard_pb2, guard_pb2_grpc
+from guard.commit import GroupCommit
 from guard.fence import FenceMode
 from guard.metrics import GuardMetrics
-from guard.stores.base import GuardStore
+from guard.stores.base import BatchedWrite, GuardStore, ResourceWrite, Verdict
+
+#: Messages of one WriteStream judged at once; the stream stops reading beyond it.
+STREAM_WINDOW = 64
 
 log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
-def ops_from_proto(ops: Any, field: str = "ops") -> list[Op]:
-    """Validate and convert repeated ``Op``; the error names the op's index and field."""
-    limits.check_op_count(len(ops), field)
+def ops_from_proto(ops: Any, field: str = "ops", *, required: bool = True) -> list[Op]:
+    """Validate and convert repeated ``Op``; the error names the op's index and field.
+
+    ``required=False`` allows none (a resource of a WriteMany checked and advanced only).
+    """
+    if required or ops:
+        limits.check_op_count(len(ops), field)
     result: list[Op] = []
     for i, op in enumerate(ops):
         which = op.WhichOneof("op")
@@ -49,19 +64,87 @@ def ops_from_proto(ops: Any, field: str = "ops") -> list[Op]:
     return result
 
 
+def write_from_proto(request: guard_pb2.WriteRequest, field: str = "") -> BatchedWrite:
+    """Validate one ``WriteRequest`` whole; errors name ``field`` + the request's field."""
+    return BatchedWrite(
+        resource=limits.check_resource(request.resource, f"{field}resource"),
+        token=limits.check_token(request.token, f"{field}token"),
+        ops=ops_from_proto(request.ops, f"{field}ops"),
+        idempotency_key=limits.check_idempotency_key(
+            request.idempotency_key, f"{field}idempotency_key"
+        ),
+    )
+
+
+def _write_error(exc: FencingError) -> guard_pb2.WriteError:
+    code, reason, message, metadata = _status.to_fields(exc)
+    return guard_pb2.WriteError(code=code, reason=reason, message=message, metadata=metadata)
+
+
 class GuardService(guard_pb2_grpc.GuardServiceServicer):
-    """The guard's RPC handlers."""
+    """The guard's RPC handlers.
+
+    Writes in every mode but strict go through one :class:`~guard.commit.GroupCommit`,
+    whether they come from ``Write`` or ``WriteStream``: concurrent writes share store
+    transactions. ``commit_concurrency`` (default: the store's own
+    ``commit_concurrency``, else 1) is how many such transactions run at once.
+    """
 
     def __init__(
         self,
         store: GuardStore,
         mode: FenceMode = FenceMode.MONOTONIC,
         metrics: GuardMetrics | None = None,
+        *,
+        commit_concurrency: int | None = None,
     ) -> None:
         self.store = store
         self.mode = mode
         self.stale_rejections = 0
         self.metrics = metrics or GuardMetrics(CollectorRegistry())
+        self.commit: GroupCommit | None = None
+        if mode is not FenceMode.STRICT:
+            self.commit = GroupCommit(
+                store, mode, concurrency=commit_concurrency or store.commit_concurrency
+            )
+
+    async def _write_all(self, writes: Sequence[BatchedWrite]) -> list[Verdict]:
+        """One verdict per write, in order; store failures raise."""
+        try:
+            if self.commit is not None:
+                verdicts = await self.commit.submit(writes)
+            else:
+                verdicts = list(await asyncio.gather(*(self._write_one(w) for w in writes)))
+        except FencingError:
+            self.metrics.writes.labels("error").inc(len(writes))
+            raise
+        for w, verdict in zip(writes, verdicts, strict=True):
+            if isinstance(verdict, StaleTokenError):
+                self.metrics.writes.labels("stale").inc()
+                self._rejected("write", w.resource, w.token, verdict)
+                continue
+            self.metrics.writes.labels("replayed" if verdict.replayed else "accepted").inc()
+            log.debug(
+                "write accepted resource=%s token=%d ops=%d fence=%d%s",
+                w.resource,
+                w.token,
+                len(w.ops),
+                verdict.fence,
+                " (replayed)" if verdict.replayed else "",
+                extra={
+                    "resource": w.resource,
+                    "token": w.token,
+                    "op_count": len(w.ops),
+                    "fence": verdict.fence,
+                },
+            )
+        return verdicts
+
+    async def _write_one(self, w: BatchedWrite) -> Verdict:
+        try:
+            return await self.store.write(w.resource, w.token, w.ops, w.idempotency_key, self.mode)
+        except StaleTokenError as exc:
+            return exc
 
     def _rejected(self, what: str, resource: str, token: int, exc: StaleTokenError) -> None:
         self.stale_rejections += 1
@@ -84,35 +167,130 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
     async def Write(
         self, request: guard_pb2.WriteRequest, context: Context
     ) -> guard_pb2.WriteResponse:
-        resource = limits.check_resource(request.resource)
-        token = limits.check_token(request.token)
-        ops = ops_from_proto(request.ops)
+        (verdict,) = await self._write_all([write_from_proto(request)])
+        if isinstance(verdict, StaleTokenError):
+            raise verdict
+        return guard_pb2.WriteResponse(fence=verdict.fence, replayed=verdict.replayed)
+
+    @rpc
+    async def WriteMany(
+        self, request: guard_pb2.WriteManyRequest, context: Context
+    ) -> guard_pb2.WriteManyResponse:
+        writes = [
+            ResourceWrite(
+                resource=limits.check_resource(w.resource, f"writes[{i}].resource"),
+                token=limits.check_token(w.token, f"writes[{i}].token"),
+                ops=ops_from_proto(w.ops, f"writes[{i}].ops", required=False),
+            )
+            for i, w in enumerate(request.writes)
+        ]
+        limits.check_write_resources([w.resource for w in writes])
+        total_ops = sum(len(w.ops) for w in writes)
+        if total_ops > limits.MAX_OPS:
+            limits.check_op_count(total_ops, "writes[].ops")
         key = limits.check_idempotency_key(request.idempotency_key)
         try:
-            result = await self.store.write(resource, token, ops, key, self.mode)
+            result = await self.store.write_many(writes, key, self.mode)
         except StaleTokenError as exc:
             self.metrics.writes.labels("stale").inc()
-            self._rejected("write", resource, token, exc)
+            self._rejected("multi-resource write", exc.resource, exc.token, exc)
             raise
         except FencingError:
             self.metrics.writes.labels("error").inc()
             raise
         self.metrics.writes.labels("replayed" if result.replayed else "accepted").inc()
         log.debug(
-            "write accepted resource=%s token=%d ops=%d fence=%d%s",
-            resource,
-            token,
-            len(ops),
-            result.fence,
+            "multi-resource write accepted resources=%s ops=%d%s",
+            ",".join(w.resource for w in writes),
+            total_ops,
             " (replayed)" if result.replayed else "",
-            extra={
-                "resource": resource,
-                "token": token,
-                "op_count": len(ops),
-                "fence": result.fence,
-            },
         )
-        return guard_pb2.WriteResponse(fence=result.fence, replayed=result.replayed)
+        return guard_pb2.WriteManyResponse(
+            fences=[
+                guard_pb2.FenceState(resource=w.resource, fence=fence)
+                for w, fence in zip(writes, result.fences, strict=True)
+            ],
+            replayed=result.replayed,
+        )
+
+    async def WriteStream(
+        self, request_iterator: AsyncIterator[guard_pb2.WriteStreamRequest], context: Context
+    ) -> AsyncIterator[guard_pb2.WriteStreamResponse]:
+        """Answer each message with its verdicts; messages are judged concurrently (up to
+        ``STREAM_WINDOW`` at once), so answers may come back in another order."""
+        answers: asyncio.Queue[guard_pb2.WriteStreamResponse | BaseException | None] = (
+            asyncio.Queue()
+        )
+        window = asyncio.Semaphore(STREAM_WINDOW)
+        running: set[asyncio.Task[None]] = set()
+
+        async def answer(message: guard_pb2.WriteStreamRequest) -> None:
+            try:
+                await answers.put(await self._stream_verdicts(message))
+            except BaseException as exc:
+                await answers.put(exc)
+                raise
+            finally:
+                window.release()
+
+        async def read() -> None:
+            try:
+                async for message in request_iterator:
+                    limits.check_stream_writes(len(message.writes))
+                    await window.acquire()
+                    task = asyncio.create_task(answer(message))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                if running:
+                    await asyncio.wait(set(running))
+                await answers.put(None)
+            except BaseException as exc:
+                await answers.put(exc)
+                raise
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                item = await answers.get()
+                if item is None:
+                    return
+                if isinstance(item, FencingError):
+                    await _status.abort(context, item)
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    async def _stream_verdicts(
+        self, message: guard_pb2.WriteStreamRequest
+    ) -> guard_pb2.WriteStreamResponse:
+        verdicts: list[guard_pb2.WriteVerdict | None] = [None] * len(message.writes)
+        valid: list[tuple[int, int, BatchedWrite]] = []
+        for i, streamed in enumerate(message.writes):
+            try:
+                write = write_from_proto(streamed.write)
+                authorize_item(write.resource)
+                valid.append((i, streamed.id, write))
+            except (InvalidArgumentError, PermissionDeniedError) as exc:
+                verdicts[i] = guard_pb2.WriteVerdict(id=streamed.id, error=_write_error(exc))
+        try:
+            results: list[Verdict | FencingError] = list(
+                await self._write_all([w for _, _, w in valid])
+            )
+        except FencingError as exc:  # the store failed: every write of the message
+            results = [exc] * len(valid)
+        for (i, write_id, _), result in zip(valid, results, strict=True):
+            if isinstance(result, FencingError):
+                verdicts[i] = guard_pb2.WriteVerdict(id=write_id, error=_write_error(result))
+            else:
+                verdicts[i] = guard_pb2.WriteVerdict(
+                    id=write_id,
+                    ok=guard_pb2.WriteResponse(fence=result.fence, replayed=result.replayed),
+                )
+        return guard_pb2.WriteStreamResponse(verdicts=[v for v in verdicts if v is not None])
 
     @rpc
     async def Read(

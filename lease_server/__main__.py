@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 
 from fencing import config
 from fencing._server import ServerOptions, configure_logging, serve_until_signal
+from fencing._workers import run_workers
 from lease_server.backends import LeaseBackend, open_backend
 from lease_server.expiry import DEFAULT_EVENT_RETENTION
 from lease_server.queue_service import QUEUE_OPTIONS, QueueOptions
@@ -49,6 +51,7 @@ OPTIONS: tuple[config.Option, ...] = (
     ),
     *QUEUE_OPTIONS,
     *config.LEASE_LIMIT_OPTIONS,
+    config.WORKERS,
     *config.SERVER_OPTIONS,
 )
 
@@ -56,6 +59,8 @@ OPTIONS: tuple[config.Option, ...] = (
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=COMMAND, description="Run the fencing lease server.")
     config.add_options(p, OPTIONS)
+    # Set by the --workers supervisor on the processes it starts (fencing._workers).
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -64,7 +69,7 @@ async def _run(args: argparse.Namespace, backend: LeaseBackend, options: ServerO
         backend,
         args.listen,
         reflection=args.reflection,
-        options=options,
+        options=dataclasses.replace(options, reuse_port=args.reuse_port),
         require_durable=args.require_durable,
         event_retention=args.event_retention,
         # The backend arrives opened, as an object: derive the queue from its URL here.
@@ -90,6 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     if settled.args.check_config:
         return settled.report(COMMAND)
+    if settled.args.workers > 1:
+        if settled.args.backend.startswith("memory:"):
+            p.error("--workers needs a backend the workers can share (not memory://)")
+        return run_workers(
+            "lease_server",
+            sys.argv[1:] if argv is None else argv,
+            settled.args.listen,
+            settled.args.workers,
+            "lease server",
+            metrics_port=settled.args.metrics_port,
+        )
     configure_logging(settled.args.log_level, settled.args.log_format)
     asyncio.run(_run(settled.args, settled.extra, settled.server))
     return 0

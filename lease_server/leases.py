@@ -15,6 +15,7 @@ Time is milliseconds on the backend's clock; nothing here reads a clock.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -92,6 +93,50 @@ def acquire(
     token = record.counter + 1
     new = LeaseRecord(record.resource, token, holder, token, now_ms + ttl_ms, request_id)
     return new, Grant(record.resource, holder, token, ttl_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class RenewItem:
+    """One renewal of a batch (a session's keepalive): what ``renew`` takes."""
+
+    resource: str
+    token: int
+    holder: str
+    ttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseItem:
+    """One release of a batch: what ``release`` takes."""
+
+    resource: str
+    token: int
+    holder: str
+
+
+def acquire_all(
+    records: Sequence[LeaseRecord], holder: str, ttl_ms: int, request_id: str, now_ms: int
+) -> tuple[list[LeaseRecord], list[Grant] | Held]:
+    """:func:`acquire` for every record, all or nothing.
+
+    ``records`` are in the order the caller locked them (sorted by resource). If any
+    is held by someone else (not a replay of this ``request_id`` and holder), the
+    first such is returned as :class:`Held` and every record stays as it was;
+    otherwise each is granted (or replayed) as :func:`acquire` would.
+    """
+    for record in records:
+        if record.live(now_ms):
+            _, outcome = acquire(record, holder, ttl_ms, request_id, now_ms)
+            if isinstance(outcome, Held):
+                return list(records), outcome
+    new_records: list[LeaseRecord] = []
+    grants: list[Grant] = []
+    for record in records:
+        new, outcome = acquire(record, holder, ttl_ms, request_id, now_ms)
+        assert isinstance(outcome, Grant)
+        new_records.append(new)
+        grants.append(outcome)
+    return new_records, grants
 
 
 def _require_current(record: LeaseRecord, token: int, holder: str, now_ms: int) -> None:

@@ -31,8 +31,18 @@ from fencing.errors import (
 from fencing.types import WATCH_START_KEY
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from lease_server.backends.base import LeaseBackend, event_log_of, resource_log_of
+from lease_server.batches import batches_of
 from lease_server.expiry import DEFAULT_EVENT_RETENTION, Sweeper
-from lease_server.leases import EventKind, EventPage, Grant, Held, LeaseEvent, Scope
+from lease_server.leases import (
+    EventKind,
+    EventPage,
+    Grant,
+    Held,
+    LeaseEvent,
+    ReleaseItem,
+    RenewItem,
+    Scope,
+)
 from lease_server.metrics import LeaseMetrics
 from lease_server.waiters import WaitQueues
 from lease_server.watch import EventFeed, ResourceFeed
@@ -95,6 +105,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         event_retention: int = DEFAULT_EVENT_RETENTION,
     ) -> None:
         self.backend = backend
+        self.batches = batches_of(backend)
         self.waiters = waiters or WaitQueues()
         self.metrics = metrics or LeaseMetrics(CollectorRegistry())
         backend.on_release(self.waiters.notify)
@@ -258,6 +269,151 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
             remaining_ms=info.remaining_ms,
             last_token=info.last_token,
         )
+
+    # -- many leases per call: AcquireMany, and sessions (RenewMany, ReleaseMany) -------------
+
+    @rpc
+    async def AcquireMany(
+        self, request: lease_pb2.AcquireManyRequest, context: Context
+    ) -> lease_pb2.AcquireManyResponse:
+        resources = limits.check_many(
+            [limits.check_resource(r, f"resources[{i}]") for i, r in enumerate(request.resources)],
+            "resources",
+            limits.MAX_ACQUIRE_MANY,
+        )
+        holder = limits.check_holder(request.holder)
+        ttl_ms = limits.check_ttl_ms(request.ttl_ms)
+        wait_ms = limits.check_wait_ms(request.wait_ms)
+        request_id = limits.check_request_id(request.request_id)
+        try:
+            outcome = await self._acquire_many(
+                sorted(resources), holder, ttl_ms, wait_ms, request_id
+            )
+        except FencingError:
+            self.metrics.acquires.labels("error").inc(len(resources))
+            raise
+        fields = {"holder": holder, "count": len(resources)}
+        if isinstance(outcome, Held):
+            if self.waiters.closed:
+                raise BackendUnavailableError(
+                    "the lease server is shutting down; retry (with the same request_id)"
+                )
+            log.info(
+                "acquire of %d resources refused holder=%s: %s held by %s token=%d",
+                len(resources),
+                holder,
+                outcome.resource,
+                outcome.holder,
+                outcome.token,
+                extra={**fields, "resource": outcome.resource, "held_by": outcome.holder},
+            )
+            self.metrics.acquires.labels("timeout" if wait_ms > 0 else "held").inc()
+            error = AcquireTimeoutError if wait_ms > 0 else LeaseHeldError
+            raise error(
+                resource=outcome.resource,
+                holder=outcome.holder,
+                remaining_ms=outcome.remaining_ms,
+            )
+        for grant in outcome:
+            self.metrics.acquires.labels("replayed" if grant.replayed else "granted").inc()
+            self.metrics.granted(grant.resource, grant.token, grant.ttl_ms)
+        log.info(
+            "acquired %d resources holder=%s (%s ... %s)",
+            len(outcome),
+            holder,
+            outcome[0].resource,
+            outcome[-1].resource,
+            extra=fields,
+        )
+        by_resource = {grant.resource: grant for grant in outcome}
+        return lease_pb2.AcquireManyResponse(leases=[_lease(by_resource[r]) for r in resources])
+
+    async def _acquire_many(
+        self, resources: list[str], holder: str, ttl_ms: int, wait_ms: int, request_id: str
+    ) -> list[Grant] | Held:
+        """Try once; while one is held and ``wait_ms`` lasts, wait in that resource's line
+        (woken by its release or expiry), then try the whole set again. Never holding
+        some while waiting for others is what keeps two such callers from deadlocking."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        outcome = await self.batches.acquire_many(resources, holder, ttl_ms, request_id)
+        while isinstance(outcome, Held) and wait_ms > 0:
+            held = outcome.resource
+            with self.metrics.waiters.track_inprogress(), self.waiters.join(held) as ticket:
+                while isinstance(outcome, Held) and outcome.resource == held:
+                    left = deadline - loop.time()
+                    if left <= 0 or not await self.waiters.wait_turn(ticket, left):
+                        return outcome
+                    outcome = await self.batches.acquire_many(resources, holder, ttl_ms, request_id)
+                    if isinstance(outcome, Held) and outcome.resource == held:
+                        left = deadline - loop.time()
+                        if left <= 0:
+                            return outcome
+                        await self.waiters.nap(
+                            ticket, min(left, outcome.remaining_ms / 1000 + 0.001)
+                        )
+        return outcome
+
+    @rpc
+    async def RenewMany(
+        self, request: lease_pb2.RenewManyRequest, context: Context
+    ) -> lease_pb2.RenewManyResponse:
+        items = [
+            RenewItem(
+                limits.check_resource(r.resource, f"renewals[{i}].resource"),
+                limits.check_token(r.token, f"renewals[{i}].token"),
+                limits.check_optional_holder(r.holder, f"renewals[{i}].holder"),
+                limits.check_ttl_ms(r.ttl_ms, f"renewals[{i}].ttl_ms"),
+            )
+            for i, r in enumerate(request.renewals)
+        ]
+        limits.check_many([i.resource for i in items], "renewals", limits.MAX_RENEW_MANY)
+        with self.metrics.renew_seconds.time():
+            outcomes = await self.batches.renew_many(items)
+        results = []
+        lost = 0
+        for item, outcome in zip(items, outcomes, strict=True):
+            if isinstance(outcome, Grant):
+                self.metrics.granted(item.resource, item.token, outcome.ttl_ms)
+                results.append(lease_pb2.RenewResult(lease=_lease(outcome)))
+            else:
+                lost += 1
+                results.append(lease_pb2.RenewResult(lost=True))
+        log.debug(
+            "renewed %d leases, %d lost",
+            len(items) - lost,
+            lost,
+            extra={"count": len(items), "lost": lost},
+        )
+        return lease_pb2.RenewManyResponse(results=results)
+
+    @rpc
+    async def ReleaseMany(
+        self, request: lease_pb2.ReleaseManyRequest, context: Context
+    ) -> lease_pb2.ReleaseManyResponse:
+        items = [
+            ReleaseItem(
+                limits.check_resource(r.resource, f"releases[{i}].resource"),
+                limits.check_token(r.token, f"releases[{i}].token"),
+                limits.check_optional_holder(r.holder, f"releases[{i}].holder"),
+            )
+            for i, r in enumerate(request.releases)
+        ]
+        limits.check_many([i.resource for i in items], "releases", limits.MAX_RENEW_MANY)
+        outcomes = await self.batches.release_many(items)
+        released = []
+        for item, outcome in zip(items, outcomes, strict=True):
+            released.append(outcome is None)
+            if outcome is None:
+                self.waiters.notify(item.resource)
+                self.metrics.released(item.resource, item.token)
+        log.info(
+            "released %d of %d leases",
+            sum(released),
+            len(items),
+            extra={"count": len(items), "released": sum(released)},
+        )
+        return lease_pb2.ReleaseManyResponse(released=released)
 
     async def Watch(
         self, request: lease_pb2.WatchRequest, context: Context

@@ -4,18 +4,22 @@ and :class:`AsyncQueueClient`."""
 
 from fencing.client._core import EventKind, LeaseEvent, LeaseState, WriteResult
 from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
+from fencing.client._writes import ManyResult
 from fencing.client.async_guard import AsyncGuardClient
 from fencing.client.async_lease import AsyncLease, AsyncLeaseClient
 from fencing.client.async_queue import AsyncQueueClient
+from fencing.client.async_write_stream import AsyncWriteStream
 from fencing.client.guard import GuardClient
 from fencing.client.lease import Lease, LeaseClient
 from fencing.client.queue import QueueClient
+from fencing.client.write_stream import WriteStream
 
 __all__ = [
     "AsyncGuardClient",
     "AsyncLease",
     "AsyncLeaseClient",
     "AsyncQueueClient",
+    "AsyncWriteStream",
     "EnqueuedJob",
     "EventKind",
     "FailOutcome",
@@ -25,7 +29,9 @@ __all__ = [
     "LeaseClient",
     "LeaseEvent",
     "LeaseState",
+    "ManyResult",
     "QueueClient",
     "QueueStats",
     "WriteResult",
+    "WriteStream",
 ]

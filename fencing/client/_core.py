@@ -250,7 +250,10 @@ class AcquirePlan:
         if isinstance(exc, LeaseHeldError) and not self.nowait:
             if self._timed_out():
                 raise AcquireTimeoutError(
-                    resource=self.resource, holder=exc.holder, remaining_ms=exc.remaining_ms
+                    # The held one (AcquireMany names which of its resources it was).
+                    resource=exc.resource or self.resource,
+                    holder=exc.holder,
+                    remaining_ms=exc.remaining_ms,
                 ) from None
             return 0.0
         if not is_transient(exc) or self._attempt >= len(RETRY_BACKOFF) or self._timed_out():
@@ -258,6 +261,12 @@ class AcquirePlan:
         pause = RETRY_BACKOFF[self._attempt]
         self._attempt += 1
         return pause
+
+
+def unimplemented(exc: BaseException) -> bool:
+    """True for a call the server does not have (an older server: fall back)."""
+    code = getattr(exc, "code", None)
+    return callable(code) and code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def renewal_failure(exc: FencingError) -> str | None:

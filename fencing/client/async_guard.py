@@ -6,6 +6,7 @@ from :mod:`fencing.client._core`, so only the waiting differs.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import TypeVar
@@ -13,8 +14,11 @@ from typing import TypeVar
 import grpc
 import grpc.aio
 
-from fencing.client import _core
+from fencing.client import _core, _writes
 from fencing.client._core import WriteResult
+from fencing.client._writes import ManyResult
+from fencing.client.async_write_stream import AsyncWriteStream
+from fencing.limits import MAX_STREAM_WRITES
 from fencing.tls import TLSConfig
 from fencing.types import Delete, Fenced, Op, Put, Record
 from fencing.v1 import guard_pb2_grpc
@@ -40,17 +44,22 @@ class AsyncGuardClient:
         credentials: grpc.ChannelCredentials | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
         channel: grpc.aio.Channel | None = None,
+        coalesce: bool = False,
     ) -> None:
         self.target = target
         self.rpc_timeout = rpc_timeout
+        self.coalesce = coalesce
         self._channel = (
             channel
             if channel is not None
             else _core.open_aio_channel(target, tls=tls, token=token, credentials=credentials)
         )
         self._stub = guard_pb2_grpc.GuardServiceStub(self._channel)
+        self._shared_stream: AsyncWriteStream | None = None
 
     async def aclose(self) -> None:
+        if self._shared_stream is not None:
+            await self._shared_stream.aclose()
         await self._channel.close()
 
     async def __aenter__(self) -> AsyncGuardClient:
@@ -73,7 +82,15 @@ class AsyncGuardClient:
     async def write(
         self, fenced: Fenced, ops: Sequence[Op] | Op, *, idempotency_key: str = ""
     ) -> WriteResult:
-        """Apply ``ops`` atomically under ``fenced.token``; ``StaleTokenError`` if stale."""
+        """Apply ``ops`` atomically under ``fenced.token``; ``StaleTokenError`` if stale.
+
+        With ``coalesce=True`` on the client, concurrent writes share one
+        ``WriteStream`` and travel together (same verdicts, fewer messages).
+        """
+        if self.coalesce:
+            stream = await self._stream()
+            async with asyncio.timeout(self.rpc_timeout):
+                return await stream.write(fenced, ops, idempotency_key=idempotency_key)
         request = _core.write_request(fenced, _core.ops_list(ops), idempotency_key)
         return _core.write_result(await self._call(self._stub.Write, request))
 
@@ -100,3 +117,24 @@ class AsyncGuardClient:
         """The guard's fence for ``resource`` (0 if never written or fenced)."""
         msg = await self._call(self._stub.DescribeFence, _core.describe_fence_request(resource))
         return msg.fence
+
+    # -- several resources, many writes ----------------------------------------------------
+
+    async def write_many(
+        self,
+        writes: Sequence[tuple[Fenced, Sequence[Op] | Op]],
+        *,
+        idempotency_key: str = "",
+    ) -> ManyResult:
+        """Write several resources atomically, each under its own token: all or nothing."""
+        request = _writes.write_many_request(writes, idempotency_key)
+        return _writes.many_result(await self._call(self._stub.WriteMany, request))
+
+    def stream(self, *, max_batch: int = MAX_STREAM_WRITES) -> AsyncWriteStream:
+        """An :class:`AsyncWriteStream` on this channel: ``async with guard.stream() as s``."""
+        return AsyncWriteStream(self._channel, max_batch=max_batch)
+
+    async def _stream(self) -> AsyncWriteStream:
+        if self._shared_stream is None or self._shared_stream.broken:
+            self._shared_stream = await AsyncWriteStream(self._channel).start()
+        return self._shared_stream

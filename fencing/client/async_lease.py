@@ -24,8 +24,9 @@ import grpc.aio
 
 from fencing import propagation
 from fencing._renewal import RenewalPolicy
-from fencing.client import _core
+from fencing.client import _core, _session
 from fencing.client._core import Clock, LeaseEvent, LeaseState
+from fencing.client._session import SessionCore
 from fencing.errors import FencingError, LeaseLost
 from fencing.tls import TLSConfig
 from fencing.types import Fenced
@@ -99,17 +100,73 @@ class AsyncLease(_core.LeaseBase[asyncio.Event]):
             self.lost.set()
 
 
-async def _keep_alive(lease: AsyncLease) -> None:
-    """Renew ``lease`` until cancelled or lost (the task twin of ``_KeepAlive``)."""
-    while not lease.lost.is_set():
-        await asyncio.sleep(lease._next_sleep())
-        if not lease._renewal_due():
+class _AsyncSession:
+    """The client's one keepalive, a task twin of the blocking client's session thread:
+    every held lease renewed by RenewMany calls (rules in
+    :class:`fencing.client._session.SessionCore`). Started with the first lease."""
+
+    def __init__(self, client: AsyncLeaseClient) -> None:
+        self.client = client
+        self.core: SessionCore[AsyncLease] = SessionCore()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._one_by_one = False
+
+    def add(self, lease: AsyncLease) -> None:
+        self.core.add(lease)
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="fencing-session")
+
+    def discard(self, lease: AsyncLease) -> None:
+        self.core.discard(lease)
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            # wait(), not await: the session's CancelledError stays its own.
+            await asyncio.wait({task})
+
+    async def _run(self) -> None:
+        clock = self.client._clock
+        while True:
+            delay = self.core.sleep_for(clock())
+            if delay is None or delay > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                continue
+            due, expired = self.core.take_due(clock())
+            for lease in expired:
+                lease._mark_lost("local deadline passed before a renewal succeeded")
+            for chunk in self.core.chunks(due):
+                await self._renew(chunk)
+
+    async def _renew(self, chunk: list[AsyncLease]) -> None:
+        if self._one_by_one:
+            for lease in chunk:
+                try:
+                    await lease.renew()
+                except Exception as exc:
+                    if lease._renewal_error(exc):
+                        self.discard(lease)
             return
+        client = self.client
+        request = self.core.request(chunk)
+        sent_at = client._clock()
+        timeout = self.core.rpc_timeout(chunk, sent_at, client.rpc_timeout)
         try:
-            await lease.renew()
-        except Exception as exc:  # judged by the core; the task never dies silently
-            if lease._renewal_error(exc):
+            response = await client._call(client._stub.RenewMany, request, timeout)
+        except Exception as exc:  # judged by the core; the session never dies silently
+            if _core.unimplemented(exc):
+                log.info("%s has no RenewMany: renewing lease by lease", client.target)
+                self._one_by_one = True
+                await self._renew(chunk)
                 return
+            self.core.failed(chunk, exc, client._clock())
+            return
+        self.core.settle(chunk, sent_at, response)
 
 
 class AsyncHold:
@@ -132,7 +189,6 @@ class AsyncHold:
         self._fence = fence
         self.lease: AsyncLease | None = None
         self._task: asyncio.Task[object] | None = None
-        self._keepalive: asyncio.Task[None] | None = None
         self._current: Token[Fenced | None] | None = None
         self._cancelling = 0
         self._body_running = False
@@ -150,9 +206,7 @@ class AsyncHold:
         self.lease, self._task = lease, task
         self._cancelling = task.cancelling()
         lease.on_lost(self._cancel_body)
-        self._keepalive = asyncio.create_task(
-            _keep_alive(lease), name=f"fencing-keepalive-{lease.resource}"
-        )
+        self._client.session().add(lease)
         self._current = propagation.set_current(lease)
         self._body_running = True
         return lease
@@ -177,7 +231,7 @@ class AsyncHold:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self.lease is not None and self._task is not None and self._keepalive is not None
+        assert self.lease is not None and self._task is not None
         lease = self.lease
         self._body_running = False
         ours = False
@@ -187,10 +241,7 @@ class AsyncHold:
             ours = self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError
         if self._current is not None:
             propagation.reset_current(self._current)
-        self._keepalive.cancel()
-        # wait(), not await: the keepalive's CancelledError stays its own, while a
-        # cancellation of this task arriving meanwhile still propagates.
-        await asyncio.wait({self._keepalive})
+        self._client.session().discard(lease)
         was_lost = lease.lost.is_set()
         if not was_lost:
             try:
@@ -244,9 +295,19 @@ class AsyncLeaseClient:
             else _core.open_aio_channel(target, tls=tls, token=token, credentials=credentials)
         )
         self._stub = lease_pb2_grpc.LeaseServiceStub(self._channel)
+        self._session: _AsyncSession | None = None
 
     async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.aclose()
         await self._channel.close()
+
+    def session(self) -> _AsyncSession:
+        """The client's session: the one keepalive of every lease held through ``hold``
+        and ``hold_many`` (its task starts with the first lease)."""
+        if self._session is None:
+            self._session = _AsyncSession(self)
+        return self._session
 
     async def __aenter__(self) -> AsyncLeaseClient:
         return self
@@ -350,6 +411,82 @@ class AsyncLeaseClient:
         the block the lease is :func:`fencing.propagation.current`.
         """
         return AsyncHold(self, resource, ttl, timeout, on_lost, fence)
+
+    async def acquire_many(
+        self,
+        resources: Sequence[str],
+        ttl: float,
+        timeout: float | None = None,  # noqa: ASYNC109 - the server waits it (twin's signature)
+    ) -> list[AsyncLease]:
+        """Acquire every resource, all or nothing, in one call: see
+        :meth:`LeaseClient.acquire_many <fencing.client.lease.LeaseClient.acquire_many>`."""
+        plan = _core.AcquirePlan(resources[0], self.holder, ttl, timeout, self._clock)
+        while True:
+            request = _session.acquire_many_request(plan, resources)
+            sent_at = self._clock()
+            try:
+                msg = await self._call(
+                    self._stub.AcquireMany, request, request.wait_ms / 1000 + self.rpc_timeout
+                )
+                return [AsyncLease(self, m, sent_at, self.policy, self._clock) for m in msg.leases]
+            except FencingError as exc:
+                pause = plan.retry_after(exc)
+                if pause is None:
+                    raise
+            await asyncio.sleep(pause)
+
+    @contextlib.asynccontextmanager
+    async def hold_many(
+        self,
+        resources: Sequence[str],
+        ttl: float,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the server waits it (twin's signature)
+        on_lost: Callable[[AsyncLease], object] | None = None,
+    ) -> AsyncGenerator[list[AsyncLease], None]:
+        """:meth:`acquire_many`, kept renewed by the session, released in one call on exit.
+
+        Each lease is judged on its own (``lease.lost``, ``on_lost`` per lease; unlike
+        :meth:`hold`, the body is not cancelled: check the leases). If any was lost
+        the block ends with :class:`LeaseLost` for it (unless it raised).
+        """
+        held = await self.acquire_many(resources, ttl, timeout)
+        session = self.session()
+        for lease in held:
+            if on_lost is not None:
+                lease.on_lost(on_lost)
+            session.add(lease)
+        body_failed = False
+        try:
+            yield held
+        except BaseException:
+            body_failed = True
+            raise
+        finally:
+            for lease in held:
+                session.discard(lease)
+            lost = [lease for lease in held if lease.lost.is_set()]
+            live = [lease for lease in held if not lease.lost.is_set()]
+            try:
+                lost += await self.release_many(live)
+            except FencingError as exc:
+                # The leases expire by themselves; the guard fences any late writer.
+                log.warning("release of %d leases failed: %s", len(live), exc)
+            if lost and not body_failed:
+                raise LeaseLost(resource=lost[0].resource, token=lost[0].token)
+
+    async def release_many(self, leases: Sequence[AsyncLease]) -> list[AsyncLease]:
+        """Release ``leases``, one call per 10,000; return those refused (marked lost)."""
+        refused: list[AsyncLease] = []
+        for chunk in _session.chunked([lease for lease in leases if not lease.released]):
+            msg = await self._call(self._stub.ReleaseMany, _session.release_many_request(chunk))
+            for lease, released in zip(chunk, msg.released, strict=True):
+                lease.released = True
+                if not released:
+                    lease._mark_lost("release refused")
+                    refused.append(lease)
+                lease.lost.set()
+        return refused
 
     # -- the other calls ---------------------------------------------------------------------
 

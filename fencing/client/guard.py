@@ -6,14 +6,18 @@ The asyncio twin is :mod:`fencing.client.async_guard`; both only send what
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TypeVar
 
 import grpc
 
-from fencing.client import _core
+from fencing.client import _core, _writes
 from fencing.client._core import WriteResult
+from fencing.client._writes import ManyResult
+from fencing.client.write_stream import WriteStream
+from fencing.limits import MAX_STREAM_WRITES
 from fencing.tls import TLSConfig
 from fencing.types import Delete, Fenced, Op, Put, Record
 from fencing.v1 import guard_pb2_grpc
@@ -32,6 +36,8 @@ class GuardClient:
 
     Errors are :mod:`fencing.errors` exceptions (``StaleTokenError.current_token``...).
     ``tls``, ``token`` and ``credentials`` secure the channel as for ``LeaseClient``.
+    ``coalesce=True`` sends every ``write`` through one shared :class:`WriteStream`:
+    concurrent writes from many threads travel and commit together (same verdicts).
     """
 
     def __init__(
@@ -43,9 +49,13 @@ class GuardClient:
         credentials: grpc.ChannelCredentials | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
         channel: grpc.Channel | None = None,
+        coalesce: bool = False,
     ) -> None:
         self.target = target
         self.rpc_timeout = rpc_timeout
+        self.coalesce = coalesce
+        self._shared_stream: WriteStream | None = None
+        self._stream_lock = threading.Lock()
         self._channel = (
             channel
             if channel is not None
@@ -54,6 +64,8 @@ class GuardClient:
         self._stub = guard_pb2_grpc.GuardServiceStub(self._channel)
 
     def close(self) -> None:
+        if self._shared_stream is not None:
+            self._shared_stream.close()
         self._channel.close()
 
     def __enter__(self) -> GuardClient:
@@ -82,6 +94,10 @@ class GuardClient:
         With ``idempotency_key``, a repeat of the same write (even after a timeout)
         applies nothing again and returns ``replayed=True``: retries are safe.
         """
+        if self.coalesce:
+            return self._stream().write(
+                fenced, ops, idempotency_key=idempotency_key, timeout=self.rpc_timeout
+            )
         request = _core.write_request(fenced, _core.ops_list(ops), idempotency_key)
         return _core.write_result(self._call(self._stub.Write, request))
 
@@ -104,3 +120,30 @@ class GuardClient:
     def describe_fence(self, resource: str) -> int:
         """The guard's fence for ``resource`` (0 if never written or fenced)."""
         return self._call(self._stub.DescribeFence, _core.describe_fence_request(resource)).fence
+
+    # -- several resources, many writes ----------------------------------------------------
+
+    def write_many(
+        self,
+        writes: Sequence[tuple[Fenced, Sequence[Op] | Op]],
+        *,
+        idempotency_key: str = "",
+    ) -> ManyResult:
+        """Write several resources atomically, each under its own token: all or nothing.
+
+        ``writes`` pairs each lease (or ``Claim``) with its ops (none: the resource is
+        only checked and fenced). One stale token raises ``StaleTokenError`` naming the
+        first stale resource in sorted order, and nothing is applied anywhere.
+        """
+        request = _writes.write_many_request(writes, idempotency_key)
+        return _writes.many_result(self._call(self._stub.WriteMany, request))
+
+    def stream(self, *, max_batch: int = MAX_STREAM_WRITES) -> WriteStream:
+        """Open a :class:`WriteStream`: many writes, from many threads, over one call."""
+        return WriteStream(self._stub, max_batch=max_batch)
+
+    def _stream(self) -> WriteStream:
+        with self._stream_lock:
+            if self._shared_stream is None or self._shared_stream.broken:
+                self._shared_stream = WriteStream(self._stub)
+            return self._shared_stream

@@ -24,8 +24,9 @@ import grpc
 
 from fencing import propagation
 from fencing._renewal import RenewalPolicy
-from fencing.client import _core
+from fencing.client import _core, _session
 from fencing.client._core import Clock, LeaseEvent, LeaseState
+from fencing.client._session import SessionCore
 from fencing.errors import FencingError, LeaseLost
 from fencing.tls import TLSConfig
 from fencing.types import Fenced
@@ -92,24 +93,85 @@ class Lease(_core.LeaseBase[threading.Event]):
             self.lost.set()
 
 
-class _KeepAlive(threading.Thread):
-    """Renews one lease until stopped or lost."""
+class _Session(threading.Thread):
+    """The client's one keepalive: every held lease renewed by RenewMany calls.
 
-    def __init__(self, lease: Lease) -> None:
-        super().__init__(name=f"fencing-keepalive-{lease.resource}", daemon=True)
-        self.lease = lease
-        self.stopping = threading.Event()
+    The rules (which leases, when, what a verdict or a failure does) are
+    :class:`fencing.client._session.SessionCore`'s; this thread only sleeps and calls.
+    Against a server without RenewMany it renews each due lease with Renew.
+    """
+
+    def __init__(self, client: LeaseClient) -> None:
+        super().__init__(name="fencing-session", daemon=True)
+        self.client = client
+        self.core: SessionCore[Lease] = SessionCore()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._one_by_one = False
+
+    def add(self, lease: Lease) -> None:
+        with self._cond:
+            self.core.add(lease)
+            self._cond.notify()
+
+    def discard(self, lease: Lease) -> None:
+        with self._cond:
+            self.core.discard(lease)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self.is_alive():
+            self.join()
 
     def run(self) -> None:
-        lease = self.lease
-        while not self.stopping.is_set() and not lease.lost.is_set():
-            if self.stopping.wait(lease._next_sleep()) or not lease._renewal_due():
-                return
-            try:
-                lease.renew()
-            except Exception as exc:  # judged by the core; the thread never dies silently
-                if lease._renewal_error(exc):
+        clock = self.client._clock
+        while True:
+            with self._cond:
+                while not self._stopping:
+                    delay = self.core.sleep_for(clock())
+                    if delay is not None and delay <= 0:
+                        break
+                    self._cond.wait(delay)
+                if self._stopping:
                     return
+                due, expired = self.core.take_due(clock())
+            for lease in expired:
+                lease._mark_lost("local deadline passed before a renewal succeeded")
+            for chunk in self.core.chunks(due):
+                self._renew(chunk)
+
+    def _renew(self, chunk: list[Lease]) -> None:
+        if self._one_by_one:
+            for lease in chunk:
+                self._renew_one(lease)
+            return
+        client = self.client
+        with self._cond:
+            request = self.core.request(chunk)
+        sent_at = client._clock()
+        timeout = self.core.rpc_timeout(chunk, sent_at, client.rpc_timeout)
+        try:
+            response = client._call(client._stub.RenewMany, request, timeout)
+        except Exception as exc:  # judged by the core; the session never dies silently
+            if _core.unimplemented(exc):
+                log.info("%s has no RenewMany: renewing lease by lease", client.target)
+                self._one_by_one = True
+                self._renew(chunk)
+                return
+            with self._cond:
+                self.core.failed(chunk, exc, client._clock())
+            return
+        with self._cond:
+            self.core.settle(chunk, sent_at, response)
+
+    def _renew_one(self, lease: Lease) -> None:
+        try:
+            lease.renew()
+        except Exception as exc:
+            if lease._renewal_error(exc):
+                self.discard(lease)
 
 
 class LeaseClient:
@@ -156,9 +218,23 @@ class LeaseClient:
             else _core.open_channel(target, tls=tls, token=token, credentials=credentials)
         )
         self._stub = lease_pb2_grpc.LeaseServiceStub(self._channel)
+        self._session: _Session | None = None
+        self._session_lock = threading.Lock()
 
     def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.stop()
         self._channel.close()
+
+    def session(self) -> _Session:
+        """The client's session (started on first use): the one keepalive of every lease
+        held through ``hold`` and ``hold_many``."""
+        with self._session_lock:
+            if self._session is None:
+                self._session = _Session(self)
+                self._session.start()
+            return self._session
 
     def __enter__(self) -> LeaseClient:
         return self
@@ -248,8 +324,9 @@ class LeaseClient:
         on_lost: Callable[[Lease], object] | None = None,
         fence: Sequence[Fencer] = (),
     ) -> Iterator[Lease]:
-        """Acquire (promising to the ``fence`` guards), keep renewed in a background
-        thread, and release on exit.
+        """Acquire (promising to the ``fence`` guards), keep renewed by the client's
+        session (one background thread renewing every held lease together: see
+        :meth:`session`), and release on exit.
 
         If the lease is lost while the block runs, ``lease.lost`` is set, ``on_lost``
         is called, ``lease.check()`` raises, and the block ends with :class:`LeaseLost`
@@ -261,8 +338,8 @@ class LeaseClient:
         lease = self.acquire(resource, ttl, timeout, fence=fence)
         if on_lost is not None:
             lease.on_lost(on_lost)
-        keepalive = _KeepAlive(lease)
-        keepalive.start()
+        session = self.session()
+        session.add(lease)
         body_failed = False
         try:
             with propagation.bound(lease):
@@ -271,8 +348,7 @@ class LeaseClient:
             body_failed = True
             raise
         finally:
-            keepalive.stopping.set()
-            keepalive.join()
+            session.discard(lease)
             was_lost = lease.lost.is_set()
             if not was_lost:
                 try:
@@ -284,6 +360,86 @@ class LeaseClient:
                     log.warning("release of %s failed: %s", resource, exc)
             if was_lost and not body_failed:
                 raise LeaseLost(resource=lease.resource, token=lease.token)
+
+    def acquire_many(
+        self, resources: Sequence[str], ttl: float, timeout: float | None = None
+    ) -> list[Lease]:
+        """Acquire every resource, all or nothing, in one call (at most 1,000).
+
+        The server takes them in sorted order in one backend transaction, so two
+        clients asking for overlapping sets in any order never deadlock; while any is
+        held it waits (up to ``timeout``, None: forever) and tries the whole set again.
+        :class:`AcquireTimeoutError` names a held resource. The leases are in the
+        order of ``resources``, not renewed (use :meth:`hold_many`).
+        """
+        plan = _core.AcquirePlan(resources[0], self.holder, ttl, timeout, self._clock)
+        while True:
+            request = _session.acquire_many_request(plan, resources)
+            sent_at = self._clock()
+            try:
+                msg = self._call(
+                    self._stub.AcquireMany, request, request.wait_ms / 1000 + self.rpc_timeout
+                )
+                return [Lease(self, m, sent_at, self.policy, self._clock) for m in msg.leases]
+            except FencingError as exc:
+                pause = plan.retry_after(exc)
+                if pause is None:
+                    raise
+            time.sleep(pause)
+
+    @contextlib.contextmanager
+    def hold_many(
+        self,
+        resources: Sequence[str],
+        ttl: float,
+        *,
+        timeout: float | None = None,
+        on_lost: Callable[[Lease], object] | None = None,
+    ) -> Iterator[list[Lease]]:
+        """:meth:`acquire_many`, kept renewed by the session, released in one call on exit.
+
+        Each lease is judged on its own (``lease.lost``, ``on_lost`` per lease); if any
+        was lost the block ends with :class:`LeaseLost` for it (unless it raised
+        something else).
+        """
+        held = self.acquire_many(resources, ttl, timeout)
+        session = self.session()
+        for lease in held:
+            if on_lost is not None:
+                lease.on_lost(on_lost)
+            session.add(lease)
+        body_failed = False
+        try:
+            yield held
+        except BaseException:
+            body_failed = True
+            raise
+        finally:
+            for lease in held:
+                session.discard(lease)
+            lost = [lease for lease in held if lease.lost.is_set()]
+            live = [lease for lease in held if not lease.lost.is_set()]
+            try:
+                lost += self.release_many(live)
+            except FencingError as exc:
+                # The leases expire by themselves; the guard fences any late writer.
+                log.warning("release of %d leases failed: %s", len(live), exc)
+            if lost and not body_failed:
+                raise LeaseLost(resource=lost[0].resource, token=lost[0].token)
+
+    def release_many(self, leases: Sequence[Lease]) -> list[Lease]:
+        """Release ``leases``, one call per 10,000; return those refused (no longer ours:
+        marked lost)."""
+        refused: list[Lease] = []
+        for chunk in _session.chunked([lease for lease in leases if not lease.released]):
+            msg = self._call(self._stub.ReleaseMany, _session.release_many_request(chunk))
+            for lease, released in zip(chunk, msg.released, strict=True):
+                lease.released = True
+                if not released:
+                    lease._mark_lost("release refused")
+                    refused.append(lease)
+                lease.lost.set()
+        return refused
 
     # -- the other calls ---------------------------------------------------------------------
 

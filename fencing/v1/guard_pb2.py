@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65ncing/v1/guard.proto\x12\nfencing.v1\"!\n\x03Put\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\x15\n\x06\x44\x65lete\x12\x0b\n\x03key\x18\x01 \x01(\t\"P\n\x02Op\x12\x1e\n\x03put\x18\x01 \x01(\x0b\x32\x0f.fencing.v1.PutH\x00\x12$\n\x06\x64\x65lete\x18\x02 \x01(\x0b\x32\x12.fencing.v1.DeleteH\x00\x42\x04\n\x02op\"e\n\x0cWriteRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x04\x12\x1b\n\x03ops\x18\x03 \x03(\x0b\x32\x0e.fencing.v1.Op\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\"0\n\rWriteResponse\x12\r\n\x05\x66\x65nce\x18\x01 \x01(\x04\x12\x10\n\x08replayed\x18\x02 \x01(\x08\",\n\x0bReadRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"F\n\x0cReadResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x18\n\x10written_by_token\x18\x03 \x01(\x04\"/\n\x0c\x46\x65nceRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x04\"(\n\x14\x44\x65scribeFenceRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\"-\n\nFenceState\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x32\x8d\x02\n\x0cGuardService\x12<\n\x05Write\x12\x18.fencing.v1.WriteRequest\x1a\x19.fencing.v1.WriteResponse\x12\x39\n\x04Read\x12\x17.fencing.v1.ReadRequest\x1a\x18.fencing.v1.ReadResponse\x12\x39\n\x05\x46\x65nce\x12\x18.fencing.v1.FenceRequest\x1a\x16.fencing.v1.FenceState\x12I\n\rDescribeFence\x12 .fencing.v1.DescribeFenceRequest\x1a\x16.fencing.v1.FenceStateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65ncing/v1/guard.proto\x12\nfencing.v1\"!\n\x03Put\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\x15\n\x06\x44\x65lete\x12\x0b\n\x03key\x18\x01 \x01(\t\"P\n\x02Op\x12\x1e\n\x03put\x18\x01 \x01(\x0b\x32\x0f.fencing.v1.PutH\x00\x12$\n\x06\x64\x65lete\x18\x02 \x01(\x0b\x32\x12.fencing.v1.DeleteH\x00\x42\x04\n\x02op\"e\n\x0cWriteRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x04\x12\x1b\n\x03ops\x18\x03 \x03(\x0b\x32\x0e.fencing.v1.Op\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\"0\n\rWriteResponse\x12\r\n\x05\x66\x65nce\x18\x01 \x01(\x04\x12\x10\n\x08replayed\x18\x02 \x01(\x08\",\n\x0bReadRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"F\n\x0cReadResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x18\n\x10written_by_token\x18\x03 \x01(\x04\"/\n\x0c\x46\x65nceRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x04\"(\n\x14\x44\x65scribeFenceRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\"-\n\nFenceState\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\"M\n\rResourceWrite\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x04\x12\x1b\n\x03ops\x18\x03 \x03(\x0b\x32\x0e.fencing.v1.Op\"V\n\x10WriteManyRequest\x12)\n\x06writes\x18\x01 \x03(\x0b\x32\x19.fencing.v1.ResourceWrite\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\"M\n\x11WriteManyResponse\x12&\n\x06\x66\x65nces\x18\x01 \x03(\x0b\x32\x16.fencing.v1.FenceState\x12\x10\n\x08replayed\x18\x02 \x01(\x08\"D\n\rStreamedWrite\x12\n\n\x02id\x18\x01 \x01(\x04\x12\'\n\x05write\x18\x02 \x01(\x0b\x32\x18.fencing.v1.WriteRequest\"?\n\x12WriteStreamRequest\x12)\n\x06writes\x18\x01 \x03(\x0b\x32\x19.fencing.v1.StreamedWrite\"\xa4\x01\n\nWriteError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x36\n\x08metadata\x18\x04 \x03(\x0b\x32$.fencing.v1.WriteError.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"w\n\x0cWriteVerdict\x12\n\n\x02id\x18\x01 \x01(\x04\x12\'\n\x02ok\x18\x02 \x01(\x0b\x32\x19.fencing.v1.WriteResponseH\x00\x12\'\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x16.fencing.v1.WriteErrorH\x00\x42\t\n\x07outcome\"A\n\x13WriteStreamResponse\x12*\n\x08verdicts\x18\x01 \x03(\x0b\x32\x18.fencing.v1.WriteVerdict2\xab\x03\n\x0cGuardService\x12<\n\x05Write\x12\x18.fencing.v1.WriteRequest\x1a\x19.fencing.v1.WriteResponse\x12\x39\n\x04Read\x12\x17.fencing.v1.ReadRequest\x1a\x18.fencing.v1.ReadResponse\x12\x39\n\x05\x46\x65nce\x12\x18.fencing.v1.FenceRequest\x1a\x16.fencing.v1.FenceState\x12I\n\rDescribeFence\x12 .fencing.v1.DescribeFenceRequest\x1a\x16.fencing.v1.FenceState\x12H\n\tWriteMany\x12\x1c.fencing.v1.WriteManyRequest\x1a\x1d.fencing.v1.WriteManyResponse\x12R\n\x0bWriteStream\x12\x1e.fencing.v1.WriteStreamRequest\x1a\x1f.fencing.v1.WriteStreamResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fencing.v1.guard_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_WRITEERROR_METADATAENTRY']._loaded_options = None
+  _globals['_WRITEERROR_METADATAENTRY']._serialized_options = b'8\001'
   _globals['_PUT']._serialized_start=38
   _globals['_PUT']._serialized_end=71
   _globals['_DELETE']._serialized_start=73
@@ -51,6 +53,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBEFENCEREQUEST']._serialized_end=538
   _globals['_FENCESTATE']._serialized_start=540
   _globals['_FENCESTATE']._serialized_end=585
-  _globals['_GUARDSERVICE']._serialized_start=588
-  _globals['_GUARDSERVICE']._serialized_end=857
+  _globals['_RESOURCEWRITE']._serialized_start=587
+  _globals['_RESOURCEWRITE']._serialized_end=664
+  _globals['_WRITEMANYREQUEST']._serialized_start=666
+  _globals['_WRITEMANYREQUEST']._serialized_end=752
+  _globals['_WRITEMANYRESPONSE']._serialized_start=754
+  _globals['_WRITEMANYRESPONSE']._serialized_end=831
+  _globals['_STREAMEDWRITE']._serialized_start=833
+  _globals['_STREAMEDWRITE']._serialized_end=901
+  _globals['_WRITESTREAMREQUEST']._serialized_start=903
+  _globals['_WRITESTREAMREQUEST']._serialized_end=966
+  _globals['_WRITEERROR']._serialized_start=969
+  _globals['_WRITEERROR']._serialized_end=1133
+  _globals['_WRITEERROR_METADATAENTRY']._serialized_start=1086
+  _globals['_WRITEERROR_METADATAENTRY']._serialized_end=1133
+  _globals['_WRITEVERDICT']._serialized_start=1135
+  _globals['_WRITEVERDICT']._serialized_end=1254
+  _globals['_WRITESTREAMRESPONSE']._serialized_start=1256
+  _globals['_WRITESTREAMRESPONSE']._serialized_end=1321
+  _globals['_GUARDSERVICE']._serialized_start=1324
+  _globals['_GUARDSERVICE']._serialized_end=1751
 # @@protoc_insertion_point(module_scope)

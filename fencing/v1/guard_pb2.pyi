@@ -253,3 +253,228 @@ class FenceState(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FenceState: _TypeAlias = FenceState  # noqa: Y015
+
+@_typing.final
+class ResourceWrite(_message.Message):
+    """One resource's part of a WriteMany: its token and ops (none: check and advance only)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    OPS_FIELD_NUMBER: _builtins.int
+    resource: _builtins.str
+    token: _builtins.int
+    @_builtins.property
+    def ops(self) -> _containers.RepeatedCompositeFieldContainer[Global___Op]: ...
+    def __init__(
+        self,
+        *,
+        resource: _builtins.str = ...,
+        token: _builtins.int = ...,
+        ops: _abc.Iterable[Global___Op] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ops", b"ops", "resource", b"resource", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResourceWrite: _TypeAlias = ResourceWrite  # noqa: Y015
+
+@_typing.final
+class WriteManyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WRITES_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    idempotency_key: _builtins.str
+    """Recorded under every resource of the write; a repeat applies nothing again."""
+    @_builtins.property
+    def writes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ResourceWrite]:
+        """Each resource at most once; at most 100 resources and 1,000 ops in all."""
+
+    def __init__(
+        self,
+        *,
+        writes: _abc.Iterable[Global___ResourceWrite] | None = ...,
+        idempotency_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "writes", b"writes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteManyRequest: _TypeAlias = WriteManyRequest  # noqa: Y015
+
+@_typing.final
+class WriteManyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FENCES_FIELD_NUMBER: _builtins.int
+    REPLAYED_FIELD_NUMBER: _builtins.int
+    replayed: _builtins.bool
+    @_builtins.property
+    def fences(self) -> _containers.RepeatedCompositeFieldContainer[Global___FenceState]:
+        """One per resource, in the order of the request."""
+
+    def __init__(
+        self,
+        *,
+        fences: _abc.Iterable[Global___FenceState] | None = ...,
+        replayed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fences", b"fences", "replayed", b"replayed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteManyResponse: _TypeAlias = WriteManyResponse  # noqa: Y015
+
+@_typing.final
+class StreamedWrite(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    WRITE_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Chosen by the client; the verdict carries it back."""
+    @_builtins.property
+    def write(self) -> Global___WriteRequest: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        write: Global___WriteRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["write", b"write"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "write", b"write"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamedWrite: _TypeAlias = StreamedWrite  # noqa: Y015
+
+@_typing.final
+class WriteStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WRITES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def writes(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamedWrite]: ...
+    def __init__(
+        self,
+        *,
+        writes: _abc.Iterable[Global___StreamedWrite] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["writes", b"writes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteStreamRequest: _TypeAlias = WriteStreamRequest  # noqa: Y015
+
+@_typing.final
+class WriteError(_message.Message):
+    """A refused write on a stream: the status Write would have ended with."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CODE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """The gRPC status code number (e.g. 9 FAILED_PRECONDITION)."""
+    reason: _builtins.str
+    """The ErrorInfo reason (STALE_TOKEN, INVALID_ARGUMENT, ...) and its metadata."""
+    message: _builtins.str
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "metadata", b"metadata", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteError: _TypeAlias = WriteError  # noqa: Y015
+
+@_typing.final
+class WriteVerdict(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    @_builtins.property
+    def ok(self) -> Global___WriteResponse: ...
+    @_builtins.property
+    def error(self) -> Global___WriteError: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        ok: Global___WriteResponse | None = ...,
+        error: Global___WriteError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "ok", b"ok", "outcome", b"outcome"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "id", b"id", "ok", b"ok", "outcome", b"outcome"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["ok", "error"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___WriteVerdict: _TypeAlias = WriteVerdict  # noqa: Y015
+
+@_typing.final
+class WriteStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERDICTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def verdicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___WriteVerdict]: ...
+    def __init__(
+        self,
+        *,
+        verdicts: _abc.Iterable[Global___WriteVerdict] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["verdicts", b"verdicts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteStreamResponse: _TypeAlias = WriteStreamResponse  # noqa: Y015

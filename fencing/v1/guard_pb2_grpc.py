@@ -54,6 +54,16 @@ class GuardServiceStub:
                 request_serializer=fencing_dot_v1_dot_guard__pb2.DescribeFenceRequest.SerializeToString,
                 response_deserializer=fencing_dot_v1_dot_guard__pb2.FenceState.FromString,
                 _registered_method=True)
+        self.WriteMany = channel.unary_unary(
+                '/fencing.v1.GuardService/WriteMany',
+                request_serializer=fencing_dot_v1_dot_guard__pb2.WriteManyRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_guard__pb2.WriteManyResponse.FromString,
+                _registered_method=True)
+        self.WriteStream = channel.stream_stream(
+                '/fencing.v1.GuardService/WriteStream',
+                request_serializer=fencing_dot_v1_dot_guard__pb2.WriteStreamRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_guard__pb2.WriteStreamResponse.FromString,
+                _registered_method=True)
 
 
 class GuardServiceServicer:
@@ -88,6 +98,25 @@ class GuardServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteMany(self, request, context):
+        """Several resources, each with its own token and ops, judged and applied in one store
+        transaction: all or nothing. STALE_TOKEN (nothing applied) names the first stale
+        resource in sorted order. On a Redis Cluster every resource must share one hash slot
+        (INVALID_ARGUMENT otherwise).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteStream(self, request_iterator, context):
+        """Many independent writes over one stream, answered by id (not necessarily in order).
+        The guard packs writes that arrive together, from this and other streams, into one
+        store transaction; each keeps its own verdict, exactly as if sent alone with Write.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GuardServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +139,16 @@ def add_GuardServiceServicer_to_server(servicer, server):
                     servicer.DescribeFence,
                     request_deserializer=fencing_dot_v1_dot_guard__pb2.DescribeFenceRequest.FromString,
                     response_serializer=fencing_dot_v1_dot_guard__pb2.FenceState.SerializeToString,
+            ),
+            'WriteMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteMany,
+                    request_deserializer=fencing_dot_v1_dot_guard__pb2.WriteManyRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_guard__pb2.WriteManyResponse.SerializeToString,
+            ),
+            'WriteStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.WriteStream,
+                    request_deserializer=fencing_dot_v1_dot_guard__pb2.WriteStreamRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_guard__pb2.WriteStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -220,6 +259,60 @@ class GuardService:
             '/fencing.v1.GuardService/DescribeFence',
             fencing_dot_v1_dot_guard__pb2.DescribeFenceRequest.SerializeToString,
             fencing_dot_v1_dot_guard__pb2.FenceState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.GuardService/WriteMany',
+            fencing_dot_v1_dot_guard__pb2.WriteManyRequest.SerializeToString,
+            fencing_dot_v1_dot_guard__pb2.WriteManyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fencing.v1.GuardService/WriteStream',
+            fencing_dot_v1_dot_guard__pb2.WriteStreamRequest.SerializeToString,
+            fencing_dot_v1_dot_guard__pb2.WriteStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,17 @@ class GuardServiceStub:
     """Advance the fence without writing data (never lowers it; idempotent)."""
     DescribeFence: _grpc.UnaryUnaryMultiCallable[_guard_pb2.DescribeFenceRequest, _guard_pb2.FenceState]
     """The current fence of a resource (0 if never fenced)."""
+    WriteMany: _grpc.UnaryUnaryMultiCallable[_guard_pb2.WriteManyRequest, _guard_pb2.WriteManyResponse]
+    """Several resources, each with its own token and ops, judged and applied in one store
+    transaction: all or nothing. STALE_TOKEN (nothing applied) names the first stale
+    resource in sorted order. On a Redis Cluster every resource must share one hash slot
+    (INVALID_ARGUMENT otherwise).
+    """
+    WriteStream: _grpc.StreamStreamMultiCallable[_guard_pb2.WriteStreamRequest, _guard_pb2.WriteStreamResponse]
+    """Many independent writes over one stream, answered by id (not necessarily in order).
+    The guard packs writes that arrive together, from this and other streams, into one
+    store transaction; each keeps its own verdict, exactly as if sent alone with Write.
+    """
 
 @_typing.type_check_only
 class GuardServiceAsyncStub(GuardServiceStub):
@@ -61,6 +72,17 @@ class GuardServiceAsyncStub(GuardServiceStub):
     """Advance the fence without writing data (never lowers it; idempotent)."""
     DescribeFence: _aio.UnaryUnaryMultiCallable[_guard_pb2.DescribeFenceRequest, _guard_pb2.FenceState]  # type: ignore[assignment]
     """The current fence of a resource (0 if never fenced)."""
+    WriteMany: _aio.UnaryUnaryMultiCallable[_guard_pb2.WriteManyRequest, _guard_pb2.WriteManyResponse]  # type: ignore[assignment]
+    """Several resources, each with its own token and ops, judged and applied in one store
+    transaction: all or nothing. STALE_TOKEN (nothing applied) names the first stale
+    resource in sorted order. On a Redis Cluster every resource must share one hash slot
+    (INVALID_ARGUMENT otherwise).
+    """
+    WriteStream: _aio.StreamStreamMultiCallable[_guard_pb2.WriteStreamRequest, _guard_pb2.WriteStreamResponse]  # type: ignore[assignment]
+    """Many independent writes over one stream, answered by id (not necessarily in order).
+    The guard packs writes that arrive together, from this and other streams, into one
+    store transaction; each keeps its own verdict, exactly as if sent alone with Write.
+    """
 
 class GuardServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -96,5 +118,28 @@ class GuardServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_guard_pb2.FenceState, _abc.Awaitable[_guard_pb2.FenceState]]:
         """The current fence of a resource (0 if never fenced)."""
+
+    @_abc_1.abstractmethod
+    def WriteMany(
+        self,
+        request: _guard_pb2.WriteManyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_guard_pb2.WriteManyResponse, _abc.Awaitable[_guard_pb2.WriteManyResponse]]:
+        """Several resources, each with its own token and ops, judged and applied in one store
+        transaction: all or nothing. STALE_TOKEN (nothing applied) names the first stale
+        resource in sorted order. On a Redis Cluster every resource must share one hash slot
+        (INVALID_ARGUMENT otherwise).
+        """
+
+    @_abc_1.abstractmethod
+    def WriteStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_guard_pb2.WriteStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_guard_pb2.WriteStreamResponse], _abc.AsyncIterator[_guard_pb2.WriteStreamResponse]]:
+        """Many independent writes over one stream, answered by id (not necessarily in order).
+        The guard packs writes that arrive together, from this and other streams, into one
+        store transaction; each keeps its own verdict, exactly as if sent alone with Write.
+        """
 
 def add_GuardServiceServicer_to_server(servicer: GuardServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -9,8 +9,10 @@ never renumber or rename them. Errors are gRPC statuses carrying a
 google.rpc.ErrorInfo (domain "fencing.v1"); see fencing/errors.py for reasons.
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -298,3 +300,171 @@ class LeaseEvent(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LeaseEvent: _TypeAlias = LeaseEvent  # noqa: Y015
+
+@_typing.final
+class AcquireManyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCES_FIELD_NUMBER: _builtins.int
+    HOLDER_FIELD_NUMBER: _builtins.int
+    TTL_MS_FIELD_NUMBER: _builtins.int
+    WAIT_MS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    holder: _builtins.str
+    ttl_ms: _builtins.int
+    wait_ms: _builtins.int
+    request_id: _builtins.str
+    @_builtins.property
+    def resources(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """1 to 1,000 distinct resources."""
+
+    def __init__(
+        self,
+        *,
+        resources: _abc.Iterable[_builtins.str] | None = ...,
+        holder: _builtins.str = ...,
+        ttl_ms: _builtins.int = ...,
+        wait_ms: _builtins.int = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "request_id", b"request_id", "resources", b"resources", "ttl_ms", b"ttl_ms", "wait_ms", b"wait_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcquireManyRequest: _TypeAlias = AcquireManyRequest  # noqa: Y015
+
+@_typing.final
+class AcquireManyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def leases(self) -> _containers.RepeatedCompositeFieldContainer[Global___Lease]:
+        """One per resource, in the order of the request."""
+
+    def __init__(
+        self,
+        *,
+        leases: _abc.Iterable[Global___Lease] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leases", b"leases"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcquireManyResponse: _TypeAlias = AcquireManyResponse  # noqa: Y015
+
+@_typing.final
+class RenewManyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RENEWALS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def renewals(self) -> _containers.RepeatedCompositeFieldContainer[Global___RenewRequest]:
+        """1 to 10,000 renewals, each as Renew takes it."""
+
+    def __init__(
+        self,
+        *,
+        renewals: _abc.Iterable[Global___RenewRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["renewals", b"renewals"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewManyRequest: _TypeAlias = RenewManyRequest  # noqa: Y015
+
+@_typing.final
+class RenewResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    LOST_FIELD_NUMBER: _builtins.int
+    lost: _builtins.bool
+    """True when the lease is no longer current (what Renew answers with LEASE_LOST)."""
+    @_builtins.property
+    def lease(self) -> Global___Lease:
+        """Set when renewed: the lease with the ttl granted."""
+
+    def __init__(
+        self,
+        *,
+        lease: Global___Lease | None = ...,
+        lost: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "lost", b"lost"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewResult: _TypeAlias = RenewResult  # noqa: Y015
+
+@_typing.final
+class RenewManyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___RenewResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___RenewResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewManyResponse: _TypeAlias = RenewManyResponse  # noqa: Y015
+
+@_typing.final
+class ReleaseManyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def releases(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReleaseRequest]:
+        """1 to 10,000 releases, each as Release takes it."""
+
+    def __init__(
+        self,
+        *,
+        releases: _abc.Iterable[Global___ReleaseRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["releases", b"releases"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseManyRequest: _TypeAlias = ReleaseManyRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseManyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def released(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
+        """Per release, in order: true when released, false when it was no longer current."""
+
+    def __init__(
+        self,
+        *,
+        released: _abc.Iterable[_builtins.bool] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["released", b"released"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseManyResponse: _TypeAlias = ReleaseManyResponse  # noqa: Y015

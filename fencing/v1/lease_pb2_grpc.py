@@ -59,6 +59,21 @@ class LeaseServiceStub:
                 request_serializer=fencing_dot_v1_dot_lease__pb2.WatchRequest.SerializeToString,
                 response_deserializer=fencing_dot_v1_dot_lease__pb2.LeaseEvent.FromString,
                 _registered_method=True)
+        self.AcquireMany = channel.unary_unary(
+                '/fencing.v1.LeaseService/AcquireMany',
+                request_serializer=fencing_dot_v1_dot_lease__pb2.AcquireManyRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_lease__pb2.AcquireManyResponse.FromString,
+                _registered_method=True)
+        self.RenewMany = channel.unary_unary(
+                '/fencing.v1.LeaseService/RenewMany',
+                request_serializer=fencing_dot_v1_dot_lease__pb2.RenewManyRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_lease__pb2.RenewManyResponse.FromString,
+                _registered_method=True)
+        self.ReleaseMany = channel.unary_unary(
+                '/fencing.v1.LeaseService/ReleaseMany',
+                request_serializer=fencing_dot_v1_dot_lease__pb2.ReleaseManyRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_lease__pb2.ReleaseManyResponse.FromString,
+                _registered_method=True)
 
 
 class LeaseServiceServicer:
@@ -106,6 +121,31 @@ class LeaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AcquireMany(self, request, context):
+        """Acquire every resource, all or nothing, in one backend transaction (resources are
+        taken in sorted order, so two callers asking for overlapping sets in any order
+        never deadlock). Waits up to wait_ms while any is held; LEASE_HELD names one held
+        resource. A retry with the same request_id and holder returns the same leases.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewMany(self, request, context):
+        """Renew many leases in one backend transaction (a session's keepalive): one result
+        per renewal, in order; a lost lease does not fail the others.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseMany(self, request, context):
+        """Release many leases in one backend transaction: one result per release, in order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LeaseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -133,6 +173,21 @@ def add_LeaseServiceServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=fencing_dot_v1_dot_lease__pb2.WatchRequest.FromString,
                     response_serializer=fencing_dot_v1_dot_lease__pb2.LeaseEvent.SerializeToString,
+            ),
+            'AcquireMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcquireMany,
+                    request_deserializer=fencing_dot_v1_dot_lease__pb2.AcquireManyRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_lease__pb2.AcquireManyResponse.SerializeToString,
+            ),
+            'RenewMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewMany,
+                    request_deserializer=fencing_dot_v1_dot_lease__pb2.RenewManyRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_lease__pb2.RenewManyResponse.SerializeToString,
+            ),
+            'ReleaseMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseMany,
+                    request_deserializer=fencing_dot_v1_dot_lease__pb2.ReleaseManyRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_lease__pb2.ReleaseManyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -270,6 +325,87 @@ class LeaseService:
             '/fencing.v1.LeaseService/Watch',
             fencing_dot_v1_dot_lease__pb2.WatchRequest.SerializeToString,
             fencing_dot_v1_dot_lease__pb2.LeaseEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcquireMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.LeaseService/AcquireMany',
+            fencing_dot_v1_dot_lease__pb2.AcquireManyRequest.SerializeToString,
+            fencing_dot_v1_dot_lease__pb2.AcquireManyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.LeaseService/RenewMany',
+            fencing_dot_v1_dot_lease__pb2.RenewManyRequest.SerializeToString,
+            fencing_dot_v1_dot_lease__pb2.RenewManyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.LeaseService/ReleaseMany',
+            fencing_dot_v1_dot_lease__pb2.ReleaseManyRequest.SerializeToString,
+            fencing_dot_v1_dot_lease__pb2.ReleaseManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

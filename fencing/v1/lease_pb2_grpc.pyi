@@ -56,6 +56,18 @@ class LeaseServiceStub:
     initial metadata "fencing-watch-after" is the revision it starts after (the
     head, for after_revision 0): resume from it if no event came yet.
     """
+    AcquireMany: _grpc.UnaryUnaryMultiCallable[_lease_pb2.AcquireManyRequest, _lease_pb2.AcquireManyResponse]
+    """Acquire every resource, all or nothing, in one backend transaction (resources are
+    taken in sorted order, so two callers asking for overlapping sets in any order
+    never deadlock). Waits up to wait_ms while any is held; LEASE_HELD names one held
+    resource. A retry with the same request_id and holder returns the same leases.
+    """
+    RenewMany: _grpc.UnaryUnaryMultiCallable[_lease_pb2.RenewManyRequest, _lease_pb2.RenewManyResponse]
+    """Renew many leases in one backend transaction (a session's keepalive): one result
+    per renewal, in order; a lost lease does not fail the others.
+    """
+    ReleaseMany: _grpc.UnaryUnaryMultiCallable[_lease_pb2.ReleaseManyRequest, _lease_pb2.ReleaseManyResponse]
+    """Release many leases in one backend transaction: one result per release, in order."""
 
 @_typing.type_check_only
 class LeaseServiceAsyncStub(LeaseServiceStub):
@@ -79,6 +91,18 @@ class LeaseServiceAsyncStub(LeaseServiceStub):
     initial metadata "fencing-watch-after" is the revision it starts after (the
     head, for after_revision 0): resume from it if no event came yet.
     """
+    AcquireMany: _aio.UnaryUnaryMultiCallable[_lease_pb2.AcquireManyRequest, _lease_pb2.AcquireManyResponse]  # type: ignore[assignment]
+    """Acquire every resource, all or nothing, in one backend transaction (resources are
+    taken in sorted order, so two callers asking for overlapping sets in any order
+    never deadlock). Waits up to wait_ms while any is held; LEASE_HELD names one held
+    resource. A retry with the same request_id and holder returns the same leases.
+    """
+    RenewMany: _aio.UnaryUnaryMultiCallable[_lease_pb2.RenewManyRequest, _lease_pb2.RenewManyResponse]  # type: ignore[assignment]
+    """Renew many leases in one backend transaction (a session's keepalive): one result
+    per renewal, in order; a lost lease does not fail the others.
+    """
+    ReleaseMany: _aio.UnaryUnaryMultiCallable[_lease_pb2.ReleaseManyRequest, _lease_pb2.ReleaseManyResponse]  # type: ignore[assignment]
+    """Release many leases in one backend transaction: one result per release, in order."""
 
 class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -129,5 +153,35 @@ class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
         initial metadata "fencing-watch-after" is the revision it starts after (the
         head, for after_revision 0): resume from it if no event came yet.
         """
+
+    @_abc_1.abstractmethod
+    def AcquireMany(
+        self,
+        request: _lease_pb2.AcquireManyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lease_pb2.AcquireManyResponse, _abc.Awaitable[_lease_pb2.AcquireManyResponse]]:
+        """Acquire every resource, all or nothing, in one backend transaction (resources are
+        taken in sorted order, so two callers asking for overlapping sets in any order
+        never deadlock). Waits up to wait_ms while any is held; LEASE_HELD names one held
+        resource. A retry with the same request_id and holder returns the same leases.
+        """
+
+    @_abc_1.abstractmethod
+    def RenewMany(
+        self,
+        request: _lease_pb2.RenewManyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lease_pb2.RenewManyResponse, _abc.Awaitable[_lease_pb2.RenewManyResponse]]:
+        """Renew many leases in one backend transaction (a session's keepalive): one result
+        per renewal, in order; a lost lease does not fail the others.
+        """
+
+    @_abc_1.abstractmethod
+    def ReleaseMany(
+        self,
+        request: _lease_pb2.ReleaseManyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lease_pb2.ReleaseManyResponse, _abc.Awaitable[_lease_pb2.ReleaseManyResponse]]:
+        """Release many leases in one backend transaction: one result per release, in order."""
 
 def add_LeaseServiceServicer_to_server(servicer: LeaseServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -7,6 +7,16 @@ apply every op, advance the fence, commit; a rejection applies nothing (G3).
 Idempotency keys are remembered in the same transaction as the write they name (G6).
 To add a store, add a file beside this one and a branch in ``open_store``.
 
+Two more shapes of write, both one transaction:
+
+* ``write_many``: several resources, each with its own token, judged together and
+  applied all or nothing (:func:`guard.fence.admit_all`). Stores that lock rows lock
+  them in sorted order, so two multi-writes over overlapping sets never deadlock.
+* ``write_batch``: many *independent* writes packed into one transaction (group
+  commit), each with its own verdict exactly as if it had been sent alone, in order:
+  a stale write applies nothing and the others still land. The guard uses it to
+  coalesce concurrent writes (:mod:`guard.commit`); strict mode is never batched.
+
 Optional, and expected of every networked store: ``async def healthy(self) -> bool``
 (:class:`fencing._storage.HealthProbe`); see :mod:`lease_server.backends.base` for
 what the server does with it and for the deadline on every other call.
@@ -18,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from fencing.errors import StaleTokenError
 from fencing.types import Op, Record
 from guard.fence import FenceMode
 
@@ -30,11 +41,45 @@ class WriteResult:
     replayed: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class ResourceWrite:
+    """One resource's part of a multi-resource write (no ops: check and advance only)."""
+
+    resource: str
+    token: int
+    ops: Sequence[Op] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ManyResult:
+    """The fences after a multi-resource write, in the order of its resources."""
+
+    fences: tuple[int, ...]
+    replayed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BatchedWrite:
+    """One independent write of a batch: what a single ``write`` call would carry."""
+
+    resource: str
+    token: int
+    ops: Sequence[Op]
+    idempotency_key: str = ""
+
+
+#: A batched write's verdict: its result, or the error it alone was refused with.
+Verdict = WriteResult | StaleTokenError
+
+
 class GuardStore(Protocol):
     name: str
     #: True if ``write(..., mode=FenceMode.STRICT)`` can check the live lease in the
     #: write's own transaction (the lease backend lives in the same database).
     supports_strict: bool
+    #: How many batched-write transactions the guard runs at once (:mod:`guard.commit`):
+    #: 1 where writes are serial anyway (SQLite), a few for a connection pool.
+    commit_concurrency: int
 
     async def open(self) -> None:
         """Connect and create or upgrade the schema. Idempotent."""
@@ -67,3 +112,30 @@ class GuardStore(Protocol):
 
     async def prune_idempotency(self, older_than_ms: int) -> int:
         """Forget idempotency keys recorded before ``older_than_ms`` (wall clock); count them."""
+
+    async def write_many(
+        self,
+        writes: Sequence[ResourceWrite],
+        idempotency_key: str = "",
+        mode: FenceMode = FenceMode.MONOTONIC,
+    ) -> ManyResult:
+        """Judge every resource's token, then apply every op, in one transaction.
+
+        Resources are distinct (the service checks). One stale token raises
+        ``StaleTokenError`` for the first stale resource in sorted order and applies
+        nothing. The ``idempotency_key`` is recorded under every resource with its
+        fence; a repeat (the key found under the first resource) applies nothing and
+        returns the recorded fences with ``replayed=True``.
+        """
+
+    async def write_batch(
+        self, writes: Sequence[BatchedWrite], mode: FenceMode = FenceMode.MONOTONIC
+    ) -> list[Verdict]:
+        """Apply independent writes in one transaction, in order, one verdict each.
+
+        Each write is judged as ``write`` would judge it at its place in the batch
+        (a later write sees the fences and idempotency keys earlier ones left). A
+        store failure fails the whole batch (nothing applied). ``mode`` is never
+        ``strict``: strict writes check the live lease as close to their own commit
+        as they can, so the guard sends them one by one.
+        """

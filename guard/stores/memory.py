@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from fencing.errors import StaleTokenError
 from fencing.types import Op, Put, Record
 from guard import fence as fence_rule
 from guard.fence import FenceMode
-from guard.stores.base import WriteResult
+from guard.stores.base import BatchedWrite, ManyResult, ResourceWrite, Verdict, WriteResult
 
 
 class MemoryStore:
@@ -16,6 +17,7 @@ class MemoryStore:
     #: Nothing here survives a restart: tokens would start over at 1.
     durability_warning = "in-memory state is lost on restart"
     supports_strict = False
+    commit_concurrency = 1
 
     def __init__(self) -> None:
         self._fences: dict[str, int] = {}
@@ -44,15 +46,56 @@ class MemoryStore:
         if idempotency_key and (resource, idempotency_key) in self._keys:
             return WriteResult(self._keys[(resource, idempotency_key)][0], replayed=True)
         new_fence = fence_rule.admit(resource, token, self._fences.get(resource, 0), mode)
+        self._apply(resource, token, ops, new_fence)
+        if idempotency_key:
+            self._keys[(resource, idempotency_key)] = (new_fence, time.time_ns() // 1_000_000)
+        return WriteResult(new_fence)
+
+    def _apply(self, resource: str, token: int, ops: Sequence[Op], new_fence: int) -> None:
         for op in ops:
             if isinstance(op, Put):
                 self._data[(resource, op.key)] = Record(op.value, token)
             else:
                 self._data.pop((resource, op.key), None)
         self._fences[resource] = new_fence
-        if idempotency_key:
-            self._keys[(resource, idempotency_key)] = (new_fence, time.time_ns() // 1_000_000)
-        return WriteResult(new_fence)
+
+    async def write_many(
+        self,
+        writes: Sequence[ResourceWrite],
+        idempotency_key: str = "",
+        mode: FenceMode = FenceMode.MONOTONIC,
+    ) -> ManyResult:
+        if idempotency_key and (writes[0].resource, idempotency_key) in self._keys:
+            recorded = [self._keys.get((w.resource, idempotency_key)) for w in writes]
+            return ManyResult(
+                tuple(
+                    r[0] if r else self._fences.get(w.resource, 0)
+                    for w, r in zip(writes, recorded, strict=True)
+                ),
+                replayed=True,
+            )
+        fences = fence_rule.admit_all(
+            [(w.resource, w.token, self._fences.get(w.resource, 0)) for w in writes], mode
+        )
+        now_ms = time.time_ns() // 1_000_000
+        for w, new_fence in zip(writes, fences, strict=True):
+            self._apply(w.resource, w.token, w.ops, new_fence)
+            if idempotency_key:
+                self._keys[(w.resource, idempotency_key)] = (new_fence, now_ms)
+        return ManyResult(tuple(fences))
+
+    async def write_batch(
+        self, writes: Sequence[BatchedWrite], mode: FenceMode = FenceMode.MONOTONIC
+    ) -> list[Verdict]:
+        verdicts: list[Verdict] = []
+        for w in writes:  # no await inside: the batch is atomic like one write
+            try:
+                verdicts.append(
+                    await self.write(w.resource, w.token, w.ops, w.idempotency_key, mode)
+                )
+            except StaleTokenError as exc:
+                verdicts.append(exc)
+        return verdicts
 
     async def read(self, resource: str, key: str) -> Record | None:
         return self._data.get((resource, key))

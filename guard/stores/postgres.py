@@ -18,6 +18,11 @@ all: strict mode fails closed), are both refused with :class:`StaleTokenError`
 carrying the fence, as the other stores do; the SQL raises them with distinct
 SQLSTATEs (``FN001``, ``FN002``) and the message says which.
 
+Multi-resource writes (``guard_write_many``) and batches of independent writes
+(``guard_write_batch``, the guard's group commit) are one statement each too, in
+``0006_guard_batches.sql``; both lock fence rows in sorted order (no deadlocks
+between overlapping sets) and a batch applies its accepted ops set-based.
+
 Idempotency keys are kept with the database's time of recording; the guard
 prunes them after its retention (default 24 h) in batches, oldest first.
 """
@@ -27,13 +32,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from fencing.errors import InvalidArgumentError, StaleTokenError
 from fencing.pg import PgConfig, PostgresDatabase
 from fencing.types import Op, Put, Record
 from guard.fence import FenceMode
-from guard.stores.base import WriteResult
+from guard.stores.base import BatchedWrite, ManyResult, ResourceWrite, Verdict, WriteResult
 
 #: Idempotency keys deleted per statement when pruning.
 PRUNE_BATCH = 5000
+
+
+def _flat_ops(
+    writes: Sequence[ResourceWrite | BatchedWrite],
+) -> tuple[list[int], list[str], list[bytes | None]]:
+    """Every write's ops as parallel arrays: the write's 1-based index, key, value (None:
+    a delete), in order, as the SQL functions take them."""
+    op_index: list[int] = []
+    keys: list[str] = []
+    values: list[bytes | None] = []
+    for i, w in enumerate(writes, start=1):
+        for op in w.ops:
+            op_index.append(i)
+            keys.append(op.key)
+            values.append(op.value if isinstance(op, Put) else None)
+    return op_index, keys, values
 
 
 class PostgresStore:
@@ -49,8 +71,19 @@ class PostgresStore:
 
     def __init__(self, url: str, schema: str | None = None) -> None:
         self._db = PostgresDatabase(PgConfig.from_url(url, schema), "fencing-guard")
+        # Half the pool: batches grow while earlier ones commit, and Read/Fence calls
+        # still find a free connection.
+        self.commit_concurrency = max(1, self._db.config.pool_max // 2)
         q = self._db.qualified
         self._write_sql = q("SELECT * FROM {schema}.guard_write(%s, %s, %s, %s, %s, %s)")
+        self._write_many_sql = q(
+            "SELECT * FROM {schema}.guard_write_many(%s::text[], %s::bigint[], %s::integer[],"
+            " %s::text[], %s::bytea[], %s, %s)"
+        )
+        self._write_batch_sql = q(
+            "SELECT * FROM {schema}.guard_write_batch(%s::text[], %s::bigint[], %s::text[],"
+            " %s::integer[], %s::text[], %s::bytea[], %s)"
+        )
         self._read_sql = q(
             "SELECT value, token FROM {schema}.data WHERE resource = %s AND key = %s"
         )
@@ -92,6 +125,59 @@ class PostgresStore:
         )
         assert row is not None  # guard_write always returns one row
         return WriteResult(int(row[0]), replayed=bool(row[1]))
+
+    async def write_many(
+        self,
+        writes: Sequence[ResourceWrite],
+        idempotency_key: str = "",
+        mode: FenceMode = FenceMode.MONOTONIC,
+    ) -> ManyResult:
+        op_index, keys, values = _flat_ops(writes)
+        row = await self._db.fetchone(
+            self._write_many_sql,
+            (
+                [w.resource for w in writes],
+                [w.token for w in writes],
+                op_index,
+                keys,
+                values,
+                idempotency_key,
+                mode.value,
+            ),
+        )
+        assert row is not None  # guard_write_many always returns one row
+        return ManyResult(tuple(int(f) for f in row[0]), replayed=bool(row[1]))
+
+    async def write_batch(
+        self, writes: Sequence[BatchedWrite], mode: FenceMode = FenceMode.MONOTONIC
+    ) -> list[Verdict]:
+        if mode is FenceMode.STRICT:
+            raise InvalidArgumentError("strict writes are not batched", field="mode")
+        if not writes:
+            return []
+        op_index, keys, values = _flat_ops(writes)
+        row = await self._db.fetchone(
+            self._write_batch_sql,
+            (
+                [w.resource for w in writes],
+                [w.token for w in writes],
+                [w.idempotency_key for w in writes],
+                op_index,
+                keys,
+                values,
+                mode.value,
+            ),
+        )
+        assert row is not None  # guard_write_batch always returns one row
+        verdicts: list[Verdict] = []
+        for w, outcome, fence in zip(writes, row[0], row[1], strict=True):
+            if outcome == "stale":
+                verdicts.append(
+                    StaleTokenError(resource=w.resource, token=w.token, current_token=int(fence))
+                )
+            else:
+                verdicts.append(WriteResult(int(fence), replayed=outcome == "replayed"))
+        return verdicts
 
     async def read(self, resource: str, key: str) -> Record | None:
         row = await self._db.fetchone(self._read_sql, (resource, key))

@@ -13,6 +13,13 @@ holds only when the guard and the lease server use the same Redis (or cluster)
 and the same key prefix; pointed anywhere else, strict mode finds no live lease and
 rejects every write (it fails closed).
 
+**Multi-resource writes** (``write_many.lua``) touch every resource's keys in one
+script: atomic on one Redis; on a Redis Cluster only when every resource hashes to
+the same slot, and refused with ``INVALID_ARGUMENT`` otherwise (a script cannot
+span slots, and anything else would not be atomic). **Batches** of independent
+writes (``write_batch.lua``, the guard's group commit) go out as one pipeline of
+scripts on one Redis, and as one chain of scripts per hash slot on a cluster.
+
 **Idempotency keys** are kept for ``idempotency_ttl_s`` (default 24 h; also
 ``?idempotency_ttl=<seconds>`` in the URL) and then expire by Redis's TTL. A replay
 needs the key to be still remembered: keep the TTL longer than clients retry.
@@ -29,6 +36,7 @@ backend): a Redis that forgets a fence lets a stale token write again.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -37,22 +45,73 @@ from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
+from redis.crc import key_slot
 
 from fencing import _redis
 from fencing._redis import Client, RedisTarget, ResourceKeys, driver_errors, text
 from fencing.errors import InvalidArgumentError, StaleTokenError
 from fencing.types import Op, Put, Record
 from guard.fence import FenceMode
-from guard.stores.base import WriteResult
+from guard.stores.base import BatchedWrite, ManyResult, ResourceWrite, Verdict, WriteResult
 
 log = logging.getLogger(__name__)
 
 _LUA = "guard.lua"
-WRITE_LUA = _redis.load_lua(_LUA, "write")
+WRITE_LUA = _redis.load_lua(_LUA, "write", helpers=("fenced",))
+WRITE_MANY_LUA = _redis.load_lua(_LUA, "write_many", helpers=("fenced",))
+WRITE_BATCH_LUA = _redis.load_lua(_LUA, "write_batch", helpers=("fenced",))
+#: Writes per write_batch.lua call: bounds how long one call keeps Redis busy.
+BATCH_CHUNK = 256
 FENCE_LUA = _redis.load_lua(_LUA, "fence")
 PRUNE_LUA = _redis.load_lua(_LUA, "prune")
 
 DEFAULT_IDEMPOTENCY_TTL_S = 24 * 3600
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Call:
+    """One write_batch.lua call: which writes of the batch, and its keys and arguments."""
+
+    writes: list[int]
+    keys: list[str]
+    args: list[Any]
+
+
+def _op_args(ops: Sequence[Op]) -> list[Any]:
+    args: list[Any] = []
+    for op in ops:
+        if isinstance(op, Put):
+            args += ["P", op.key, op.value]
+        else:
+            args += ["D", op.key, ""]
+    return args
+
+
+def _verdict(resource: str, token: int, outcome: str, fence: int) -> Verdict:
+    if outcome == "ok":
+        return WriteResult(fence)
+    if outcome == "replayed":
+        return WriteResult(fence, replayed=True)
+    if outcome == "not_live":
+        return StaleTokenError(
+            f"token {token} is not the live lease of {resource!r} (strict mode)",
+            resource=resource,
+            token=token,
+            current_token=fence,
+        )
+    return StaleTokenError(resource=resource, token=token, current_token=fence)
+
+
+async def _chains(script: AsyncScript, chains: list[list[int]], calls: list[_Call]) -> list[Any]:
+    """Run each chain's calls one after another, the chains concurrently; replies in order."""
+    replies: list[Any] = [None] * len(calls)
+
+    async def run(chain: list[int]) -> None:
+        for n in chain:
+            replies[n] = await script(keys=calls[n].keys, args=calls[n].args)
+
+    await asyncio.gather(*(run(chain) for chain in chains))
+    return replies
 
 
 class RedisStore:
@@ -68,6 +127,7 @@ class RedisStore:
 
     name = "redis"
     supports_strict = True
+    commit_concurrency = 4
 
     def __init__(
         self,
@@ -106,6 +166,8 @@ class RedisStore:
         self._client = client
         self._scripts = {
             "write": client.register_script(WRITE_LUA),
+            "write_many": client.register_script(WRITE_MANY_LUA),
+            "write_batch": client.register_script(WRITE_BATCH_LUA),
             "fence": client.register_script(FENCE_LUA),
             "prune": client.register_script(PRUNE_LUA),
         }
@@ -151,30 +213,113 @@ class RedisStore:
             "1" if idempotency_key else "0",
             self.idempotency_ttl_ms,
             len(ops),
+            *_op_args(ops),
         ]
-        for op in ops:
-            if isinstance(op, Put):
-                args += ["P", op.key, op.value]
-            else:
-                args += ["D", op.key, ""]
         outcome, fence = await self._run(
             "write",
             [keys.fence, keys.data, keys.idempotency(idempotency_key), keys.lease],
             args,
         )
-        kind = text(outcome)
-        if kind == "ok":
-            return WriteResult(int(fence))
-        if kind == "replayed":
-            return WriteResult(int(fence), replayed=True)
+        verdict = _verdict(resource, token, text(outcome), int(fence))
+        if isinstance(verdict, StaleTokenError):
+            raise verdict
+        return verdict
+
+    async def write_many(
+        self,
+        writes: Sequence[ResourceWrite],
+        idempotency_key: str = "",
+        mode: FenceMode = FenceMode.MONOTONIC,
+    ) -> ManyResult:
+        # Sorted, so the script judges (and names the first stale) in sorted order.
+        order = sorted(range(len(writes)), key=lambda i: writes[i].resource)
+        resource_keys = [ResourceKeys(self.prefix, writes[i].resource) for i in order]
+        if self.cluster and len({key_slot(k.fence.encode()) for k in resource_keys}) > 1:
+            raise InvalidArgumentError(
+                "on a Redis Cluster a multi-resource write is atomic only within one hash "
+                "slot, and these resources live in different slots: use one resource, a "
+                "standalone Redis, or PostgreSQL",
+                field="writes",
+            )
+        keys: list[str] = []
+        for k in resource_keys:
+            keys += [k.fence, k.data, k.idempotency(idempotency_key), k.lease]
+        args: list[Any] = [
+            mode.value,
+            "1" if idempotency_key else "0",
+            self.idempotency_ttl_ms,
+            len(writes),
+            order.index(0) + 1,
+        ]
+        for i in order:
+            args += [str(writes[i].token), len(writes[i].ops), *_op_args(writes[i].ops)]
+        reply = await self._run("write_many", keys, args)
+        kind = text(reply[0])
+        if kind in ("ok", "replayed"):
+            fences = [0] * len(writes)
+            for position, i in enumerate(order):
+                fences[i] = int(reply[1 + position])
+            return ManyResult(tuple(fences), replayed=kind == "replayed")
+        w = writes[order[int(reply[1]) - 1]]
+        fence = int(reply[2])
         if kind == "not_live":
             raise StaleTokenError(
-                f"token {token} is not the live lease of {resource!r} (strict mode)",
-                resource=resource,
-                token=token,
-                current_token=int(fence),
+                f"token {w.token} is not the live lease of {w.resource!r} (strict mode)",
+                resource=w.resource,
+                token=w.token,
+                current_token=fence,
             )
-        raise StaleTokenError(resource=resource, token=token, current_token=int(fence))
+        raise StaleTokenError(resource=w.resource, token=w.token, current_token=fence)
+
+    async def write_batch(
+        self, writes: Sequence[BatchedWrite], mode: FenceMode = FenceMode.MONOTONIC
+    ) -> list[Verdict]:
+        """write_batch.lua calls of up to BATCH_CHUNK writes. On one Redis they go out in
+        one pipeline (one round trip, run in order); on a cluster, one chain of calls per
+        hash slot (each slot's writes in order), the slots concurrently."""
+        if self._client is None:
+            raise RuntimeError("RedisStore is not open")
+        keyed = [(w, ResourceKeys(self.prefix, w.resource)) for w in writes]
+        groups: dict[int, list[int]] = {}
+        for i, (_, k) in enumerate(keyed):
+            groups.setdefault(key_slot(k.fence.encode()) if self.cluster else 0, []).append(i)
+        calls: list[_Call] = []
+        chains: list[list[int]] = []
+        for indexes in groups.values():
+            chains.append([])
+            for start in range(0, len(indexes), BATCH_CHUNK):
+                chunk = indexes[start : start + BATCH_CHUNK]
+                keys: list[str] = []
+                args: list[Any] = [mode.value, self.idempotency_ttl_ms, len(chunk)]
+                for i in chunk:
+                    w, k = keyed[i]
+                    keys += [k.fence, k.data, k.idempotency(w.idempotency_key), k.lease]
+                    args += [
+                        str(w.token),
+                        "1" if w.idempotency_key else "0",
+                        len(w.ops),
+                        *_op_args(w.ops),
+                    ]
+                chains[-1].append(len(calls))
+                calls.append(_Call(chunk, keys, args))
+        script = self._scripts["write_batch"]
+        with driver_errors("write_batch"):
+            if self.cluster:
+                replies = await _chains(script, chains, calls)
+            else:
+                # AsyncScript takes a pipeline at run time (typed for clients only).
+                pipe: Any = self._client.pipeline(transaction=False)
+                for call in calls:
+                    await script(keys=call.keys, args=call.args, client=pipe)
+                replies = await pipe.execute()
+        verdicts: list[Verdict | None] = [None] * len(writes)
+        for call, reply in zip(calls, replies, strict=True):
+            for position, i in enumerate(call.writes):
+                w = writes[i]
+                verdicts[i] = _verdict(
+                    w.resource, w.token, text(reply[2 * position]), int(reply[2 * position + 1])
+                )
+        return [v for v in verdicts if v is not None]
 
     async def read(self, resource: str, key: str) -> Record | None:
         keys = ResourceKeys(self.prefix, resource)

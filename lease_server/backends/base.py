@@ -63,10 +63,20 @@ backend says ``event_log_scope = "resource"`` (the default is ``"global"``), so
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-from lease_server.leases import EventPage, Grant, Held, LeaseEvent, LeaseInfo, Scope
+from fencing.errors import LeaseLost
+from lease_server.leases import (
+    EventPage,
+    Grant,
+    Held,
+    LeaseEvent,
+    LeaseInfo,
+    ReleaseItem,
+    RenewItem,
+    Scope,
+)
 
 
 class LeaseBackend(Protocol):
@@ -172,6 +182,35 @@ class EventLog(Protocol):
         so a backend that cannot observe other processes (SQLite shared by two
         servers) is still followed, only later. The callback must not block.
         """
+
+
+@runtime_checkable
+class LeaseBatches(Protocol):
+    """Many leases in one atomic step: AcquireMany, and sessions (RenewMany, ReleaseMany).
+
+    Implemented by the same object as :class:`LeaseBackend` (every backend here
+    does). A backend without it still serves the batch RPCs, one call per lease
+    (:class:`lease_server.batches.OneByOne`): correct, but N round trips instead of
+    one, and an AcquireMany that backs out by releasing what it took instead of
+    never taking it. With an event log, each lease's change appends its events
+    exactly as the single call would, in the same transaction.
+    """
+
+    async def acquire_many(
+        self, resources: Sequence[str], holder: str, ttl_ms: int, request_id: str
+    ) -> list[Grant] | Held:
+        """Acquire every resource (distinct, sorted by the caller) in one transaction.
+
+        All or nothing (:func:`lease_server.leases.acquire_all`): either every
+        resource is granted (or replayed), or nothing changes and the first held
+        resource in sorted order is returned. Locks are taken in sorted order.
+        """
+
+    async def renew_many(self, items: Sequence[RenewItem]) -> list[Grant | LeaseLost]:
+        """Renew each lease as ``renew`` would, in one transaction; one outcome each."""
+
+    async def release_many(self, items: Sequence[ReleaseItem]) -> list[LeaseLost | None]:
+        """Release each lease as ``release`` would, in one transaction; None when released."""
 
 
 @runtime_checkable

@@ -7,8 +7,9 @@ the front by ``prune_events``. Listeners are called synchronously after each app
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from fencing.errors import LeaseLost
 from lease_server import leases
 from lease_server.clock import Clock, SystemClock
 from lease_server.leases import (
@@ -18,6 +19,8 @@ from lease_server.leases import (
     LeaseEvent,
     LeaseInfo,
     LeaseRecord,
+    ReleaseItem,
+    RenewItem,
     Scope,
     Transition,
 )
@@ -90,6 +93,46 @@ class MemoryBackend:
 
     async def describe(self, resource: str) -> LeaseInfo:
         return leases.describe(self._get(resource), self._clock.now_ms())
+
+    # -- many at once (no await inside: each is one atomic step) ----------------------------
+
+    async def acquire_many(
+        self, resources: Sequence[str], holder: str, ttl_ms: int, request_id: str
+    ) -> list[Grant] | Held:
+        now = self._clock.now_ms()
+        old = [self._get(r) for r in resources]
+        new, outcome = leases.acquire_all(old, holder, ttl_ms, request_id, now)
+        for before, after in zip(old, new, strict=True):
+            self._put(before, after, now)
+        return outcome
+
+    async def renew_many(self, items: Sequence[RenewItem]) -> list[Grant | LeaseLost]:
+        now = self._clock.now_ms()
+        outcomes: list[Grant | LeaseLost] = []
+        for item in items:
+            old = self._get(item.resource)
+            try:
+                new, grant = leases.renew(old, item.token, item.holder, item.ttl_ms, now)
+            except LeaseLost as exc:
+                outcomes.append(exc)
+                continue
+            self._put(old, new, now)
+            outcomes.append(grant)
+        return outcomes
+
+    async def release_many(self, items: Sequence[ReleaseItem]) -> list[LeaseLost | None]:
+        now = self._clock.now_ms()
+        outcomes: list[LeaseLost | None] = []
+        for item in items:
+            old = self._get(item.resource)
+            try:
+                new = leases.release(old, item.token, item.holder, now)
+            except LeaseLost as exc:
+                outcomes.append(exc)
+                continue
+            self._put(old, new, now)
+            outcomes.append(None)
+        return outcomes
 
     def on_release(self, callback: Callable[[str], None]) -> None:
         # Only this process changes this state: the service already wakes its own waiters.

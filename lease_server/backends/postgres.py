@@ -43,15 +43,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import psycopg
 from psycopg import sql
 
 from fencing.errors import FencingError, LeaseLost
-from fencing.pg import DEFAULT_SCHEMA, PgConfig, PostgresDatabase, migrate
-from lease_server.leases import EventKind, EventPage, Grant, Held, LeaseEvent, LeaseInfo, Scope
+from fencing.pg import (
+    DEFAULT_SCHEMA,
+    LEASE_HELD_SQLSTATE,
+    PgConfig,
+    PostgresDatabase,
+    migrate,
+)
+from lease_server.leases import (
+    EventKind,
+    EventPage,
+    Grant,
+    Held,
+    LeaseEvent,
+    LeaseInfo,
+    ReleaseItem,
+    RenewItem,
+    Scope,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +93,16 @@ class PostgresBackend:
         self._renew_sql = q("SELECT * FROM {schema}.lease_renew_logged(%s, %s, %s, %s)")
         self._release_sql = q("SELECT * FROM {schema}.lease_release_logged(%s, %s, %s)")
         self._describe_sql = q("SELECT * FROM {schema}.lease_describe(%s)")
+        self._acquire_many_sql = q(
+            "SELECT * FROM {schema}.lease_acquire_many(%s::text[], %s, %s, %s)"
+        )
+        self._renew_many_sql = q(
+            "SELECT * FROM {schema}.lease_renew_many(%s::text[], %s::bigint[], %s::text[],"
+            " %s::bigint[])"
+        )
+        self._release_many_sql = q(
+            "SELECT * FROM {schema}.lease_release_many(%s::text[], %s::bigint[], %s::text[])"
+        )
         self._channels_sql = q("SELECT {schema}.lease_channel(), {schema}.lease_events_channel()")
         self._head_sql = q("SELECT head FROM {schema}.lease_event_log WHERE id = 1")
         self._events_sql = q("SELECT * FROM {schema}.lease_events_after(%s, %s, %s, %s)")
@@ -140,6 +167,60 @@ class PostgresBackend:
         assert row is not None  # lease_describe always returns one row
         held, holder, token, remaining_ms, last_token = row
         return LeaseInfo(resource, held, holder, token, remaining_ms, last_token)
+
+    # -- many at once (0007_lease_batches.sql): one statement each, events appended -----------
+
+    async def acquire_many(
+        self, resources: Sequence[str], holder: str, ttl_ms: int, request_id: str
+    ) -> list[Grant] | Held:
+        try:
+            rows = await self._db.fetchall(
+                self._acquire_many_sql, (list(resources), holder, ttl_ms, request_id)
+            )
+        except psycopg.Error as exc:
+            if exc.sqlstate != LEASE_HELD_SQLSTATE:
+                raise
+            detail = json.loads(exc.diag.message_detail or "{}")
+            return Held(
+                str(detail.get("resource", "")),
+                str(detail.get("holder", "")),
+                int(detail.get("token", 0)),
+                max(0, int(detail.get("remaining_ms", 0))),
+            )
+        self._appended(max((int(row[4]) for row in rows), default=0))
+        got = {r: Grant(r, holder, int(t), int(ms), bool(again)) for r, again, t, ms, _ in rows}
+        return [got[r] for r in resources]
+
+    async def renew_many(self, items: Sequence[RenewItem]) -> list[Grant | LeaseLost]:
+        rows = await self._db.fetchall(
+            self._renew_many_sql,
+            (
+                [i.resource for i in items],
+                [i.token for i in items],
+                [i.holder for i in items],
+                [i.ttl_ms for i in items],
+            ),
+        )
+        self._appended(max((int(row[2]) for row in rows), default=0))
+        holders = {int(row[0]): row[1] for row in rows}
+        return [
+            Grant(i.resource, holders[n], i.token, i.ttl_ms)
+            if n in holders
+            else LeaseLost(resource=i.resource, token=i.token)
+            for n, i in enumerate(items, start=1)
+        ]
+
+    async def release_many(self, items: Sequence[ReleaseItem]) -> list[LeaseLost | None]:
+        rows = await self._db.fetchall(
+            self._release_many_sql,
+            ([i.resource for i in items], [i.token for i in items], [i.holder for i in items]),
+        )
+        self._appended(max((int(row[1]) for row in rows), default=0))
+        released = {int(row[0]) for row in rows}
+        return [
+            None if n in released else LeaseLost(resource=i.resource, token=i.token)
+            for n, i in enumerate(items, start=1)
+        ]
 
     # -- the event log -----------------------------------------------------------------------
 

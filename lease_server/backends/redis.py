@@ -93,13 +93,14 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
+from redis.crc import key_slot
 
 from fencing import _redis
 from fencing._redis import (
@@ -110,14 +111,27 @@ from fencing._redis import (
     driver_errors,
     text,
 )
-from fencing.errors import LeaseLost
-from lease_server.leases import EventKind, EventPage, Grant, Held, LeaseEvent, LeaseInfo, Scope
+from fencing.errors import InvalidArgumentError, LeaseLost
+from lease_server.leases import (
+    EventKind,
+    EventPage,
+    Grant,
+    Held,
+    LeaseEvent,
+    LeaseInfo,
+    ReleaseItem,
+    RenewItem,
+    Scope,
+)
 
 log = logging.getLogger(__name__)
 
 _LUA = "lease_server.lua"
 _LOG = ("eventlog",)
-ACQUIRE_LUA = _redis.load_lua(_LUA, "acquire", helpers=_LOG)
+ACQUIRE_LUA = _redis.load_lua(_LUA, "acquire", helpers=(*_LOG, "lease"))
+ACQUIRE_MANY_LUA = _redis.load_lua(_LUA, "acquire_many", helpers=(*_LOG, "lease"))
+#: Renewals or releases per pipeline: each is its own script (and its own events).
+PIPELINE_CHUNK = 1000
 RENEW_LUA = _redis.load_lua(_LUA, "renew", helpers=_LOG)
 RELEASE_LUA = _redis.load_lua(_LUA, "release", helpers=_LOG)
 DESCRIBE_LUA = _redis.load_lua(_LUA, "describe")
@@ -207,6 +221,7 @@ class RedisBackend:
             "acquire": client.register_script(ACQUIRE_LUA),
             "renew": client.register_script(RENEW_LUA),
             "release": client.register_script(RELEASE_LUA),
+            "acquire_many": client.register_script(ACQUIRE_MANY_LUA),
             "describe": client.register_script(DESCRIBE_LUA),
             "expire": client.register_script(EXPIRE_LUA),
             "events": client.register_script(EVENTS_LUA),
@@ -304,6 +319,123 @@ class RedisBackend:
         if text(outcome) != "released":
             raise LeaseLost(resource=resource, token=token)
         self._appended(resource, int(revision))
+
+    # -- many at once ------------------------------------------------------------------------
+
+    async def acquire_many(
+        self, resources: Sequence[str], holder: str, ttl_ms: int, request_id: str
+    ) -> list[Grant] | Held:
+        """One acquire_many.lua call: atomic on one Redis; on a cluster only when every
+        resource hashes to one slot (``InvalidArgumentError`` otherwise)."""
+        ordered = sorted(resources)
+        resource_keys = [ResourceKeys(self.prefix, r) for r in ordered]
+        if self.cluster and len({key_slot(k.lease.encode()) for k in resource_keys}) > 1:
+            raise InvalidArgumentError(
+                "on a Redis Cluster AcquireMany is atomic only within one hash slot, and "
+                "these resources live in different slots: acquire them one by one, or use a "
+                "standalone Redis or PostgreSQL",
+                field="resources",
+            )
+        keys: list[str] = []
+        for k in resource_keys:
+            keys += [k.lease, k.counter]
+        logs = [self._log_keys(k) for k in resource_keys]
+        for log_keys in logs:
+            keys += log_keys
+        reply = await self._run(
+            "acquire_many",
+            "acquire_many",
+            keys,
+            [
+                holder,
+                ttl_ms,
+                request_id,
+                "1" if self.clock_floor else "0",
+                len(ordered),
+                len(logs[0]),
+                *self._log_args(),
+                *ordered,
+            ],
+        )
+        if text(reply[0]) == "held":
+            _, i, token, ms, who = reply
+            return Held(ordered[int(i) - 1], text(who), int(token), max(0, int(ms)))
+        got: dict[str, Grant] = {}
+        for n, resource in enumerate(ordered):
+            outcome, token, ms, revision = reply[1 + 4 * n : 5 + 4 * n]
+            self._appended(resource, int(revision))
+            got[resource] = Grant(
+                resource, holder, int(token), max(0, int(ms)), text(outcome) == "replayed"
+            )
+        return [got[r] for r in resources]
+
+    async def renew_many(self, items: Sequence[RenewItem]) -> list[Grant | LeaseLost]:
+        """renew.lua per lease (each with its RENEWED), pipelined: one round trip per
+        PIPELINE_CHUNK on one Redis; on a cluster the calls go out concurrently."""
+        replies = await self._each(
+            "renew",
+            [
+                (
+                    [ResourceKeys(self.prefix, i.resource).lease],
+                    i.resource,
+                    [str(i.token), i.holder, i.ttl_ms, i.resource],
+                )
+                for i in items
+            ],
+        )
+        outcomes: list[Grant | LeaseLost] = []
+        for item, (outcome, who, revision) in zip(items, replies, strict=True):
+            if text(outcome) == "renewed":
+                self._appended(item.resource, int(revision))
+                outcomes.append(Grant(item.resource, text(who), item.token, item.ttl_ms))
+            else:
+                outcomes.append(LeaseLost(resource=item.resource, token=item.token))
+        return outcomes
+
+    async def release_many(self, items: Sequence[ReleaseItem]) -> list[LeaseLost | None]:
+        """release.lua per lease (each with its RELEASED and wake-up), pipelined as
+        :meth:`renew_many`."""
+        replies = await self._each(
+            "release",
+            [
+                (
+                    [ResourceKeys(self.prefix, i.resource).lease],
+                    i.resource,
+                    [str(i.token), i.holder, self.channel, i.resource],
+                )
+                for i in items
+            ],
+        )
+        outcomes: list[LeaseLost | None] = []
+        for item, (outcome, revision) in zip(items, replies, strict=True):
+            if text(outcome) == "released":
+                self._appended(item.resource, int(revision))
+                outcomes.append(None)
+            else:
+                outcomes.append(LeaseLost(resource=item.resource, token=item.token))
+        return outcomes
+
+    async def _each(self, script: str, calls: list[tuple[list[str], str, list[Any]]]) -> list[Any]:
+        """Run ``script`` once per call (own keys, the resource, own args; the event log's
+        keys and arguments added), every reply in order."""
+        if self._client is None:
+            raise RuntimeError("RedisBackend is not open")
+        registered = self._scripts[script]
+        full = [
+            (own + self._log_keys(ResourceKeys(self.prefix, resource)), args + self._log_args())
+            for own, resource, args in calls
+        ]
+        with driver_errors(script):
+            if self.cluster:
+                return list(await asyncio.gather(*(registered(keys=k, args=a) for k, a in full)))
+            replies: list[Any] = []
+            for start in range(0, len(full), PIPELINE_CHUNK):
+                # AsyncScript takes a pipeline at run time (typed for clients only).
+                pipe: Any = self._client.pipeline(transaction=False)
+                for keys, args in full[start : start + PIPELINE_CHUNK]:
+                    await registered(keys=keys, args=args, client=pipe)
+                replies += await pipe.execute()
+            return replies
 
     async def describe(self, resource: str) -> LeaseInfo:
         keys = ResourceKeys(self.prefix, resource)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fencing._sqlite import SQLiteDatabase
+from fencing.errors import LeaseLost
 from lease_server import leases
 from lease_server.clock import Clock, SystemClock
 from lease_server.leases import (
@@ -29,6 +30,8 @@ from lease_server.leases import (
     LeaseEvent,
     LeaseInfo,
     LeaseRecord,
+    ReleaseItem,
+    RenewItem,
     Scope,
     Transition,
 )
@@ -130,6 +133,36 @@ def _change(
     return _append(conn, leases.transitions(old, new, now_ms))
 
 
+def _change_all(
+    conn: sqlite3.Connection,
+    old: Sequence[LeaseRecord],
+    new: Sequence[LeaseRecord],
+    now_ms: int,
+) -> list[LeaseEvent]:
+    """Store every changed record and append all their transitions with one append.
+
+    (Records of one batch are distinct resources, so their order does not matter.)
+    """
+    changes: list[Transition] = []
+    rows = []
+    for before, after in zip(old, new, strict=True):
+        if after != before:
+            rows.append(
+                (
+                    after.resource,
+                    after.counter,
+                    after.holder,
+                    after.token,
+                    after.expires_at_ms,
+                    after.request_id,
+                )
+            )
+            changes += leases.transitions(before, after, now_ms)
+    if rows:
+        conn.executemany(_UPSERT, rows)
+    return _append(conn, changes)
+
+
 def _event(row: tuple[int, str, str, int, str, int]) -> LeaseEvent:
     revision, kind, resource, token, holder, ttl_ms = row
     return LeaseEvent(revision, EventKind(kind), resource, token, holder, ttl_ms)
@@ -192,6 +225,65 @@ class SQLiteBackend:
             return leases.describe(_load(conn, resource), self._clock.now_ms())
 
         return await self._db.query(q)
+
+    # -- many at once: one transaction, one commit, the events appended together -------------
+
+    async def acquire_many(
+        self, resources: Sequence[str], holder: str, ttl_ms: int, request_id: str
+    ) -> list[Grant] | Held:
+        def tx(conn: sqlite3.Connection) -> tuple[list[Grant] | Held, list[LeaseEvent]]:
+            now = self._clock.now_ms()
+            old = [_load(conn, r) for r in resources]
+            new, outcome = leases.acquire_all(old, holder, ttl_ms, request_id, now)
+            return outcome, _change_all(conn, old, new, now)
+
+        outcome, events = await self._db.transaction(tx)
+        self._notify(events)
+        return outcome
+
+    async def renew_many(self, items: Sequence[RenewItem]) -> list[Grant | LeaseLost]:
+        def tx(conn: sqlite3.Connection) -> tuple[list[Grant | LeaseLost], list[LeaseEvent]]:
+            now = self._clock.now_ms()
+            outcomes: list[Grant | LeaseLost] = []
+            old: list[LeaseRecord] = []
+            new: list[LeaseRecord] = []
+            for item in items:
+                record = _load(conn, item.resource)
+                try:
+                    renewed, grant = leases.renew(record, item.token, item.holder, item.ttl_ms, now)
+                except LeaseLost as exc:
+                    outcomes.append(exc)
+                    continue
+                old.append(record)
+                new.append(renewed)
+                outcomes.append(grant)
+            return outcomes, _change_all(conn, old, new, now)
+
+        outcomes, events = await self._db.transaction(tx)
+        self._notify(events)
+        return outcomes
+
+    async def release_many(self, items: Sequence[ReleaseItem]) -> list[LeaseLost | None]:
+        def tx(conn: sqlite3.Connection) -> tuple[list[LeaseLost | None], list[LeaseEvent]]:
+            now = self._clock.now_ms()
+            outcomes: list[LeaseLost | None] = []
+            old: list[LeaseRecord] = []
+            new: list[LeaseRecord] = []
+            for item in items:
+                record = _load(conn, item.resource)
+                try:
+                    released = leases.release(record, item.token, item.holder, now)
+                except LeaseLost as exc:
+                    outcomes.append(exc)
+                    continue
+                old.append(record)
+                new.append(released)
+                outcomes.append(None)
+            return outcomes, _change_all(conn, old, new, now)
+
+        outcomes, events = await self._db.transaction(tx)
+        self._notify(events)
+        return outcomes
 
     def on_release(self, callback: Callable[[str], None]) -> None:
         # Only this process changes this state: the service already wakes its own waiters.

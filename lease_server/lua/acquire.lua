@@ -1,5 +1,5 @@
 -- acquire.lua: grant a free or expired lease, replay a retried request, or report the holder;
--- a grant appends its events (eventlog.lua) in the same script.
+-- a grant appends its events (eventlog.lua) in the same script (steps in lease.lua).
 --
 -- KEYS[1]  <prefix>:{<tag>}:lease    hash holder/token/request_id; PEXPIREAT = its expiry
 -- KEYS[2]  <prefix>:{<tag>}:counter  last token issued, decimal; never expires or is deleted
@@ -18,40 +18,13 @@
 --                  'held'     (someone else's unexpired lease; ms = time left);
 --          revision '0' when nothing was appended.
 --
--- A lease is live while its hash exists: Redis expires it by its own clock. The
--- counter is bumped by INCR (exact 64-bit, errors rather than wrap at 2^63 - 1).
-local lease = redis.call('HMGET', KEYS[1], 'holder', 'token', 'request_id')
-if lease[2] then
-  local left = redis.call('PTTL', KEYS[1])
-  if ARGV[3] ~= '' and lease[3] == ARGV[3] and lease[1] == ARGV[1] then
-    return {'replayed', lease[2], left, lease[1], '0'}
-  end
-  return {'held', lease[2], left, lease[1], '0'}
+-- A lease is live while its hash exists: Redis expires it by its own clock.
+local seen = lease_seen(KEYS[1], ARGV[1], ARGV[3])
+if seen then
+  seen[5] = '0'
+  return seen
 end
-local resource = ARGV[5]
--- Taking over a lease that expired unlogged: its EXPIRED comes first.
-local owed = redis.call('HGET', KEYS[6], resource)
-if owed then
-  local old_token, old_holder = owed_split(owed)
-  log_append(KEYS[3], KEYS[4], 'expired', resource, old_token, old_holder, '0')
-end
-redis.call('INCR', KEYS[2])
-local token = redis.call('GET', KEYS[2])
-if ARGV[4] == '1' then
-  local floor = now_us()
-  if decimal_lt(token, floor) then
-    redis.call('SET', KEYS[2], floor)
-    token = floor
-  end
-end
-local expires = string.format('%d', tonumber(now_ms()) + tonumber(ARGV[2]))
-redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', token, 'request_id', ARGV[3])
-redis.call('PEXPIREAT', KEYS[1], expires)
-redis.call('HSET', KEYS[6], resource, token .. ':' .. ARGV[1])
-if KEYS[7] then
-  redis.call('ZADD', KEYS[7], expires, resource)
-end
-local revision = log_append(KEYS[3], KEYS[4], 'acquired', resource, token, ARGV[1], ARGV[2])
-log_trim(KEYS[3], KEYS[5], revision, ARGV[6])
-log_publish(ARGV[7], ARGV[8], revision, resource)
+local token, revision = lease_grant(KEYS[1], KEYS[2], {KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]},
+                                    ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1', ARGV[5],
+                                    ARGV[6], ARGV[7], ARGV[8])
 return {'granted', token, tonumber(ARGV[2]), ARGV[1], revision}

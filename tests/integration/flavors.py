@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from fencing import AsyncGuardClient, AsyncLease, AsyncLeaseClient
 from fencing.client import LeaseEvent, LeaseState, WriteResult
+from fencing.client._writes import ManyResult
 from fencing.types import Fenced, Op, Record
 
 T = TypeVar("T")
@@ -158,6 +159,11 @@ class SyncGuardClient:
 
     def describe_fence(self, resource: str) -> int:
         return self._portal.call(self.client.describe_fence(resource))
+
+    def write_many(
+        self, writes: Sequence[tuple[Fenced, Sequence[Op] | Op]], *, idempotency_key: str = ""
+    ) -> ManyResult:
+        return self._portal.call(self.client.write_many(writes, idempotency_key=idempotency_key))
 
 
 def _guards(guards: Sequence[Any]) -> list[Any]:

@@ -14,11 +14,13 @@ from grpc_status import rpc_status
 
 from fencing import (
     BackendUnavailableError,
+    Claim,
     GuardClient,
     InvalidArgumentError,
     LeaseClient,
     LeaseLost,
     PermissionDeniedError,
+    Put,
     TLSConfig,
     UnauthenticatedError,
 )
@@ -229,3 +231,32 @@ def test_bearer_tokens_never_travel_in_the_clear_across_a_network() -> None:
         LeaseClient("10.1.2.3:50051", token="secret")
     with pytest.raises(InvalidArgumentError, match="either credentials or tls"):
         GuardClient("127.0.0.1:1", token="t", credentials=grpc.local_channel_credentials())
+
+
+def test_multi_resource_and_streamed_writes_are_authorized_per_resource(
+    token_servers: RunningServers,
+) -> None:
+    """WriteMany needs a grant on every resource it names; a WriteStream judges each
+    write on its own (a write outside the grants gets PERMISSION_DENIED as its verdict)."""
+    with GuardClient(token_servers.guard_address, token="alice-token") as alice:
+        result = alice.write_many(
+            [(Claim("orders/1", 1), Put("k", b"v")), (Claim("orders/2", 1), Put("k", b"v"))]
+        )
+        assert result.fences == {"orders/1": 1, "orders/2": 1}
+        with pytest.raises(PermissionDeniedError):
+            alice.write_many(
+                [(Claim("orders/3", 1), Put("k", b"v")), (Claim("billing/1", 1), Put("k", b"v"))]
+            )
+        assert alice.read("orders/3", "k") is None
+        with alice.stream() as stream:
+            allowed = stream.submit(Claim("orders/4", 1), Put("k", b"v"))
+            denied = stream.submit(Claim("billing/2", 1), Put("k", b"v"))
+            assert allowed.result(10).fence == 1
+            with pytest.raises(PermissionDeniedError):
+                denied.result(10)
+    with (
+        GuardClient(token_servers.guard_address, token="bob-token") as bob,
+        bob.stream() as stream,
+        pytest.raises(PermissionDeniedError),
+    ):
+        stream.write(Claim("orders/5", 1), Put("k", b"v"), timeout=10)

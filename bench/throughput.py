@@ -1,0 +1,264 @@
+"""Guarded writes per second against the backend's own check-and-write, in one run.
+
+For PostgreSQL and for Redis (each skipped when unreachable), every row one op per
+write unless it says otherwise, each writer on its own resource:
+
+* **direct** (the baseline): the guard's own check-and-write sent straight from this
+  process: psycopg calling ``guard_write`` on N connections; redis-py pipelines of
+  ``write.lua`` (32 calls per round trip) from N tasks;
+* **Write**: the guard (another process) answering unary ``Write`` calls from N clients;
+* **WriteStream**: S streams with W writers each (:class:`AsyncWriteStream`); the
+  guard's group commit packs what arrives together into shared transactions
+  (:mod:`guard.commit`), so one round trip and one commit serve many writes;
+* the same with ``--workers 2`` (two guard processes on one port, SO_REUSEPORT);
+* **100 ops per call**: one write of 100 puts, direct and through ``Write``.
+
+Each guard row also says how much CPU the guard used (cores: CPU seconds per second).
+The question the ratios answer: what share of what the backend itself does for the
+same check-and-write reaches a client through the guard?
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import grpc.aio
+import psycopg
+from psycopg import sql
+
+from bench import postgres as pg_bench
+from bench import redis as redis_bench
+from bench.harness import Result, Server, measure, progress, server
+from fencing import _redis
+from fencing.client.async_write_stream import AsyncWriteStream
+from fencing.types import Claim, Put
+from fencing.v1 import guard_pb2, guard_pb2_grpc
+from guard.stores.redis import WRITE_LUA
+
+VALUE = b"v" * 64
+BIG = 100  # ops in one write of the "100 ops per call" rows
+#: WriteStream shape: streams x writers per stream.
+STREAMS = 4
+WRITERS = 64
+
+
+def _put(key: str = "k") -> guard_pb2.Op:
+    return guard_pb2.Op(put=guard_pb2.Put(key=key, value=VALUE))
+
+
+async def through_guard(
+    guard: Server,
+    label: str,
+    direct: str,
+    clients: int,
+    duration: float,
+    *,
+    streams: int = STREAMS,
+    writers: int = WRITERS,
+    unary: bool = True,
+    big: str = "",
+) -> list[Result]:
+    """Unary Write (N clients), WriteStream (S x W) and, with ``big``, Write of 100 ops."""
+    results: list[Result] = []
+    channels = [grpc.aio.insecure_channel(guard.address) for _ in range(max(clients, streams))]
+    stubs = [guard_pb2_grpc.GuardServiceStub(c) for c in channels]
+    try:
+        if unary:
+            requests = [
+                guard_pb2.WriteRequest(resource=f"tp-{label}-{i}", token=1, ops=[_put()])
+                for i in range(clients)
+            ]
+
+            async def write(i: int) -> None:
+                await stubs[i].Write(requests[i])
+
+            progress(f"{label}: Write, {clients} clients")
+            results.append(
+                await _with_cpu(
+                    guard, measure(f"{label}: Write", write, clients, duration, baseline=direct)
+                )
+            )
+        opened = [AsyncWriteStream(c) for c in channels[:streams]]
+        async with contextlib.AsyncExitStack() as stack:
+            for stream in opened:
+                await stack.enter_async_context(stream)
+            n = streams * writers
+            claims = [Claim(f"ts-{label}-{i}", 1) for i in range(n)]
+            op = Put("k", VALUE)
+
+            async def streamed(i: int) -> None:
+                await opened[i % streams].write(claims[i], op)
+
+            name = f"{label}: WriteStream {streams}x{writers}"
+            progress(f"{name} writers")
+            results.append(
+                await _with_cpu(guard, measure(name, streamed, n, duration, baseline=direct))
+            )
+        if big:
+            requests = [
+                guard_pb2.WriteRequest(
+                    resource=f"tb-{label}-{i}", token=1, ops=[_put(f"k{j}") for j in range(BIG)]
+                )
+                for i in range(clients)
+            ]
+
+            async def write_big(i: int) -> None:
+                await stubs[i].Write(requests[i])
+
+            progress(f"{label}: Write of {BIG} ops, {clients} clients")
+            results.append(
+                await _with_cpu(
+                    guard,
+                    measure(
+                        f"{label}: Write, {BIG} ops per call",
+                        write_big,
+                        clients,
+                        duration,
+                        per_call=BIG,
+                        baseline=big,
+                    ),
+                )
+            )
+    finally:
+        for c in channels:
+            await c.close()
+    return results
+
+
+async def _with_cpu(guard: Server, measuring: Any) -> Result:
+    """Run a measurement and note the guard's CPU use (cores) during it."""
+    cpu0, t0 = guard.cpu_seconds(), time.perf_counter()
+    result: Result = await measuring
+    cores = (guard.cpu_seconds() - cpu0) / (time.perf_counter() - t0)
+    return replace(result, note=f"guard {cores:.2f} cores")
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------
+
+PG_DIRECT = "pg direct: guard_write (psycopg)"
+PG_DIRECT_BIG = f"pg direct: guard_write, {BIG} ops per call"
+
+
+async def postgres(clients: int, duration: float, dsn: str, workers: Sequence[int]) -> list[Result]:
+    try:
+        await (await psycopg.AsyncConnection.connect(dsn, connect_timeout=3)).close()
+    except psycopg.OperationalError as exc:
+        raise ConnectionError(f"no PostgreSQL to measure: {exc}") from exc
+    results: list[Result] = []
+    async with pg_bench.bench_schema(dsn) as schema:
+        call = sql.SQL("SELECT * FROM {}.guard_write(%s, %s, %s, %s, '', 'monotonic')").format(
+            sql.Identifier(schema)
+        )
+        async with pg_bench.connections(dsn, clients) as conns:
+
+            async def direct(i: int) -> None:
+                await conns[i].execute(call, (f"pd-{i}", 1, ["k"], [VALUE]))
+
+            keys = [f"k{j}" for j in range(BIG)]
+            values = [VALUE] * BIG
+
+            async def direct_big(i: int) -> None:
+                await conns[i].execute(call, (f"pb-{i}", 1, keys, values))
+
+            progress(f"{PG_DIRECT}, {clients} connections")
+            results.append(await measure(PG_DIRECT, direct, clients, duration))
+            progress(f"{PG_DIRECT_BIG}, {clients} connections")
+            results.append(
+                await measure(PG_DIRECT_BIG, direct_big, clients, duration, per_call=BIG)
+            )
+        url = f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
+        for n in workers:
+            label = "pg guard" if n == 1 else f"pg guard x{n} workers"
+            with server("guard", "--store", url, "--workers", str(n)) as guard:
+                results += await through_guard(
+                    guard,
+                    label,
+                    PG_DIRECT,
+                    clients,
+                    duration,
+                    unary=n == 1,
+                    big=PG_DIRECT_BIG if n == 1 else "",
+                )
+    return results
+
+
+# -- Redis --------------------------------------------------------------------------------------
+
+REDIS_DIRECT = "redis direct: write.lua pipelined x32 (redis-py)"
+REDIS_DIRECT_BIG = f"redis direct: write.lua, {BIG} ops per call"
+
+
+async def _redis_big(url: str, clients: int, duration: float, prefix: str) -> Result:
+    client = await _redis.connect(_redis.parse_url(url))
+    try:
+        sha = await client.script_load(WRITE_LUA)
+        ops: list[Any] = []
+        for j in range(BIG):
+            ops += ["P", f"k{j}", VALUE]
+
+        def call_args(i: int) -> list[Any]:
+            keys = _redis.ResourceKeys(prefix, f"rb-{i}")
+            return [keys.fence, keys.data, keys.idempotency(""), keys.lease]
+
+        per_task = [[*call_args(i), "1", "monotonic", "0", 1000, BIG, *ops] for i in range(clients)]
+
+        async def op(i: int) -> None:
+            await client.evalsha(sha, 4, *per_task[i])
+
+        return await measure(REDIS_DIRECT_BIG, op, clients, duration, per_call=BIG)
+    finally:
+        await client.aclose()
+
+
+async def redis(clients: int, duration: float, url: str, workers: Sequence[int]) -> list[Result]:
+    prefix = f"tput{os.getpid()}"
+    results: list[Result] = []
+    try:
+        progress(f"{REDIS_DIRECT}, {clients} clients")
+        direct = await redis_bench.write_script(url, clients, duration, prefix, depth=32)
+        results.append(replace(direct, name=REDIS_DIRECT, baseline=""))
+        progress(f"{REDIS_DIRECT_BIG}, {clients} clients")
+        results.append(await _redis_big(url, clients, duration, prefix))
+        store_url = f"{url}{'&' if '?' in url else '?'}prefix={prefix}"
+        for n in workers:
+            label = "redis guard" if n == 1 else f"redis guard x{n} workers"
+            with server("guard", "--store", store_url, "--workers", str(n)) as guard:
+                results += await through_guard(
+                    guard,
+                    label,
+                    REDIS_DIRECT,
+                    clients,
+                    duration,
+                    unary=n == 1,
+                    big=REDIS_DIRECT_BIG if n == 1 else "",
+                )
+    except OSError as exc:
+        raise ConnectionError(f"no Redis to measure: {exc}") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            await redis_bench.drop(url, prefix)
+    return results
+
+
+async def run(
+    clients: Sequence[int],
+    duration: float,
+    *,
+    dsn: str | None = None,
+    url: str | None = None,
+    workers: Sequence[int] = (1, 2),
+    only: Sequence[str] = ("postgres", "redis"),
+) -> list[Result]:
+    """Both backends (each skipped with a note if unreachable), at the largest client count."""
+    n = max(clients)
+    results: list[Result] = []
+    if "postgres" in only:
+        results += await postgres(n, duration, dsn or pg_bench.default_dsn(), workers)
+    if "redis" in only:
+        results += await redis(n, duration, url or redis_bench.default_url(), workers)
+    return results

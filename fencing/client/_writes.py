@@ -1,0 +1,129 @@
+"""The I/O-free half of multi-resource and streamed writes, shared by the sync and asyncio
+twins (:mod:`fencing.client.write_stream`, :mod:`fencing.client.async_write_stream`).
+
+A write stream keeps a :class:`StreamBook`: writes wait in it until the sender packs
+everything waiting into one ``WriteStreamRequest`` (coalescing: the more writers, the
+fuller each message), each under an id; the reader hands every verdict back to the
+waiter of its id. The twins only move messages and wake waiters.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from fencing import _status
+from fencing.client._core import WriteResult, op_to_proto, ops_list, write_request
+from fencing.errors import FencingError, InvalidArgumentError
+from fencing.limits import MAX_STREAM_WRITES
+from fencing.types import Fenced, Op
+from fencing.v1 import guard_pb2
+
+W = TypeVar("W")  # whatever a twin wakes a writer with (a Future)
+
+
+# -- WriteMany --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ManyResult:
+    """The fences after a multi-resource write, by resource; ``replayed`` if its
+    idempotency key matched an earlier one (nothing was applied again)."""
+
+    fences: dict[str, int]
+    replayed: bool
+
+
+def write_many_request(
+    writes: Iterable[tuple[Fenced, Sequence[Op] | Op]], idempotency_key: str = ""
+) -> guard_pb2.WriteManyRequest:
+    return guard_pb2.WriteManyRequest(
+        writes=[
+            guard_pb2.ResourceWrite(
+                resource=fenced.resource,
+                token=fenced.token,
+                ops=[op_to_proto(op) for op in ops_list(ops)],
+            )
+            for fenced, ops in writes
+        ],
+        idempotency_key=idempotency_key,
+    )
+
+
+def many_result(msg: guard_pb2.WriteManyResponse) -> ManyResult:
+    return ManyResult({f.resource: f.fence for f in msg.fences}, msg.replayed)
+
+
+# -- WriteStream ------------------------------------------------------------------------------
+
+
+def outcome(verdict: guard_pb2.WriteVerdict) -> WriteResult | FencingError:
+    """A verdict as what ``write`` would have returned, or the exception it would raise."""
+    if verdict.WhichOneof("outcome") == "ok":
+        return WriteResult(verdict.ok.fence, verdict.ok.replayed)
+    error = verdict.error
+    return _status.from_fields(error.reason, error.message, dict(error.metadata))
+
+
+class StreamBook(Generic[W]):
+    """Writes waiting to be sent, and writes sent and waiting for their verdict.
+
+    Not thread-safe: the sync twin guards it with a lock, the async twin runs it on
+    one loop.
+    """
+
+    def __init__(self, max_batch: int = MAX_STREAM_WRITES) -> None:
+        if not 1 <= max_batch <= MAX_STREAM_WRITES:
+            raise InvalidArgumentError(
+                f"max_batch must be 1..{MAX_STREAM_WRITES}", field="max_batch"
+            )
+        self.max_batch = max_batch
+        self._next_id = 1
+        self._queued: deque[tuple[int, guard_pb2.WriteRequest]] = deque()
+        self._waiting: dict[int, W] = {}
+
+    def add(self, fenced: Fenced, ops: Sequence[Op] | Op, idempotency_key: str, waiter: W) -> None:
+        """Queue one write; ``waiter`` is handed back with its verdict."""
+        request = write_request(fenced, ops_list(ops), idempotency_key)
+        write_id = self._next_id
+        self._next_id += 1
+        self._queued.append((write_id, request))
+        self._waiting[write_id] = waiter
+
+    @property
+    def queued(self) -> int:
+        return len(self._queued)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._waiting)
+
+    def take(self) -> guard_pb2.WriteStreamRequest | None:
+        """The next message: everything queued, up to ``max_batch`` writes; None if empty."""
+        if not self._queued:
+            return None
+        writes: list[guard_pb2.StreamedWrite] = []
+        while self._queued and len(writes) < self.max_batch:
+            write_id, request = self._queued.popleft()
+            writes.append(guard_pb2.StreamedWrite(id=write_id, write=request))
+        return guard_pb2.WriteStreamRequest(writes=writes)
+
+    def settle(
+        self, response: guard_pb2.WriteStreamResponse
+    ) -> list[tuple[W, WriteResult | FencingError]]:
+        """Each verdict of ``response`` with the waiter of its write."""
+        settled = []
+        for verdict in response.verdicts:
+            waiter = self._waiting.pop(verdict.id, None)
+            if waiter is not None:
+                settled.append((waiter, outcome(verdict)))
+        return settled
+
+    def abandon(self) -> list[W]:
+        """The stream ended: every waiter still without a verdict (queued or sent)."""
+        waiters = list(self._waiting.values())
+        self._waiting.clear()
+        self._queued.clear()
+        return waiters
