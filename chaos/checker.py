@@ -31,11 +31,26 @@ run invalid). All rules are per resource.
       window (a former holder may write until the new holder's first write or
       promise) and is not flagged. In ``promise`` mode the workload must record the
       acquire's completion only after its promises returned (the SDK's
-      ``hold(..., fence=[...])``), because that is when the promise starts to hold.
+      ``hold(..., fence=[...])``), because that is when the promise starts to hold;
+      in ``watch`` mode only once it saw the guard's fence reach the token (the
+      event's delivery delay is the documented window). An acquire whose
+      completion carries ``extra["fenced"] == 0`` (the client gave up waiting for
+      that) is no barrier.
 
-   ``mode="off"`` (the guard's unfenced control) gets rule 3a only; pass the mode
-   the run claims to test instead, so the control is judged by the same rules and
-   shows what fencing prevents.
+   c. (every mode) seen by a read: an ``ok`` read (any, not only a final one) of a
+      key returned the value of a write W with token ``t``, although an ``ok`` write
+      W2 of that key with a token ``t' > t`` had completed before the read was
+      invoked, and W was not known to be applied before W2 (W did not complete
+      ``ok`` before W2 was invoked; that case is a lost W2, rule 4). Then W was
+      applied after W2, below the fence W2 set. This catches writes that were
+      delayed in the network and landed late, whatever their recorded outcome
+      (a timed-out ``info`` write, or one of a killed client): timing alone cannot
+      order them, the read can. W2s that may have been deduplicated (rule 4) are
+      not counted; values are assumed unique per write (a retry may repeat one).
+
+   ``mode="off"`` (the guard's unfenced control) gets rules 3a and 3c only; pass
+   the mode the run claims to test instead, so the control is judged by the same
+   rules and shows what fencing prevents.
 4. ``lost-write`` (durability and order of acknowledged writes): for every final
    read (an ``ok`` read with ``extra["final"] == 1``, taken after all clients
    stopped), with ``value`` ``None`` meaning "not found":
@@ -43,9 +58,11 @@ run invalid). All rules are per resource.
    - a value must be the value of some ``ok`` or ``info`` write of that key (a value
      only a ``fail`` write carried means a rejected write took effect);
    - that write W must not be overwritten in real time: no ``ok`` write W2 of the
-     key was invoked after W completed. A W2 whose idempotency key an earlier-invoked
-     ``ok``/``info`` write already carried is not counted, since the guard may have
-     deduplicated it into a no-op (G6). Values are assumed unique per write;
+     key was invoked after W completed ``ok`` (an ``info`` W may have landed after
+     its client gave up, so it never counts as completed). A W2 whose idempotency
+     key an earlier-invoked ``ok``/``info`` write already carried is not counted,
+     since the guard may have deduplicated it into a no-op (G6). Values are
+     assumed unique per write;
    - "not found" is flagged when an ``ok`` write of the key exists.
 5. ``duplicate-effect`` (G6): a final read of a key named ``effect/...`` holds a
    comma-separated list of idempotency keys, each appended by a read-modify-write;
@@ -69,6 +86,7 @@ Cost: O(n log n): group by resource, sort, sweep with running maxima.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import statistics
@@ -205,7 +223,9 @@ def check(events: Iterable[Event], *, mode: str) -> CheckResult:
         acquires = [o for o in rops if o.op == "acquire" and o.ok and o.token is not None]
         violations += _duplicate_tokens(resource, acquires)
         violations += _token_order(resource, acquires, clock)
-        violations += _stale_writes(resource, rops, mode, clock)
+        stale = _stale_writes(resource, rops, mode, clock)
+        violations += stale
+        violations += _stale_reads(resource, rops, clock, {v.op_ids[0] for v in stale})
         violations += _lost_writes(resource, rops)
         violations += _duplicate_effects(resource, rops)
     return CheckResult(mode=mode, violations=tuple(violations), stats=_measure(ops, by_resource))
@@ -287,7 +307,14 @@ def _stale_writes(
 ) -> list[Violation]:
     barrier_ops = {"write", "fence"} | ({"acquire"} if mode in GRANT_FENCED_MODES else set())
     barriers = sorted(
-        (o for o in rops if o.op in barrier_ops and o.ok and o.token is not None),
+        (
+            o
+            for o in rops
+            if o.op in barrier_ops
+            and o.ok
+            and o.token is not None
+            and not (o.op == "acquire" and o.extra.get("fenced") == 0)
+        ),
         key=lambda o: o.end_ns,
     )
     writes = [o for o in rops if o.op == "write" and o.ok and o.token is not None]
@@ -317,6 +344,75 @@ def _stale_writes(
                 )
             )
     return out
+
+
+def _stale_reads(
+    resource: str, rops: Sequence[Operation], at: _Clock, flagged: set[str]
+) -> list[Violation]:
+    """Rule 3c: a read saw a value written below the token of a write completed before it.
+
+    ``flagged``: writes rule 3a already reported; a read seeing one adds nothing.
+    """
+    writes = [o for o in rops if o.op == "write" and o.key is not None and o.token is not None]
+    if not writes:
+        return []
+    suspects = _maybe_deduplicated(writes)
+    sources: dict[tuple[str, str], list[Operation]] = defaultdict(list)
+    for w in writes:
+        if not w.fail and w.value is not None:
+            sources[(w.key or "", w.value)].append(w)
+    # Per key: ok writes that certainly applied themselves, by completion time, with a
+    # running "highest token so far" to answer "best write completed before t" by bisection.
+    ends: dict[str, list[float]] = {}
+    best_so_far: dict[str, list[Operation]] = {}
+    by_key: dict[str, list[Operation]] = defaultdict(list)
+    for w in writes:
+        if w.ok and w.op_id not in suspects:
+            by_key[w.key or ""].append(w)
+    for key, kw in by_key.items():
+        kw.sort(key=lambda o: o.end_ns)
+        ends[key] = [o.end_ns for o in kw]
+        running: list[Operation] = []
+        for o in kw:
+            running.append(o if not running or _tok(o) > _tok(running[-1]) else running[-1])
+        best_so_far[key] = running
+    out = []
+    reported = set(flagged)  # one violation per late write, however many reads saw it
+    for r in sorted(rops, key=lambda o: o.start_ns):
+        if r.op != "read" or not r.ok or r.value is None or r.key is None:
+            continue
+        candidates = sources.get((r.key, r.value))
+        if not candidates or r.key not in ends:
+            continue
+        i = bisect.bisect_left(ends[r.key], r.start_ns)
+        if i == 0:
+            continue
+        best = best_so_far[r.key][i - 1]
+        if all(
+            _tok(s) < _tok(best) and not (s.ok and s.end_ns < best.start_ns) for s in candidates
+        ):
+            src = max(candidates, key=lambda o: o.start_ns)
+            if src.op_id in reported:
+                continue
+            reported.add(src.op_id)
+            out.append(
+                Violation(
+                    ViolationKind.STALE_WRITE_ACCEPTED,
+                    resource,
+                    f"read {r.op_id} ({r.process}) invoked at {at(r.start_ns)} saw {r.key!r} "
+                    f"= {r.value!r} from write {src.op_id} ({src.process}, {src.type}) with "
+                    f"token {_tok(src)}, which therefore landed after write {best.op_id} "
+                    f"({best.process}) with token {_tok(best)} completed at "
+                    f"{at(best.end_ns)}",
+                    (src.op_id, r.op_id, best.op_id),
+                )
+            )
+    return out
+
+
+def _settled(w: Operation) -> float:
+    """When a write is known to have taken effect: its ok completion, else never for sure."""
+    return w.end_ns if w.ok else math.inf
 
 
 # -- rule 4 ------------------------------------------------------------------
@@ -392,7 +488,7 @@ def _lost_writes(resource: str, rops: Sequence[Operation]) -> list[Violation]:
                 )
             )
             continue
-        if last is not None and all(last.start_ns > w.end_ns for w in sources):
+        if last is not None and all(last.start_ns > _settled(w) for w in sources):
             src = max(sources, key=lambda w: w.end_ns)
             out.append(
                 Violation(

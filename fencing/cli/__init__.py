@@ -10,11 +10,11 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from fencing.cli import demo, healthcheck, migrate, ops, outbox, queue, serve
+from fencing.cli import chaos, demo, healthcheck, migrate, ops, outbox, queue, serve
 
 Command = Callable[[argparse.Namespace], int]
 
-MODULES = [serve, ops, queue, outbox, migrate, healthcheck, demo]
+MODULES = [serve, ops, queue, outbox, migrate, healthcheck, demo, chaos]
 
 
 def parser() -> argparse.ArgumentParser:

@@ -415,6 +415,33 @@ def test_accepted_stale_write_is_flagged(sim: Sim, data: st.DataObject) -> None:
         assert result.violations[0].op_ids[0] == "intruder:1"
 
 
+@MUT
+@given(simulations(), st.data())
+def test_late_write_seen_by_a_read_is_flagged(sim: Sim, data: st.DataObject) -> None:
+    barriers = [o for o in ok_ops(sim, "write") if o.key in KEYS]
+    if not barriers:
+        return
+    b = data.draw(st.sampled_from(barriers))
+    assert isinstance(b.end_ns, int)
+    assert b.token is not None
+    # A write of unknown outcome below b's token, and a read after b that shows it.
+    events = [
+        *sim.events,
+        *make_op(
+            "intruder", "intruder:1", "write", b.resource, 1, None, "info",
+            token=b.token - TOKEN_STEP // 2, key=b.key, value="late",
+        ),
+        *make_op(
+            "observer", "observer:1", "read", b.resource, b.end_ns + 1, b.end_ns + 2, "ok",
+            key=b.key, value="late",
+        ),
+    ]  # fmt: skip
+    for mode in modes_for(sim):
+        result = check(events, mode=mode)
+        assert result.kinds() == {ViolationKind.STALE_WRITE_ACCEPTED}
+        assert result.violations[0].op_ids[:2] == ("intruder:1", "observer:1")
+
+
 def final_reads(events: list[Event]) -> list[Event]:
     """The completion events of the final reads (``final=1`` is on their invocations)."""
     final = {o.op_id for o in pair_operations(events) if o.extra.get("final") == 1}
@@ -613,6 +640,15 @@ def test_old_holder_write_after_takeover_is_the_monotonic_window_but_flagged_wit
         assert "granted token" in result.violations[0].detail
 
 
+def test_an_acquire_not_yet_seen_fenced_is_no_barrier() -> None:
+    h = History()
+    h.op("a", "acquire", "r", 0, 1, token=1)
+    h.op("b", "acquire", "r", 4, 5, token=2, fenced=0)  # the watch guard had not caught up
+    h.op("a", "write", "r", 6, 7, token=1, key="k", value="a2")
+    for mode in GRANT_FENCED_MODES:
+        assert h.check(mode).valid, mode
+
+
 def test_monotonic_window_closes_at_the_new_holders_first_write() -> None:
     h = History()
     h.op("a", "acquire", "r", 0, 1, token=1)
@@ -636,6 +672,77 @@ def test_unfenced_control_run_is_flagged_when_checked_as_the_mode_under_test() -
     assert not result.valid
     assert result.kinds() == {ViolationKind.STALE_WRITE_ACCEPTED}
     assert "INVALID" in result.summary()
+
+
+def test_late_write_seen_by_a_read_after_a_newer_write_is_flagged_in_every_mode() -> None:
+    # A write delayed in the network: its client timed out (info), a newer holder
+    # wrote, then the old write landed; a later read shows it.
+    h = History()
+    late = h.op("a", "write", "r", 0, 1, "info", token=1, key="k", value="a")
+    newer = h.op("b", "write", "r", 5, 6, token=2, key="k", value="b")
+    read = h.op("o", "read", "r", 8, 9, key="k", value="a")
+    for mode in (*ALL_MODES, "off"):
+        result = h.check(mode)
+        assert result.kinds() == {ViolationKind.STALE_WRITE_ACCEPTED}, mode
+        assert result.violations[0].op_ids == (late, read, newer)
+        assert "landed after" in result.violations[0].detail
+
+
+def test_late_write_of_a_killed_client_seen_by_the_final_read_is_flagged() -> None:
+    h = History()
+    h.op("a", "write", "r", 0, None, "info", token=1, key="k", value="a")  # killed
+    h.op("b", "write", "r", 5, 6, token=2, key="k", value="b")
+    h.op("z", "read", "r", 20, 21, key="k", value="a", final=1)
+    assert h.check().kinds() == {ViolationKind.STALE_WRITE_ACCEPTED}
+
+
+def test_read_may_see_a_lower_token_before_the_newer_write_completed() -> None:
+    h = History()
+    h.op("a", "write", "r", 0, 1, "info", token=1, key="k", value="a")
+    h.op("b", "write", "r", 5, 9, token=2, key="k", value="b")
+    h.op("o", "read", "r", 6, 7, key="k", value="a")  # concurrent with b's write
+    h.op("o", "read", "r", 10, 11, key="k", value="b")
+    assert h.check().valid
+
+
+def test_read_of_an_overwritten_ok_value_is_a_lost_write_not_a_late_one() -> None:
+    # a's write completed before b's began: it cannot have landed after it. Seeing it
+    # again means b's write was lost (rule 4 on final reads), not that a's was late.
+    h = History()
+    h.op("a", "write", "r", 0, 1, token=1, key="k", value="a")
+    h.op("b", "write", "r", 5, 6, token=2, key="k", value="b")
+    h.op("o", "read", "r", 8, 9, key="k", value="a")
+    assert h.check().valid
+    h.op("z", "read", "r", 20, 21, key="k", value="a", final=1)
+    assert h.check().kinds() == {ViolationKind.LOST_WRITE}
+
+
+def test_equal_tokens_and_other_keys_do_not_fence_a_read_value() -> None:
+    h = History()
+    h.op("a", "write", "r", 0, 1, "info", token=2, key="k", value="a")
+    h.op("b", "write", "r", 5, 6, token=2, key="k", value="b")
+    h.op("b", "write", "r", 5, 6, token=3, key="j", value="c")
+    h.op("o", "read", "r", 8, 9, key="k", value="a")
+    assert h.check().valid
+
+
+def test_a_possibly_deduplicated_write_does_not_fence_a_read_value() -> None:
+    h = History()
+    h.op("a", "write", "r", 0, 1, "info", token=1, key="effect/e", value="x", idempotency_key="x")
+    # A retry under a newer token, deduplicated by the guard: it applied nothing.
+    h.op("a", "write", "r", 2, 3, token=2, key="effect/e", value="x,x", idempotency_key="x")
+    h.op("o", "read", "r", 8, 9, key="effect/e", value="x")
+    assert h.check().valid
+
+
+def test_stale_write_caught_by_timing_is_not_reported_again_by_its_readers() -> None:
+    h = History()
+    h.op("b", "write", "r", 0, 1, token=2, key="k", value="b")
+    stale = h.op("a", "write", "r", 2, 3, token=1, key="k", value="a")
+    h.op("o", "read", "r", 4, 5, key="k", value="a")
+    h.op("o", "read", "r", 6, 7, key="k", value="a")
+    result = h.check()
+    assert [v.op_ids[0] for v in result.violations] == [stale]
 
 
 # -- rule 4: lost-write ---------------------------------------------------------------
@@ -687,6 +794,16 @@ def test_write_of_unknown_outcome_may_or_may_not_have_landed() -> None:
         h.op("a", "write", "r", 2, None, "info", token=1, key="k", value="v2")  # killed
         h.op("z", "read", "r", 10, 11, key="k", value=final, final=1)
         assert h.check().valid, final
+
+
+def test_write_of_unknown_outcome_may_land_after_its_client_gave_up() -> None:
+    # a's first write timed out; it reached the guard after a's next write of the
+    # same token, so its value is the final one. Nothing was lost that was promised.
+    h = History()
+    h.op("a", "write", "r", 0, 1, "info", token=1, key="k", value="v1")
+    h.op("a", "write", "r", 2, 3, token=1, key="k", value="v2")
+    h.op("z", "read", "r", 10, 11, key="k", value="v1", final=1)
+    assert h.check().valid
 
 
 def test_only_unknown_writes_allow_not_found() -> None:

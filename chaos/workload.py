@@ -1,0 +1,647 @@
+"""The chaos workload: client processes contending for resources through leases and a guard.
+
+Run one client per process (``python -m chaos.workload --name c0 ...``); the harness
+starts N of them for M resources. Each client loops, bounded by ``--duration`` (no
+job starts after it, none runs on for more than 1.5 s past it) and ``--max-jobs``,
+and every random choice comes from ``--seed`` (and its name). A job
+picks a random resource; when it is held by someone else the client tries the next
+one instead, so a resource left by a dead or cut-off holder soon finds a taker::
+
+    hold(resource, ttl)                       acquire: ok (token, ttl_ms) / fail / info
+      repeat for the job's duration:
+        [lease.check()]                       before every step (--check step) or
+                                              only before the first (--check job)
+        read counter            -> n
+        prepare "n+1" (unique value id), note it in the journal
+        sleep (the work)                      the window a pause, delay or partition hits
+        write counter = "n+1"   with the lease's token
+        append an effect id to effect/log    read-modify-write with an idempotency key,
+                                              retried on an unknown outcome
+    release
+
+What a client does *not* do is the point: it never re-checks its lease between
+preparing a write and sending it, and with ``--check job`` never between steps,
+so a job that outlives its lease (a pause, a partition, a lease-server outage,
+a skewed clock) keeps writing with its old token. The harness tests the guard,
+the safety net, not the client's courtesy. A ``STALE_TOKEN`` (or, in strict mode,
+``LEASE_LOST``) from the guard ends the job: the guard told it to stop.
+
+Crash recovery: before a write is sent it is noted in the client's journal
+(``--journal-dir``) and the note is removed once the outcome is known. A client
+started again after a SIGKILL (``--incarnation`` > 0) first re-sends whatever the
+journal holds with the token and idempotency key it was prepared under, as an
+outbox would; the guard must reject it if a newer holder has written since, and
+deduplicate it if it had landed.
+
+Recording (see :mod:`chaos.history`): every call is an ``invoke`` then ``ok``,
+``fail`` (the server refused it as a whole) or ``info`` (timeout, unavailable:
+unknown outcome). An acquire's ``ok`` carries the token and ``ttl_ms``. It is
+recorded when the grant starts to fence older tokens at the guard, as the checker's
+rule 3b assumes: in ``promise`` mode after the promise (``Fence``) returned (the
+SDK's ``hold(..., fence=[guard])``); in ``watch`` mode after the client saw the
+guard's fence reach its token (``DescribeFence``, polled for at most
+``--await-fence`` seconds; if it never does, the acquire is recorded with
+``fenced=0`` and the checker does not count it as a barrier). A lease the SDK
+reports lost is recorded with :meth:`~chaos.history.Recorder.lost`. Reads record
+the value and ``written_by_token``. The harness records the final reads
+(:func:`record_final_reads`) after every client has stopped.
+
+Clock skew: the SDK's monotonic clock is a :class:`SkewedClock`. SIGUSR1 switches
+to ``--skew-rate`` and jumps by ``--skew-offset`` seconds; SIGUSR2 switches back to
+rate 1 (without jumping back). SIGTERM ends the loop after the current step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from enum import Enum
+from pathlib import Path
+from types import FrameType
+from typing import Any, Final
+
+import grpc
+
+from chaos.history import HistoryWriter, Recorder
+from fencing import (
+    BackendUnavailableError,
+    Claim,
+    DeadlineExceededError,
+    FencingError,
+    GuardClient,
+    Lease,
+    LeaseClient,
+    LeaseHeldError,
+    LeaseLost,
+    Put,
+    StaleTokenError,
+)
+from fencing.limits import MAX_MESSAGE_BYTES
+
+COUNTER_KEY: Final = "counter"
+"""The key every step reads, increments and writes back."""
+
+EFFECT_KEY: Final = "effect/log"
+"""Comma-separated idempotency keys, one appended per step (see the checker's rule 5)."""
+
+MAX_STEPS_PER_JOB: Final = 1000
+"""Hard bound on steps in one job, whatever the job's duration."""
+
+JOB_OVERRUN_S: Final = 1.5
+"""A job ends at most this long after ``--duration`` is over, however long it was drawn."""
+
+CHANNEL_OPTIONS: Final = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Reconnect quickly after a restart: the default backoff (1 s, growing to 120 s)
+    # would make a restarted server look down for seconds after it is back.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
+
+
+# -- the clock -----------------------------------------------------------------------
+
+
+class SkewedClock:
+    """A monotonic clock whose rate and offset can change at run time.
+
+    ``clock()`` is ``local0 + (base() - base0) * rate``; :meth:`set` re-anchors at
+    the current local time, then adds ``offset`` (a jump, which may go backwards:
+    a broken clock is exactly what the harness wants to show is harmless). State
+    is one tuple swapped atomically, so a signal handler can call :meth:`set` while
+    another thread reads the clock, without locks.
+    """
+
+    def __init__(self, base: Callable[[], float] = time.monotonic) -> None:
+        self._base = base
+        now = base()
+        self._state: tuple[float, float, float] = (now, now, 1.0)  # base0, local0, rate
+
+    def __call__(self) -> float:
+        base0, local0, rate = self._state
+        return local0 + (self._base() - base0) * rate
+
+    @property
+    def rate(self) -> float:
+        return self._state[2]
+
+    def set(self, rate: float, offset: float = 0.0) -> None:
+        """From now on run at ``rate`` (1 = real time), after jumping by ``offset`` s."""
+        if rate < 0:
+            raise ValueError("a clock rate must be >= 0")
+        local = self()
+        self._state = (self._base(), local + offset, rate)
+
+
+# -- configuration --------------------------------------------------------------------------
+
+
+def _range(text: str) -> tuple[float, float]:
+    lo, sep, hi = text.partition(":")
+    low = float(lo)
+    high = float(hi) if sep else low
+    if low < 0 or high < low:
+        raise argparse.ArgumentTypeError(f"expected LOW:HIGH with 0 <= LOW <= HIGH, got {text!r}")
+    return low, high
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """How clients behave: times in milliseconds as (low, high) uniform ranges.
+
+    ``check``: ``step`` calls ``lease.check()`` before every step, ``job`` only
+    before the first. ``guard_timeout_s``/``lease_timeout_s``: per-call deadlines.
+    """
+
+    ttl_ms: tuple[float, float] = (800, 1200)
+    job_ms: tuple[float, float] = (100, 600)
+    step_ms: tuple[float, float] = (40, 200)
+    idle_ms: tuple[float, float] = (0, 80)
+    check: str = "step"
+    acquire_timeout_s: float = 0.4
+    lease_timeout_s: float = 1.0
+    guard_timeout_s: float = 1.0
+    effect_retries: int = 3
+
+    def argv(self) -> list[str]:
+        """This profile as :func:`parser` flags."""
+
+        def rng(r: tuple[float, float]) -> str:
+            return f"{r[0]:g}:{r[1]:g}"
+
+        return [
+            "--ttl-ms",
+            rng(self.ttl_ms),
+            "--job-ms",
+            rng(self.job_ms),
+            "--step-ms",
+            rng(self.step_ms),
+            "--idle-ms",
+            rng(self.idle_ms),
+            "--check",
+            self.check,
+            "--acquire-timeout",
+            f"{self.acquire_timeout_s:g}",
+            "--lease-timeout",
+            f"{self.lease_timeout_s:g}",
+            "--guard-timeout",
+            f"{self.guard_timeout_s:g}",
+            "--effect-retries",
+            str(self.effect_retries),
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m chaos.workload",
+        description="One chaos workload client (started by the harness).",
+    )
+    p.add_argument("--name", required=True, help="client name, unique in the run")
+    p.add_argument("--lease", required=True, help="lease server host:port")
+    p.add_argument("--guard", required=True, help="guard host:port")
+    p.add_argument("--history-dir", type=Path, required=True)
+    p.add_argument("--journal-dir", type=Path, required=True)
+    p.add_argument("--resources", required=True, help="comma-separated resource names")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--duration", type=float, required=True, help="seconds to start jobs for")
+    p.add_argument("--max-jobs", type=int, default=10_000)
+    p.add_argument("--incarnation", type=int, default=0, help="restarts so far (harness)")
+    p.add_argument(
+        "--fence-mode",
+        choices=["monotonic", "promise", "watch", "strict"],
+        default="monotonic",
+        help="the mode under test: promise holds with fence=[guard]; watch waits for the "
+        "guard's fence to reach a new token before recording the acquire",
+    )
+    p.add_argument("--await-fence", type=float, default=1.0, help="watch mode: seconds")
+    p.add_argument("--skew-rate", type=float, default=1.0, help="clock rate on SIGUSR1")
+    p.add_argument("--skew-offset", type=float, default=0.0, help="clock jump (s) on SIGUSR1")
+    defaults = Profile()
+    p.add_argument("--ttl-ms", type=_range, default=defaults.ttl_ms)
+    p.add_argument("--job-ms", type=_range, default=defaults.job_ms)
+    p.add_argument("--step-ms", type=_range, default=defaults.step_ms)
+    p.add_argument("--idle-ms", type=_range, default=defaults.idle_ms)
+    p.add_argument("--check", choices=["step", "job"], default=defaults.check)
+    p.add_argument("--acquire-timeout", type=float, default=defaults.acquire_timeout_s)
+    p.add_argument("--lease-timeout", type=float, default=defaults.lease_timeout_s)
+    p.add_argument("--guard-timeout", type=float, default=defaults.guard_timeout_s)
+    p.add_argument("--effect-retries", type=int, default=defaults.effect_retries)
+    return p
+
+
+def process_name(name: str, incarnation: int) -> str:
+    """The history's process name (and lease holder) of a client's incarnation."""
+    return name if incarnation == 0 else f"{name}~{incarnation}"
+
+
+def client_of(holder: str) -> str:
+    """The client name behind a holder or process name (inverse of :func:`process_name`)."""
+    return holder.split("~", 1)[0]
+
+
+# -- the journal (crash recovery) ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """A write prepared under a token, noted before it is sent."""
+
+    resource: str
+    token: int
+    key: str
+    value: str
+    idempotency_key: str | None = None
+
+
+class Journal:
+    """One client's pending write, in ``DIR/NAME.json`` while it is outstanding.
+
+    The file exists exactly while a write is prepared but its outcome is not yet
+    known, which is what the harness looks for to kill a client mid-write.
+    """
+
+    def __init__(self, directory: Path, name: str) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"{name}.json"
+
+    def note(self, intent: Intent) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(intent)), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    def clear(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def pending(self) -> Intent | None:
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return Intent(**raw)
+
+
+def pending_write(journal_dir: Path, name: str) -> bool:
+    """True while client ``name`` has a write prepared and not yet answered."""
+    return (journal_dir / f"{name}.json").exists()
+
+
+# -- the client -------------------------------------------------------------------------------
+
+
+class Outcome(Enum):
+    OK = "ok"
+    UNKNOWN = "info"
+    REFUSED = "fail"
+    STOP = "stop"  # the guard said this token may no longer write
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, FencingError):
+        return exc.reason
+    if isinstance(exc, grpc.RpcError):
+        code = exc.code() if hasattr(exc, "code") else None
+        return code.name if code is not None else "RPC_ERROR"
+    return type(exc).__name__
+
+
+def _unknown(exc: BaseException) -> bool:
+    """Errors after which a request may or may not have taken effect."""
+    return isinstance(exc, BackendUnavailableError | DeadlineExceededError | grpc.RpcError)
+
+
+def parse_counter(value: str | None) -> int:
+    """The number in a counter value ``"N#who"`` (0 when absent or unreadable)."""
+    if not value:
+        return 0
+    head = value.split("#", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
+class Client:
+    """One workload client process: the loop described in the module docstring."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.name: str = args.name
+        self.process = process_name(args.name, args.incarnation)
+        self.resources = [r for r in args.resources.split(",") if r]
+        self.rng = random.Random(f"{args.seed}:{args.name}:{args.incarnation}")
+        self.clock = SkewedClock()
+        args.history_dir.mkdir(parents=True, exist_ok=True)
+        self.writer = HistoryWriter(args.history_dir / f"{self.process}.jsonl")
+        self.rec = Recorder(self.writer.write, self.process)
+        self.journal = Journal(args.journal_dir, args.name)
+        self.stopping = False
+        self.seq = 0
+        self.jobs_end = float("inf")
+        self._lease_channel = grpc.insecure_channel(args.lease, CHANNEL_OPTIONS)
+        self._guard_channel = grpc.insecure_channel(args.guard, CHANNEL_OPTIONS)
+        self.leases = LeaseClient(
+            args.lease,
+            holder=self.process,
+            rpc_timeout=args.lease_timeout,
+            clock=self.clock,
+            channel=self._lease_channel,
+        )
+        self.guard = GuardClient(
+            args.guard, rpc_timeout=args.guard_timeout, channel=self._guard_channel
+        )
+
+    def close(self) -> None:
+        self.leases.close()
+        self.guard.close()
+        self.writer.close()
+
+    # -- signals --
+
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGUSR1, self._on_skew)
+        signal.signal(signal.SIGUSR2, self._on_unskew)
+
+    def _on_term(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
+
+    def _on_skew(self, signum: int, frame: FrameType | None) -> None:
+        self.clock.set(self.args.skew_rate, self.args.skew_offset)
+
+    def _on_unskew(self, signum: int, frame: FrameType | None) -> None:
+        self.clock.set(1.0)
+
+    # -- the loop --
+
+    def run(self) -> None:
+        self.replay()
+        deadline = time.monotonic() + self.args.duration
+        # No job runs on for long after the last one may start (bounded in time).
+        self.jobs_end = deadline + JOB_OVERRUN_S
+        jobs = 0
+        resource = self.rng.choice(self.resources)
+        while not self.stopping and jobs < self.args.max_jobs and time.monotonic() < deadline:
+            if self.job(resource):
+                resource = self.rng.choice(self.resources)
+            else:
+                # Held by someone else: look for work elsewhere, so a resource whose
+                # holder is gone never waits long for a taker, whatever the seed.
+                i = self.resources.index(resource)
+                resource = self.resources[(i + 1) % len(self.resources)]
+            jobs += 1
+            self._sleep_ms(self.args.idle_ms)
+
+    def _sleep_ms(self, bounds: tuple[float, float]) -> None:
+        time.sleep(self.rng.uniform(*bounds) / 1000)
+
+    def _next(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def replay(self) -> None:
+        """Re-send the write a previous incarnation prepared and never saw answered."""
+        intent = self.journal.pending()
+        if intent is None:
+            return
+        self.write(Claim(intent.resource, intent.token), intent, replay=1)
+        self.journal.clear()
+
+    def job(self, resource: str) -> bool:
+        """One job on ``resource``; False if the lease was not acquired."""
+        ttl_s = self.rng.uniform(*self.args.ttl_ms) / 1000
+        job_s = self.rng.uniform(*self.args.job_ms) / 1000
+        op = self.rec.invoke("acquire", resource, ttl_ms=round(ttl_s * 1000))
+        acquired = False
+        promise = self.args.fence_mode == "promise"
+        hold_kw: dict[str, Any] = {"fence": [self.guard]} if promise else {}
+        try:
+            with self.leases.hold(
+                resource, ttl_s, timeout=self.args.acquire_timeout, **hold_kw
+            ) as lease:
+                acquired = True
+                if self.args.fence_mode == "watch":
+                    fenced = int(self.await_fence(lease))
+                    self.rec.complete(
+                        op, "ok", token=lease.token, ttl_ms=lease.ttl_ms, fenced=fenced
+                    )
+                else:
+                    self.rec.complete(op, "ok", token=lease.token, ttl_ms=lease.ttl_ms)
+                lease.on_lost(self._on_lost)
+                try:
+                    self.work(lease, job_s)
+                finally:
+                    self.release(lease)
+        except LeaseLost:
+            if not acquired:  # pragma: no cover - acquire never raises LeaseLost
+                self.rec.complete(op, "info", error="LEASE_LOST")
+            # Otherwise hold() reports the loss we already recorded, or our own release.
+        except LeaseHeldError as exc:
+            if acquired:
+                raise
+            self.rec.complete(op, "fail", error=exc.reason)
+        except Exception as exc:
+            if acquired:
+                raise
+            # Unavailable, deadline, or a promise that failed after the grant (the SDK
+            # then released the lease): a token may have been granted, so unknown.
+            self.rec.complete(op, "info", error=_reason(exc))
+            time.sleep(0.05)
+        return acquired
+
+    def await_fence(self, lease: Lease) -> bool:
+        """Watch mode: wait (bounded) until the guard's fence for the resource reached
+        the lease's token, i.e. the guard learnt of the grant from the lease server."""
+        end = time.monotonic() + self.args.await_fence
+        while True:
+            with contextlib.suppress(Exception):
+                if self.guard.describe_fence(lease.resource) >= lease.token:
+                    return True
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.002)
+
+    def _on_lost(self, lease: Lease) -> None:
+        self.rec.lost(lease.resource, lease.token)
+
+    def release(self, lease: Lease) -> None:
+        if lease.lost.is_set():
+            return  # already recorded as lost; nothing is sent
+        op = self.rec.invoke("release", lease.resource, token=lease.token)
+        try:
+            lease.release()
+        except LeaseLost as exc:
+            self.rec.complete(op, "fail", error=exc.reason)
+        except Exception as exc:
+            self.rec.complete(op, "info" if _unknown(exc) else "fail", error=_reason(exc))
+        else:
+            self.rec.complete(op, "ok")
+
+    def work(self, lease: Lease, job_s: float) -> None:
+        end = min(time.monotonic() + job_s, self.jobs_end)
+        for step in range(MAX_STEPS_PER_JOB):
+            if self.stopping:
+                return
+            if self.args.check == "step" or step == 0:
+                try:
+                    lease.check()
+                except LeaseLost:
+                    return  # recorded by the on_lost callback
+            if self.step(lease) is Outcome.STOP:
+                return
+            if time.monotonic() >= end:
+                return
+
+    def step(self, lease: Lease) -> Outcome:
+        resource = lease.resource
+        found, current = self.read(resource, COUNTER_KEY)
+        if not found:
+            self._sleep_ms(self.args.step_ms)  # keep the pace; the guard may be back soon
+            return Outcome.UNKNOWN
+        n = self._next()
+        intent = Intent(
+            resource, lease.token, COUNTER_KEY, f"{parse_counter(current) + 1}#{self.process}/{n}"
+        )
+        self.journal.note(intent)
+        self._sleep_ms(self.args.step_ms)  # the work: a pause here makes the write stale
+        outcome = self.write(lease, intent)
+        self.journal.clear()
+        if outcome is Outcome.STOP:
+            return outcome
+        return self.append_effect(lease, f"{self.process}/e{n}")
+
+    def append_effect(self, lease: Lease, effect_id: str) -> Outcome:
+        """Append ``effect_id`` to the effect log at most once, retrying unknown outcomes."""
+        outcome = Outcome.UNKNOWN
+        for attempt in range(max(1, self.args.effect_retries)):
+            if attempt:
+                time.sleep(0.05 * attempt)
+            found, current = self.read(lease.resource, EFFECT_KEY)
+            if not found:
+                continue
+            items = [x for x in (current or "").split(",") if x]
+            # A retry appends again even if the first attempt landed: the guard must
+            # recognise the idempotency key and apply nothing (G6).
+            value = ",".join([*items, effect_id])
+            intent = Intent(lease.resource, lease.token, EFFECT_KEY, value, effect_id)
+            self.journal.note(intent)
+            outcome = self.write(lease, intent)
+            self.journal.clear()
+            if outcome is not Outcome.UNKNOWN:
+                return outcome
+        return outcome
+
+    def read(self, resource: str, key: str) -> tuple[bool, str | None]:
+        """(outcome known, value or None if absent); recorded."""
+        op = self.rec.invoke("read", resource, key=key)
+        try:
+            record = self.guard.read(resource, key)
+        except Exception as exc:
+            self.rec.complete(op, "info" if _unknown(exc) else "fail", error=_reason(exc))
+            return False, None
+        if record is None:
+            self.rec.complete(op, "ok", value=None)
+            return True, None
+        value = record.value.decode()
+        self.rec.complete(op, "ok", value=value, written_by_token=record.written_by_token)
+        return True, value
+
+    def write(self, fenced: Lease | Claim, intent: Intent, **extra: int) -> Outcome:
+        op = self.rec.invoke(
+            "write",
+            intent.resource,
+            token=intent.token,
+            key=intent.key,
+            value=intent.value,
+            idempotency_key=intent.idempotency_key,
+            **extra,
+        )
+        try:
+            result = self.guard.write(
+                fenced,
+                Put(intent.key, intent.value.encode()),
+                idempotency_key=intent.idempotency_key or "",
+            )
+        except (StaleTokenError, LeaseLost) as exc:
+            self.rec.complete(op, "fail", error=exc.reason)
+            return Outcome.STOP
+        except Exception as exc:
+            if _unknown(exc):
+                self.rec.complete(op, "info", error=_reason(exc))
+                return Outcome.UNKNOWN
+            self.rec.complete(op, "fail", error=_reason(exc))
+            return Outcome.REFUSED
+        self.rec.complete(op, "ok", fence=result.fence, replayed=int(result.replayed))
+        return Outcome.OK
+
+
+# -- final reads (the harness) ---------------------------------------------------------------
+
+
+def record_final_reads(
+    guard_target: str,
+    resources: Sequence[str],
+    history_dir: Path,
+    *,
+    keys: Sequence[str] = (COUNTER_KEY, EFFECT_KEY),
+    attempts: int = 20,
+    timeout: float = 2.0,
+) -> int:
+    """Read every key of every resource once, after all clients stopped (``final=1``).
+
+    Each read is retried (bounded) until its outcome is known; returns how many
+    reads succeeded. Recorded as process ``final`` in ``history_dir/final.jsonl``.
+    """
+    done = 0
+    with (
+        HistoryWriter(history_dir / "final.jsonl") as writer,
+        GuardClient(guard_target, rpc_timeout=timeout) as guard,
+    ):
+        rec = Recorder(writer.write, "final")
+        for resource in resources:
+            for key in keys:
+                for attempt in range(attempts):
+                    op = rec.invoke("read", resource, key=key, final=1)
+                    try:
+                        record = guard.read(resource, key)
+                    except Exception as exc:
+                        rec.complete(op, "info", error=_reason(exc))
+                        time.sleep(min(0.1 * (attempt + 1), 0.5))
+                        continue
+                    if record is None:
+                        rec.complete(op, "ok", value=None)
+                    else:
+                        rec.complete(
+                            op,
+                            "ok",
+                            value=record.value.decode(),
+                            written_by_token=record.written_by_token,
+                        )
+                    done += 1
+                    break
+    return done
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    client = Client(args)
+    client.install_signals()
+    try:
+        client.run()
+    finally:
+        client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
