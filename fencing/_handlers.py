@@ -143,7 +143,7 @@ def not_utf8_field(message: _descriptor.Descriptor, raw: bytes, path: str = "") 
                 bytes(item.data).decode("utf-8")
             except UnicodeDecodeError:
                 return name
-        elif field.type == _descriptor.FieldDescriptor.TYPE_MESSAGE:
+        elif field.type == _descriptor.FieldDescriptor.TYPE_MESSAGE and field.message_type:
             found = not_utf8_field(field.message_type, bytes(item.data), f"{name}.")
             if found is not None:
                 return found
