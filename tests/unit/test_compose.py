@@ -51,6 +51,7 @@ def test_the_topology() -> None:
     redis = SERVICES["redis"]["command"]
     assert flag_value(redis, "--appendonly") == "yes"
     assert flag_value(redis, "--appendfsync") == "always"
+    assert flag_value(redis, "--maxmemory-policy") == "noeviction"
     assert SERVICES["lease-server"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert SERVICES["guard"]["depends_on"]["redis"]["condition"] == "service_healthy"
     backend = SERVICES["lease-server"]["environment"]["FENCING_BACKEND"]
