@@ -4,7 +4,8 @@ Jobs live in the lease backend's schema (the same URL: ``?schema=``, ``timeout``
 ``pool_max`` as in :mod:`fencing.pg`), created by ``fencing/migrations/0003_queue.sql``,
 where the SQL and its reasoning live. Every call but Fail is one statement calling a
 function of that migration: Claim is a single ``UPDATE ... FROM (SELECT ... FOR UPDATE
-SKIP LOCKED)`` taking each token from a sequence; Heartbeat, Complete and Release lock
+SKIP LOCKED)`` taking each token from a sequence (with ``?token_floor=clock``, the
+clock floor of :mod:`lease_server.backends.postgres`, per job); Heartbeat, Complete and Release lock
 the named rows in id order, judge every token, and change nothing if one is stale.
 Fail runs the pure rule of :mod:`lease_server.jobs` in a transaction (the retry delay
 depends on the attempts used, read under the row lock). Expiry and due times are the
@@ -20,6 +21,7 @@ from typing import Any
 from fencing.errors import LeaseLost
 from fencing.pg import PgConfig, PostgresDatabase
 from lease_server import jobs
+from lease_server.backends.postgres import token_floor_url
 from lease_server.jobs import Enqueued, Failed, JobRecord, JobRef, JobState, NewJob, QueueCounts
 from lease_server.queues.base import RetryDelay
 
@@ -68,6 +70,8 @@ class PostgresQueue:
     name = "postgres"
 
     def __init__(self, url: str, schema: str | None = None) -> None:
+        # The lease backend's URL: with ?token_floor=clock claims take the floor too.
+        url, self.token_floor = token_floor_url(url)
         self._db = PostgresDatabase(PgConfig.from_url(url, schema), "fencing-queue")
         q = self._db.qualified
         self._enqueue_sql = q(

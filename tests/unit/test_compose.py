@@ -96,7 +96,7 @@ def test_healthcheck_is_a_real_fencing_command_on_the_served_port(name: str) -> 
     args = fencing_parser().parse_args(test[2:])
     assert args.run is healthcheck.run
     served_port = flag_value(service["command"], "--listen").rsplit(":", 1)[1]
-    assert args.address == f"127.0.0.1:{served_port}"
+    assert args.addresses == [f"127.0.0.1:{served_port}"]
     assert args.service in ("fencing.v1.LeaseService", "fencing.v1.GuardService")
     published = [p.split(":")[-1] for p in service["ports"]]
     assert served_port in published
