@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from fencing.errors import InvalidArgumentError
 from lease_server.backends.postgres import PostgresBackend, token_floor_url
@@ -60,7 +61,7 @@ class Database:
             "(SELECT s.counter, s.holder, s.token, s.expires_at, s.request_id"
             " FROM jsonb_populate_record(NULL::leases, %s) AS s)"
             " WHERE l.resource = %s",
-            (psycopg.types.json.Jsonb(saved), saved["resource"]),
+            (Jsonb(saved), saved["resource"]),
         )
 
     async def jobs_state(self) -> tuple[Any, int]:
@@ -81,7 +82,7 @@ class Database:
                 "UPDATE jobs AS j SET (state, attempts, token, lease_owner, lease_until) = "
                 "(SELECT s.state, s.attempts, s.token, s.lease_owner, s.lease_until"
                 " FROM jsonb_populate_record(NULL::jobs, %s) AS s) WHERE j.id = %s",
-                (psycopg.types.json.Jsonb(saved), saved["id"]),
+                (Jsonb(saved), saved["id"]),
             )
         await self.conn.execute("SELECT setval('job_tokens', %s)", (last_value,))
         await self.conn.execute("SET session_replication_role = origin")
