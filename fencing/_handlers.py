@@ -14,6 +14,7 @@ protobuf ``DecodeError`` escapes as ``UNKNOWN`` with a traceback in the log.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -48,12 +49,21 @@ def rpc_type(handler: grpc.RpcMethodHandler[Any, Any]) -> str:
 
 
 async def _items(result: Any) -> AsyncIterator[Any]:
-    """A streaming behavior either is an async generator or awaits ``context.write``."""
+    """A streaming behavior is an async generator, a plain iterator, or awaits
+    ``context.write``."""
     if hasattr(result, "__aiter__"):
         async for item in result:
             yield item
+    elif hasattr(result, "__iter__"):
+        for item in result:
+            yield item
     else:
         await result
+
+
+async def _outcome(result: Any) -> Any:
+    """A unary behavior's answer, whether it was a coroutine or a plain function."""
+    return await result if inspect.isawaitable(result) else result
 
 
 def around(
@@ -221,7 +231,7 @@ def decoding(
         async def unary_unary(request: Any, context: Context) -> Any:
             if isinstance(request, _Undecodable):
                 await refuse(request.error, context)
-            return await uu(request, context)
+            return await _outcome(uu(request, context))
 
         return grpc.unary_unary_rpc_method_handler(unary_unary, **common)
     if handler.unary_stream is not None:
@@ -239,7 +249,7 @@ def decoding(
 
         async def stream_unary(requests: Any, context: Context) -> Any:
             try:
-                return await su(checked(requests, context), context)
+                return await _outcome(su(checked(requests, context), context))
             except UndecodableRequestError as exc:
                 await _status.abort(context, exc)
 
