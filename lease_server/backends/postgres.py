@@ -18,8 +18,9 @@ the floor every grant, leases and job claims alike, takes ``max(counter + 1, the
 database's clock_timestamp() in microseconds)`` instead, as on Redis: larger than every
 earlier token unless the database's clock steps back by more than the time between
 the last grant before the loss and the first after it. It is a session setting
-(``fencing.token_floor``) that this backend sends as the connection's ``options``;
-tokens become sparse (about 1.8e15). Synchronous replication makes it unnecessary.
+(``fencing.token_floor``, set on every pooled connection by :mod:`fencing.pg`), so
+it holds for every path that grants; tokens become sparse (about 1.8e15).
+Synchronous replication makes it unnecessary.
 
 **Event log** (:class:`~lease_server.backends.base.EventLog`, ``0005_lease_events.sql``).
 ``lease_acquire_logged``/``lease_renew_logged``/``lease_release_logged`` append their
@@ -56,12 +57,11 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Sequence
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
 
-from fencing.errors import FencingError, InvalidArgumentError, LeaseLost
+from fencing.errors import FencingError, LeaseLost
 from fencing.pg import (
     DEFAULT_SCHEMA,
     LEASE_HELD_SQLSTATE,
@@ -83,37 +83,6 @@ from lease_server.leases import (
 
 log = logging.getLogger(__name__)
 
-#: ``?token_floor=`` values: ``off`` (tokens 1, 2, 3 ...) or ``clock`` (see above).
-TOKEN_FLOORS = ("off", "clock")
-
-
-def token_floor_url(url: str) -> tuple[str, str]:
-    """``url`` with ``token_floor`` turned into the session setting the SQL reads (a
-    libpq ``options=-c fencing.token_floor=clock``, after any ``options`` of its own),
-    and the floor's name. Only ``postgres://`` URLs carry it."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("postgres", "postgresql"):
-        return url, "off"
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    floors = [v for k, v in query if k == "token_floor"]
-    if not floors:
-        return url, "off"
-    floor = floors[-1].lower() or "off"
-    if floor not in TOKEN_FLOORS:
-        raise InvalidArgumentError(
-            f"token_floor must be one of {', '.join(TOKEN_FLOORS)}, not {floors[-1]!r}",
-            field="token_floor",
-        )
-    rest = [(k, v) for k, v in query if k != "token_floor"]
-    if floor == "clock":
-        options = " ".join([*(v for k, v in rest if k == "options"), _FLOOR_OPTION])
-        rest = [(k, v) for k, v in rest if k != "options"] + [("options", options)]
-    return urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote))), floor
-
-
-#: No space after -c: fencing.pg re-encodes the query, and libpq reads no "+" as a space.
-_FLOOR_OPTION = "-cfencing.token_floor=clock"
-
 #: A quiet LISTEN connection is pinged this often (seconds), to notice a dead one.
 LISTEN_PING_S = 10.0
 _RECONNECT_DELAYS = (0.1, 0.2, 0.5, 1.0, 2.0)
@@ -131,7 +100,6 @@ class PostgresBackend:
     name = "postgres"
 
     def __init__(self, url: str, schema: str | None = None) -> None:
-        url, self.token_floor = token_floor_url(url)
         self._db = PostgresDatabase(PgConfig.from_url(url, schema), "fencing-lease-server")
         q = self._db.qualified
         self._acquire_sql = q("SELECT * FROM {schema}.lease_acquire_logged(%s, %s, %s, %s)")
@@ -163,6 +131,11 @@ class PostgresBackend:
     @property
     def schema(self) -> str:
         return self._db.config.schema
+
+    @property
+    def token_floor(self) -> str:
+        """``off`` or ``clock`` (``?token_floor=``): the floor this server's grants take."""
+        return self._db.config.token_floor
 
     async def open(self) -> None:
         await self._db.open()

@@ -21,7 +21,6 @@ from typing import Any
 from fencing.errors import LeaseLost
 from fencing.pg import PgConfig, PostgresDatabase
 from lease_server import jobs
-from lease_server.backends.postgres import token_floor_url
 from lease_server.jobs import Enqueued, Failed, JobRecord, JobRef, JobState, NewJob, QueueCounts
 from lease_server.queues.base import RetryDelay
 
@@ -71,7 +70,6 @@ class PostgresQueue:
 
     def __init__(self, url: str, schema: str | None = None) -> None:
         # The lease backend's URL: with ?token_floor=clock claims take the floor too.
-        url, self.token_floor = token_floor_url(url)
         self._db = PostgresDatabase(PgConfig.from_url(url, schema), "fencing-queue")
         q = self._db.qualified
         self._enqueue_sql = q(
@@ -102,6 +100,11 @@ class PostgresQueue:
     @property
     def schema(self) -> str:
         return self._db.config.schema
+
+    @property
+    def token_floor(self) -> str:
+        """``off`` or ``clock``: the floor this queue's claims take (``?token_floor=``)."""
+        return self._db.config.token_floor
 
     async def open(self) -> None:
         await self._db.open()

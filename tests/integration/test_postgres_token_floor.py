@@ -19,8 +19,11 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from fencing.errors import InvalidArgumentError
-from lease_server.backends.postgres import PostgresBackend, token_floor_url
+from fencing.errors import InvalidArgumentError, StaleTokenError
+from fencing.pg import PgConfig
+from fencing.types import Put
+from guard.stores.postgres import PostgresStore
+from lease_server.backends.postgres import PostgresBackend
 from lease_server.jobs import JobRef, NewJob
 from lease_server.leases import Grant
 from lease_server.queues.postgres import PostgresQueue
@@ -224,12 +227,58 @@ async def test_turning_the_floor_off_later_never_goes_back(
 
 
 def test_the_url_option() -> None:
-    plain = "postgresql://u@h/db?schema=s"
-    assert token_floor_url(plain) == (plain, "off")
-    floored, name = token_floor_url(plain + "&token_floor=clock&options=-c%20work_mem%3D8MB")
-    assert name == "clock"
-    assert "token_floor=" not in floored
-    assert "options=-c%20work_mem%3D8MB%20-cfencing.token_floor%3Dclock" in floored
+    plain = PgConfig.from_url("postgresql://u@h/db?schema=s")
+    assert plain.token_floor == "off"
+    floored = PgConfig.from_url("postgresql://u@h/db?schema=s&token_floor=clock&sslmode=allow")
+    assert floored.token_floor == "clock"
+    assert "token_floor" not in floored.conninfo and "sslmode=allow" in floored.conninfo
     with pytest.raises(InvalidArgumentError) as bad:
-        token_floor_url(plain + "&token_floor=wall")
+        PgConfig.from_url("postgresql://u@h/db?token_floor=wall")
     assert bad.value.field == "token_floor"
+
+
+@FLOORS
+async def test_a_paused_holder_after_failover_with_the_guard_in_the_same_database(
+    schema: tuple[str, str], database: Database, floor: str
+) -> None:
+    """The whole scenario: B takes over from A and writes, then B pauses; a failover
+    loses both (the standby had only A's release); C acquires and writes; B wakes and
+    writes. With the floor C's token is larger than B's and B is refused; without it C
+    gets B's token again, and B's late write lands over C's."""
+    backend = PostgresBackend(url(schema, floor))
+    store = PostgresStore(url(schema, floor))
+    await backend.open()
+    await store.open()
+    try:
+        a = await backend.acquire("orders", "a", 60_000, "req-a")
+        assert isinstance(a, Grant)
+        await store.write("orders", a.token, [Put("k", b"a")])
+        await backend.release("orders", a.token, "a")
+        saved_lease = await database.lease_row("orders")
+        saved_fence = a.token
+        b = await backend.acquire("orders", "b", 60_000, "req-b")
+        assert isinstance(b, Grant)
+        await store.write("orders", b.token, [Put("k", b"b")])  # then B pauses
+        await database.put_lease_row(saved_lease)  # the failover loses B's grant ...
+        await database.conn.execute(
+            "UPDATE fences SET fence = %s WHERE resource = 'orders'", (saved_fence,)
+        )  # ... and B's write
+        c = await backend.acquire("orders", "c", 60_000, "req-c")
+        assert isinstance(c, Grant)
+        await store.write("orders", c.token, [Put("k", b"c")])
+        if floor == "clock":
+            assert c.token > b.token
+            with pytest.raises(StaleTokenError) as stale:
+                await store.write("orders", b.token, [Put("k", b"b, late")])
+            assert stale.value.current_token == c.token
+            expected = b"c"
+        else:
+            # The control: B and C hold the same token, and B's late write is accepted.
+            assert c.token == b.token
+            await store.write("orders", b.token, [Put("k", b"b, late")])
+            expected = b"b, late"
+        record = await store.read("orders", "k")
+        assert record is not None and record.value == expected
+    finally:
+        await store.close()
+        await backend.close()
