@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -67,8 +68,8 @@ def redis_with(request: pytest.FixtureRequest) -> Iterator[RedisProcess]:
 
 
 async def fill(url: str, *, ttl: bool = False, until: str | None = None) -> bool:
-    """Write unrelated keys far past maxmemory (stopping early once ``until`` is gone);
-    True if Redis answered OOM at some point (it refused rather than evicted)."""
+    """Write unrelated keys far past maxmemory, stopping early once ``until`` is gone or
+    Redis answers OOM; True if it did (it refused rather than evicted)."""
     client = Redis.from_url(url)
     oom = False
     try:
@@ -78,8 +79,8 @@ async def fill(url: str, *, ttl: bool = False, until: str | None = None) -> bool
                 pipe.set(f"junk:{n}", b"x" * JUNK_BYTES, ex=3600 if ttl else None)
             replies = await pipe.execute(raise_on_error=False)
             oom = oom or any(isinstance(r, OutOfMemoryError) for r in replies)
-            if until is not None and not await client.exists(until):
-                break
+            if oom or (until is not None and not await client.exists(until)):
+                break  # Redis refuses now (and under volatile-* has evicted all it may)
     finally:
         await client.aclose()
     return oom
@@ -232,3 +233,44 @@ async def test_a_full_redis_under_noeviction_refuses_a_write_as_unavailable() ->
         finally:
             await backend.close()
             await store.close()
+
+
+async def test_a_require_durable_guard_stops_serving_when_redis_may_evict() -> None:
+    """Over real gRPC: the guard's health turns NOT_SERVING once its Redis is switched
+    to an evicting policy at runtime, and SERVING again once it is switched back."""
+    import grpc.aio
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from fencing._server import ServerOptions
+    from guard.server import start_guard
+    from tests.waiting import HANG_GUARD, eventually
+
+    with durable_redis("noeviction") as server:
+        guard = await start_guard(
+            server.url + "?require_durable=1",
+            "127.0.0.1:0",
+            options=ServerOptions(health_interval=0.05),
+            require_durable=True,
+        )
+        admin = Redis.from_url(server.url)
+        try:
+            async with grpc.aio.insecure_channel(guard.address) as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+
+                async def status() -> int:
+                    reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=HANG_GUARD)
+                    return int(reply.status)
+
+                serving = health_pb2.HealthCheckResponse.SERVING
+                assert await status() == serving
+                await admin.config_set("maxmemory-policy", "allkeys-lru")
+                await eventually(lambda: _is(status(), lambda s: s != serving), "NOT_SERVING")
+                await admin.config_set("maxmemory-policy", "noeviction")
+                await eventually(lambda: _is(status(), lambda s: s == serving), "SERVING")
+        finally:
+            await admin.aclose()
+            await guard.stop(0)
+
+
+async def _is(value: Any, test: Any) -> bool:
+    return bool(test(await value))
