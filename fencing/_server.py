@@ -178,9 +178,15 @@ class BuiltServer:
                 if ok != serving:
                     serving = ok
                     if ok:
-                        log.warning("%s backend is reachable again: SERVING", role)
+                        log.warning("%s backend passes its health probe again: SERVING", role)
                     else:
-                        log.error("%s backend is unreachable: NOT_SERVING", role)
+                        # Unreachable, or (a Redis under require_durable) no longer
+                        # durable: the backend's own log line says which.
+                        log.error(
+                            "%s backend fails its health probe (unreachable, or not durable "
+                            "under --require-durable): NOT_SERVING",
+                            role,
+                        )
                     await self.set_serving(ok)
 
         self.spawn(probe_forever())

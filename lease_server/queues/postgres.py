@@ -5,8 +5,9 @@ Jobs live in the lease backend's schema (the same URL: ``?schema=``, ``timeout``
 where the SQL and its reasoning live. Every call but Fail is one statement calling a
 function of that migration: Claim is a single ``UPDATE ... FROM (SELECT ... FOR UPDATE
 SKIP LOCKED)`` taking each token from a sequence (with ``?token_floor=clock``, the
-clock floor of :mod:`lease_server.backends.postgres`, per job); Heartbeat, Complete and Release lock
-the named rows in id order, judge every token, and change nothing if one is stale.
+clock floor of :mod:`lease_server.backends.postgres`, per job); Heartbeat, Complete
+and Release lock the named rows in id order, judge every token, and change nothing if
+one is stale.
 Fail runs the pure rule of :mod:`lease_server.jobs` in a transaction (the retry delay
 depends on the attempts used, read under the row lock). Expiry and due times are the
 database's clock. Outages become ``BackendUnavailableError`` (bounded by ``timeout``).
