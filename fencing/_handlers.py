@@ -119,6 +119,8 @@ def split_method(method: str) -> tuple[str, str]:
 # -- requests that cannot be decoded -------------------------------------------------------
 
 _LENGTH_DELIMITED = 2
+#: protobuf's default recursion limit: no request we accept nests deeper.
+_MAX_DEPTH = 100
 
 
 class UndecodableRequestError(InvalidArgumentError):
@@ -126,14 +128,19 @@ class UndecodableRequestError(InvalidArgumentError):
     string field that is not UTF-8 where one is to blame."""
 
 
-def not_utf8_field(message: _descriptor.Descriptor, raw: bytes, path: str = "") -> str | None:
+def not_utf8_field(
+    message: _descriptor.Descriptor, raw: bytes, path: str = "", depth: int = 0
+) -> str | None:
     """The path (``writes[0].ops[1].put.key``) of the first string field of ``raw`` whose
     bytes are not UTF-8, read as a ``message``; None if there is none or ``raw`` is not
     even well-formed protobuf.
 
     The frame is parsed as an empty message, which keeps every field as raw unknown
-    bytes (no UTF-8 check), and walked with ``message``'s descriptor.
+    bytes (no UTF-8 check), and walked with ``message``'s descriptor, no deeper than
+    protobuf's own recursion limit (a recursive type could otherwise nest without end).
     """
+    if depth > _MAX_DEPTH:
+        return None
     probe = empty_pb2.Empty()
     try:
         probe.ParseFromString(raw)
@@ -154,7 +161,7 @@ def not_utf8_field(message: _descriptor.Descriptor, raw: bytes, path: str = "") 
             except UnicodeDecodeError:
                 return name
         elif field.type == _descriptor.FieldDescriptor.TYPE_MESSAGE and field.message_type:
-            found = not_utf8_field(field.message_type, bytes(item.data), f"{name}.")
+            found = not_utf8_field(field.message_type, bytes(item.data), f"{name}.", depth + 1)
             if found is not None:
                 return found
     return None
