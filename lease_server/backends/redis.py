@@ -93,6 +93,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -195,6 +196,9 @@ class RedisBackend:
         self.events_channel = _redis.events_channel(self.prefix)
         self.events_per_resource = max(1, events_per_resource)
         self._shared_log = EventLogKeys.shared(self.prefix)
+        #: The one log's identity (rule 5 of the event log): lost with the log when Redis
+        #: forgets, so the log that starts over draws a new one.
+        self._log_id_key = f"{self.prefix}:events:id"
         self._client: Client | None = None
         self._scripts: dict[str, AsyncScript] = {}
         self._callbacks: list[Callable[[str], None]] = []
@@ -473,6 +477,16 @@ class RedisBackend:
             # Report from here on, or no head would be news again until it passes.
             self._reported = head
         return head
+
+    async def log_id(self) -> str:
+        """The one log's id, drawn by the first reader that finds none (``SET NX``)."""
+        self._global_only("log_id")
+        if self._client is None:
+            raise RuntimeError("RedisBackend is not open")
+        with driver_errors("log_id"):
+            await self._client.set(self._log_id_key, uuid.uuid4().hex, nx=True)
+            found = await self._client.get(self._log_id_key)
+        return text(found) if found is not None else ""
 
     async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
         self._global_only("events_after")
