@@ -66,10 +66,14 @@ script: the takeover (just before its ACQUIRED), or the expiry step below (rule 
   without it, and a resource nobody reads gets it at its next takeover.
 
 A Redis that forgets (no AOF) forgets the log too, which starts again at revision 1
-(revisions have no clock floor: they must stay dense). A reader whose cursor is ahead
-of it is told (RESYNC); one that comes back only after the new log passed its cursor
-cannot tell, and misses the new log's events up to there (a guard keeps its fences:
-those resources are back to the monotonic rule until their next event). All lease
+(revisions have no clock floor: they must stay dense), and forgets the log's identity
+(``<prefix>:events:id``, a random id set with ``SET NX`` by the first reader that finds
+none), so the new log gets a new one. A reader whose cursor is ahead of it is told
+(RESYNC); so is one that comes back only after the new log passed its cursor, if it
+names the log its cursor came from (``WatchRequest.log_id``, as guards do): a restart
+of Redis ends every stream (the connection drops), and the reader's reconnect names
+the old log. (A ``FLUSHALL`` under an open stream that no connection loss ends, with
+the new log past the stream's cursor before the next read, is not seen.) All lease
 servers on one Redis must run code that logs: an older one grants without events.
 
 **Wake-ups.** Release publishes the resource on ``<prefix>:released`` inside its
