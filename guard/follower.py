@@ -44,6 +44,21 @@ if none is live. Resources it knows nothing about are left as they are: fences
 only ever go up, so nothing is lost; for such a resource the guard is back to the
 monotonic rule until its next event arrives.
 
+**Tokens nobody was granted.** The follower also remembers, per resource of its
+prefix, the highest token it has seen granted (from events, and from the lease
+server's answers below). A write or ``Fence`` with a higher token is either a grant
+whose event is still in delivery or a token nobody was granted; the guard cannot
+tell them apart by itself, so before it admits such a token it asks the lease server
+(:meth:`LeaseFollower.vouch`: ``Describe(resource).last_token``, one call in flight
+per resource however many writes wait on it) and refuses one above that counter with
+``LEASE_LOST`` (the token is not, and never was, a current lease): one bad client
+cannot raise a fence to 2**63 - 1 and lock every real holder out. A real fresh grant
+costs one ``Describe`` at the guard's first write of it, and is admitted before its
+event arrives. While the lease server cannot be asked, such a token is refused with
+``BACKEND_UNAVAILABLE`` (retry); tokens the guard has seen granted are judged as
+always. Resources outside the prefix are not followed, so not vouched for either:
+they keep the monotonic rule alone.
+
 **Disconnected.** While the stream is down the guard keeps serving and still
 enforces the monotonic rule (token >= fence) on every write, but fences no
 longer move on takeovers. It says so: a warning in the log at each disconnect,
@@ -55,6 +70,7 @@ open), and the guard's own health entry ``fencing.v1.GuardService/watch``
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -67,7 +83,7 @@ import grpc.aio
 
 from fencing.client import _core
 from fencing.client._core import EventKind, LeaseEvent
-from fencing.errors import FencingError, StaleTokenError
+from fencing.errors import BackendUnavailableError, FencingError, LeaseLost, StaleTokenError
 from fencing.types import WATCH_LOG_KEY, WATCH_START_KEY
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from guard.stores.base import GuardStore
@@ -171,6 +187,10 @@ class LeaseFollower:
         self._known: dict[str, int] = {}
         #: The identity of the log followed (None until the first stream's headers).
         self.log_id: str | None = None
+        #: Per resource of the prefix, the highest token seen granted (events, Describe).
+        self._granted: dict[str, int] = {}
+        self._asking: dict[str, asyncio.Future[int]] = {}
+        self._stub: lease_pb2_grpc.LeaseServiceAsyncStub | None = None
         self._saved_revision = 0
         self._saved_at = 0.0
         self._connected = asyncio.Event()
@@ -196,6 +216,7 @@ class LeaseFollower:
         """Follow until cancelled; never raises otherwise."""
         channel = _core.open_aio_channel(self.lease_server, credentials=self._credentials)
         stub = lease_pb2_grpc.LeaseServiceStub(channel)
+        self._stub = stub
         attempt = 0
         try:
             while True:
@@ -236,6 +257,7 @@ class LeaseFollower:
                 await asyncio.sleep(reconnect_delay(attempt))
                 attempt += 1
         finally:
+            self._stub = None
             self.status = replace(self.status, state="stopped", since=time.monotonic())
             self._connected.clear()
             await channel.close()
@@ -328,7 +350,14 @@ class LeaseFollower:
             self._known[resource] = fence
         log.debug("watch fenced resource=%s token=%d fence=%d", resource, token, fence)
 
+    def _note_granted(self, resource: str, token: int) -> None:
+        if token > self._granted.get(resource, 0) and (
+            resource in self._granted or len(self._granted) < MAX_KNOWN
+        ):
+            self._granted[resource] = token
+
     async def _apply(self, event: LeaseEvent) -> None:
+        self._note_granted(event.resource, event.token)
         token = fence_for(event)
         if token is not None:
             await self._fence(event.resource, token)
@@ -349,10 +378,67 @@ class LeaseFollower:
                 )
             except grpc.RpcError as err:
                 raise _core.translate(err) from err
+            self._note_granted(resource, max(state.token, state.last_token))
             if state.held:
                 await self._fence(resource, state.token)
             elif state.last_token:
                 await self._fence(resource, state.last_token + 1)
+
+    # -- tokens nobody was granted ------------------------------------------------------------
+
+    def vouched(self, resource: str, token: int) -> bool:
+        """True if ``token`` needs no question to the lease server: it is not above the
+        highest seen granted for ``resource``, or ``resource`` is not followed."""
+        return token <= self._granted.get(resource, 0) or not resource.startswith(self.prefix)
+
+    async def vouch(self, resource: str, token: int) -> None:
+        """Return if ``token`` was granted for ``resource`` as far as this guard can know;
+        raise ``LeaseLost`` if the lease server never granted it.
+
+        Asks the lease server (``Describe``) only for a token above the highest seen
+        granted; ``BackendUnavailableError`` if it cannot be asked.
+        """
+        if self.vouched(resource, token):
+            return
+        pending = self._asking.get(resource)
+        if pending is None:
+            pending = asyncio.ensure_future(self._last_granted(resource))
+            self._asking[resource] = pending
+            pending.add_done_callback(functools.partial(self._answered, resource))
+        # Shielded: a caller that goes away must not cancel the answer others wait for.
+        last = await asyncio.shield(pending)
+        if token > last:
+            raise LeaseLost(
+                f"token {token} of {resource!r} was never granted: the lease server "
+                f"{self.lease_server} has granted up to {last} (watch mode)",
+                resource=resource,
+                token=token,
+            )
+
+    def _answered(self, resource: str, answer: asyncio.Future[int]) -> None:
+        self._asking.pop(resource, None)
+        if not answer.cancelled():
+            answer.exception()  # retrieved here too: every waiter may have gone
+
+    async def _last_granted(self, resource: str) -> int:
+        stub = self._stub
+        if stub is None:
+            raise BackendUnavailableError(
+                f"cannot check with the lease server {self.lease_server} that a token of "
+                f"{resource!r} was granted: the watch follower is not running"
+            )
+        try:
+            state = await stub.Describe(_core.describe_request(resource), timeout=self.rpc_timeout)
+        except grpc.RpcError as err:
+            raise BackendUnavailableError(
+                f"cannot check with the lease server {self.lease_server} that a token of "
+                f"{resource!r} was granted: {_core.translate(err)}"
+            ) from err
+        last = max(state.token, state.last_token)
+        self._note_granted(resource, last)
+        return last
+
+    # -- the stored cursor ---------------------------------------------------------------------
 
     async def _load_revision(self, log_id: str) -> int:
         try:

@@ -116,8 +116,8 @@ def test_a_cursor_of_another_log_gets_resync_never_a_silent_skip(
         leases.acquire("r", ttl=5).release()  # revisions 1..6, all still in the log
     identity = servers.call(events_of(servers.lease).log_id())
     opened = stub.Watch(lease_pb2.WatchRequest(prefix=""), timeout=HANG_GUARD)
-    headers = dict(opened.initial_metadata())  # type: ignore[attr-defined]
-    opened.cancel()  # type: ignore[attr-defined]
+    headers = dict(opened.initial_metadata())
+    opened.cancel()
     assert headers[WATCH_LOG_KEY] == identity
     assert headers[WATCH_START_KEY] == "6"
     # The cursor of this log resumes as before.

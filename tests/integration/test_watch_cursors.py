@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -62,7 +63,7 @@ async def shared_storage(kind: str, tmp_path: Path) -> AsyncIterator[Callable[[]
     """A factory of store objects (one per guard process) over one storage."""
     if kind == "memory":
         memory = MemoryStore()
-        yield lambda: Unclosed(memory)  # type: ignore[return-value]
+        yield lambda: cast(GuardStore, Unclosed(memory))
     elif kind == "sqlite":
         yield lambda: SQLiteStore(tmp_path / "guard.db")
     elif kind == "postgres":
