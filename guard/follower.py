@@ -57,7 +57,9 @@ costs one ``Describe`` at the guard's first write of it, and is admitted before 
 event arrives. While the lease server cannot be asked, such a token is refused with
 ``BACKEND_UNAVAILABLE`` (retry); tokens the guard has seen granted are judged as
 always. Resources outside the prefix are not followed, so not vouched for either:
-they keep the monotonic rule alone.
+they keep the monotonic rule alone. That is where a job's resources belong: the
+queue's claim tokens are its own, not in the lease server's log, so a watch guard
+that also fences job effects follows a prefix that leaves them out.
 
 **Disconnected.** While the stream is down the guard keeps serving and still
 enforces the monotonic rule (token >= fence) on every write, but fences no
@@ -408,9 +410,15 @@ class LeaseFollower:
         # Shielded: a caller that goes away must not cancel the answer others wait for.
         last = await asyncio.shield(pending)
         if token > last:
+            hint = (
+                "; a job's tokens come from the queue, not the lease log: follow a "
+                "--watch-prefix that leaves job resources out"
+                if last == 0
+                else ""
+            )
             raise LeaseLost(
                 f"token {token} of {resource!r} was never granted: the lease server "
-                f"{self.lease_server} has granted up to {last} (watch mode)",
+                f"{self.lease_server} has granted up to {last} (watch mode){hint}",
                 resource=resource,
                 token=token,
             )
