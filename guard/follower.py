@@ -62,8 +62,9 @@ queue's claim tokens are its own, not in the lease server's log, so a watch guar
 that also fences job effects follows a prefix that leaves them out.
 
 **Disconnected.** While the stream is down the guard keeps serving and still
-enforces the monotonic rule (token >= fence) on every write, but fences no
-longer move on takeovers. It says so: a warning in the log at each disconnect,
+enforces the monotonic rule (token >= fence) on every write (a token above those
+seen granted is still asked about, as above), but fences no longer move on
+takeovers. It says so: a warning in the log at each disconnect,
 :attr:`LeaseFollower.status` (``state`` is ``"following"`` only while a stream is
 open), and the guard's own health entry ``fencing.v1.GuardService/watch``
 (NOT_SERVING while disconnected; the guard's other entries stay SERVING).
