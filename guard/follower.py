@@ -313,6 +313,12 @@ class LeaseFollower:
     async def _follow(self, stub: lease_pb2_grpc.LeaseServiceAsyncStub) -> None:
         call, headers = await self._open(stub)
         try:
+            announced = _header(headers, WATCH_LOG_KEY)
+            if announced and not self.log_id:
+                # A server that sent no identity before does now (upgraded): keep the
+                # cursor under it from here on. (A different one comes with RESYNC.)
+                self.log_id = announced
+                self._saved_revision = 0
             # The server sends headers as soon as it streams; they say where it starts,
             # so a follower that asked "from now" can resume from there after a drop.
             start = _start_revision(headers)
