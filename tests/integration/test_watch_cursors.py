@@ -195,3 +195,27 @@ async def test_a_lease_server_that_now_keeps_another_log_is_met_with_resync(
             assert follower_of(guard).log_id == await events_of(back).log_id() != first_log
     finally:
         await guard.stop(0.5)
+
+
+async def test_a_store_of_an_older_guard_is_resumed_from_its_shared_cursor_once(
+    tmp_path: Path,
+) -> None:
+    """Upgrading: the store holds only the one cursor older guards kept per store. A
+    guard with no cursor of its own resumes from it (never later than "from now")."""
+    store = MemoryStore()
+    async with (
+        lease_server(f"sqlite:{tmp_path / 'leases.db'}") as ls,
+        AsyncLeaseClient(ls.address) as leases,
+    ):
+        before = await leases.acquire("r", ttl=30)  # revision 1
+        missed = await leases.acquire("s", ttl=30)  # revision 2, while no guard followed
+        await store.fence(follower_module.SHARED_CURSOR, 1)  # as an older guard left it
+        guard = await watching(cast(GuardStore, Unclosed(store)), ls.address, "")
+        try:
+            async with AsyncGuardClient(guard.address) as g:
+                await fence_reaches(g, "s", missed.token)
+                assert await g.describe_fence("r") == 0 < before.token  # behind the cursor
+        finally:
+            await guard.stop(0.5)  # stores its own cursor; the shared one is left alone
+        own = follower_module.cursor_resource(await events_of(ls).log_id(), "")
+        assert await store.describe_fence(own) == 2
