@@ -9,6 +9,9 @@ from typing import Protocol
 #: Initial metadata of a ``Watch`` stream: the revision the stream starts after (the
 #: server's head when the client asked "from now"), so a client can resume from it.
 WATCH_START_KEY = "fencing-watch-after"
+#: Initial metadata of a ``Watch`` stream: the identity of the server's event log, which
+#: a resume cursor belongs to (absent where the backend's log has none).
+WATCH_LOG_KEY = "fencing-watch-log"
 
 
 class Fenced(Protocol):
@@ -55,4 +58,4 @@ class Record:
     written_by_token: int
 
 
-__all__ = ["WATCH_START_KEY", "Claim", "Delete", "Fenced", "Op", "Put", "Record"]
+__all__ = ["WATCH_LOG_KEY", "WATCH_START_KEY", "Claim", "Delete", "Fenced", "Op", "Put", "Record"]

@@ -16,10 +16,25 @@ is the delivery delay of the event (and, for EXPIRED, the sweeper's <= ~100 ms).
 after any failure with exponential backoff (50 ms doubling to 5 s, jittered),
 asking for ``after_revision`` = that revision, so a restart of the lease server
 (or a switch to another server on the same backend) misses nothing the log still
-holds. The revision is also stored, at most every second and on stop, as the
-fence of a reserved resource name that no request can use (it starts with a
-control character), so a restarted guard resumes where it was; only the
-``GuardStore`` Protocol is needed for that.
+holds. A revision means something only in the log it came from, so the follower
+also sends the log's identity (``log_id``, learned from the stream's first headers):
+a server whose log is another one answers RESYNC instead of serving the same number
+from the wrong log.
+
+**Its own cursor.** The revision is also stored, at most every second and on stop,
+as the fence of a reserved resource name that no request can use (it starts with a
+control character) and that names what this guard follows: the lease server's log
+identity and the prefix (:func:`cursor_resource`). So several guards can share one
+store, on different prefixes or different lease servers, and a restarted guard
+resumes from its own cursor, never from another guard's (which may be past its own
+takeovers). On its first stream after a start the follower learns the log's identity
+from the headers, reads its cursor for that log and prefix, and reopens the stream
+after it. Guards with the same lease server and prefix on one store (replicas of one
+guard) share a cursor, which is right: fences are shared too, and a cursor only goes
+up once its events are applied to the store. Only the ``GuardStore`` Protocol is
+needed for that. A store written by an older guard, which kept one cursor per store
+(:data:`SHARED_CURSOR`), is resumed from that one once, when no cursor of its own
+exists yet: never later than starting from now would be.
 
 **RESYNC.** If the log no longer holds the revision (pruned, or the cursor belongs
 to another log), the server sends RESYNC and continues live. The follower then
@@ -29,9 +44,27 @@ if none is live. Resources it knows nothing about are left as they are: fences
 only ever go up, so nothing is lost; for such a resource the guard is back to the
 monotonic rule until its next event arrives.
 
+**Tokens nobody was granted.** The follower also remembers, per resource of its
+prefix, the highest token it has seen granted (from events, and from the lease
+server's answers below). A write or ``Fence`` with a higher token is either a grant
+whose event is still in delivery or a token nobody was granted; the guard cannot
+tell them apart by itself, so before it admits such a token it asks the lease server
+(:meth:`LeaseFollower.vouch`: ``Describe(resource).last_token``, one call in flight
+per resource however many writes wait on it) and refuses one above that counter with
+``LEASE_LOST`` (the token is not, and never was, a current lease): one bad client
+cannot raise a fence to 2**63 - 1 and lock every real holder out. A real fresh grant
+costs one ``Describe`` at the guard's first write of it, and is admitted before its
+event arrives. While the lease server cannot be asked, such a token is refused with
+``BACKEND_UNAVAILABLE`` (retry); tokens the guard has seen granted are judged as
+always. Resources outside the prefix are not followed, so not vouched for either:
+they keep the monotonic rule alone. That is where a job's resources belong: the
+queue's claim tokens are its own, not in the lease server's log, so a watch guard
+that also fences job effects follows a prefix that leaves them out.
+
 **Disconnected.** While the stream is down the guard keeps serving and still
-enforces the monotonic rule (token >= fence) on every write, but fences no
-longer move on takeovers. It says so: a warning in the log at each disconnect,
+enforces the monotonic rule (token >= fence) on every write (a token above those
+seen granted is still asked about, as above), but fences no longer move on
+takeovers. It says so: a warning in the log at each disconnect,
 :attr:`LeaseFollower.status` (``state`` is ``"following"`` only while a stream is
 open), and the guard's own health entry ``fencing.v1.GuardService/watch``
 (NOT_SERVING while disconnected; the guard's other entries stay SERVING).
@@ -40,6 +73,7 @@ open), and the guard's own health entry ``fencing.v1.GuardService/watch``
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -52,18 +86,18 @@ import grpc.aio
 
 from fencing.client import _core
 from fencing.client._core import EventKind, LeaseEvent
-from fencing.errors import FencingError, StaleTokenError
-from fencing.types import WATCH_START_KEY
-from fencing.v1 import lease_pb2_grpc
+from fencing.errors import BackendUnavailableError, FencingError, LeaseLost, StaleTokenError
+from fencing.types import WATCH_LOG_KEY, WATCH_START_KEY
+from fencing.v1 import lease_pb2, lease_pb2_grpc
 from guard.stores.base import GuardStore
 
 log = logging.getLogger(__name__)
 
 #: The guard's health entry for the follower (the lead may expose it elsewhere too).
 HEALTH_SERVICE = "fencing.v1.GuardService/watch"
-#: Where the last applied revision is kept: a fence that no request can name
-#: (limits reject control characters in resource names).
-CURSOR_RESOURCE = "\x1ffencing-watch-revision"
+#: Where older guards kept the last applied revision, one per store whatever they
+#: followed: read once, as a starting point, when a guard has no cursor of its own yet.
+SHARED_CURSOR = "\x1ffencing-watch-revision"
 #: Resources remembered for a RESYNC re-read.
 MAX_KNOWN = 100_000
 #: Seconds between writes of the cursor to the store.
@@ -72,6 +106,13 @@ INITIAL_BACKOFF = 0.05
 MAX_BACKOFF = 5.0
 
 State = Literal["connecting", "following", "disconnected", "stopped"]
+
+
+def cursor_resource(log_id: str, prefix: str) -> str:
+    """The reserved fence name under which a guard following ``prefix`` of the log
+    ``log_id`` keeps its cursor. No request can name it: limits reject control
+    characters in resource names. (``log_id`` is empty for a server that sends none.)"""
+    return f"\x1ffencing-watch\x1f{log_id}\x1f{prefix}"
 
 
 def fence_for(event: LeaseEvent) -> int | None:
@@ -83,12 +124,16 @@ def fence_for(event: LeaseEvent) -> int | None:
     return None
 
 
-def _start_revision(headers: object) -> int | None:
+def _header(headers: object, name: str) -> str | None:
     for key, value in headers or ():  # type: ignore[attr-defined]
-        if key == WATCH_START_KEY:
-            text = value.decode() if isinstance(value, bytes) else str(value)
-            return int(text) if text.isdigit() else None
+        if key == name:
+            return value.decode() if isinstance(value, bytes) else str(value)
     return None
+
+
+def _start_revision(headers: object) -> int | None:
+    text = _header(headers, WATCH_START_KEY)
+    return int(text) if text is not None and text.isdigit() else None
 
 
 def reconnect_delay(attempt: int, rng: Callable[[], float] = random.random) -> float:
@@ -143,6 +188,12 @@ class LeaseFollower:
         self.status = FollowerStatus("connecting", lease_server, prefix)
         # Fences this follower set in this run: skips repeats, and is the RESYNC list.
         self._known: dict[str, int] = {}
+        #: The identity of the log followed (None until the first stream's headers).
+        self.log_id: str | None = None
+        #: Per resource of the prefix, the highest token seen granted (events, Describe).
+        self._granted: dict[str, int] = {}
+        self._asking: dict[str, asyncio.Future[int]] = {}
+        self._stub: lease_pb2_grpc.LeaseServiceAsyncStub | None = None
         self._saved_revision = 0
         self._saved_at = 0.0
         self._connected = asyncio.Event()
@@ -166,10 +217,9 @@ class LeaseFollower:
 
     async def run(self) -> None:
         """Follow until cancelled; never raises otherwise."""
-        self._saved_revision = await self._load_revision()
-        await self._set(revision=self._saved_revision)
         channel = _core.open_aio_channel(self.lease_server, credentials=self._credentials)
         stub = lease_pb2_grpc.LeaseServiceStub(channel)
+        self._stub = stub
         attempt = 0
         try:
             while True:
@@ -210,25 +260,75 @@ class LeaseFollower:
                 await asyncio.sleep(reconnect_delay(attempt))
                 attempt += 1
         finally:
+            self._stub = None
             self.status = replace(self.status, state="stopped", since=time.monotonic())
             self._connected.clear()
             await channel.close()
             await self._save_revision(force=True)
 
-    async def _follow(self, stub: lease_pb2_grpc.LeaseServiceAsyncStub) -> None:
-        request = _core.watch_request("", self.prefix, self.status.revision)
+    async def _open(
+        self, stub: lease_pb2_grpc.LeaseServiceAsyncStub
+    ) -> tuple[grpc.aio.UnaryStreamCall[lease_pb2.WatchRequest, lease_pb2.LeaseEvent], object]:
+        """Open a stream after this follower's cursor; return it and its headers.
+
+        The first stream of a run asks "from now" to learn which log the server keeps,
+        then, if this guard stored a cursor for that log and prefix, reopens after it.
+        """
+        if self.log_id is None:
+            call = stub.Watch(lease_pb2.WatchRequest(prefix=self.prefix))
+            try:
+                headers = await call.initial_metadata()
+                log_id = _header(headers, WATCH_LOG_KEY) or ""
+                stored = await self._load_revision(log_id)
+            except BaseException:
+                call.cancel()
+                raise
+            self.log_id = log_id
+            self._saved_revision = stored
+            start = _start_revision(headers)
+            if not stored or stored == start:
+                return call, headers
+            call.cancel()
+            await self._set(revision=stored)
+        request = lease_pb2.WatchRequest(
+            prefix=self.prefix, after_revision=self.status.revision, log_id=self.log_id
+        )
         call = stub.Watch(request)
+        return call, await call.initial_metadata()
+
+    def _switch_log(self, log_id: str) -> None:
+        """The server follows another log now (it said so with RESYNC or its headers):
+        store the cursor under that log's name from here on."""
+        if log_id and log_id != self.log_id:
+            log.warning(
+                "lease server %s keeps another event log now (%s, was %s): the stored "
+                "cursor follows it",
+                self.lease_server,
+                log_id,
+                self.log_id,
+            )
+            self.log_id = log_id
+            self._saved_revision = 0
+
+    async def _follow(self, stub: lease_pb2_grpc.LeaseServiceAsyncStub) -> None:
+        call, headers = await self._open(stub)
         try:
+            announced = _header(headers, WATCH_LOG_KEY)
+            if announced and not self.log_id:
+                # A server that sent no identity before does now (upgraded): keep the
+                # cursor under it from here on. (A different one comes with RESYNC.)
+                self.log_id = announced
+                self._saved_revision = 0
             # The server sends headers as soon as it streams; they say where it starts,
             # so a follower that asked "from now" can resume from there after a drop.
-            headers = await call.initial_metadata()
             start = _start_revision(headers)
             if start is not None and start > self.status.revision:
                 await self._set(revision=start)
             log.info(
-                "following lease events on %s (prefix %r) after revision %d",
+                "following lease events on %s (prefix %r, log %s) after revision %d",
                 self.lease_server,
                 self.prefix,
+                self.log_id or "without identity",
                 self.status.revision,
             )
             await self._set(state="following", last_error="")
@@ -237,6 +337,7 @@ class LeaseFollower:
                 if event is None:
                     continue
                 if event.kind is EventKind.RESYNC:
+                    self._switch_log(msg.log_id)
                     await self._resync(stub, event)
                 else:
                     await self._apply(event)
@@ -258,7 +359,14 @@ class LeaseFollower:
             self._known[resource] = fence
         log.debug("watch fenced resource=%s token=%d fence=%d", resource, token, fence)
 
+    def _note_granted(self, resource: str, token: int) -> None:
+        if token > self._granted.get(resource, 0) and (
+            resource in self._granted or len(self._granted) < MAX_KNOWN
+        ):
+            self._granted[resource] = token
+
     async def _apply(self, event: LeaseEvent) -> None:
+        self._note_granted(event.resource, event.token)
         token = fence_for(event)
         if token is not None:
             await self._fence(event.resource, token)
@@ -279,31 +387,106 @@ class LeaseFollower:
                 )
             except grpc.RpcError as err:
                 raise _core.translate(err) from err
+            self._note_granted(resource, max(state.token, state.last_token))
             if state.held:
                 await self._fence(resource, state.token)
             elif state.last_token:
                 await self._fence(resource, state.last_token + 1)
 
-    async def _load_revision(self) -> int:
+    # -- tokens nobody was granted ------------------------------------------------------------
+
+    def vouched(self, resource: str, token: int) -> bool:
+        """True if ``token`` needs no question to the lease server: it is not above the
+        highest seen granted for ``resource``, or ``resource`` is not followed."""
+        return token <= self._granted.get(resource, 0) or not resource.startswith(self.prefix)
+
+    async def vouch(self, resource: str, token: int) -> None:
+        """Return if ``token`` was granted for ``resource`` as far as this guard can know;
+        raise ``LeaseLost`` if the lease server never granted it.
+
+        Asks the lease server (``Describe``) only for a token above the highest seen
+        granted; ``BackendUnavailableError`` if it cannot be asked.
+        """
+        if self.vouched(resource, token):
+            return
+        pending = self._asking.get(resource)
+        if pending is None:
+            pending = asyncio.ensure_future(self._last_granted(resource))
+            self._asking[resource] = pending
+            pending.add_done_callback(functools.partial(self._answered, resource))
+        # Shielded: a caller that goes away must not cancel the answer others wait for.
+        last = await asyncio.shield(pending)
+        if token > last:
+            hint = (
+                "; a job's tokens come from the queue, not the lease log: follow a "
+                "--watch-prefix that leaves job resources out"
+                if last == 0
+                else ""
+            )
+            raise LeaseLost(
+                f"token {token} of {resource!r} was never granted: the lease server "
+                f"{self.lease_server} has granted up to {last} (watch mode){hint}",
+                resource=resource,
+                token=token,
+            )
+
+    def _answered(self, resource: str, answer: asyncio.Future[int]) -> None:
+        self._asking.pop(resource, None)
+        if not answer.cancelled():
+            answer.exception()  # retrieved here too: every waiter may have gone
+
+    async def _last_granted(self, resource: str) -> int:
+        stub = self._stub
+        if stub is None:
+            raise BackendUnavailableError(
+                f"cannot check with the lease server {self.lease_server} that a token of "
+                f"{resource!r} was granted: the watch follower is not running"
+            )
         try:
-            return await self.store.describe_fence(CURSOR_RESOURCE)
+            state = await stub.Describe(_core.describe_request(resource), timeout=self.rpc_timeout)
+        except grpc.RpcError as err:
+            raise BackendUnavailableError(
+                f"cannot check with the lease server {self.lease_server} that a token of "
+                f"{resource!r} was granted: {_core.translate(err)}"
+            ) from err
+        last = max(state.token, state.last_token)
+        self._note_granted(resource, last)
+        return last
+
+    # -- the stored cursor ---------------------------------------------------------------------
+
+    async def _load_revision(self, log_id: str) -> int:
+        try:
+            own = await self.store.describe_fence(cursor_resource(log_id, self.prefix))
+            if own:
+                return own
+            shared = await self.store.describe_fence(SHARED_CURSOR)
         except FencingError as exc:
             log.warning("cannot read the stored watch revision, starting from now: %s", exc)
             return 0
+        if shared:
+            log.warning(
+                "no watch cursor of this guard's own in the store yet: resuming once from "
+                "the one an older guard kept for the whole store (revision %d)",
+                shared,
+            )
+        return shared
 
     async def _save_revision(self, *, force: bool = False) -> None:
         revision = self.status.revision
-        if revision <= self._saved_revision:
+        if self.log_id is None or revision <= self._saved_revision:
             return
         now = time.monotonic()
         if not force and now - self._saved_at < CURSOR_SAVE_INTERVAL:
             return
         self._saved_at = now
         try:
-            self._saved_revision = await self.store.fence(CURSOR_RESOURCE, revision)
+            self._saved_revision = await self.store.fence(
+                cursor_resource(self.log_id, self.prefix), revision
+            )
         except StaleTokenError as exc:
-            # A higher revision is stored: it came from another (or a reset) log. The
-            # server answers it with RESYNC next time; keep following this one.
+            # A higher revision is stored for this log: a replica of this guard got
+            # further, or the log went back (restored). Keep following this one.
             self._saved_revision = exc.current_token
         except FencingError as exc:
             log.warning("cannot store the watch revision: %s", exc)

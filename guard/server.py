@@ -164,5 +164,6 @@ async def start_guard(
             credentials=lease_credentials,
             on_state=running._watch_health,
         )
+        service.grants = running.follower  # tokens above those seen granted are asked about
         built.spawn(running.follower.run())
     return running

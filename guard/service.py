@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import grpc.aio
 from prometheus_client import CollectorRegistry
@@ -92,6 +92,17 @@ def write_from_proto(request: guard_pb2.WriteRequest, field: str = "") -> Batche
     )
 
 
+class Grants(Protocol):
+    """What a guard knows of the tokens its lease server granted (watch mode:
+    :class:`guard.follower.LeaseFollower`)."""
+
+    def vouched(self, resource: str, token: int) -> bool:
+        """True if ``token`` needs no question (seen granted, or not followed)."""
+
+    async def vouch(self, resource: str, token: int) -> None:
+        """Return if ``token`` was granted; ``LeaseLost`` if it never was."""
+
+
 def _write_error(exc: FencingError) -> guard_pb2.WriteError:
     code, reason, message, metadata = _status.to_fields(exc)
     return guard_pb2.WriteError(code=code, reason=reason, message=message, metadata=metadata)
@@ -118,6 +129,9 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         self.mode = mode
         self.stale_rejections = 0
         self.metrics = metrics or GuardMetrics(CollectorRegistry())
+        #: Watch mode: who vouches for tokens above those seen granted (set by the server
+        #: once the follower exists); None: the fence rule alone judges.
+        self.grants: Grants | None = None
         self.commit: GroupCommit | None = None
         if mode is not FenceMode.STRICT:
             self.commit = GroupCommit(
@@ -166,6 +180,44 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
             self.metrics.writes.labels("replayed").inc(replayed)
         return verdicts
 
+    async def _never_granted(self, items: Sequence[tuple[str, int]]) -> list[FencingError | None]:
+        """Admission, before the store: per (resource, token), the error of a token the
+        lease server never granted (or could not be asked about), else None."""
+        grants = self.grants
+        if grants is None:
+            return [None] * len(items)
+        asking = [(i, r, t) for i, (r, t) in enumerate(items) if not grants.vouched(r, t)]
+        found: list[FencingError | None] = [None] * len(items)
+        if not asking:
+            return found
+        answers = await asyncio.gather(
+            *(grants.vouch(r, t) for _, r, t in asking), return_exceptions=True
+        )
+        for (i, resource, token), answer in zip(asking, answers, strict=True):
+            if isinstance(answer, FencingError):
+                found[i] = answer
+                log.warning(
+                    "unvouched token refused resource=%s token=%d: %s",
+                    resource,
+                    token,
+                    answer,
+                    extra={
+                        "resource": resource,
+                        "token": token,
+                        "principal": current_principal() or "",
+                    },
+                )
+            elif isinstance(answer, BaseException):
+                raise answer
+        return found
+
+    async def _admit(self, resource: str, token: int) -> None:
+        """Raise what :meth:`_never_granted` finds for one token."""
+        if self.grants is not None and not self.grants.vouched(resource, token):
+            (error,) = await self._never_granted([(resource, token)])
+            if error is not None:
+                raise error
+
     async def _write_one(self, w: BatchedWrite) -> Verdict:
         try:
             return await self.store.write(w.resource, w.token, w.ops, w.idempotency_key, self.mode)
@@ -193,7 +245,9 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
     async def Write(
         self, request: guard_pb2.WriteRequest, context: Context
     ) -> guard_pb2.WriteResponse:
-        (verdict,) = await self._write_all([write_from_proto(request)])
+        write = write_from_proto(request)
+        await self._admit(write.resource, write.token)
+        (verdict,) = await self._write_all([write])
         if isinstance(verdict, StaleTokenError):
             raise verdict
         return guard_pb2.WriteResponse(fence=verdict.fence, replayed=verdict.replayed)
@@ -215,6 +269,9 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         if total_ops > limits.MAX_OPS:
             limits.check_op_count(total_ops, "writes[].ops")
         key = limits.check_idempotency_key(request.idempotency_key)
+        for error in await self._never_granted([(w.resource, w.token) for w in writes]):
+            if error is not None:
+                raise error
         try:
             result = await self.store.write_many(writes, key, self.mode)
         except StaleTokenError as exc:
@@ -302,6 +359,12 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
                 valid.append((i, streamed.id, write))
             except (InvalidArgumentError, PermissionDeniedError) as exc:
                 verdicts[i] = guard_pb2.WriteVerdict(id=streamed.id, error=_write_error(exc))
+        if self.grants is not None:
+            refused = await self._never_granted([(w.resource, w.token) for _, _, w in valid])
+            for (i, write_id, _), error in zip(valid, refused, strict=True):
+                if error is not None:
+                    verdicts[i] = guard_pb2.WriteVerdict(id=write_id, error=_write_error(error))
+            valid = [v for v, error in zip(valid, refused, strict=True) if error is None]
         try:
             results: list[Verdict | FencingError] = list(
                 await self._write_all([w for _, _, w in valid])
@@ -337,6 +400,7 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
     ) -> guard_pb2.FenceState:
         resource = limits.check_resource(request.resource)
         token = limits.check_token(request.token)
+        await self._admit(resource, token)
         try:
             fence = await self.store.fence(resource, token)
         except StaleTokenError as exc:

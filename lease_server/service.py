@@ -28,7 +28,7 @@ from fencing.errors import (
     InvalidArgumentError,
     LeaseHeldError,
 )
-from fencing.types import WATCH_START_KEY
+from fencing.types import WATCH_LOG_KEY, WATCH_START_KEY
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from lease_server.backends.base import LeaseBackend, event_log_of, resource_log_of
 from lease_server.batches import batches_of
@@ -78,6 +78,11 @@ def _event(event: LeaseEvent) -> lease_pb2.LeaseEvent:
         revision=event.revision,
         ttl_ms=event.ttl_ms,
     )
+
+
+async def _no_identity() -> str:
+    """Per-resource logs (a Redis Cluster) have no identity: their cursors go unchecked."""
+    return ""
 
 
 def watch_scope(request: lease_pb2.WatchRequest) -> Scope:
@@ -420,15 +425,18 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
     ) -> AsyncIterator[lease_pb2.LeaseEvent]:
         """Stream the events of a resource or prefix, from ``after_revision`` or from now.
 
-        A cursor the log cannot serve (pruned, or ahead of this log) gets one RESYNC
-        carrying the revision the stream continues after: re-read state (Describe)
-        and go on. The stream ends only when the client leaves or the server stops.
+        A cursor the log cannot serve (pruned, ahead of this log, or of another log:
+        ``log_id`` names a log that is not this one) gets one RESYNC carrying the
+        revision the stream continues after and this log's id: re-read state
+        (Describe) and go on. The stream ends only when the client leaves or the
+        server stops.
         """
         try:
             scope = watch_scope(request)
         except FencingError as exc:
             await _status.abort(context, exc)
         events, feed = self.events, self.feed
+        identity: Callable[[], Awaitable[str]] = _no_identity
         per_resource, resource_feed = self.resource_events, self.resource_feed
         # Per mode: how to read a page after a cursor, what to note before reading, and
         # how to wait, after it, for news beyond the cursor (False: the server stops).
@@ -438,6 +446,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         if events is not None and feed is not None:
             watching = feed.watching()
             start = events.head_revision
+            identity = events.log_id
             read = functools.partial(events.events_after, scope=scope, limit=WATCH_PAGE)
 
             def note() -> int:
@@ -470,13 +479,37 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                 f"the {self.backend.name} lease backend keeps no event log: Watch needs one",
             )
         try:
+            log_id = await identity()
             cursor = request.after_revision or await start()
+            # A revision of another log names other events here: never resume from it.
+            foreign = bool(request.after_revision and request.log_id and log_id)
+            foreign = foreign and request.log_id != log_id
+            if foreign:
+                cursor = await start()
         except FencingError as exc:
             await _status.abort(context, exc)
         # Headers now, so a client knows the stream is open before the first event, and
-        # where it starts: a client that asked "from now" learns the revision to resume after.
-        await context.send_initial_metadata(((WATCH_START_KEY, str(cursor)),))
-        log.debug("watch started %s after=%d", scope, cursor)
+        # where it starts: a client that asked "from now" learns the revision to resume
+        # after, and the log that revision belongs to.
+        headers = [(WATCH_START_KEY, str(cursor))]
+        if log_id:
+            headers.append((WATCH_LOG_KEY, log_id))
+        await context.send_initial_metadata(tuple(headers))
+        log.debug("watch started %s after=%d log=%s", scope, cursor, log_id)
+        if foreign:
+            log.info(
+                "watch %s asked to resume after %d of log %s, but this log is %s: resync",
+                scope,
+                request.after_revision,
+                request.log_id,
+                log_id,
+            )
+            yield lease_pb2.LeaseEvent(
+                kind=lease_pb2.LeaseEvent.RESYNC,
+                resource=scope.resource,
+                revision=cursor,
+                log_id=log_id,
+            )
         with watching:
             while True:
                 noted = note()
@@ -493,8 +526,16 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                         page.head,
                     )
                     cursor = page.head
+                    try:
+                        # A log that went back may be a new one (a Redis that forgot).
+                        log_id = await identity()
+                    except FencingError as exc:
+                        await _status.abort(context, exc)
                     yield lease_pb2.LeaseEvent(
-                        kind=lease_pb2.LeaseEvent.RESYNC, resource=scope.resource, revision=cursor
+                        kind=lease_pb2.LeaseEvent.RESYNC,
+                        resource=scope.resource,
+                        revision=cursor,
+                        log_id=log_id,
                     )
                     continue
                 for event in page.events:

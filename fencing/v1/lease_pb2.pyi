@@ -214,6 +214,7 @@ class WatchRequest(_message.Message):
     RESOURCE_FIELD_NUMBER: _builtins.int
     PREFIX_FIELD_NUMBER: _builtins.int
     AFTER_REVISION_FIELD_NUMBER: _builtins.int
+    LOG_ID_FIELD_NUMBER: _builtins.int
     resource: _builtins.str
     """One resource, or every resource whose name starts with prefix (empty: all).
     Not both.
@@ -221,16 +222,23 @@ class WatchRequest(_message.Message):
     prefix: _builtins.str
     after_revision: _builtins.int
     """Resume after this event revision (0: from now)."""
+    log_id: _builtins.str
+    """The identity of the log after_revision belongs to (from an earlier stream's
+    initial metadata "fencing-watch-log", or a RESYNC's log_id). If the server's log
+    is another one (another backend, or one that was lost and started over), the
+    revision means nothing there: the stream starts with RESYNC. Empty: not checked.
+    """
     def __init__(
         self,
         *,
         resource: _builtins.str = ...,
         prefix: _builtins.str = ...,
         after_revision: _builtins.int = ...,
+        log_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_revision", b"after_revision", "prefix", b"prefix", "resource", b"resource"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_revision", b"after_revision", "log_id", b"log_id", "prefix", b"prefix", "resource", b"resource"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -273,6 +281,7 @@ class LeaseEvent(_message.Message):
     HOLDER_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
     TTL_MS_FIELD_NUMBER: _builtins.int
+    LOG_ID_FIELD_NUMBER: _builtins.int
     kind: Global___LeaseEvent.Kind.ValueType
     resource: _builtins.str
     token: _builtins.int
@@ -283,6 +292,10 @@ class LeaseEvent(_message.Message):
     """
     ttl_ms: _builtins.int
     """Validity granted, for ACQUIRED and RENEWED."""
+    log_id: _builtins.str
+    """RESYNC only: the identity of the log the stream goes on in (resume from it with
+    WatchRequest.log_id). Empty when the backend's log has none (per-resource logs).
+    """
     def __init__(
         self,
         *,
@@ -292,10 +305,11 @@ class LeaseEvent(_message.Message):
         holder: _builtins.str = ...,
         revision: _builtins.int = ...,
         ttl_ms: _builtins.int = ...,
+        log_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "kind", b"kind", "resource", b"resource", "revision", b"revision", "token", b"token", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "kind", b"kind", "log_id", b"log_id", "resource", b"resource", "revision", b"revision", "token", b"token", "ttl_ms", b"ttl_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -46,7 +46,13 @@ checks them, and skips backends without a log):
    append it twice. (A store that expires leases by itself, such as Redis
    ``PEXPIRE``, must remember which token is owed an EXPIRED event, e.g. in a
    sorted set of expiries that release and renew update.)
-5. **Retention.** The log is bounded: :meth:`EventLog.prune_events` drops the
+5. **Identity.** The log has an id (:meth:`EventLog.log_id`), drawn at random once,
+   when the log is created, and stored with it: the same log answers the same id
+   after any restart, another log (another database, schema, key prefix, or one
+   that was lost and started over) another id. A revision means something only in
+   its log, so a reader resuming with a cursor of another log is told (RESYNC),
+   never served from the same number in the wrong log.
+6. **Retention.** The log is bounded: :meth:`EventLog.prune_events` drops the
    oldest events and records the highest revision dropped as
    ``compacted_through``; a reader asking for events after an older revision is
    told so (:meth:`lease_server.leases.EventPage.gap`) and must resync.
@@ -134,6 +140,13 @@ class EventLog(Protocol):
 
     async def head_revision(self) -> int:
         """The revision of the newest event appended (0 if none ever was)."""
+
+    async def log_id(self) -> str:
+        """The log's identity (rule 5): stable for this log, different for any other.
+
+        A log that is lost with its backend's data (a Redis that forgot) loses its id
+        with it, and the log that starts over gets a new one.
+        """
 
     async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
         """Events in ``scope`` with a revision greater than ``revision``, oldest first.

@@ -7,6 +7,7 @@ the front by ``prune_events``. Listeners are called synchronously after each app
 from __future__ import annotations
 
 import bisect
+import uuid
 from collections.abc import Callable, Sequence
 
 from fencing.errors import LeaseLost
@@ -40,6 +41,8 @@ class MemoryBackend:
         self._head = 0
         self._compacted_through = 0
         self._listeners: list[Callable[[int], None]] = []
+        #: Drawn per object: the log lives and dies with it.
+        self._log_id = uuid.uuid4().hex
 
     async def open(self) -> None:
         return None
@@ -142,6 +145,9 @@ class MemoryBackend:
 
     async def head_revision(self) -> int:
         return self._head
+
+    async def log_id(self) -> str:
+        return self._log_id
 
     async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
         start = bisect.bisect_right(self._events, revision, key=lambda e: e.revision)

@@ -118,6 +118,7 @@ class PostgresBackend:
         )
         self._channels_sql = q("SELECT {schema}.lease_channel(), {schema}.lease_events_channel()")
         self._head_sql = q("SELECT head FROM {schema}.lease_event_log WHERE id = 1")
+        self._log_id_sql = q("SELECT log_id FROM {schema}.lease_event_log_identity WHERE id = 1")
         self._events_sql = q("SELECT * FROM {schema}.lease_events_after(%s, %s, %s, %s)")
         self._expire_sql = q("SELECT * FROM {schema}.lease_expire_due(%s)")
         self._prune_sql = q("SELECT {schema}.lease_prune_events(%s)")
@@ -251,6 +252,11 @@ class PostgresBackend:
             # restored database). Report from here on, or no head would be news again.
             self._reported = head
         return head
+
+    async def log_id(self) -> str:
+        """Drawn once by ``0009_watch_cursors.sql`` (rule 5 of the event log)."""
+        row = await self._db.fetchone(self._log_id_sql)
+        return str(row[0]) if row is not None else ""
 
     async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
         async with self._db.connection() as conn:

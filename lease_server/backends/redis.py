@@ -70,10 +70,14 @@ script: the takeover (just before its ACQUIRED), or the expiry step below (rule 
   without it, and a resource nobody reads gets it at its next takeover.
 
 A Redis that forgets (no AOF) forgets the log too, which starts again at revision 1
-(revisions have no clock floor: they must stay dense). A reader whose cursor is ahead
-of it is told (RESYNC); one that comes back only after the new log passed its cursor
-cannot tell, and misses the new log's events up to there (a guard keeps its fences:
-those resources are back to the monotonic rule until their next event). All lease
+(revisions have no clock floor: they must stay dense), and forgets the log's identity
+(``<prefix>:events:id``, a random id set with ``SET NX`` by the first reader that finds
+none), so the new log gets a new one. A reader whose cursor is ahead of it is told
+(RESYNC); so is one that comes back only after the new log passed its cursor, if it
+names the log its cursor came from (``WatchRequest.log_id``, as guards do): a restart
+of Redis ends every stream (the connection drops), and the reader's reconnect names
+the old log. (A ``FLUSHALL`` under an open stream that no connection loss ends, with
+the new log past the stream's cursor before the next read, is not seen.) All lease
 servers on one Redis must run code that logs: an older one grants without events.
 
 **Wake-ups.** Release publishes the resource on ``<prefix>:released`` inside its
@@ -97,6 +101,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -201,6 +206,9 @@ class RedisBackend:
         self.events_channel = _redis.events_channel(self.prefix)
         self.events_per_resource = max(1, events_per_resource)
         self._shared_log = EventLogKeys.shared(self.prefix)
+        #: The one log's identity (rule 5 of the event log): lost with the log when Redis
+        #: forgets, so the log that starts over draws a new one.
+        self._log_id_key = f"{self.prefix}:events:id"
         self._client: Client | None = None
         self._scripts: dict[str, AsyncScript] = {}
         self._callbacks: list[Callable[[str], None]] = []
@@ -481,6 +489,16 @@ class RedisBackend:
             # Report from here on, or no head would be news again until it passes.
             self._reported = head
         return head
+
+    async def log_id(self) -> str:
+        """The one log's id, drawn by the first reader that finds none (``SET NX``)."""
+        self._global_only("log_id")
+        if self._client is None:
+            raise RuntimeError("RedisBackend is not open")
+        with driver_errors("log_id"):
+            await self._client.set(self._log_id_key, uuid.uuid4().hex, nx=True)
+            found = await self._client.get(self._log_id_key)
+        return text(found) if found is not None else ""
 
     async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
         self._global_only("events_after")

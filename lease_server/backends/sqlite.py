@@ -67,6 +67,15 @@ MIGRATIONS = [
     );
     CREATE INDEX leases_due ON leases (expires_at_ms) WHERE token != 0
     """,
+    # 3: the log's identity, drawn once with the log: a watcher's resume cursor is a
+    # revision of this log, and means nothing in another file (or a recreated one).
+    """
+    CREATE TABLE event_log_identity (
+        id     INTEGER PRIMARY KEY CHECK (id = 1),
+        log_id TEXT NOT NULL
+    );
+    INSERT INTO event_log_identity (id, log_id) VALUES (1, lower(hex(randomblob(16))))
+    """,
 ]
 
 _SELECT = "SELECT counter, holder, token, expires_at_ms, request_id FROM leases WHERE resource = ?"
@@ -298,6 +307,13 @@ class SQLiteBackend:
 
     async def head_revision(self) -> int:
         return await self._db.query(_head)
+
+    async def log_id(self) -> str:
+        def q(conn: sqlite3.Connection) -> str:
+            row = conn.execute("SELECT log_id FROM event_log_identity WHERE id = 1").fetchone()
+            return str(row[0])
+
+        return await self._db.query(q)
 
     async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
         if scope.resource:

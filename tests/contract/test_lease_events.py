@@ -17,7 +17,7 @@ import pytest
 from fencing.errors import LeaseLost
 from lease_server.backends.base import EventLog, LeaseBackend, event_log_of, resource_log_of
 from lease_server.leases import EventKind, Grant, LeaseEvent, Scope
-from tests.backends import TimeControl
+from tests.backends import LEASE_BACKENDS, TimeControl
 
 
 class Logged(LeaseBackend, EventLog, Protocol):
@@ -67,6 +67,21 @@ async def test_an_empty_log(logged: Pair) -> None:
     page = await backend.events_after(0, ALL, 10)
     assert page.events == () and page.head == 0 and page.compacted_through == 0
     assert not page.gap(0)
+
+
+async def test_the_log_keeps_one_identity_and_another_log_has_another(
+    logged: Pair, request: pytest.FixtureRequest
+) -> None:
+    """Rule 5: a resume cursor is checked against the log it came from."""
+    backend, _ = logged
+    identity = await backend.log_id()
+    assert identity
+    g = await grant(backend, "r")
+    await backend.release("r", g.token, "a")
+    await backend.prune_events(keep=0)
+    assert await backend.log_id() == identity  # appends and pruning keep the log's id
+    async with LEASE_BACKENDS[request.node.callspec.params["lease_backend"]]() as (other, _):
+        assert await cast(Logged, other).log_id() not in ("", identity)
 
 
 async def test_acquire_renew_release_append_in_order(logged: Pair) -> None:
@@ -224,6 +239,8 @@ async def test_sqlite_servers_sharing_a_file_share_one_log(tmp_path: object) -> 
         assert sorted(kinds([e for batch in swept for e in batch])) == [(X, "r", 1), (X, "s", 1)]
         assert await log(one) == await log(two)
         assert [e.revision for e in await log(one)] == [1, 2, 3, 4]
+        identity = await one.log_id()
+        assert await two.log_id() == identity
     finally:
         await one.close()
         await two.close()
@@ -232,6 +249,7 @@ async def test_sqlite_servers_sharing_a_file_share_one_log(tmp_path: object) -> 
     await again.open()
     try:
         assert await again.head_revision() == 4
+        assert await again.log_id() == identity
         await grant(again, "r", "c")
         assert [e.revision for e in await log(again, after=4)] == [5]
     finally:

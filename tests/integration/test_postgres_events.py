@@ -227,3 +227,24 @@ async def test_a_narrow_scope_reads_past_other_resources(
     assert _events(page.events) == [(A, "jobs/1")] and page.head == 51
     page = await a.events_after(51, Scope(resource="jobs/1"), 10)
     assert page.events == () and page.head == 51
+
+
+async def test_servers_on_one_schema_share_the_log_identity_and_a_restart_keeps_it(
+    schema: tuple[str, str], two: tuple[PostgresBackend, PostgresBackend]
+) -> None:
+    a, b = two
+    identity = await a.log_id()
+    assert identity and await b.log_id() == identity
+    again = PostgresBackend(*schema)
+    await again.open()
+    try:
+        assert await again.log_id() == identity
+    finally:
+        await again.close()
+    async with testpg.fresh_schema() as other:
+        elsewhere = PostgresBackend(*other)
+        await elsewhere.open()
+        try:
+            assert await elsewhere.log_id() not in ("", identity)
+        finally:
+            await elsewhere.close()

@@ -151,6 +151,7 @@ async def test_a_redis_that_forgets_restarts_the_log_and_readers_resync(
         for i in range(3):
             await backend.acquire(f"r{i}", "a", 5000, "")
         assert await backend.head_revision() == 3
+        forgotten = await backend.log_id()
         throwaway_redis.kill()
         await asyncio.to_thread(throwaway_redis.start)
         for _ in range(50):  # the pooled connection died with the server: nothing re-sends
@@ -164,5 +165,11 @@ async def test_a_redis_that_forgets_restarts_the_log_and_readers_resync(
         assert await backend.head_revision() == 0
         await backend.acquire("r0", "b", 5000, "")
         assert heard[:3] == [1, 2, 3] and heard[-1] == 1
+        # Once the new log passes the old cursor the head no longer tells them apart;
+        # its identity does: a reader resuming with the old log's id gets RESYNC.
+        for i in range(3):
+            await backend.acquire(f"s{i}", "b", 5000, "")
+        assert await backend.head_revision() > 3
+        assert await backend.log_id() not in ("", forgotten)
     finally:
         await backend.close()

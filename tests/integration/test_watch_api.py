@@ -9,6 +9,7 @@ import pytest
 
 from fencing import LeaseClient
 from fencing.testing import RunningServers
+from fencing.types import WATCH_LOG_KEY, WATCH_START_KEY
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from lease_server.backends.base import EventLog
 from lease_server.server import LeaseServer
@@ -106,6 +107,29 @@ def test_a_pruned_cursor_gets_resync_then_live_events(
     future = watch(stub, prefix="", after_revision=1000)
     resync = next(future)
     assert (resync.kind, resync.revision) == (Kind.RESYNC, 7)
+
+
+def test_a_cursor_of_another_log_gets_resync_never_a_silent_skip(
+    servers: RunningServers, stub: lease_pb2_grpc.LeaseServiceStub, leases: LeaseClient
+) -> None:
+    for _ in range(3):
+        leases.acquire("r", ttl=5).release()  # revisions 1..6, all still in the log
+    identity = servers.call(events_of(servers.lease).log_id())
+    opened = stub.Watch(lease_pb2.WatchRequest(prefix=""), timeout=HANG_GUARD)
+    headers = dict(opened.initial_metadata())
+    opened.cancel()
+    assert headers[WATCH_LOG_KEY] == identity
+    assert headers[WATCH_START_KEY] == "6"
+    # The cursor of this log resumes as before.
+    own = watch(stub, prefix="", after_revision=4, log_id=identity)
+    assert take(own, 2) == [(Kind.ACQUIRED, "r", 3), (Kind.RELEASED, "r", 3)]
+    own.cancel()  # type: ignore[attr-defined]
+    # Revision 4 of another log means nothing here: RESYNC at the head, naming this log.
+    foreign = watch(stub, prefix="", after_revision=4, log_id="another-log")
+    resync = next(foreign)
+    assert (resync.kind, resync.revision, resync.log_id) == (Kind.RESYNC, 6, identity)
+    leases.acquire("r", ttl=5)
+    assert take(foreign, 1) == [(Kind.ACQUIRED, "r", 4)]
 
 
 def test_resource_and_prefix_together_are_invalid(stub: lease_pb2_grpc.LeaseServiceStub) -> None:

@@ -11,7 +11,13 @@ import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fencing import AsyncGuardClient, AsyncLeaseClient, Claim, StaleTokenError
+from fencing import (
+    AsyncGuardClient,
+    AsyncLeaseClient,
+    BackendUnavailableError,
+    Claim,
+    StaleTokenError,
+)
 from fencing.v1 import lease_pb2
 from guard.fence import FenceMode
 from guard.follower import HEALTH_SERVICE, LeaseFollower
@@ -107,7 +113,11 @@ async def test_disconnected_guard_says_so_and_keeps_the_monotonic_rule(tmp_path:
     async with (
         lease_server(f"sqlite:{tmp_path / 'leases.db'}") as ls,
         watching_guard(ls.address) as (server, guard),
+        AsyncLeaseClient(ls.address) as leases,
     ):
+        await (await leases.acquire("r", ttl=30)).release()
+        lease = await leases.acquire("r", ttl=30)
+        await fence_reaches(guard, "r", lease.token)
         await ls.stop(0)
 
         async def disconnected() -> bool:
@@ -119,9 +129,13 @@ async def test_disconnected_guard_says_so_and_keeps_the_monotonic_rule(tmp_path:
         assert status.last_error
         assert await watch_health(server.address) == health_pb2.HealthCheckResponse.NOT_SERVING
         # The guard itself still serves, and still fences by what it has seen.
-        assert await guard.put(Claim("r", 5), "k", b"v") == 5
+        assert await guard.put(lease, "k", b"v") == lease.token
         with pytest.raises(StaleTokenError):
-            await guard.put(Claim("r", 4), "k", b"stale")
+            await guard.put(Claim("r", lease.token - 1), "k", b"stale")
+        # A token above every one it saw granted cannot be checked now: refused, retryable.
+        with pytest.raises(BackendUnavailableError, match="cannot check with the lease server"):
+            await guard.put(Claim("r", lease.token + 1), "k", b"unknown")
+        assert await guard.describe_fence("r") == lease.token
 
 
 async def test_resumes_after_a_lease_server_restart_without_missing_a_grant(

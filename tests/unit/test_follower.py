@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import pytest
 
+from fencing import limits
 from fencing.client._core import EventKind, LeaseEvent
+from fencing.errors import BackendUnavailableError, InvalidArgumentError
 from guard import __main__ as guard_main
-from guard.follower import INITIAL_BACKOFF, MAX_BACKOFF, fence_for, reconnect_delay
+from guard.follower import (
+    INITIAL_BACKOFF,
+    MAX_BACKOFF,
+    SHARED_CURSOR,
+    LeaseFollower,
+    cursor_resource,
+    fence_for,
+    reconnect_delay,
+)
+from guard.stores.memory import MemoryStore
 
 
 def event(kind: EventKind, token: int = 7) -> LeaseEvent:
@@ -41,3 +52,24 @@ def test_watch_mode_needs_a_lease_server(capsys: pytest.CaptureFixture[str]) -> 
         guard_main.main(["--fence-mode", "watch"])
     assert exit_.value.code == 2
     assert "--lease-server" in capsys.readouterr().err
+
+
+def test_each_log_and_prefix_has_its_own_cursor_name() -> None:
+    names = {cursor_resource(log, prefix) for log in ("L1", "L2") for prefix in ("", "a/", "b/")}
+    assert len(names) == 6 and SHARED_CURSOR not in names
+    # No request can name a cursor: resource names with control characters are refused.
+    for name in names:
+        with pytest.raises(InvalidArgumentError):
+            limits.check_resource(name)
+
+
+async def test_tokens_seen_granted_need_no_question_and_others_outside_the_prefix_neither() -> None:
+    follower = LeaseFollower(MemoryStore(), "127.0.0.1:1", prefix="a/")
+    assert follower.vouched("b/x", 2**63 - 1)  # not followed: the monotonic rule alone
+    assert not follower.vouched("a/x", 1)  # nothing seen yet: must ask
+    await follower._apply(LeaseEvent(EventKind.ACQUIRED, "a/x", 5, "h", 1, 1000))
+    assert follower.vouched("a/x", 5) and follower.vouched("a/x", 4)
+    assert not follower.vouched("a/x", 6)
+    # Not running: it cannot ask, and says so (retryable), never admits on a guess.
+    with pytest.raises(BackendUnavailableError, match="cannot check"):
+        await follower.vouch("a/x", 6)

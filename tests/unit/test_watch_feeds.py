@@ -22,6 +22,9 @@ class FakeLog:
     async def head_revision(self) -> int:
         return self.head
 
+    async def log_id(self) -> str:
+        return "fake"
+
     def on_events(self, callback: Callable[[int], None]) -> None:
         self.on_head.append(callback)
 
