@@ -17,7 +17,6 @@ from tests.redis_server import (  # noqa: F401  (fixtures)
     throwaway_redis,
 )
 
-
 #: Every test under these folders carries the folder's mark, so the default loop
 #: (``-m "not e2e and not chaos"`` in pyproject.toml) leaves whole suites out.
 FOLDER_MARKS = {"e2e": "e2e", "chaos": "chaos"}
