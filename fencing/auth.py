@@ -45,7 +45,17 @@ action                        methods
                               its verdict); Read and DescribeFence; Fence
 ``enqueue`` ``claim``         QueueService Enqueue; Claim, Heartbeat, Complete, Fail, Release
 ``describe``                  QueueService Stats
+``reset_fence``               GuardService ResetFence (an operator's recovery: it may
+                              lower a fence); never part of ``"*"``, it must be named
 ============================  =========================================
+
+``reset_fence`` is apart because it is the one call that can lower a fence: a
+principal allowed ``write`` on a prefix must not be able to undo the fencing of its
+own former holders. Grant it to operators only, per prefix like the rest::
+
+    [principals.oncall]
+    tokens = ["sha256:..."]
+    allow = [{ prefix = "", actions = ["describe", "read", "reset_fence"] }]
 """
 
 from __future__ import annotations
@@ -73,6 +83,7 @@ class Action(StrEnum):
     FENCE = "fence"
     ENQUEUE = "enqueue"
     CLAIM = "claim"
+    RESET_FENCE = "reset_fence"
 
 
 _LEASE = "/fencing.v1.LeaseService/"
@@ -96,6 +107,7 @@ METHOD_ACTIONS: dict[str, Action] = {
     _GUARD + "Read": Action.READ,
     _GUARD + "DescribeFence": Action.READ,
     _GUARD + "Fence": Action.FENCE,
+    _GUARD + "ResetFence": Action.RESET_FENCE,
     _QUEUE + "Enqueue": Action.ENQUEUE,
     _QUEUE + "Claim": Action.CLAIM,
     _QUEUE + "Heartbeat": Action.CLAIM,
@@ -193,8 +205,10 @@ class Principal:
     grants: tuple[Grant, ...] = ()
 
 
-ALL_ACTIONS = frozenset(Action)
-ALLOW_ALL = (Grant("", ALL_ACTIONS),)
+#: What ``"*"`` grants: every action but ``reset_fence``, which must be named.
+ALL_ACTIONS = frozenset(Action) - {Action.RESET_FENCE}
+#: Without a policy (no auth configured) every call is allowed, the reset too.
+ALLOW_ALL = (Grant("", frozenset(Action)),)
 
 
 def _digest(token: str) -> bytes:
