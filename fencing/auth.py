@@ -207,8 +207,7 @@ class Principal:
 
 #: What ``"*"`` grants: every action but ``reset_fence``, which must be named.
 ALL_ACTIONS = frozenset(Action) - {Action.RESET_FENCE}
-#: Without a policy (no auth configured) every call is allowed, the reset too.
-ALLOW_ALL = (Grant("", frozenset(Action)),)
+ALLOW_ALL = (Grant("", ALL_ACTIONS),)
 
 
 def _digest(token: str) -> bytes:
@@ -311,7 +310,9 @@ class AuthPolicy:
 
     def allows(self, principal: str, action: Action, scope: Scope) -> bool:
         if self.open_identities and principal not in self.principals:
-            return True
+            # Any verified identity may do anything but reset a fence: that needs a
+            # principal whose grants name it.
+            return action is not Action.RESET_FENCE
         known = self.principals.get(principal)
         return known is not None and any(g.allows(action, scope) for g in known.grants)
 

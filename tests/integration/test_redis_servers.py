@@ -16,6 +16,7 @@ import pytest
 
 from fencing import (
     BackendUnavailableError,
+    Claim,
     GuardClient,
     LeaseClient,
     LeaseHeldError,
@@ -154,6 +155,10 @@ def test_strict_guard_and_lease_server_on_one_redis(which: str) -> None:
             with pytest.raises(LeaseLost, match="not the live lease") as lost:
                 guard.put(lease, "k", b"late")
             assert lost.value.token == lease.token
+            # A token nobody was granted cannot raise a strict guard's fence either.
+            with pytest.raises(LeaseLost):
+                guard.fence(Claim("ledger", 2**63 - 1))
+            assert guard.describe_fence("ledger") == lease.token
             record = guard.read("ledger", "k")
             assert record is not None and record.value == b"live"
     finally:
