@@ -97,3 +97,36 @@ def test_control_an_unfenced_guard_tells_the_stale_owner_success(tmp_path: Path)
         told = guard.write(Claim("orders", 1), Put("order-7", b"paused"), idempotency_key="order-7")
         assert told.replayed  # "success" for someone else's write
         assert told.replayed_by_token == 2
+
+
+def test_sqlite_keys_recorded_before_the_upgrade_replay_by_their_fence(tmp_path: Path) -> None:
+    """A guard file from before the token column: its keys replay, and refuse a stale
+    token, with the recorded fence standing in for the token."""
+    import sqlite3
+
+    from guard.stores.sqlite import MIGRATIONS, SQLiteStore
+
+    path = tmp_path / "guard.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for statement in MIGRATIONS[0].split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.execute("PRAGMA user_version=1")
+    conn.execute("INSERT INTO fences VALUES ('r', 4)")
+    conn.execute("INSERT INTO idempotency VALUES ('r', 'old', 4, 0)")
+    conn.close()
+
+    async def scenario() -> None:
+        store = SQLiteStore(path)
+        await store.open()
+        try:
+            again = await store.write("r", 4, [Put("k", b"x")], "old")
+            assert again.replayed and again.replayed_by_token == 4
+            await store.fence("r", 5)
+            with pytest.raises(StaleTokenError) as stale:
+                await store.write("r", 4, [Put("k", b"x")], "old")
+            assert (stale.value.key_applied, stale.value.applied_by_token) == (True, 4)
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())

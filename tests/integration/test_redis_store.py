@@ -166,3 +166,18 @@ async def test_keys_land_in_the_slot_redis_computes(redis_cluster_url: str) -> N
             assert slots == {_slot(keys.fence)}
     finally:
         await node.aclose()
+
+
+async def test_keys_recorded_in_the_older_format_still_replay(pair: Pair) -> None:
+    """Records written before the token was kept ('<fence>:<recorded_at_ms>'): the fence
+    stands in for the token (equal in every mode but off), and prune still reads them."""
+    _, store = pair
+    keys = _redis.ResourceKeys(store.prefix, "old")
+    await store.client.set(keys.idempotency("op"), "4:1700000000000", px=60_000)
+    again = await store.write("old", 4, [Put("k", b"x")], "op")
+    assert again.replayed and again.replayed_by_token == 4 and again.fence == 4
+    await store.fence("old", 5)
+    with pytest.raises(StaleTokenError) as stale:
+        await store.write("old", 4, [Put("k", b"x")], "op")
+    assert (stale.value.key_applied, stale.value.applied_by_token) == (True, 4)
+    assert await store.read("old", "k") is None

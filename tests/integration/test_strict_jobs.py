@@ -158,3 +158,31 @@ async def test_a_strict_job_write_holds_a_rescue_back_until_it_commits(
         await conn.commit()
     rescued = await claim_one(queue, "rescuer", 10_000)
     assert rescued.id == job.id and rescued.token > job.token
+
+
+async def test_keys_recorded_before_the_upgrade_replay_and_refuse_by_their_fence(
+    schema: tuple[str, str],
+) -> None:
+    """A schema at 0001-0007 has idempotency keys without the token that applied them:
+    after 0008 the fence they recorded (= that token in every mode but off) stands in."""
+    dsn, name = schema
+    before = [m for m in pg.migrations() if m.version <= 7]
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await pg._apply_migrations(conn, name, before)
+        await conn.execute(
+            sql.SQL(
+                "SELECT * FROM {}.guard_write("
+                "'r', 4, ARRAY['k'], ARRAY['v'::bytea], 'old', 'monotonic')"
+            ).format(sql.Identifier(name))
+        )
+    store = PostgresStore(dsn, name)
+    await store.open()  # migrates 0008 (and anything newer)
+    try:
+        again = await store.write("r", 4, [Put("k", b"again")], "old")
+        assert again.replayed and again.replayed_by_token == 4
+        await store.fence("r", 5)
+        with pytest.raises(StaleTokenError) as stale:
+            await store.write("r", 4, [Put("k", b"late")], "old")
+        assert (stale.value.key_applied, stale.value.applied_by_token) == (True, 4)
+    finally:
+        await store.close()
