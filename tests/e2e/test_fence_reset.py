@@ -193,3 +193,19 @@ def test_the_reset_needs_its_own_permission(tmp_path: Path) -> None:
             assert app.put(Claim("orders/1", 3), "k", b"v") == 3
             with pytest.raises(StaleTokenError):
                 app.write(Claim("orders/1", 2), Put("k", b"old"))
+
+
+def test_reset_fence_checks_to_token_at_the_edge(servers: RunningServers) -> None:
+    import grpc
+
+    from fencing.v1 import guard_pb2, guard_pb2_grpc
+
+    with grpc.insecure_channel(servers.guard_address) as channel:
+        stub = guard_pb2_grpc.GuardServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as bad:
+            stub.ResetFence(guard_pb2.ResetFenceRequest(resource="r", to_token=2**63))
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "to_token" in (bad.value.details() or "")
+        with pytest.raises(grpc.RpcError) as nameless:
+            stub.ResetFence(guard_pb2.ResetFenceRequest(resource="", to_token=1))
+        assert nameless.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -186,3 +186,30 @@ async def test_keys_recorded_before_the_upgrade_replay_and_refuse_by_their_fence
         assert (stale.value.key_applied, stale.value.applied_by_token) == (True, 4)
     finally:
         await store.close()
+
+
+async def test_reset_never_goes_below_a_granted_lease_or_job_token(
+    schema: tuple[str, str], queue: PostgresQueue, store: PostgresStore
+) -> None:
+    from fencing.errors import InvalidArgumentError
+    from lease_server.backends.postgres import PostgresBackend
+    from lease_server.leases import Grant
+
+    backend = PostgresBackend(*schema)
+    await backend.open()
+    try:
+        grant = await backend.acquire("acct", "a", 10_000, "")
+        assert isinstance(grant, Grant)
+    finally:
+        await backend.close()
+    await queue.enqueue("q", [NewJob(b"x", resource="outbox/3")])
+    job = await claim_one(queue, "w", 10_000)
+    for resource, granted in (("acct", grant.token), ("outbox/3", job.token)):
+        await store.fence(resource, 2**63 - 1)
+        with pytest.raises(InvalidArgumentError) as below:
+            await store.reset_fence(resource, granted - 1)
+        assert below.value.field == "to_token"
+        assert await store.describe_fence(resource) == 2**63 - 1
+        assert await store.reset_fence(resource, granted) == 2**63 - 1
+        assert await store.describe_fence(resource) == granted
+    assert (await store.write("outbox/3", job.token, [Put("k", b"v")], mode=STRICT)).fence
