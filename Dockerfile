@@ -2,7 +2,12 @@
 # fencing-guard: lease server, guard and CLI in one image.
 #
 #   docker build -t fencing-guard .
-#   docker run --rm -p 50051:50051 -p 50052:50052 fencing-guard     # fencing serve on SQLite
+#   docker run -d --name fencing -v fencing-data:/var/lib/fencing \
+#       -p 50051:50051 -p 50052:50052 fencing-guard                  # fencing serve on SQLite
+#
+# The counters and fences live in /var/lib/fencing: keep it on a named volume. A
+# container replaced without it starts every counter at 1 again (tokens repeat, and
+# a stale owner's write is accepted); fencing serve logs a WARNING on a new data dir.
 #
 # Stage 1 installs the project and its runtime dependencies (all wheels: grpcio,
 # psycopg[binary], redis, hiredis) into a virtualenv; stage 2 is a clean slim image
@@ -29,6 +34,10 @@ ENV PATH=/opt/fencing/bin:$PATH \
     FENCING_DATA_DIR=/var/lib/fencing
 WORKDIR /var/lib/fencing
 USER 10001:10001
+# Declared after the chown above, so a new named volume starts owned by the user.
+VOLUME ["/var/lib/fencing"]
 EXPOSE 50051 50052 9100
 STOPSIGNAL SIGTERM
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["fencing", "healthcheck", "127.0.0.1:50051", "127.0.0.1:50052"]
 CMD ["fencing", "serve", "--lease-addr", "0.0.0.0:50051", "--guard-addr", "0.0.0.0:50052", "--insecure"]

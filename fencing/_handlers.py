@@ -5,16 +5,32 @@ the status and the time a call took it must wrap the handler's behavior. ``aroun
 does that for every kind of RPC with one async context manager, entered before the
 behavior runs (with the request, or None for client-streaming calls) and exited
 with whatever the behavior raised.
+
+``decoding`` makes a request that cannot be decoded (a string field that is not
+UTF-8, a truncated frame) an ``INVALID_ARGUMENT`` naming the field, logged as one
+line. grpc.aio calls the deserializer outside every handler, so without it the
+protobuf ``DecodeError`` escapes as ``UNKNOWN`` with a traceback in the log.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import grpc
 import grpc.aio
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import empty_pb2
+from google.protobuf.message import DecodeError
+from google.protobuf.unknown_fields import UnknownFieldSet
+
+from fencing import _status
+from fencing.errors import InvalidArgumentError
+
+log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 #: ``around(request, context)``: entered before the behavior, exited after it.
@@ -33,12 +49,21 @@ def rpc_type(handler: grpc.RpcMethodHandler[Any, Any]) -> str:
 
 
 async def _items(result: Any) -> AsyncIterator[Any]:
-    """A streaming behavior either is an async generator or awaits ``context.write``."""
+    """A streaming behavior is an async generator, a plain iterator, or awaits
+    ``context.write``."""
     if hasattr(result, "__aiter__"):
         async for item in result:
             yield item
+    elif hasattr(result, "__iter__"):
+        for item in result:
+            yield item
     else:
         await result
+
+
+async def _outcome(result: Any) -> Any:
+    """A unary behavior's answer, whether it was a coroutine or a plain function."""
+    return await result if inspect.isawaitable(result) else result
 
 
 def around(
@@ -89,3 +114,161 @@ def split_method(method: str) -> tuple[str, str]:
     """``/fencing.v1.LeaseService/Acquire`` -> ``("fencing.v1.LeaseService", "Acquire")``."""
     service, _, name = method.lstrip("/").partition("/")
     return service, name
+
+
+# -- requests that cannot be decoded -------------------------------------------------------
+
+_LENGTH_DELIMITED = 2
+#: protobuf's default recursion limit: no request we accept nests deeper.
+_MAX_DEPTH = 100
+
+
+class UndecodableRequestError(InvalidArgumentError):
+    """The bytes of a request are not a message of its type; ``field`` names the
+    string field that is not UTF-8 where one is to blame."""
+
+
+def not_utf8_field(
+    message: _descriptor.Descriptor, raw: bytes, path: str = "", depth: int = 0
+) -> str | None:
+    """The path (``writes[0].ops[1].put.key``) of the first string field of ``raw`` whose
+    bytes are not UTF-8, read as a ``message``; None if there is none or ``raw`` is not
+    even well-formed protobuf.
+
+    The frame is parsed as an empty message, which keeps every field as raw unknown
+    bytes (no UTF-8 check), and walked with ``message``'s descriptor, no deeper than
+    protobuf's own recursion limit (a recursive type could otherwise nest without end).
+    """
+    if depth > _MAX_DEPTH:
+        return None
+    probe = empty_pb2.Empty()
+    try:
+        probe.ParseFromString(raw)
+    except DecodeError:
+        return None
+    seen: dict[int, int] = {}
+    fields = UnknownFieldSet(probe)
+    for n in range(len(fields)):
+        item = fields[n]
+        field = message.fields_by_number.get(item.field_number)
+        if field is None or item.wire_type != _LENGTH_DELIMITED:
+            continue
+        index = seen[item.field_number] = seen.get(item.field_number, -1) + 1
+        name = f"{path}{field.name}[{index}]" if field.is_repeated else f"{path}{field.name}"
+        if field.type == _descriptor.FieldDescriptor.TYPE_STRING:
+            try:
+                bytes(item.data).decode("utf-8")
+            except UnicodeDecodeError:
+                return name
+        elif field.type == _descriptor.FieldDescriptor.TYPE_MESSAGE and field.message_type:
+            found = not_utf8_field(field.message_type, bytes(item.data), f"{name}.", depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+class _Undecodable:
+    """What the wrapped deserializer returns in place of a request it cannot decode."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: UndecodableRequestError) -> None:
+        self.error = error
+
+
+def _safe(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+    message_class = getattr(deserializer, "__self__", None)
+    descriptor = getattr(message_class, "DESCRIPTOR", None)
+    type_name = descriptor.full_name if descriptor is not None else "request"
+
+    def decode(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except DecodeError as exc:
+            known = descriptor  # a local: mypy narrows no captured name
+            field = None if known is None else not_utf8_field(known, raw)
+            if field is not None:
+                error = UndecodableRequestError(
+                    f"{field} is not valid UTF-8 (protobuf string fields must be)", field=field
+                )
+            else:
+                error = UndecodableRequestError(f"the request is not a valid {type_name}: {exc}")
+            return _Undecodable(error)
+
+    return decode
+
+
+def decoding(
+    handler: grpc.RpcMethodHandler[Any, Any], method: str
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """``handler`` answering a request (or a streamed message) it cannot decode with
+    ``INVALID_ARGUMENT`` (see :class:`UndecodableRequestError`), logged as one line."""
+
+    def note(error: UndecodableRequestError, context: Context) -> UndecodableRequestError:
+        log.warning(
+            "refused %s from %s: %s",
+            method,
+            context.peer(),
+            error,
+            extra={"method": method, "peer": context.peer(), "field": error.field},
+        )
+        return error
+
+    async def refuse(error: UndecodableRequestError, context: Context) -> Any:
+        await _status.abort(context, note(error, context))
+
+    async def checked(requests: Any, context: Context) -> AsyncIterator[Any]:
+        # Raised inside the servicer's own loop: a servicer that turns our errors
+        # into statuses itself (WriteStream does) answers with it; otherwise the
+        # wrapper below does.
+        async for request in requests:
+            if isinstance(request, _Undecodable):
+                raise note(request.error, context)
+            yield request
+
+    common = {
+        "request_deserializer": _safe(handler.request_deserializer),
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary is not None:
+        uu: Any = handler.unary_unary
+
+        async def unary_unary(request: Any, context: Context) -> Any:
+            if isinstance(request, _Undecodable):
+                await refuse(request.error, context)
+            return await _outcome(uu(request, context))
+
+        return grpc.unary_unary_rpc_method_handler(unary_unary, **common)
+    if handler.unary_stream is not None:
+        us: Any = handler.unary_stream
+
+        async def unary_stream(request: Any, context: Context) -> AsyncIterator[Any]:
+            if isinstance(request, _Undecodable):
+                await refuse(request.error, context)
+            async for item in _items(us(request, context)):
+                yield item
+
+        return grpc.unary_stream_rpc_method_handler(unary_stream, **common)
+    if handler.stream_unary is not None:
+        su: Any = handler.stream_unary
+
+        async def stream_unary(requests: Any, context: Context) -> Any:
+            try:
+                return await _outcome(su(checked(requests, context), context))
+            except UndecodableRequestError as exc:
+                await _status.abort(context, exc)
+
+        return grpc.stream_unary_rpc_method_handler(stream_unary, **common)
+    ss: Any = handler.stream_stream
+    assert ss is not None
+
+    async def stream_stream(requests: Any, context: Context) -> AsyncIterator[Any]:
+        try:
+            async for item in _items(ss(checked(requests, context), context)):
+                yield item
+        except UndecodableRequestError as exc:
+            await _status.abort(context, exc)
+
+    return grpc.stream_stream_rpc_method_handler(stream_stream, **common)

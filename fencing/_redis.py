@@ -8,7 +8,7 @@ parameters of ours, removed before redis-py sees the rest:
 
 ==================  ==========================================================
 ``prefix``          key prefix, default ``fencing`` (must not contain ``{``/``}``)
-``require_durable`` ``1``/``true``: refuse to open on a non-durable Redis
+``require_durable`` ``1``/``true``: refuse to open on a Redis that may forget or evict
 ``idempotency_ttl`` seconds a guard idempotency key is kept (store only)
 ==================  ==========================================================
 
@@ -354,6 +354,11 @@ def driver_errors(what: str) -> Iterator[None]:
         OSError,
     ) as exc:
         raise BackendUnavailableError(f"redis unavailable during {what}: {exc}") from exc
+    except rexc.OutOfMemoryError as exc:
+        # redis-py strips the "OOM" code from the text: match the class. Under
+        # maxmemory-policy noeviction this is Redis refusing a write it has no room
+        # for, instead of deleting keys to make room: nothing was applied.
+        raise BackendUnavailableError(f"redis is out of memory during {what}: {exc}") from exc
     except rexc.ResponseError as exc:
         if str(exc).startswith(_TRANSIENT_REPLIES):
             raise BackendUnavailableError(f"redis refused {what}: {exc}") from exc
@@ -403,10 +408,42 @@ def judge_durability(config: Mapping[str, str]) -> str | None:
     return None
 
 
+def judge_eviction(config: Mapping[str, str]) -> str | None:
+    """Why a Redis with this memory config may delete our keys under memory pressure.
+
+    With ``maxmemory`` set (not 0) every policy but ``noeviction`` deletes keys when
+    the limit is reached: ``volatile-*`` the keys with a TTL (leases, so a second
+    holder is granted while the first's lease is unexpired, and idempotency keys, so
+    a retried write is applied twice), ``allkeys-*`` any key (fences, so a stale token
+    is accepted again, and counters). ``noeviction`` answers writes with an OOM error
+    instead, which the servers report as ``BACKEND_UNAVAILABLE``. None when safe.
+    """
+    policy = config.get("maxmemory-policy", "").lower()
+    limit = config.get("maxmemory", "").strip()
+    if not limit or limit == "0" or policy == "noeviction":
+        return None
+    if policy.startswith("volatile-"):
+        lost = (
+            "leases (a second holder while the first's lease is unexpired) and "
+            "idempotency keys (a retried write applied twice)"
+        )
+    else:
+        lost = "fences (a stale token accepted again), counters and leases"
+    return (
+        f"maxmemory-policy is {policy or 'unknown'!r} with maxmemory {limit} bytes: at the "
+        f"limit Redis evicts {lost}; set maxmemory-policy noeviction"
+    )
+
+
+#: What :func:`durability_warning` reads: persistence, and whether Redis may evict.
+_SETTINGS = ("appendonly", "appendfsync", "save", "maxmemory", "maxmemory-policy")
+
+
 async def durability_warning(client: Client) -> str | None:
-    """Read CONFIG GET appendonly/appendfsync/save on the server (every primary of a
-    cluster) and say why it is not durable, or None. CONFIG may be disabled (renamed,
-    or a managed Redis): then say that it could not be checked."""
+    """Read CONFIG GET of the persistence and memory settings on the server (every
+    primary of a cluster) and say why what it holds may be forgotten (not persisted,
+    or evicted: :func:`judge_durability`, :func:`judge_eviction`), or None. CONFIG may
+    be disabled (renamed, or a managed Redis): then say that it could not be checked."""
     nodes: list[tuple[str, Any]] = []
     if isinstance(client, RedisCluster):
         nodes = [(node.name, node) for node in client.get_primaries()]
@@ -415,7 +452,7 @@ async def durability_warning(client: Client) -> str | None:
         nodes = [(f"{kw.get('host', '?')}:{kw.get('port', '?')}", None)]
     problems: list[str] = []
     for name, node in nodes:
-        args = ("CONFIG", "GET", "appendonly", "appendfsync", "save")
+        args = ("CONFIG", "GET", *_SETTINGS)
         try:
             with driver_errors("CONFIG GET"):
                 if node is None:
@@ -428,9 +465,10 @@ async def durability_warning(client: Client) -> str | None:
                 "assume counters and fences are not durable"
             )
             continue
-        problem = judge_durability(_config_map(reply))
-        if problem:
-            problems.append(f"{name}: {problem}")
+        config = _config_map(reply)
+        for problem in (judge_durability(config), judge_eviction(config)):
+            if problem:
+                problems.append(f"{name}: {problem}")
     return "; ".join(problems) or None
 
 
@@ -454,6 +492,46 @@ async def open_client(target: RedisTarget, what: str) -> tuple[Client, str | Non
     if warning is not None:
         log.warning("%s on %s is not durable: %s", what, redact(target.url), warning)
     return client, warning
+
+
+class Health:
+    """The health probe shared by the Redis lease backend and guard store: PING, and
+    the durability settings read again (they can change at runtime with CONFIG SET,
+    or by a failover to a differently configured replica).
+
+    ``warning`` is the latest :func:`durability_warning`; a change is logged (a
+    WARNING naming the setting when it turns bad). With ``require_durable`` a Redis
+    that is no longer durable is unhealthy (the server reports NOT_SERVING), as it
+    would have been refused at start.
+    """
+
+    def __init__(self, target: RedisTarget, what: str, warning: str | None = None) -> None:
+        self.target = target
+        self.what = what
+        self.warning = warning
+
+    async def healthy(self, client: Client | None) -> bool:
+        if client is None:
+            return False
+        try:
+            if not await client.ping():
+                return False
+            warning = await durability_warning(client)
+        except Exception:
+            return False
+        if warning != self.warning:
+            self.warning = warning
+            if warning is None:
+                log.warning("%s on %s is durable again", self.what, redact(self.target.url))
+            else:
+                log.warning(
+                    "%s on %s is not durable: %s%s",
+                    self.what,
+                    redact(self.target.url),
+                    warning,
+                    " (require_durable: NOT_SERVING)" if self.target.require_durable else "",
+                )
+        return warning is None or not self.target.require_durable
 
 
 def url_for_node(url: str, host: str, port: int) -> str:

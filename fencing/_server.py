@@ -31,7 +31,7 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from fencing import _status, _storage
+from fencing import _handlers, _status, _storage
 from fencing._admission import (
     DEFAULT_MAX_WAITERS,
     DEFAULT_MAX_WATCH_STREAMS,
@@ -67,6 +67,25 @@ def rpc(fn: Handler[Self_, Req, Resp]) -> Handler[Self_, Req, Resp]:
             await _status.abort(context, exc)
 
     return wrapper
+
+
+class DecodeInterceptor(grpc.aio.ServerInterceptor):
+    """Answers a request that cannot be decoded with ``INVALID_ARGUMENT`` naming the
+    field (:func:`fencing._handlers.decoding`), for every method of the server. It sits
+    inside the metrics interceptor (the refusal is counted) and outside admission
+    (which reads the request's names to authorize it)."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        return _handlers.decoding(handler, handler_call_details.method)
 
 
 #: Registers a servicer on a server, e.g. ``lease_pb2_grpc.add_LeaseServiceServicer_to_server``.
@@ -159,9 +178,15 @@ class BuiltServer:
                 if ok != serving:
                     serving = ok
                     if ok:
-                        log.warning("%s backend is reachable again: SERVING", role)
+                        log.warning("%s backend passes its health probe again: SERVING", role)
                     else:
-                        log.error("%s backend is unreachable: NOT_SERVING", role)
+                        # Unreachable, or (a Redis under require_durable) no longer
+                        # durable: the backend's own log line says which.
+                        log.error(
+                            "%s backend fails its health probe (unreachable, or not durable "
+                            "under --require-durable): NOT_SERVING",
+                            role,
+                        )
                     await self.set_serving(ok)
 
         self.spawn(probe_forever())
@@ -210,6 +235,7 @@ async def build_server(
     srv = grpc.aio.server(
         interceptors=[
             MetricsInterceptor(metrics.group(GrpcMetrics)),
+            DecodeInterceptor(),
             AdmissionInterceptor(admission, metrics.group(EdgeMetrics)),
         ],
         options=server_options(options.reuse_port),

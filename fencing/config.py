@@ -266,7 +266,7 @@ REQUIRE_DURABLE = Option(
     "FENCING_REQUIRE_DURABLE",
     False,
     "refuse to start on a backend or store that may forget acknowledged tokens or fences "
-    "(memory://, Redis without AOF)",
+    "(memory://, Redis without AOF or with a maxmemory-policy that evicts)",
     bool,
 )
 GRACE = Option(

@@ -11,9 +11,13 @@ transaction, and lets your own transactions fence themselves::
     INSERT INTO orders ...;
     COMMIT;
 
-URLs are libpq URLs plus three parameters of ours, removed before connecting::
+URLs are libpq URLs plus parameters of ours, removed before connecting::
 
-    postgresql://user:pass@host:5432/db?schema=fencing&timeout=2&pool_max=8
+    postgresql://user:pass@host:5432/db?schema=fencing&timeout=2&pool_max=8&token_floor=off
+
+``token_floor=clock`` makes every grant in this server's sessions take the clock floor
+(``0010_token_floor.sql``, :mod:`lease_server.backends.postgres`); the default ``off``
+keeps tokens 1, 2, 3.
 
 ``timeout`` (seconds) bounds every backend call: the wait for a pooled connection,
 the statement on the server (``statement_timeout``) and the call as a whole, so a
@@ -68,7 +72,9 @@ LEASE_NOT_LIVE_SQLSTATE = "FN002"
 #: SQLSTATE raised by ``lease_acquire_many``: a resource is held (nothing was granted).
 LEASE_HELD_SQLSTATE = "FN003"
 
-_OUR_PARAMS = ("schema", "timeout", "pool_max")
+_OUR_PARAMS = ("schema", "timeout", "pool_max", "token_floor")
+#: ``?token_floor=`` values; the session setting ``fencing.token_floor`` the SQL reads.
+TOKEN_FLOORS = ("off", "clock")
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,39}")
 _MIGRATION_FILE = re.compile(r"(\d{4})_(\w+)\.sql")
 #: Advisory lock key (with the schema's hash) that serialises concurrent migrators.
@@ -96,6 +102,7 @@ class PgConfig:
     schema: str = DEFAULT_SCHEMA
     timeout: float = DEFAULT_TIMEOUT_S
     pool_max: int = DEFAULT_POOL_MAX
+    token_floor: str = "off"
 
     @classmethod
     def from_url(cls, url: str, schema: str | None = None) -> PgConfig:
@@ -121,11 +128,19 @@ class PgConfig:
                 "a postgres URL's timeout must be positive seconds and pool_max >= 1",
                 field="url",
             )
+        token_floor = params.get("token_floor", "off").lower() or "off"
+        if token_floor not in TOKEN_FLOORS:
+            raise InvalidArgumentError(
+                f"a postgres URL's token_floor must be one of {', '.join(TOKEN_FLOORS)}, "
+                f"not {params['token_floor']!r}",
+                field="token_floor",
+            )
         return cls(
             conninfo=conninfo,
             schema=check_schema_name(schema or params.get("schema") or DEFAULT_SCHEMA),
             timeout=timeout,
             pool_max=pool_max,
+            token_floor=token_floor,
         )
 
     def connect_kwargs(self, application_name: str) -> dict[str, Any]:
@@ -396,8 +411,9 @@ class PostgresDatabase:
         await conn.execute(
             "SELECT set_config('statement_timeout', %s, false),"
             " set_config('idle_in_transaction_session_timeout', %s, false),"
-            " set_config('synchronous_commit', 'on', false)",
-            (ms, ms),
+            " set_config('synchronous_commit', 'on', false),"
+            " set_config('fencing.token_floor', %s, false)",
+            (ms, ms, self.config.token_floor),
         )
 
     async def connect(self) -> psycopg.AsyncConnection[TupleRow]:

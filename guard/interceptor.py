@@ -27,7 +27,9 @@ Methods: every method of the server except the ``grpc.*`` services (health,
 reflection), or exactly those named in ``methods`` (full names,
 ``/package.Service/Method``). A fenced call without the metadata is refused with
 ``INVALID_ARGUMENT`` (``field`` = ``fencing-token``) unless ``require=False``,
-which lets it through unchecked.
+which lets it through unchecked. A fenced call whose request cannot be decoded (a
+string that is not UTF-8) is ``INVALID_ARGUMENT`` naming the field, before its claim
+is judged, as on the lease server and the guard.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import Any, TypeVar, cast
 import grpc
 import grpc.aio
 
-from fencing import _status, propagation
+from fencing import _handlers, _status, propagation
 from fencing.errors import FencingError, InvalidArgumentError, StaleTokenError
 from fencing.types import Claim
 from guard.stores.base import GuardStore
@@ -116,7 +118,11 @@ class FenceInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or not self.fences(handler_call_details.method):
             return handler
         metadata = handler_call_details.invocation_metadata
-        return _wrap(handler, lambda context: self.admit(metadata, context))
+        fenced = _wrap(handler, lambda context: self.admit(metadata, context))
+        # Outermost: a request that cannot be decoded is refused (INVALID_ARGUMENT
+        # naming the field) before its claim is judged, so it never moves a fence.
+        decoded = _handlers.decoding(fenced, handler_call_details.method)
+        return cast("grpc.RpcMethodHandler[Req, Resp]", decoded)
 
 
 Admit = Callable[[Context], Awaitable[Claim | None]]

@@ -18,9 +18,17 @@ from tests.redis_server import (  # noqa: F401  (fixtures)
 )
 
 
+#: Every test under these folders carries the folder's mark, so the default loop
+#: (``-m "not e2e and not chaos"`` in pyproject.toml) leaves whole suites out.
+FOLDER_MARKS = {"e2e": "e2e", "chaos": "chaos"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark tests parametrized with a registry name that needs a server (see MARKS)."""
+    """Mark tests by folder (FOLDER_MARKS) and by the server they need (see MARKS)."""
     for item in items:
+        folder = item.path.parent.name
+        if folder in FOLDER_MARKS:
+            item.add_marker(getattr(pytest.mark, FOLDER_MARKS[folder]))
         callspec = getattr(item, "callspec", None)
         for value in callspec.params.values() if callspec else ():
             if isinstance(value, str) and value in MARKS:

@@ -1,9 +1,10 @@
-"""``fencing healthcheck ADDR``: exit 0 if the server reports SERVING, 1 otherwise.
+"""``fencing healthcheck ADDR...``: exit 0 if every server reports SERVING, 1 otherwise.
 
 For container healthchecks (``grpc_health_probe`` without the Go binary): asks the
 standard ``grpc.health.v1.Health/Check`` for ``--service`` (default "", the whole
 server; or ``fencing.v1.LeaseService``, ``fencing.v1.GuardService``). A server reports
 NOT_SERVING while its backend is unreachable and from the moment it starts draining.
+Several addresses (``fencing serve``'s lease server and guard) are asked in turn.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ def register(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("address", metavar="ADDR", help="host:port of a lease server or guard")
+    p.add_argument(
+        "addresses", nargs="+", metavar="ADDR", help="host:port of a lease server or guard"
+    )
     p.add_argument("--service", default="", help="service to ask about (default: the whole server)")
     p.add_argument("--timeout", type=float, default=3.0, help="seconds (default %(default)s)")
     connect.add_options(p)
@@ -51,14 +54,19 @@ def check(address: str, service: str, timeout: float, args: argparse.Namespace) 
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        status = check(args.address, args.service, args.timeout, args)
-    except grpc.RpcError as err:
-        call: Any = err
-        print(f"{args.address}: {call.code().name}: {call.details()}", file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"{args.address} {args.service or '(server)'}: {status}")
-    return 0 if status == "SERVING" else 1
+    worst = 0
+    for address in args.addresses:
+        try:
+            status = check(address, args.service, args.timeout, args)
+        except grpc.RpcError as err:
+            call: Any = err
+            print(f"{address}: {call.code().name}: {call.details()}", file=sys.stderr)
+            worst = max(worst, 1)
+            continue
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"{address} {args.service or '(server)'}: {status}")
+        if status != "SERVING":
+            worst = max(worst, 1)
+    return worst

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,10 @@ from lease_server.queue_service import QUEUE_OPTIONS, QueueOptions
 from lease_server.server import start_lease_server
 
 COMMAND = "fencing serve"
+#: The files whose absence makes a data directory new (nothing was ever granted there).
+DATA_FILES = ("leases.db", "guard.db")
+
+log = logging.getLogger(__name__)
 
 OPTIONS: tuple[config.Option, ...] = (
     config.Option(
@@ -114,6 +119,22 @@ async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
     print(f"{signal_name}: stopped", flush=True)
 
 
+def warn_if_new(data: Path) -> bool:
+    """Log a WARNING if ``data`` holds no earlier state: a fresh start, which must be
+    visible in the logs, since a server whose data was lost (a container replaced
+    without its volume) also starts fresh, with every counter back at 1."""
+    if any((data / name).exists() for name in DATA_FILES):
+        return False
+    log.warning(
+        "data directory %s is new: no earlier leases, counters or fences; tokens start "
+        "at 1. If this server ran before, its data was lost (a container without a "
+        "volume?) and tokens will repeat",
+        data,
+        extra={"data_dir": str(data)},
+    )
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     settled = config.settle(
         args.parser, args, OPTIONS, ["lease_addr", "guard_addr"], lambda a: Path(a.data_dir)
@@ -122,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         return settled.report(COMMAND)
     configure_logging(args.log_level, args.log_format)
     args.data_path = settled.extra.resolve()
+    warn_if_new(args.data_path)
     args.data_path.mkdir(parents=True, exist_ok=True)
     asyncio.run(_serve(args, settled.server))
     return 0

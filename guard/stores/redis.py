@@ -33,7 +33,8 @@ are Redis's clock.
 
 **Durability**: fences live only as long as Redis keeps them. See
 :attr:`RedisStore.durability_warning` and ``require_durable`` (as for the lease
-backend): a Redis that forgets a fence lets a stale token write again.
+backend): a Redis that forgets a fence (no persistence, or eviction under a
+``maxmemory-policy`` other than ``noeviction``) lets a stale token write again.
 """
 
 from __future__ import annotations
@@ -165,7 +166,9 @@ class RedisStore:
         self.require_durable = (
             target.require_durable if require_durable is None else require_durable
         )
-        self.durability_warning: str | None = None
+        self._health = _redis.Health(
+            dataclasses.replace(target, require_durable=self.require_durable), "redis guard store"
+        )
         self.cluster = False
         self._client: Client | None = None
         self._scripts: dict[str, AsyncScript] = {}
@@ -174,7 +177,8 @@ class RedisStore:
         if self._client is not None:
             return
         target = dataclasses.replace(self.target, require_durable=self.require_durable)
-        client, self.durability_warning = await _redis.open_client(target, "redis guard store")
+        client, warning = await _redis.open_client(target, "redis guard store")
+        self._health = _redis.Health(target, "redis guard store", warning)
         self.cluster = isinstance(client, RedisCluster)
         self._client = client
         self._scripts = {
@@ -192,13 +196,14 @@ class RedisStore:
             await client.aclose()
 
     async def healthy(self) -> bool:
-        """Redis answers PING (see ``fencing._storage.HealthProbe``)."""
-        if self._client is None:
-            return False
-        try:
-            return bool(await self._client.ping())
-        except Exception:
-            return False
+        """Redis answers PING and is still as durable as it was (``_redis.Health``)."""
+        return await self._health.healthy(self._client)
+
+    @property
+    def durability_warning(self) -> str | None:
+        """None, or why tokens and fences in this Redis may be forgotten (read at
+        :meth:`open` and on every health probe)."""
+        return self._health.warning
 
     @property
     def client(self) -> Client:

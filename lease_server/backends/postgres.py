@@ -11,6 +11,17 @@ any hosts agree (G2). URL parameters (``schema``, ``timeout``, ``pool_max``) are
 described in :mod:`fencing.pg`; every call is bounded by ``timeout`` and fails
 with ``BackendUnavailableError`` when the database is unreachable.
 
+**Token floor** (``?token_floor=clock``, ``0010_token_floor.sql``). A database that
+loses acknowledged writes (failover to an asynchronous standby that lagged, restore
+from an earlier backup) has an older counter row and would grant a token again. With
+the floor every grant, leases and job claims alike, takes ``max(counter + 1, the
+database's clock_timestamp() in microseconds)`` instead, as on Redis: larger than every
+earlier token unless the database's clock steps back by more than the time between
+the last grant before the loss and the first after it. It is a session setting
+(``fencing.token_floor``, set on every pooled connection by :mod:`fencing.pg`), so
+it holds for every path that grants; tokens become sparse (about 1.8e15).
+Synchronous replication makes it unnecessary.
+
 **Event log** (:class:`~lease_server.backends.base.EventLog`, ``0005_lease_events.sql``).
 ``lease_acquire_logged``/``lease_renew_logged``/``lease_release_logged`` append their
 events to ``lease_events`` in the same transaction as the change, numbered from the one
@@ -82,6 +93,8 @@ class PostgresBackend:
 
     ``PostgresBackend("postgresql://user@host/db?schema=fencing")``; an explicit
     ``schema`` argument wins over the URL's. :meth:`open` migrates the schema.
+    ``?token_floor=clock``: every grant takes the clock floor (module docstring);
+    ``token_floor`` says which is in force.
     """
 
     name = "postgres"
@@ -118,6 +131,11 @@ class PostgresBackend:
     @property
     def schema(self) -> str:
         return self._db.config.schema
+
+    @property
+    def token_floor(self) -> str:
+        """``off`` or ``clock`` (``?token_floor=``): the floor this server's grants take."""
+        return self._db.config.token_floor
 
     async def open(self) -> None:
         await self._db.open()

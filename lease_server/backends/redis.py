@@ -29,11 +29,15 @@ NTP step, a VM snapshot restore or a failover to a host whose clock is behind by
 more than the outage breaks G1, and nothing detects it.
 
 The guard's fences kept in the same Redis are *not* protected by this: a Redis
-that forgets forgets fences too. Hence :attr:`RedisBackend.durability_warning`
-(read from ``CONFIG GET appendonly appendfsync save`` at open and logged as a
-warning) and ``require_durable=True`` (or ``?require_durable=1``), which refuses
-to open a Redis without AOF (``appendfsync always`` or ``everysec``). Replication
-is asynchronous: a failover can lose acknowledged writes even with AOF.
+that forgets forgets fences too, and a Redis that evicts (``maxmemory`` set with any
+``maxmemory-policy`` but ``noeviction``) deletes leases, and under ``allkeys-*``
+fences and counters, while it runs. Hence :attr:`RedisBackend.durability_warning`
+(read from ``CONFIG GET appendonly appendfsync save maxmemory maxmemory-policy`` at
+open and on every health probe, logged as a warning when it turns bad) and
+``require_durable=True`` (or ``?require_durable=1``), which refuses to open a Redis
+without AOF (``appendfsync always`` or ``everysec``) or one that may evict, and
+reports NOT_SERVING should it become so. Replication is asynchronous: a failover
+can lose acknowledged writes even with AOF.
 
 **Event log** (``Watch``, watch-mode guards; ``lease_server/lua/eventlog.lua``). Each
 script that changes a lease appends its events in the same script: ``INCR`` of the
@@ -189,7 +193,9 @@ class RedisBackend:
             target.require_durable if require_durable is None else require_durable
         )
         self.clock_floor = clock_floor
-        self.durability_warning: str | None = None
+        self._health = _redis.Health(
+            dataclasses.replace(target, require_durable=self.require_durable), "redis lease backend"
+        )
         self.cluster = False
         self.channel = _redis.release_channel(self.prefix)
         self.events_channel = _redis.events_channel(self.prefix)
@@ -210,7 +216,8 @@ class RedisBackend:
         if self._client is not None:
             return
         target = dataclasses.replace(self.target, require_durable=self.require_durable)
-        client, self.durability_warning = await _redis.open_client(target, "redis lease backend")
+        client, warning = await _redis.open_client(target, "redis lease backend")
+        self._health = _redis.Health(target, "redis lease backend", warning)
         if not self.clock_floor:
             log.warning(
                 "redis lease backend: clock floor OFF: tokens restart at 1 if Redis forgets"
@@ -242,13 +249,14 @@ class RedisBackend:
                 await client.aclose()
 
     async def healthy(self) -> bool:
-        """Redis answers PING (see ``fencing._storage.HealthProbe``)."""
-        if self._client is None:
-            return False
-        try:
-            return bool(await self._client.ping())
-        except Exception:
-            return False
+        """Redis answers PING and is still as durable as it was (``_redis.Health``)."""
+        return await self._health.healthy(self._client)
+
+    @property
+    def durability_warning(self) -> str | None:
+        """None, or why tokens and fences in this Redis may be forgotten (read at
+        :meth:`open` and on every health probe)."""
+        return self._health.warning
 
     async def _run(self, script: str, what: str, keys: list[str], args: list[Any]) -> Any:
         if self._client is None:

@@ -4,8 +4,10 @@ Jobs live in the lease backend's schema (the same URL: ``?schema=``, ``timeout``
 ``pool_max`` as in :mod:`fencing.pg`), created by ``fencing/migrations/0003_queue.sql``,
 where the SQL and its reasoning live. Every call but Fail is one statement calling a
 function of that migration: Claim is a single ``UPDATE ... FROM (SELECT ... FOR UPDATE
-SKIP LOCKED)`` taking each token from a sequence; Heartbeat, Complete and Release lock
-the named rows in id order, judge every token, and change nothing if one is stale.
+SKIP LOCKED)`` taking each token from a sequence (with ``?token_floor=clock``, the
+clock floor of :mod:`lease_server.backends.postgres`, per job); Heartbeat, Complete
+and Release lock the named rows in id order, judge every token, and change nothing if
+one is stale.
 Fail runs the pure rule of :mod:`lease_server.jobs` in a transaction (the retry delay
 depends on the attempts used, read under the row lock). Expiry and due times are the
 database's clock. Outages become ``BackendUnavailableError`` (bounded by ``timeout``).
@@ -68,6 +70,7 @@ class PostgresQueue:
     name = "postgres"
 
     def __init__(self, url: str, schema: str | None = None) -> None:
+        # The lease backend's URL: with ?token_floor=clock claims take the floor too.
         self._db = PostgresDatabase(PgConfig.from_url(url, schema), "fencing-queue")
         q = self._db.qualified
         self._enqueue_sql = q(
@@ -98,6 +101,11 @@ class PostgresQueue:
     @property
     def schema(self) -> str:
         return self._db.config.schema
+
+    @property
+    def token_floor(self) -> str:
+        """``off`` or ``clock``: the floor this queue's claims take (``?token_floor=``)."""
+        return self._db.config.token_floor
 
     async def open(self) -> None:
         await self._db.open()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from fencing import _status
 from fencing._server import ServerOptions, Service, build_server
 from fencing.auth import AuthPolicy
-from fencing.errors import BackendUnavailableError, ResourceExhaustedError
+from fencing.errors import BackendUnavailableError, InvalidArgumentError, ResourceExhaustedError
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from lease_server.backends.memory import MemoryBackend
 from lease_server.server import SERVICE_NAME, LeaseServer, start_lease_server
@@ -191,3 +192,184 @@ async def test_a_hung_backend_call_fails_unavailable_after_the_backend_timeout()
         assert value("fencing_lease_acquires_total", {"outcome": "error"}) == 1
     finally:
         await server.stop(0)
+
+
+# -- bytes that are not a valid request --------------------------------------------------
+
+#: Stands in for a string field's text while a frame is built; replaced, byte for byte
+#: (same length, so every length prefix stays right), by bytes that are not UTF-8.
+_MARK = "zqBADq"
+_NOT_UTF8 = b"\xff\xfe\xc3\x28\xa0\xa1"
+assert len(_MARK.encode()) == len(_NOT_UTF8)
+
+
+def _mark_first_string(message: Any, path: str = "") -> str | None:
+    """Put :data:`_MARK` into the first string field of ``message`` (depth first through
+    message fields, one element of each repeated one); return the field's path."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    for fd in message.DESCRIPTOR.fields:
+        name = f"{path}{fd.name}"
+        repeated = fd.is_repeated
+        if fd.type == FieldDescriptor.TYPE_STRING and not fd.message_type:
+            if repeated:
+                getattr(message, fd.name).append(_MARK)
+                return f"{name}[0]"
+            setattr(message, fd.name, _MARK)
+            return name
+        if fd.type == FieldDescriptor.TYPE_MESSAGE and not fd.message_type.GetOptions().map_entry:
+            if repeated:
+                child = getattr(message, fd.name).add()
+                found = _mark_first_string(child, f"{name}[0].")
+            else:
+                child = getattr(message, fd.name)
+                found = _mark_first_string(child, f"{name}.")
+            if found is not None:
+                return found
+            message.ClearField(fd.name)
+    return None
+
+
+def _bad_frames() -> list[tuple[str, str, bool, bool, bytes]]:
+    """(method, bad field, request streams, response streams, raw frame) for every RPC
+    of both servers whose request has a string field."""
+    from google.protobuf import message_factory
+
+    from fencing.v1 import guard_pb2, queue_pb2
+
+    frames = []
+    for module in (lease_pb2, queue_pb2, guard_pb2):
+        for service in module.DESCRIPTOR.services_by_name.values():
+            for method in service.methods:
+                request = message_factory.GetMessageClass(method.input_type)()
+                field = _mark_first_string(request)
+                if field is None:
+                    continue
+                raw = request.SerializeToString().replace(_MARK.encode(), _NOT_UTF8)
+                frames.append(
+                    (
+                        f"/{service.full_name}/{method.name}",
+                        field,
+                        method.client_streaming,
+                        method.server_streaming,
+                        raw,
+                    )
+                )
+    return frames
+
+
+BAD_FRAMES = _bad_frames()
+
+
+@pytest.fixture
+async def both_servers(tmp_path: Path) -> AsyncIterator[tuple[str, str]]:
+    from guard.server import start_guard
+    from guard.stores.memory import MemoryStore
+    from lease_server.queues.memory import MemoryQueue
+
+    lease = await start_lease_server(MemoryBackend(), "127.0.0.1:0", queue=MemoryQueue())
+    guard = await start_guard(MemoryStore(), "127.0.0.1:0")
+    try:
+        yield lease.address, guard.address
+    finally:
+        await guard.stop(0)
+        await lease.stop(0)
+
+
+async def _send_raw(
+    channel: grpc.aio.Channel, method: str, client_stream: bool, server_stream: bool, raw: bytes
+) -> None:
+    """Send ``raw`` as the request of ``method`` with grpcio's generic call API (no
+    serializer: the bytes go on the wire as they are), and read the whole answer."""
+    channel_: Any = channel  # the generic API is typed for serialized messages only
+    if client_stream:
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield raw
+
+        if server_stream:
+            async for _ in channel_.stream_stream(method)(requests(), timeout=HANG_GUARD):
+                pass
+        else:
+            await channel_.stream_unary(method)(requests(), timeout=HANG_GUARD)
+    elif server_stream:
+        async for _ in channel_.unary_stream(method)(raw, timeout=HANG_GUARD):
+            pass
+    else:
+        await channel_.unary_unary(method)(raw, timeout=HANG_GUARD)
+
+
+def test_every_rpc_with_a_string_field_gets_a_bad_frame() -> None:
+    methods = {m for m, *_ in BAD_FRAMES}
+    for name in ("Acquire", "Watch", "AcquireMany"):
+        assert f"/fencing.v1.LeaseService/{name}" in methods
+    for name in ("Write", "WriteMany", "WriteStream", "Read", "Fence"):
+        assert f"/fencing.v1.GuardService/{name}" in methods
+    assert "/fencing.v1.QueueService/Enqueue" in methods
+
+
+@pytest.mark.parametrize(
+    ("method", "field", "client_stream", "server_stream", "raw"),
+    BAD_FRAMES,
+    ids=[m.rsplit(".", 1)[1] for m, *_ in BAD_FRAMES],
+)
+async def test_a_string_that_is_not_utf8_is_an_invalid_argument_naming_the_field(
+    both_servers: tuple[str, str],
+    caplog: pytest.LogCaptureFixture,
+    method: str,
+    field: str,
+    client_stream: bool,
+    server_stream: bool,
+    raw: bytes,
+) -> None:
+    lease_address, guard_address = both_servers
+    address = guard_address if "GuardService" in method else lease_address
+    caplog.set_level(logging.INFO)
+    async with grpc.aio.insecure_channel(address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _send_raw(channel, method, client_stream, server_stream, raw)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
+    error = _status.from_rpc_error(refused.value)
+    assert isinstance(error, InvalidArgumentError)
+    assert error.field == field
+    assert "UTF-8" in str(error)
+    # One line in the log, no traceback.
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+    lines = [r for r in caplog.records if "not valid UTF-8" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in caplog.records]
+    assert method in lines[0].getMessage()
+
+
+async def test_a_nested_key_and_a_truncated_frame_are_invalid_arguments(
+    both_servers: tuple[str, str],
+) -> None:
+    from fencing.v1 import guard_pb2
+
+    _, guard_address = both_servers
+    write = guard_pb2.WriteRequest(
+        resource="orders",
+        token=1,
+        ops=[
+            guard_pb2.Op(put=guard_pb2.Put(key="fine", value=b"\xff")),  # bytes may be anything
+            guard_pb2.Op(put=guard_pb2.Put(key=_MARK, value=b"v")),
+        ],
+    )
+    raw = write.SerializeToString().replace(_MARK.encode(), _NOT_UTF8)
+    async with grpc.aio.insecure_channel(guard_address) as channel:
+        call: Any = channel.unary_unary("/fencing.v1.GuardService/Write")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call(raw, timeout=HANG_GUARD)
+        error = _status.from_rpc_error(refused.value)
+        assert isinstance(error, InvalidArgumentError) and error.field == "ops[1].put.key"
+        with pytest.raises(grpc.aio.AioRpcError) as truncated:
+            await call(write.SerializeToString()[:-3], timeout=HANG_GUARD)
+        assert truncated.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a valid fencing.v1.WriteRequest" in (truncated.value.details() or "")
+        # Nothing was written, and a well-formed request still works.
+        read = channel.unary_unary(
+            "/fencing.v1.GuardService/Read",
+            request_serializer=guard_pb2.ReadRequest.SerializeToString,
+            response_deserializer=guard_pb2.ReadResponse.FromString,
+        )
+        answer = await read(guard_pb2.ReadRequest(resource="orders", key="fine"))
+        assert not answer.found

@@ -217,3 +217,21 @@ async def test_require_false_lets_unfenced_calls_through() -> None:
     finally:
         await server.stop(0)
         await leases.stop(0)
+
+
+async def test_a_request_that_cannot_be_decoded_is_refused_before_the_fence(
+    running: Running,
+) -> None:
+    """Bad bytes are INVALID_ARGUMENT naming the field, and neither reach the handler
+    nor move the fence (the claim they carry is never judged)."""
+    raw = b"\x0a\x03\xff\xfe\xfd"  # StringValue.value = 3 bytes that are not UTF-8
+    metadata = ((propagation.RESOURCE_KEY, "ledger"), (propagation.TOKEN_KEY, "7"))
+    async with grpc.aio.insecure_channel(running.address) as plain:
+        call: Any = plain.unary_unary(APPEND)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call(raw, metadata=metadata, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    error = _status.from_rpc_error(refused.value)
+    assert isinstance(error, InvalidArgumentError) and error.field == "value"
+    assert running.ledger.entries == [] and running.ledger.unfenced == []
+    assert await running.interceptor.store.describe_fence("ledger") == 0

@@ -51,6 +51,7 @@ def test_the_topology() -> None:
     redis = SERVICES["redis"]["command"]
     assert flag_value(redis, "--appendonly") == "yes"
     assert flag_value(redis, "--appendfsync") == "always"
+    assert flag_value(redis, "--maxmemory-policy") == "noeviction"
     assert SERVICES["lease-server"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert SERVICES["guard"]["depends_on"]["redis"]["condition"] == "service_healthy"
     backend = SERVICES["lease-server"]["environment"]["FENCING_BACKEND"]
@@ -95,7 +96,7 @@ def test_healthcheck_is_a_real_fencing_command_on_the_served_port(name: str) -> 
     args = fencing_parser().parse_args(test[2:])
     assert args.run is healthcheck.run
     served_port = flag_value(service["command"], "--listen").rsplit(":", 1)[1]
-    assert args.address == f"127.0.0.1:{served_port}"
+    assert args.addresses == [f"127.0.0.1:{served_port}"]
     assert args.service in ("fencing.v1.LeaseService", "fencing.v1.GuardService")
     published = [p.split(":")[-1] for p in service["ports"]]
     assert served_port in published

@@ -9,7 +9,14 @@ from redis import exceptions as rexc
 from redis.crc import key_slot
 
 from fencing import _redis
-from fencing._redis import ResourceKeys, escape_tag, judge_durability, parse_url, unescape_tag
+from fencing._redis import (
+    ResourceKeys,
+    escape_tag,
+    judge_durability,
+    judge_eviction,
+    parse_url,
+    unescape_tag,
+)
 from fencing.errors import BackendUnavailableError, InvalidArgumentError
 
 RESOURCES = st.text(
@@ -93,6 +100,30 @@ def test_glob_escape_makes_a_prefix_literal() -> None:
 )
 def test_durable_means_aof_with_fsync(config: dict[str, str], durable: bool) -> None:
     assert (judge_durability(config) is None) == durable
+
+
+@pytest.mark.parametrize(
+    ("config", "lost"),
+    [
+        ({"maxmemory": "0", "maxmemory-policy": "allkeys-lru"}, None),  # no limit
+        ({"maxmemory": "1048576", "maxmemory-policy": "noeviction"}, None),
+        ({"maxmemory": "1048576", "maxmemory-policy": "allkeys-lru"}, "fences"),
+        ({"maxmemory": "1048576", "maxmemory-policy": "allkeys-random"}, "fences"),
+        ({"maxmemory": "1048576", "maxmemory-policy": "volatile-ttl"}, "leases"),
+        ({"maxmemory": "1048576", "maxmemory-policy": "volatile-lfu"}, "idempotency keys"),
+        ({}, None),  # nothing read: the caller already says CONFIG could not be read
+    ],
+)
+def test_eviction_is_unsafe_with_a_limit_and_any_policy_but_noeviction(
+    config: dict[str, str], lost: str | None
+) -> None:
+    why = judge_eviction(config)
+    if lost is None:
+        assert why is None
+    else:
+        assert why is not None and lost in why
+        assert f"maxmemory-policy is {config['maxmemory-policy']!r}" in why
+        assert "noeviction" in why
 
 
 def test_clients_never_retry_a_command() -> None:

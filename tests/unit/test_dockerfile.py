@@ -1,0 +1,169 @@
+"""The Dockerfile keeps its state on a volume and checks its own health (no Docker engine
+here: the file is parsed, instruction by instruction, as Docker reads it).
+
+The parser follows the Dockerfile reference for what these checks need: ``#`` comment
+lines (and parser directives) are dropped, a trailing ``\\`` continues the instruction
+on the next line (comment lines inside a continuation are skipped), the keyword is
+case-insensitive, and arguments are the JSON exec form when they parse as a JSON array
+of strings, else the shell form (split like a shell would, for the checks).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fencing.cli import healthcheck, serve
+from fencing.cli import parser as fencing_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Instruction:
+    keyword: str  # upper case
+    raw: str  # the arguments as written, continuations joined
+    line: int
+
+    @property
+    def words(self) -> list[str]:
+        """Exec form as given, shell form split into words."""
+        try:
+            value = json.loads(self.raw)
+        except ValueError:
+            return shlex.split(self.raw)
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return value
+        return shlex.split(self.raw)
+
+
+def parse_dockerfile(text: str) -> list[Instruction]:
+    out: list[Instruction] = []
+    pending: list[str] = []
+    start = 0
+    for n, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith("#") or (not stripped and not pending):
+            continue  # a comment, or a blank line between instructions
+        if not pending:
+            start = n
+        if stripped.endswith("\\"):
+            pending.append(stripped[:-1].strip())
+            continue
+        pending.append(stripped)
+        joined = " ".join(p for p in pending if p)
+        pending = []
+        keyword, _, rest = joined.partition(" ")
+        out.append(Instruction(keyword.upper(), rest.strip(), start))
+    assert not pending, "the Dockerfile ends inside a continued instruction"
+    return out
+
+
+def final_stage(instructions: list[Instruction]) -> list[Instruction]:
+    froms = [i for i, ins in enumerate(instructions) if ins.keyword == "FROM"]
+    return instructions[froms[-1] :]
+
+
+def test_the_parser_reads_continuations_comments_and_both_forms() -> None:
+    parsed = parse_dockerfile(
+        "# syntax=docker/dockerfile:1\nFROM a AS b\nrun x \\\n  # inside\n  && y\n"
+        'VOLUME ["/d"]\nHEALTHCHECK --interval=1s \\\n    CMD ["p", "q r"]\nVOLUME /e /f\n'
+    )
+    assert [(i.keyword, i.line) for i in parsed] == [
+        ("FROM", 2),
+        ("RUN", 3),
+        ("VOLUME", 6),
+        ("HEALTHCHECK", 7),
+        ("VOLUME", 9),
+    ]
+    assert parsed[1].raw == "x && y"
+    assert parsed[2].words == ["/d"] and parsed[4].words == ["/e", "/f"]
+    assert parsed[3].raw == '--interval=1s CMD ["p", "q r"]'
+
+
+DOCKERFILE = parse_dockerfile((ROOT / "Dockerfile").read_text())
+FINAL = final_stage(DOCKERFILE)
+
+
+def env_of(stage: list[Instruction]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for ins in stage:
+        if ins.keyword == "ENV":
+            for word in shlex.split(ins.raw):
+                key, _, value = word.partition("=")
+                env[key] = value
+    return env
+
+
+def test_the_data_directory_is_a_volume_declared_after_it_is_owned() -> None:
+    data_dir = env_of(FINAL)["FENCING_DATA_DIR"]
+    assert data_dir == serve_data_dir_in_the_image()
+    volumes = [(n, ins) for n, ins in enumerate(FINAL) if ins.keyword == "VOLUME"]
+    assert volumes, "the runtime stage declares a VOLUME"
+    declared = {path for _, ins in volumes for path in ins.words}
+    assert data_dir in declared
+    # Docker copies the image's directory (owner included) into a new named volume:
+    # the chown must come before the VOLUME, or later RUN changes to it are discarded.
+    owned = [n for n, ins in enumerate(FINAL) if ins.keyword == "RUN" and "chown" in ins.raw]
+    assert owned and max(owned) < min(n for n, _ in volumes)
+    assert not any(ins.keyword == "RUN" for ins in FINAL[min(n for n, _ in volumes) :])
+
+
+def serve_data_dir_in_the_image() -> str:
+    """Where ``fencing serve`` keeps its files in the image: FENCING_DATA_DIR, which its
+    data_dir option reads (the CMD passes no --data-dir of its own)."""
+    option = next(o for o in serve.OPTIONS if o.key == "data_dir")
+    assert option.env == "FENCING_DATA_DIR"
+    cmd = next(ins for ins in reversed(FINAL) if ins.keyword == "CMD").words
+    assert cmd[:2] == ["fencing", "serve"] and "--data-dir" not in cmd
+    return env_of(FINAL)["FENCING_DATA_DIR"]
+
+
+def test_the_healthcheck_asks_both_servers_the_cmd_starts() -> None:
+    (check,) = [ins for ins in FINAL if ins.keyword == "HEALTHCHECK"]
+    options, _, command = check.raw.partition("CMD")
+    assert re.search(r"--interval=\d+s", options) and re.search(r"--timeout=\d+s", options)
+    words = Instruction("CMD", command.strip(), check.line).words
+    assert words[0] == "fencing"
+    args = fencing_parser().parse_args(words[1:])
+    assert args.run is healthcheck.run
+    cmd = next(ins for ins in reversed(FINAL) if ins.keyword == "CMD").words
+    ports = [
+        cmd[cmd.index(flag) + 1].rsplit(":", 1)[1] for flag in ("--lease-addr", "--guard-addr")
+    ]
+    assert args.addresses == [f"127.0.0.1:{port}" for port in ports]
+    exposed = {w for ins in FINAL if ins.keyword == "EXPOSE" for w in ins.words}
+    assert set(ports) <= exposed
+
+
+def test_the_readme_docker_example_keeps_the_data_on_a_named_volume() -> None:
+    readme = (ROOT / "README.md").read_text()
+    runs = [line for line in readme.splitlines() if "docker run" in line]
+    assert runs, "the README shows docker run"
+    data_dir = env_of(FINAL)["FENCING_DATA_DIR"]
+    for line in runs:
+        mount = re.search(r"(?:-v|--volume)[ =](\S+):(\S+)", line)
+        assert mount is not None, f"no volume in: {line}"
+        name, target = mount.groups()
+        assert target == data_dir
+        assert "/" not in name and not name.startswith("."), "a named volume, not a path"
+        assert "--rm" not in line
+
+
+def test_compose_keeps_every_stateful_service_on_a_named_volume() -> None:
+    compose: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    named = set(compose.get("volumes") or {})
+    data_paths = {"postgres": "/var/lib/postgresql/data", "redis": "/data"}
+    for service, path in data_paths.items():
+        mounts = compose["services"][service].get("volumes", [])
+        sources = {m.split(":")[0] for m in mounts if m.split(":")[1] == path}
+        assert sources and sources <= named, f"{service} keeps {path} on a named volume"
+    for name, svc in compose["services"].items():
+        if "build" in svc and "fencing serve" in " ".join(svc.get("command", [])):
+            raise AssertionError(f"{name}: an embedded SQLite service needs a volume")
