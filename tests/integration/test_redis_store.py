@@ -181,3 +181,26 @@ async def test_keys_recorded_in_the_older_format_still_replay(pair: Pair) -> Non
         await store.write("old", 4, [Put("k", b"x")], "op")
     assert (stale.value.key_applied, stale.value.applied_by_token) == (True, 4)
     assert await store.read("old", "k") is None
+
+
+async def test_strict_judges_the_lease_before_a_replay(pair: Pair) -> None:
+    backend, short_lived = pair
+    # The pair's store forgets keys after 0.3 s: this one remembers them past the lease.
+    store = RedisStore(short_lived.target.url, prefix=short_lived.prefix)
+    await store.open()
+    try:
+        await _strict_replay(backend, store)
+    finally:
+        await store.close()
+
+
+async def _strict_replay(backend: RedisBackend, store: RedisStore) -> None:
+    lease = await backend.acquire("rp", "a", 200, "")
+    assert isinstance(lease, Grant)
+    await store.write("rp", lease.token, [Put("k", b"v")], "op", FenceMode.STRICT)
+    again = await store.write("rp", lease.token, [Put("k", b"w")], "op", FenceMode.STRICT)
+    assert again.replayed and again.replayed_by_token == lease.token
+    await asyncio.sleep(0.3)  # expired: a repeat is no longer a replay
+    with pytest.raises(LeaseLost) as lost:
+        await store.write("rp", lease.token, [Put("k", b"w")], "op", FenceMode.STRICT)
+    assert (lost.value.key_applied, lost.value.applied_by_token) == (True, lease.token)

@@ -213,3 +213,29 @@ async def test_reset_never_goes_below_a_granted_lease_or_job_token(
         assert await store.reset_fence(resource, granted) == 2**63 - 1
         assert await store.describe_fence(resource) == granted
     assert (await store.write("outbox/3", job.token, [Put("k", b"v")], mode=STRICT)).fence
+
+
+async def test_strict_judges_the_claim_before_a_replay_in_write_and_write_many(
+    queue: PostgresQueue, store: PostgresStore
+) -> None:
+    """A repeat of a keyed strict write is a replay only while its claim is live; once
+    it expired the repeat is LEASE_LOST, saying the key was applied and by which token."""
+    from guard.stores.base import ResourceWrite
+
+    await queue.enqueue("q", [NewJob(b"a", resource="o/1"), NewJob(b"b", resource="o/2")])
+    first, second = await queue.claim("q", "w", 2, 300)
+    many = [ResourceWrite("o/1", first.token, [Put("k", b"1")]), ResourceWrite("o/2", second.token)]
+    assert not (await store.write_many(many, "move", STRICT)).replayed
+    again = await store.write_many(many, "move", STRICT)
+    assert again.replayed and again.replayed_by_tokens == (first.token, second.token)
+    await store.write("o/1", first.token, [Put("j", b"x")], "single", STRICT)
+    assert (await store.write("o/1", first.token, [], "single", STRICT)).replayed
+    await asyncio.sleep(0.4)  # both claims expire
+    with pytest.raises(LeaseLost) as lost_many:
+        await store.write_many(many, "move", STRICT)
+    assert lost_many.value.resource == "o/1"
+    assert (lost_many.value.key_applied, lost_many.value.applied_by_token) == (True, first.token)
+    with pytest.raises(LeaseLost) as lost:
+        await store.write("o/1", first.token, [Put("j", b"y")], "single", STRICT)
+    assert (lost.value.key_applied, lost.value.applied_by_token) == (True, first.token)
+    assert await store.read("o/1", "j") == Record(b"x", first.token)
