@@ -30,7 +30,8 @@ hash tag, so all of them live in one slot and each script touches one slot::
     <prefix>:{<tag>}:counter      last token issued (decimal string), never deleted
     <prefix>:{<tag>}:fence        guard fence (decimal string)
     <prefix>:{<tag>}:data         hash: key -> "<token>:<value bytes>"
-    <prefix>:{<tag>}:idem:<key>   "<fence>:<recorded_at_ms>", expires after the idempotency ttl
+    <prefix>:{<tag>}:idem:<key>   "<fence>:<token>:<recorded_at_ms>" (the token that applied
+                                  it), expires after the idempotency ttl
     <prefix>:released             pub/sub channel; message = the released resource, raw
     <prefix>:events               pub/sub channel of the lease event log (see below)
 

@@ -45,7 +45,17 @@ action                        methods
                               its verdict); Read and DescribeFence; Fence
 ``enqueue`` ``claim``         QueueService Enqueue; Claim, Heartbeat, Complete, Fail, Release
 ``describe``                  QueueService Stats
+``reset_fence``               GuardService ResetFence (an operator's recovery: it may
+                              lower a fence); never part of ``"*"``, it must be named
 ============================  =========================================
+
+``reset_fence`` is apart because it is the one call that can lower a fence: a
+principal allowed ``write`` on a prefix must not be able to undo the fencing of its
+own former holders. Grant it to operators only, per prefix like the rest::
+
+    [principals.oncall]
+    tokens = ["sha256:..."]
+    allow = [{ prefix = "", actions = ["describe", "read", "reset_fence"] }]
 """
 
 from __future__ import annotations
@@ -73,6 +83,7 @@ class Action(StrEnum):
     FENCE = "fence"
     ENQUEUE = "enqueue"
     CLAIM = "claim"
+    RESET_FENCE = "reset_fence"
 
 
 _LEASE = "/fencing.v1.LeaseService/"
@@ -96,6 +107,7 @@ METHOD_ACTIONS: dict[str, Action] = {
     _GUARD + "Read": Action.READ,
     _GUARD + "DescribeFence": Action.READ,
     _GUARD + "Fence": Action.FENCE,
+    _GUARD + "ResetFence": Action.RESET_FENCE,
     _QUEUE + "Enqueue": Action.ENQUEUE,
     _QUEUE + "Claim": Action.CLAIM,
     _QUEUE + "Heartbeat": Action.CLAIM,
@@ -193,7 +205,8 @@ class Principal:
     grants: tuple[Grant, ...] = ()
 
 
-ALL_ACTIONS = frozenset(Action)
+#: What ``"*"`` grants: every action but ``reset_fence``, which must be named.
+ALL_ACTIONS = frozenset(Action) - {Action.RESET_FENCE}
 ALLOW_ALL = (Grant("", ALL_ACTIONS),)
 
 
@@ -297,7 +310,9 @@ class AuthPolicy:
 
     def allows(self, principal: str, action: Action, scope: Scope) -> bool:
         if self.open_identities and principal not in self.principals:
-            return True
+            # Any verified identity may do anything but reset a fence: that needs a
+            # principal whose grants name it.
+            return action is not Action.RESET_FENCE
         known = self.principals.get(principal)
         return known is not None and any(g.allows(action, scope) for g in known.grants)
 

@@ -3,10 +3,11 @@
 ::
 
     FencingError                      root: catch this to catch everything below
-    ├── StaleTokenError               the guard saw a newer token (.current_token)
+    ├── StaleTokenError               the guard saw a newer token (.current_token, .key_applied)
     ├── LeaseHeldError                someone else holds the lease (.holder, .remaining_ms)
     │   └── AcquireTimeoutError       ... and acquire(timeout=...) ran out (also a TimeoutError)
-    ├── LeaseLost                     the lease is no longer yours (expired, taken, released)
+    ├── LeaseLost                     the lease or job claim is no longer yours (expired,
+    │                                 taken, released, never granted)
     ├── InvalidArgumentError          a request field is out of its limits (.field)
     ├── BackendUnavailableError       the server or the store behind it is down; safe to retry
     ├── DeadlineExceededError         the call's deadline passed: its effect is unknown
@@ -22,6 +23,24 @@ so an exception raised in a server arrives as the same exception in the client.
 from __future__ import annotations
 
 from typing import ClassVar
+
+
+def _key_metadata(key_applied: bool | None, applied_by_token: int) -> dict[str, str]:
+    """What a refusal says about the refused write's idempotency key (nothing without one)."""
+    if key_applied is None:
+        return {}
+    return {
+        "key_applied": "true" if key_applied else "false",
+        "applied_by_token": str(applied_by_token),
+    }
+
+
+def _key_from_metadata(metadata: dict[str, str]) -> tuple[bool | None, int]:
+    applied = metadata.get("key_applied")
+    return (
+        None if applied is None else applied == "true",
+        int(metadata.get("applied_by_token", "0") or 0),
+    )
 
 
 class FencingError(Exception):
@@ -48,12 +67,26 @@ class StaleTokenError(FencingError):
 
     ``current_token`` is the guard's fence for the resource at rejection time.
     Nothing of the rejected request was applied.
+
+    The token is judged before the idempotency key: a stale token is refused even when
+    its key is known. For a write that carried a key, ``key_applied`` says whether a
+    write with that key was applied earlier, and ``applied_by_token`` by which token
+    (0 if none), so a retrying caller can tell "my earlier attempt landed"
+    (``applied_by_token == token``) from "someone else's did". ``key_applied`` is None
+    when the refused request carried no key.
     """
 
     reason = "STALE_TOKEN"
 
     def __init__(
-        self, message: str = "", *, resource: str = "", token: int = 0, current_token: int = 0
+        self,
+        message: str = "",
+        *,
+        resource: str = "",
+        token: int = 0,
+        current_token: int = 0,
+        key_applied: bool | None = None,
+        applied_by_token: int = 0,
     ) -> None:
         super().__init__(
             message or f"token {token} is stale for {resource!r}: fence is {current_token}"
@@ -61,21 +94,27 @@ class StaleTokenError(FencingError):
         self.resource = resource
         self.token = token
         self.current_token = current_token
+        self.key_applied = key_applied
+        self.applied_by_token = applied_by_token
 
     def metadata(self) -> dict[str, str]:
         return {
             "resource": self.resource,
             "token": str(self.token),
             "current_token": str(self.current_token),
+            **_key_metadata(self.key_applied, self.applied_by_token),
         }
 
     @classmethod
     def from_metadata(cls, message: str, metadata: dict[str, str]) -> StaleTokenError:
+        key_applied, applied_by = _key_from_metadata(metadata)
         return cls(
             message,
             resource=metadata.get("resource", ""),
             token=int(metadata.get("token", "0") or 0),
             current_token=int(metadata.get("current_token", "0") or 0),
+            key_applied=key_applied,
+            applied_by_token=applied_by,
         )
 
 
@@ -118,25 +157,46 @@ class LeaseLost(FencingError):
 
     Raised by ``Renew``/``Release`` with a token that is not the current unexpired
     lease, by ``Lease.check()`` once renewal failed or the local deadline passed,
-    and out of ``hold(...)`` blocks whose lease was lost.
+    and out of ``hold(...)`` blocks whose lease was lost. A ``strict`` guard raises it
+    for a write or ``Fence`` whose token is not below the fence but is not the live
+    lease or job claim either (expired, released, taken over, never granted): nobody
+    newer necessarily owns the resource, but the caller does not. ``key_applied`` and
+    ``applied_by_token`` as on :class:`StaleTokenError` (a refused write's key).
     """
 
     reason = "LEASE_LOST"
 
-    def __init__(self, message: str = "", *, resource: str = "", token: int = 0) -> None:
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        resource: str = "",
+        token: int = 0,
+        key_applied: bool | None = None,
+        applied_by_token: int = 0,
+    ) -> None:
         super().__init__(message or f"lease on {resource!r} with token {token} is lost")
         self.resource = resource
         self.token = token
+        self.key_applied = key_applied
+        self.applied_by_token = applied_by_token
 
     def metadata(self) -> dict[str, str]:
-        return {"resource": self.resource, "token": str(self.token)}
+        return {
+            "resource": self.resource,
+            "token": str(self.token),
+            **_key_metadata(self.key_applied, self.applied_by_token),
+        }
 
     @classmethod
     def from_metadata(cls, message: str, metadata: dict[str, str]) -> LeaseLost:
+        key_applied, applied_by = _key_from_metadata(metadata)
         return cls(
             message,
             resource=metadata.get("resource", ""),
             token=int(metadata.get("token", "0") or 0),
+            key_applied=key_applied,
+            applied_by_token=applied_by,
         )
 
 

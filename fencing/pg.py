@@ -53,6 +53,7 @@ from fencing.errors import (
     BackendUnavailableError,
     FencingError,
     InvalidArgumentError,
+    LeaseLost,
     StaleTokenError,
 )
 
@@ -65,7 +66,8 @@ DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_POOL_MAX = 8
 #: SQLSTATE raised by ``check_and_advance``/``check_live_lease``/the guard: stale token.
 STALE_TOKEN_SQLSTATE = "FN001"
-#: SQLSTATE raised by ``check_live_lease`` and strict writes: the token is not the live lease.
+#: SQLSTATE raised by ``check_live_lease`` and strict writes: the token is not the live
+#: lease or job claim (expired, released, taken over, never granted).
 LEASE_NOT_LIVE_SQLSTATE = "FN002"
 #: SQLSTATE raised by ``lease_acquire_many``: a resource is held (nothing was granted).
 LEASE_HELD_SQLSTATE = "FN003"
@@ -273,10 +275,13 @@ async def migrate(dsn: str, schema: str | None = None) -> list[int]:
 def fencing_error(exc: BaseException) -> FencingError | None:
     """Our exception for a fencing SQLSTATE raised in SQL, else None.
 
-    Both become :class:`StaleTokenError` with ``current_token`` = the fence, as the
-    guard answers in every store: ``FN001`` (the token is below the fence) and
-    ``FN002`` (strict: the token is not the live lease; the message says so). Use it
-    around your own transactions::
+    As the guard answers in every store: ``FN001`` (the token is below the fence)
+    becomes :class:`StaleTokenError` with ``current_token`` = the fence; ``FN002``
+    (strict, ``check_live_lease``: the token is not the live lease or job claim, but
+    nobody newer need own the resource) becomes :class:`LeaseLost`. A refused guard
+    write that carried an idempotency key also says whether that key was applied and
+    by which token (``key_applied``, ``applied_by_token``). Use it around your own
+    transactions::
 
         except psycopg.Error as exc:
             raise fencing_error(exc) or exc
@@ -291,13 +296,24 @@ def fencing_error(exc: BaseException) -> FencingError | None:
         detail = {}
     resource = str(detail.get("resource", ""))
     token = int(detail.get("token", 0))
-    fence = int(detail.get("current_token", 0))
-    message = (
-        f"token {token} is not the live lease of {resource!r} (strict mode)"
-        if sqlstate == LEASE_NOT_LIVE_SQLSTATE
-        else ""
+    applied = detail.get("key_applied")
+    key_applied = None if applied is None else bool(applied)
+    applied_by = int(detail.get("applied_by_token", 0) or 0)
+    if sqlstate == LEASE_NOT_LIVE_SQLSTATE:
+        return LeaseLost(
+            f"token {token} is not the live lease or job claim of {resource!r} (strict mode)",
+            resource=resource,
+            token=token,
+            key_applied=key_applied,
+            applied_by_token=applied_by,
+        )
+    return StaleTokenError(
+        resource=resource,
+        token=token,
+        current_token=int(detail.get("current_token", 0)),
+        key_applied=key_applied,
+        applied_by_token=applied_by,
     )
-    return StaleTokenError(message, resource=resource, token=token, current_token=fence)
 
 
 #: Failures that mean "PostgreSQL cannot answer now" (down, restarting, overloaded,

@@ -19,7 +19,7 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 
-from fencing.errors import StaleTokenError
+from fencing.errors import LeaseLost, StaleTokenError
 from guard.fence import FenceMode
 from guard.stores.base import BatchedWrite, GuardStore, Verdict
 
@@ -136,6 +136,6 @@ class GroupCommit:
             result = await self.store.write(
                 w.resource, w.token, w.ops, w.idempotency_key, self.mode
             )
-        except StaleTokenError as exc:
+        except (StaleTokenError, LeaseLost) as exc:  # a verdict, not a store failure
             return [exc]
         return [result]

@@ -10,10 +10,13 @@ metric                                  meaning
                                         owner that woke up after a takeover: a pause, a
                                         partition, a clock jump. Fencing just saved you.
 ``fencing_guard_writes_total``          Write calls by ``outcome``: accepted, replayed
-                                        (idempotency key seen before), stale, error
+                                        (idempotency key seen before), stale, lease_lost
+                                        (strict: not the live lease or job claim), error
 ``fencing_guard_fence_advances_total``  fences accepted, by ``source``: ``fence`` (a
                                         holder's explicit promise), ``watch`` (the guard
                                         following the lease server's events)
+``fencing_guard_fence_resets_total``    operator resets (``ResetFence``), by ``prefix``:
+                                        each one is audited in the log; alert on any
 ======================================  ===================================================
 """
 
@@ -25,7 +28,7 @@ from fencing.metrics import PrefixLabels
 
 #: Distinct ``prefix`` label values before the rest are reported as ``other``.
 MAX_PREFIXES = 100
-WRITE_OUTCOMES = ("accepted", "replayed", "stale", "error")
+WRITE_OUTCOMES = ("accepted", "replayed", "stale", "lease_lost", "error")
 
 
 class GuardMetrics:
@@ -51,6 +54,16 @@ class GuardMetrics:
             ("source",),
             registry=registry,
         )
+
+        self.fence_resets = Counter(
+            "fencing_guard_fence_resets_total",
+            "Fences set by an operator's ResetFence (audited), by resource prefix.",
+            ("prefix",),
+            registry=registry,
+        )
+
+    def fence_reset(self, resource: str) -> None:
+        self.fence_resets.labels(self.prefix(resource)).inc()
 
     def stale(self, resource: str) -> None:
         self.stale_rejections.labels(self.prefix(resource)).inc()

@@ -1,9 +1,10 @@
 """``fencing.v1.GuardService`` over a :class:`~guard.stores.base.GuardStore`.
 
 Validates each request whole before the store sees it (a bad op anywhere means
-nothing is applied), and logs each acceptance and each stale-token rejection with
-resource and tokens (as structured fields too), never values, and counts them
-(:mod:`guard.metrics`).
+nothing is applied), and logs each acceptance and each stale-token (or, strict,
+lease-lost) rejection with resource and tokens (as structured fields too), never
+values, and counts them (:mod:`guard.metrics`). ``ResetFence``, the operator's
+recovery from a wedged fence, is logged at WARNING with who, what, from and to.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fencing._server import rpc
 from fencing.errors import (
     FencingError,
     InvalidArgumentError,
+    LeaseLost,
     PermissionDeniedError,
     StaleTokenError,
 )
@@ -151,9 +153,8 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         accepted = replayed = 0
         debug = log.isEnabledFor(logging.DEBUG)  # checked once: this loop is the hot path
         for w, verdict in zip(writes, verdicts, strict=True):
-            if isinstance(verdict, StaleTokenError):
-                self.metrics.writes.labels("stale").inc()
-                self._rejected("write", w.resource, w.token, verdict)
+            if isinstance(verdict, StaleTokenError | LeaseLost):
+                self._refused("write", w.resource, w.token, verdict)
                 continue
             if verdict.replayed:
                 replayed += 1
@@ -221,8 +222,32 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
     async def _write_one(self, w: BatchedWrite) -> Verdict:
         try:
             return await self.store.write(w.resource, w.token, w.ops, w.idempotency_key, self.mode)
-        except StaleTokenError as exc:
+        except (StaleTokenError, LeaseLost) as exc:
             return exc
+
+    def _refused(
+        self, what: str, resource: str, token: int, exc: StaleTokenError | LeaseLost
+    ) -> None:
+        """Count and log a refused write (``stale`` or, strict, ``lease_lost``)."""
+        if isinstance(exc, StaleTokenError):
+            self.metrics.writes.labels("stale").inc()
+            self._rejected(what, resource, token, exc)
+            return
+        self.metrics.writes.labels("lease_lost").inc()
+        self._lease_lost(what, resource, token)
+
+    def _lease_lost(self, what: str, resource: str, token: int) -> None:
+        log.warning(
+            "%s refused resource=%s token=%d: not the live lease or job claim (strict)",
+            what,
+            resource,
+            token,
+            extra={
+                "resource": resource,
+                "token": token,
+                "principal": current_principal() or "",
+            },
+        )
 
     def _rejected(self, what: str, resource: str, token: int, exc: StaleTokenError) -> None:
         self.stale_rejections += 1
@@ -248,9 +273,13 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         write = write_from_proto(request)
         await self._admit(write.resource, write.token)
         (verdict,) = await self._write_all([write])
-        if isinstance(verdict, StaleTokenError):
+        if isinstance(verdict, StaleTokenError | LeaseLost):
             raise verdict
-        return guard_pb2.WriteResponse(fence=verdict.fence, replayed=verdict.replayed)
+        return guard_pb2.WriteResponse(
+            fence=verdict.fence,
+            replayed=verdict.replayed,
+            replayed_by_token=verdict.replayed_by_token,
+        )
 
     @rpc
     async def WriteMany(
@@ -274,9 +303,8 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
                 raise error
         try:
             result = await self.store.write_many(writes, key, self.mode)
-        except StaleTokenError as exc:
-            self.metrics.writes.labels("stale").inc()
-            self._rejected("multi-resource write", exc.resource, exc.token, exc)
+        except (StaleTokenError, LeaseLost) as exc:
+            self._refused("multi-resource write", exc.resource, exc.token, exc)
             raise
         except FencingError:
             self.metrics.writes.labels("error").inc()
@@ -294,6 +322,7 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
                 for w, fence in zip(writes, result.fences, strict=True)
             ],
             replayed=result.replayed,
+            replayed_by_tokens=result.replayed_by_tokens,
         )
 
     async def WriteStream(
@@ -377,7 +406,11 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
             else:
                 verdicts[i] = guard_pb2.WriteVerdict(
                     id=write_id,
-                    ok=guard_pb2.WriteResponse(fence=result.fence, replayed=result.replayed),
+                    ok=guard_pb2.WriteResponse(
+                        fence=result.fence,
+                        replayed=result.replayed,
+                        replayed_by_token=result.replayed_by_token,
+                    ),
                 )
         return guard_pb2.WriteStreamResponse(verdicts=[v for v in verdicts if v is not None])
 
@@ -402,9 +435,12 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         token = limits.check_token(request.token)
         await self._admit(resource, token)
         try:
-            fence = await self.store.fence(resource, token)
+            fence = await self.store.fence(resource, token, self.mode)
         except StaleTokenError as exc:
             self._rejected("fence", resource, token, exc)
+            raise
+        except LeaseLost:
+            self._lease_lost("fence", resource, token)
             raise
         self.metrics.fence_advanced("fence")
         log.info(
@@ -422,4 +458,36 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         resource = limits.check_resource(request.resource)
         return guard_pb2.FenceState(
             resource=resource, fence=await self.store.describe_fence(resource)
+        )
+
+    @rpc
+    async def ResetFence(
+        self, request: guard_pb2.ResetFenceRequest, context: Context
+    ) -> guard_pb2.ResetFenceResponse:
+        """Set a fence to the lease server's counter (authorised by ``reset_fence``).
+
+        Audited: one WARNING line with the principal, the resource and the fence before
+        and after, and ``fencing_guard_fence_resets_total``. A watch guard's follower
+        may raise the fence again from the next event, as it should.
+        """
+        resource = limits.check_resource(request.resource)
+        to_token = limits.check_range("to_token", request.to_token, 0, limits.MAX_TOKEN)
+        previous = await self.store.reset_fence(resource, to_token)
+        self.metrics.fence_reset(resource)
+        principal = current_principal() or ""
+        log.warning(
+            "fence reset resource=%s from=%d to=%d by=%s",
+            resource,
+            previous,
+            to_token,
+            principal or "(no auth)",
+            extra={
+                "resource": resource,
+                "previous_fence": previous,
+                "fence": to_token,
+                "principal": principal,
+            },
+        )
+        return guard_pb2.ResetFenceResponse(
+            resource=resource, previous_fence=previous, fence=to_token
         )

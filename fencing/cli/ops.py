@@ -2,6 +2,12 @@
 
 Each prints one line of ``key=value`` pairs (or JSON with ``--json``) and exits 0,
 or prints ``error: REASON: message`` to stderr and exits 1.
+
+``fencing fence reset RESOURCE`` is the recovery from a fence a token nobody was
+granted wedged: it asks the lease server for the resource's ``last_token`` (the
+highest token it ever granted) and sets the guard's fence to exactly that, so the
+next holder can write and every former holder stays fenced. The guard needs the
+caller to hold the ``reset_fence`` permission and logs the reset at WARNING.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Any
 
 from fencing.cli import connect
 from fencing.client import GuardClient, LeaseClient
-from fencing.errors import FencingError
+from fencing.errors import FencingError, InvalidArgumentError
 from fencing.types import Claim, Put
 
 LEASE_ADDR = os.environ.get("FENCING_LEASE_ADDR", "127.0.0.1:50051")
@@ -135,10 +141,36 @@ def _get(args: argparse.Namespace) -> dict[str, Any]:
 
 @_guarded
 def _fence(args: argparse.Namespace) -> dict[str, Any]:
+    resource, token = args.resource, args.token
+    # "fence reset RESOURCE" (or "fence RESOURCE --reset"); "fence reset 5" still fences
+    # a resource named "reset" to 5.
+    if resource == "reset" and token is not None and not token.isdigit():
+        resource, token, args.reset = token, None, True
+    if args.reset:
+        if token is not None:
+            raise InvalidArgumentError(
+                "a reset takes no token: it uses the lease server's last_token", field="token"
+            )
+        return _reset(args, resource)
     with _guard_client(args) as guard:
-        if args.token is None:
-            return {"resource": args.resource, "fence": guard.describe_fence(args.resource)}
-        return {"resource": args.resource, "fence": guard.fence(Claim(args.resource, args.token))}
+        if token is None:
+            return {"resource": resource, "fence": guard.describe_fence(resource)}
+        if not token.isdigit():
+            raise InvalidArgumentError(f"token must be a number, not {token!r}", field="token")
+        return {"resource": resource, "fence": guard.fence(Claim(resource, int(token)))}
+
+
+def _reset(args: argparse.Namespace, resource: str) -> dict[str, Any]:
+    with _lease_client(args) as leases:
+        last_token = leases.describe(resource).last_token
+    with _guard_client(args) as guard:
+        reset = guard.reset_fence(resource, last_token)
+    return {
+        "resource": resource,
+        "previous_fence": reset.previous_fence,
+        "fence": reset.fence,
+        "last_token": last_token,
+    }
 
 
 def _common(p: argparse.ArgumentParser, *, lease: bool) -> None:
@@ -203,8 +235,26 @@ def register(sub: Any) -> None:
     _common(p, lease=False)
     p.set_defaults(run=_get)
 
-    p = sub.add_parser("fence", help="advance a resource's fence to TOKEN, or show it")
+    p = sub.add_parser(
+        "fence",
+        help="advance a resource's fence to TOKEN, show it, or reset it ('fence reset RESOURCE')",
+        description="fencing fence RESOURCE [TOKEN]: show the fence, or advance it to TOKEN. "
+        "fencing fence reset RESOURCE (or RESOURCE --reset): set the fence to the lease "
+        "server's last_token for RESOURCE, lowering a fence a token nobody was granted "
+        "wedged; needs the reset_fence permission, and the guard audits it.",
+    )
     p.add_argument("resource")
-    p.add_argument("token", type=int, nargs="?", default=None)
+    p.add_argument("token", nargs="?", default=None)
+    p.add_argument(
+        "--reset",
+        action="store_true",
+        help="reset the fence to the lease server's last_token for RESOURCE",
+    )
+    p.add_argument(
+        "--lease-addr",
+        default=LEASE_ADDR,
+        help="lease server asked for last_token by a reset (env FENCING_LEASE_ADDR; "
+        "default %(default)s)",
+    )
     _common(p, lease=False)
     p.set_defaults(run=_fence)

@@ -4,7 +4,7 @@ and :class:`AsyncQueueClient`."""
 
 from fencing.client._core import EventKind, LeaseEvent, LeaseState, WriteResult
 from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
-from fencing.client._writes import ManyResult
+from fencing.client._writes import FenceReset, ManyResult
 from fencing.client.async_guard import AsyncGuardClient
 from fencing.client.async_lease import AsyncLease, AsyncLeaseClient
 from fencing.client.async_queue import AsyncQueueClient
@@ -23,6 +23,7 @@ __all__ = [
     "EnqueuedJob",
     "EventKind",
     "FailOutcome",
+    "FenceReset",
     "GuardClient",
     "Job",
     "Lease",

@@ -508,14 +508,22 @@ def write_request(
 
 @dataclass(frozen=True, slots=True)
 class WriteResult:
-    """The fence after a write; ``replayed`` if an idempotency key matched an earlier one."""
+    """The fence after a write; ``replayed`` if an idempotency key matched an earlier one.
+
+    A replay is answered only to a token that may write now (a stale one gets
+    ``StaleTokenError``, whose ``key_applied``/``applied_by_token`` say whether and by
+    whom the key was applied). ``replayed_by_token`` names the token that applied the
+    recorded write: your own token means your earlier attempt landed; an older one
+    means another holder's write with the same key did, and yours was not applied.
+    """
 
     fence: int
     replayed: bool
+    replayed_by_token: int = 0
 
 
 def write_result(msg: guard_pb2.WriteResponse) -> WriteResult:
-    return WriteResult(msg.fence, msg.replayed)
+    return WriteResult(msg.fence, msg.replayed, msg.replayed_by_token)
 
 
 def read_request(resource: str, key: str) -> guard_pb2.ReadRequest:

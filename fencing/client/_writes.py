@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from fencing import _status
@@ -30,10 +30,13 @@ W = TypeVar("W")  # whatever a twin wakes a writer with (a Future)
 @dataclass(frozen=True, slots=True)
 class ManyResult:
     """The fences after a multi-resource write, by resource; ``replayed`` if its
-    idempotency key matched an earlier one (nothing was applied again)."""
+    idempotency key matched an earlier one (nothing was applied again), and then
+    ``replayed_by_tokens``: by resource, the token that applied the recorded write
+    (0 where the guard had already forgotten the key)."""
 
     fences: dict[str, int]
     replayed: bool
+    replayed_by_tokens: dict[str, int] = field(default_factory=dict)
 
 
 def write_many_request(
@@ -53,7 +56,29 @@ def write_many_request(
 
 
 def many_result(msg: guard_pb2.WriteManyResponse) -> ManyResult:
-    return ManyResult({f.resource: f.fence for f in msg.fences}, msg.replayed)
+    return ManyResult(
+        {f.resource: f.fence for f in msg.fences},
+        msg.replayed,
+        {f.resource: token for f, token in zip(msg.fences, msg.replayed_by_tokens, strict=False)},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FenceReset:
+    """An operator's ``ResetFence``: the fence before and after (the lease server's
+    ``last_token`` it was reset to)."""
+
+    resource: str
+    previous_fence: int
+    fence: int
+
+
+def reset_fence_request(resource: str, to_token: int) -> guard_pb2.ResetFenceRequest:
+    return guard_pb2.ResetFenceRequest(resource=resource, to_token=to_token)
+
+
+def fence_reset(msg: guard_pb2.ResetFenceResponse) -> FenceReset:
+    return FenceReset(msg.resource, msg.previous_fence, msg.fence)
 
 
 # -- WriteStream ------------------------------------------------------------------------------
@@ -62,7 +87,7 @@ def many_result(msg: guard_pb2.WriteManyResponse) -> ManyResult:
 def outcome(verdict: guard_pb2.WriteVerdict) -> WriteResult | FencingError:
     """A verdict as what ``write`` would have returned, or the exception it would raise."""
     if verdict.WhichOneof("outcome") == "ok":
-        return WriteResult(verdict.ok.fence, verdict.ok.replayed)
+        return WriteResult(verdict.ok.fence, verdict.ok.replayed, verdict.ok.replayed_by_token)
     error = verdict.error
     return _status.from_fields(error.reason, error.message, dict(error.metadata))
 

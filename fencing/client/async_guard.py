@@ -16,7 +16,7 @@ import grpc.aio
 
 from fencing.client import _core, _writes
 from fencing.client._core import WriteResult
-from fencing.client._writes import ManyResult
+from fencing.client._writes import FenceReset, ManyResult
 from fencing.client.async_write_stream import AsyncWriteStream
 from fencing.limits import MAX_STREAM_WRITES
 from fencing.tls import TLSConfig
@@ -117,6 +117,18 @@ class AsyncGuardClient:
         """The guard's fence for ``resource`` (0 if never written or fenced)."""
         msg = await self._call(self._stub.DescribeFence, _core.describe_fence_request(resource))
         return msg.fence
+
+    async def reset_fence(self, resource: str, to_token: int) -> FenceReset:
+        """An operator's recovery: set ``resource``'s fence to ``to_token``, lower or higher.
+
+        Pass the lease server's ``last_token`` for the resource
+        (``LeaseClient.describe(resource).last_token``, as ``fencing fence reset`` does):
+        the highest token ever granted, so every former holder stays fenced while a
+        fence a token nobody was granted wedged comes down. Needs the ``reset_fence``
+        permission; the guard logs it at WARNING and counts it.
+        """
+        request = _writes.reset_fence_request(resource, to_token)
+        return _writes.fence_reset(await self._call(self._stub.ResetFence, request))
 
     # -- several resources, many writes ----------------------------------------------------
 

@@ -15,7 +15,7 @@ import grpc
 
 from fencing.client import _core, _writes
 from fencing.client._core import WriteResult
-from fencing.client._writes import ManyResult
+from fencing.client._writes import FenceReset, ManyResult
 from fencing.client.write_stream import WriteStream
 from fencing.limits import MAX_STREAM_WRITES
 from fencing.tls import TLSConfig
@@ -92,7 +92,9 @@ class GuardClient:
         """Apply ``ops`` atomically under ``fenced.token``; ``StaleTokenError`` if stale.
 
         With ``idempotency_key``, a repeat of the same write (even after a timeout)
-        applies nothing again and returns ``replayed=True``: retries are safe.
+        applies nothing again and returns ``replayed=True`` with ``replayed_by_token``:
+        retries are safe. The token is judged first: a stale token gets
+        ``StaleTokenError`` even for a known key (``key_applied``, ``applied_by_token``).
         """
         if self.coalesce:
             return self._stream().write(
@@ -120,6 +122,18 @@ class GuardClient:
     def describe_fence(self, resource: str) -> int:
         """The guard's fence for ``resource`` (0 if never written or fenced)."""
         return self._call(self._stub.DescribeFence, _core.describe_fence_request(resource)).fence
+
+    def reset_fence(self, resource: str, to_token: int) -> FenceReset:
+        """An operator's recovery: set ``resource``'s fence to ``to_token``, lower or higher.
+
+        Pass the lease server's ``last_token`` for the resource
+        (``LeaseClient.describe(resource).last_token``, as ``fencing fence reset`` does):
+        the highest token ever granted, so every former holder stays fenced while a
+        fence a token nobody was granted wedged comes down. Needs the ``reset_fence``
+        permission; the guard logs it at WARNING and counts it.
+        """
+        request = _writes.reset_fence_request(resource, to_token)
+        return _writes.fence_reset(self._call(self._stub.ResetFence, request))
 
     # -- several resources, many writes ----------------------------------------------------
 

@@ -126,19 +126,25 @@ class WriteResponse(_message.Message):
 
     FENCE_FIELD_NUMBER: _builtins.int
     REPLAYED_FIELD_NUMBER: _builtins.int
+    REPLAYED_BY_TOKEN_FIELD_NUMBER: _builtins.int
     fence: _builtins.int
     """The resource's fence after the write."""
     replayed: _builtins.bool
     """True when idempotency_key matched an earlier write: nothing was applied again."""
+    replayed_by_token: _builtins.int
+    """When replayed: the token that applied the recorded write (the caller's own token,
+    or an older one that wrote with the same key). 0 otherwise.
+    """
     def __init__(
         self,
         *,
         fence: _builtins.int = ...,
         replayed: _builtins.bool = ...,
+        replayed_by_token: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence", "replayed", b"replayed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence", "replayed", b"replayed", "replayed_by_token", b"replayed_by_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -314,20 +320,28 @@ class WriteManyResponse(_message.Message):
 
     FENCES_FIELD_NUMBER: _builtins.int
     REPLAYED_FIELD_NUMBER: _builtins.int
+    REPLAYED_BY_TOKENS_FIELD_NUMBER: _builtins.int
     replayed: _builtins.bool
     @_builtins.property
     def fences(self) -> _containers.RepeatedCompositeFieldContainer[Global___FenceState]:
         """One per resource, in the order of the request."""
+
+    @_builtins.property
+    def replayed_by_tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """When replayed, one per resource in the order of the request: the token that applied
+        the recorded write there (0 where the key was already forgotten).
+        """
 
     def __init__(
         self,
         *,
         fences: _abc.Iterable[Global___FenceState] | None = ...,
         replayed: _builtins.bool = ...,
+        replayed_by_tokens: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fences", b"fences", "replayed", b"replayed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fences", b"fences", "replayed", b"replayed", "replayed_by_tokens", b"replayed_by_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -478,3 +492,52 @@ class WriteStreamResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WriteStreamResponse: _TypeAlias = WriteStreamResponse  # noqa: Y015
+
+@_typing.final
+class ResetFenceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    TO_TOKEN_FIELD_NUMBER: _builtins.int
+    resource: _builtins.str
+    to_token: _builtins.int
+    """The fence to set: the lease server's last_token for the resource."""
+    def __init__(
+        self,
+        *,
+        resource: _builtins.str = ...,
+        to_token: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["resource", b"resource", "to_token", b"to_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetFenceRequest: _TypeAlias = ResetFenceRequest  # noqa: Y015
+
+@_typing.final
+class ResetFenceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    PREVIOUS_FENCE_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
+    resource: _builtins.str
+    previous_fence: _builtins.int
+    """The fence before the reset, and after it (= to_token)."""
+    fence: _builtins.int
+    def __init__(
+        self,
+        *,
+        resource: _builtins.str = ...,
+        previous_fence: _builtins.int = ...,
+        fence: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence", "previous_fence", b"previous_fence", "resource", b"resource"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetFenceResponse: _TypeAlias = ResetFenceResponse  # noqa: Y015

@@ -64,6 +64,11 @@ class GuardServiceStub:
                 request_serializer=fencing_dot_v1_dot_guard__pb2.WriteStreamRequest.SerializeToString,
                 response_deserializer=fencing_dot_v1_dot_guard__pb2.WriteStreamResponse.FromString,
                 _registered_method=True)
+        self.ResetFence = channel.unary_unary(
+                '/fencing.v1.GuardService/ResetFence',
+                request_serializer=fencing_dot_v1_dot_guard__pb2.ResetFenceRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_guard__pb2.ResetFenceResponse.FromString,
+                _registered_method=True)
 
 
 class GuardServiceServicer:
@@ -71,7 +76,10 @@ class GuardServiceServicer:
 
     def Write(self, request, context):
         """Apply every op atomically iff token >= fence, advancing the fence to token
-        in the same transaction; STALE_TOKEN (nothing applied) otherwise.
+        in the same transaction; STALE_TOKEN (nothing applied) otherwise, whether or not
+        the idempotency key is known (its metadata says key_applied and applied_by_token).
+        In strict mode a token not below the fence that is not the live lease or job claim
+        is LEASE_LOST. Only then is a recorded idempotency key a replay.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -85,7 +93,8 @@ class GuardServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Fence(self, request, context):
-        """Advance the fence without writing data (never lowers it; idempotent).
+        """Advance the fence without writing data (never lowers it; idempotent). In strict
+        mode the token must be the live lease or job claim (LEASE_LOST otherwise).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -112,6 +121,18 @@ class GuardServiceServicer:
         """Many independent writes over one stream, answered by id (not necessarily in order).
         The guard packs writes that arrive together, from this and other streams, into one
         store transaction; each keeps its own verdict, exactly as if sent alone with Write.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetFence(self, request, context):
+        """An operator's recovery: set the resource's fence to to_token, lower or higher, e.g.
+        after a token nobody was granted wedged it. to_token must be the lease server's
+        counter for the resource (LeaseState.last_token from Describe): then no former
+        holder is let back in. Needs the separate permission reset_fence; logged at WARNING
+        and counted. Where the guard's store holds the lease table (PostgreSQL, Redis with
+        the lease server's prefix) a to_token below a granted token is INVALID_ARGUMENT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -149,6 +170,11 @@ def add_GuardServiceServicer_to_server(servicer, server):
                     servicer.WriteStream,
                     request_deserializer=fencing_dot_v1_dot_guard__pb2.WriteStreamRequest.FromString,
                     response_serializer=fencing_dot_v1_dot_guard__pb2.WriteStreamResponse.SerializeToString,
+            ),
+            'ResetFence': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetFence,
+                    request_deserializer=fencing_dot_v1_dot_guard__pb2.ResetFenceRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_guard__pb2.ResetFenceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -313,6 +339,33 @@ class GuardService:
             '/fencing.v1.GuardService/WriteStream',
             fencing_dot_v1_dot_guard__pb2.WriteStreamRequest.SerializeToString,
             fencing_dot_v1_dot_guard__pb2.WriteStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetFence(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.GuardService/ResetFence',
+            fencing_dot_v1_dot_guard__pb2.ResetFenceRequest.SerializeToString,
+            fencing_dot_v1_dot_guard__pb2.ResetFenceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,12 +39,17 @@ class GuardServiceStub:
     def __new__(cls, channel: _aio.Channel) -> GuardServiceAsyncStub: ...
     Write: _grpc.UnaryUnaryMultiCallable[_guard_pb2.WriteRequest, _guard_pb2.WriteResponse]
     """Apply every op atomically iff token >= fence, advancing the fence to token
-    in the same transaction; STALE_TOKEN (nothing applied) otherwise.
+    in the same transaction; STALE_TOKEN (nothing applied) otherwise, whether or not
+    the idempotency key is known (its metadata says key_applied and applied_by_token).
+    In strict mode a token not below the fence that is not the live lease or job claim
+    is LEASE_LOST. Only then is a recorded idempotency key a replay.
     """
     Read: _grpc.UnaryUnaryMultiCallable[_guard_pb2.ReadRequest, _guard_pb2.ReadResponse]
     """Read one key, with the token of the write that stored it."""
     Fence: _grpc.UnaryUnaryMultiCallable[_guard_pb2.FenceRequest, _guard_pb2.FenceState]
-    """Advance the fence without writing data (never lowers it; idempotent)."""
+    """Advance the fence without writing data (never lowers it; idempotent). In strict
+    mode the token must be the live lease or job claim (LEASE_LOST otherwise).
+    """
     DescribeFence: _grpc.UnaryUnaryMultiCallable[_guard_pb2.DescribeFenceRequest, _guard_pb2.FenceState]
     """The current fence of a resource (0 if never fenced)."""
     WriteMany: _grpc.UnaryUnaryMultiCallable[_guard_pb2.WriteManyRequest, _guard_pb2.WriteManyResponse]
@@ -58,18 +63,31 @@ class GuardServiceStub:
     The guard packs writes that arrive together, from this and other streams, into one
     store transaction; each keeps its own verdict, exactly as if sent alone with Write.
     """
+    ResetFence: _grpc.UnaryUnaryMultiCallable[_guard_pb2.ResetFenceRequest, _guard_pb2.ResetFenceResponse]
+    """An operator's recovery: set the resource's fence to to_token, lower or higher, e.g.
+    after a token nobody was granted wedged it. to_token must be the lease server's
+    counter for the resource (LeaseState.last_token from Describe): then no former
+    holder is let back in. Needs the separate permission reset_fence; logged at WARNING
+    and counted. Where the guard's store holds the lease table (PostgreSQL, Redis with
+    the lease server's prefix) a to_token below a granted token is INVALID_ARGUMENT.
+    """
 
 @_typing.type_check_only
 class GuardServiceAsyncStub(GuardServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Write: _aio.UnaryUnaryMultiCallable[_guard_pb2.WriteRequest, _guard_pb2.WriteResponse]  # type: ignore[assignment]
     """Apply every op atomically iff token >= fence, advancing the fence to token
-    in the same transaction; STALE_TOKEN (nothing applied) otherwise.
+    in the same transaction; STALE_TOKEN (nothing applied) otherwise, whether or not
+    the idempotency key is known (its metadata says key_applied and applied_by_token).
+    In strict mode a token not below the fence that is not the live lease or job claim
+    is LEASE_LOST. Only then is a recorded idempotency key a replay.
     """
     Read: _aio.UnaryUnaryMultiCallable[_guard_pb2.ReadRequest, _guard_pb2.ReadResponse]  # type: ignore[assignment]
     """Read one key, with the token of the write that stored it."""
     Fence: _aio.UnaryUnaryMultiCallable[_guard_pb2.FenceRequest, _guard_pb2.FenceState]  # type: ignore[assignment]
-    """Advance the fence without writing data (never lowers it; idempotent)."""
+    """Advance the fence without writing data (never lowers it; idempotent). In strict
+    mode the token must be the live lease or job claim (LEASE_LOST otherwise).
+    """
     DescribeFence: _aio.UnaryUnaryMultiCallable[_guard_pb2.DescribeFenceRequest, _guard_pb2.FenceState]  # type: ignore[assignment]
     """The current fence of a resource (0 if never fenced)."""
     WriteMany: _aio.UnaryUnaryMultiCallable[_guard_pb2.WriteManyRequest, _guard_pb2.WriteManyResponse]  # type: ignore[assignment]
@@ -83,6 +101,14 @@ class GuardServiceAsyncStub(GuardServiceStub):
     The guard packs writes that arrive together, from this and other streams, into one
     store transaction; each keeps its own verdict, exactly as if sent alone with Write.
     """
+    ResetFence: _aio.UnaryUnaryMultiCallable[_guard_pb2.ResetFenceRequest, _guard_pb2.ResetFenceResponse]  # type: ignore[assignment]
+    """An operator's recovery: set the resource's fence to to_token, lower or higher, e.g.
+    after a token nobody was granted wedged it. to_token must be the lease server's
+    counter for the resource (LeaseState.last_token from Describe): then no former
+    holder is let back in. Needs the separate permission reset_fence; logged at WARNING
+    and counted. Where the guard's store holds the lease table (PostgreSQL, Redis with
+    the lease server's prefix) a to_token below a granted token is INVALID_ARGUMENT.
+    """
 
 class GuardServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -92,7 +118,10 @@ class GuardServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_guard_pb2.WriteResponse, _abc.Awaitable[_guard_pb2.WriteResponse]]:
         """Apply every op atomically iff token >= fence, advancing the fence to token
-        in the same transaction; STALE_TOKEN (nothing applied) otherwise.
+        in the same transaction; STALE_TOKEN (nothing applied) otherwise, whether or not
+        the idempotency key is known (its metadata says key_applied and applied_by_token).
+        In strict mode a token not below the fence that is not the live lease or job claim
+        is LEASE_LOST. Only then is a recorded idempotency key a replay.
         """
 
     @_abc_1.abstractmethod
@@ -109,7 +138,9 @@ class GuardServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _guard_pb2.FenceRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_guard_pb2.FenceState, _abc.Awaitable[_guard_pb2.FenceState]]:
-        """Advance the fence without writing data (never lowers it; idempotent)."""
+        """Advance the fence without writing data (never lowers it; idempotent). In strict
+        mode the token must be the live lease or job claim (LEASE_LOST otherwise).
+        """
 
     @_abc_1.abstractmethod
     def DescribeFence(
@@ -140,6 +171,20 @@ class GuardServiceServicer(metaclass=_abc_1.ABCMeta):
         """Many independent writes over one stream, answered by id (not necessarily in order).
         The guard packs writes that arrive together, from this and other streams, into one
         store transaction; each keeps its own verdict, exactly as if sent alone with Write.
+        """
+
+    @_abc_1.abstractmethod
+    def ResetFence(
+        self,
+        request: _guard_pb2.ResetFenceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_guard_pb2.ResetFenceResponse, _abc.Awaitable[_guard_pb2.ResetFenceResponse]]:
+        """An operator's recovery: set the resource's fence to to_token, lower or higher, e.g.
+        after a token nobody was granted wedged it. to_token must be the lease server's
+        counter for the resource (LeaseState.last_token from Describe): then no former
+        holder is let back in. Needs the separate permission reset_fence; logged at WARNING
+        and counted. Where the guard's store holds the lease table (PostgreSQL, Redis with
+        the lease server's prefix) a to_token below a granted token is INVALID_ARGUMENT.
         """
 
 def add_GuardServiceServicer_to_server(servicer: GuardServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -36,41 +36,58 @@ local function advance_fence(kfence, fence, token)
   return fence
 end
 
+-- What an idempotency key's write left: its fence and the token that applied it, or nil.
+-- Records are '<fence>:<token>:<recorded_at_ms>'; older ones '<fence>:<recorded_at_ms>'
+-- carry no token, and every mode but off leaves fence == token, so the fence stands in.
+local function recorded(kidem)
+  local seen = redis.call('GET', kidem)
+  if not seen then
+    return nil, nil
+  end
+  local fence, token = string.match(seen, '^(%d+):(%d+):%d+$')
+  if fence then
+    return fence, token
+  end
+  fence = string.match(seen, '^(%d+)')
+  return fence, fence
+end
+
 -- The fence recorded with an idempotency key, or nil.
 local function recorded_fence(kidem)
-  local seen = redis.call('GET', kidem)
-  if seen then
-    return string.match(seen, '^(%d+)')
-  end
-  return nil
+  local fence = recorded(kidem)
+  return fence
 end
 
--- Remember an idempotency key as '<fence>:<recorded_at_ms>' for ttl_ms.
-local function record_key(kidem, fence, ttl_ms)
-  redis.call('SET', kidem, fence .. ':' .. now_ms(), 'PX', ttl_ms)
+-- Remember an idempotency key as '<fence>:<token>:<recorded_at_ms>' for ttl_ms.
+local function record_key(kidem, fence, token, ttl_ms)
+  redis.call('SET', kidem, fence .. ':' .. token .. ':' .. now_ms(), 'PX', ttl_ms)
 end
 
--- One whole write: replay a recorded key, judge, apply, advance, record.
--- Returns outcome ('ok' | 'replayed' | 'stale' | 'not_live'), fence.
+-- One whole write, judged as guard.fence.judge does: the token against the fence, then
+-- (strict) against the live lease, and only then the idempotency key; then apply,
+-- advance, record. A stale token is refused whether or not its key is known.
+-- Returns outcome ('ok' | 'replayed' | 'stale' | 'not_live'), fence, and the token that
+-- applied the write's idempotency key ('0' when it carries none or it was never applied).
 local function fenced_write(kfence, kdata, kidem, klease, token, mode, has_key, ttl_ms,
                             argv, at, n)
   local fence = redis.call('GET', kfence) or '0'
+  local seen_fence, seen_token = nil, nil
   if has_key then
-    local seen = recorded_fence(kidem)
-    if seen then
-      return 'replayed', seen
-    end
+    seen_fence, seen_token = recorded(kidem)
   end
   if not fence_admits(token, fence, mode) then
-    return 'stale', fence
+    return 'stale', fence, seen_token or '0'
   end
   if mode == 'strict' and not lease_live(klease, token) then
-    return 'not_live', fence
+    return 'not_live', fence, seen_token or '0'
+  end
+  if seen_fence then
+    return 'replayed', seen_fence, seen_token
   end
   apply_ops(kdata, token, argv, at, n)
   local new = advance_fence(kfence, fence, token)
   if has_key then
-    record_key(kidem, new, ttl_ms)
+    record_key(kidem, new, token, ttl_ms)
   end
-  return 'ok', new
+  return 'ok', new, '0'
 end

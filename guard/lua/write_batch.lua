@@ -7,7 +7,7 @@
 -- ARGV[3]  number of writes n; then per write:
 --          token, '1'|'0' (has an idempotency key), number of ops m, then m ops
 --          ('P', key, value or 'D', key, '')
--- Returns  {outcome_1, fence_1, ..., outcome_n, fence_n} (outcomes as in write.lua)
+-- Returns  {outcome_1, fence_1, by_1, ..., outcome_n, fence_n, by_n} (as in write.lua)
 --
 -- On a Redis Cluster every key of one call must share a slot: the store groups writes
 -- by slot and sends one call per group.
@@ -17,11 +17,12 @@ local at = 4
 for w = 0, n - 1 do
   local k = 4 * w
   local m = tonumber(ARGV[at + 2])
-  local outcome, fence = fenced_write(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
-                                      ARGV[at], mode, ARGV[at + 1] == '1', ttl_ms,
-                                      ARGV, at + 3, m)
+  local outcome, fence, by = fenced_write(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
+                                          ARGV[at], mode, ARGV[at + 1] == '1', ttl_ms,
+                                          ARGV, at + 3, m)
   out[#out + 1] = outcome
   out[#out + 1] = fence
+  out[#out + 1] = by
   at = at + 3 + 3 * m
 end
 return out

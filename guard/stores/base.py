@@ -4,7 +4,10 @@ A fenced store keeps, per resource, a fence (the highest token applied or
 promised) and the resource's key/value data, in the same durable store. ``write``
 is one transaction: lock the fence, judge the token with :func:`guard.fence.admit`,
 apply every op, advance the fence, commit; a rejection applies nothing (G3).
-Idempotency keys are remembered in the same transaction as the write they name (G6).
+Idempotency keys are remembered, with the token that applied them, in the same
+transaction as the write they name (G6), and judged after the token
+(:func:`guard.fence.judge`): a token below the fence is refused whether or not its key
+is known, and a replay names the token that applied the key.
 To add a store, add a file beside this one and a branch in ``open_store``.
 
 Two more shapes of write, both one transaction:
@@ -28,17 +31,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from fencing.errors import StaleTokenError
+from fencing.errors import LeaseLost, StaleTokenError
 from fencing.types import Op, Record
 from guard.fence import FenceMode
 
 
 @dataclass(frozen=True, slots=True)
 class WriteResult:
-    """The fence after the write; ``replayed`` when an idempotency key matched."""
+    """The fence after the write; ``replayed_by_token`` (non-zero, then ``replayed``) when
+    an idempotency key matched: the token that applied the recorded write."""
 
     fence: int
-    replayed: bool = False
+    replayed_by_token: int = 0
+
+    @property
+    def replayed(self) -> bool:
+        return self.replayed_by_token != 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +60,13 @@ class ResourceWrite:
 
 @dataclass(frozen=True, slots=True)
 class ManyResult:
-    """The fences after a multi-resource write, in the order of its resources."""
+    """The fences after a multi-resource write, in the order of its resources; for a
+    replay, ``replayed_by_tokens``: per resource the token that applied the recorded
+    key (0 where it was pruned)."""
 
     fences: tuple[int, ...]
     replayed: bool = False
+    replayed_by_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +80,7 @@ class BatchedWrite:
 
 
 #: A batched write's verdict: its result, or the error it alone was refused with.
-Verdict = WriteResult | StaleTokenError
+Verdict = WriteResult | StaleTokenError | LeaseLost
 
 
 class GuardStore(Protocol):
@@ -95,17 +106,29 @@ class GuardStore(Protocol):
         idempotency_key: str = "",
         mode: FenceMode = FenceMode.MONOTONIC,
     ) -> WriteResult:
-        """Apply ``ops`` atomically iff the fence rule admits ``token``; else ``StaleTokenError``.
+        """Apply ``ops`` atomically iff :func:`guard.fence.judge` admits ``token``.
 
-        With a non-empty ``idempotency_key`` already recorded for ``resource``, apply
-        nothing and return the recorded outcome with ``replayed=True``.
+        ``StaleTokenError`` below the fence, ``LeaseLost`` in strict mode for a token
+        that is not the live lease or job claim; both whether or not the key is known,
+        saying whether it was applied and by which token. Then, with a non-empty
+        ``idempotency_key`` already recorded for ``resource``, apply nothing and return
+        the recorded fence with ``replayed_by_token`` = the token that applied it.
         """
 
     async def read(self, resource: str, key: str) -> Record | None:
         """The value under ``key`` and the token that wrote it, or None."""
 
-    async def fence(self, resource: str, token: int) -> int:
-        """Advance the fence to ``token`` (see :func:`guard.fence.advance`); return it."""
+    async def fence(self, resource: str, token: int, mode: FenceMode = FenceMode.MONOTONIC) -> int:
+        """Advance the fence to ``token`` (see :func:`guard.fence.advance`); return it.
+
+        In strict mode the token must also be the live lease or job claim
+        (:func:`guard.fence.may_fence`, ``LeaseLost`` otherwise)."""
+
+    async def reset_fence(self, resource: str, to_token: int) -> int:
+        """Set the fence to ``to_token``, lower or higher; return the fence it replaced.
+
+        The operator's recovery from a fence a token nobody was granted wedged (see
+        :func:`guard.fence.reset_to`); the service authorises and audits it."""
 
     async def describe_fence(self, resource: str) -> int:
         """The resource's fence, 0 if it was never written or fenced."""
@@ -121,11 +144,13 @@ class GuardStore(Protocol):
     ) -> ManyResult:
         """Judge every resource's token, then apply every op, in one transaction.
 
-        Resources are distinct (the service checks). One stale token raises
-        ``StaleTokenError`` for the first stale resource in sorted order and applies
-        nothing. The ``idempotency_key`` is recorded under every resource with its
-        fence; a repeat (the key found under the first resource) applies nothing and
-        returns the recorded fences with ``replayed=True``.
+        Resources are distinct (the service checks). Judged by
+        :func:`guard.fence.judge_all`: one stale token raises ``StaleTokenError`` for
+        the first stale resource in sorted order (strict: then ``LeaseLost`` for the
+        first not live) and applies nothing, whether or not the key is known. The
+        ``idempotency_key`` is recorded under every resource with its fence and token;
+        a repeat (the key found under the first resource) applies nothing and returns
+        the recorded fences and tokens with ``replayed=True``.
         """
 
     async def write_batch(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from fencing.errors import StaleTokenError
+from fencing.errors import LeaseLost, StaleTokenError
 from fencing.types import Op, Put, Record
 from guard import fence as fence_rule
-from guard.fence import FenceMode
+from guard.fence import FenceMode, Recorded
 from guard.stores.base import BatchedWrite, ManyResult, ResourceWrite, Verdict, WriteResult
 
 
@@ -22,7 +22,8 @@ class MemoryStore:
     def __init__(self) -> None:
         self._fences: dict[str, int] = {}
         self._data: dict[tuple[str, str], Record] = {}
-        self._keys: dict[tuple[str, str], tuple[int, int]] = {}  # -> (fence, recorded_at_ms)
+        # (resource, key) -> (what the write left, recorded_at_ms)
+        self._keys: dict[tuple[str, str], tuple[Recorded, int]] = {}
 
     async def open(self) -> None:
         return None
@@ -43,13 +44,28 @@ class MemoryStore:
         mode: FenceMode = FenceMode.MONOTONIC,
     ) -> WriteResult:
         # No await inside: the whole write is atomic with respect to other calls.
-        if idempotency_key and (resource, idempotency_key) in self._keys:
-            return WriteResult(self._keys[(resource, idempotency_key)][0], replayed=True)
-        new_fence = fence_rule.admit(resource, token, self._fences.get(resource, 0), mode)
-        self._apply(resource, token, ops, new_fence)
+        judged = fence_rule.judge(
+            resource,
+            token,
+            self._fences.get(resource, 0),
+            mode,
+            has_key=bool(idempotency_key),
+            recorded=self._recorded(resource, idempotency_key),
+            live=False,  # strict mode: no lease backend here, fail closed
+        )
+        if judged.replayed:
+            return WriteResult(judged.fence, judged.replayed_by_token)
+        self._apply(resource, token, ops, judged.fence)
         if idempotency_key:
-            self._keys[(resource, idempotency_key)] = (new_fence, time.time_ns() // 1_000_000)
-        return WriteResult(new_fence)
+            self._keys[(resource, idempotency_key)] = (
+                Recorded(judged.fence, token),
+                time.time_ns() // 1_000_000,
+            )
+        return WriteResult(judged.fence)
+
+    def _recorded(self, resource: str, key: str) -> Recorded | None:
+        seen = self._keys.get((resource, key)) if key else None
+        return seen[0] if seen else None
 
     def _apply(self, resource: str, token: int, ops: Sequence[Op], new_fence: int) -> None:
         for op in ops:
@@ -65,23 +81,22 @@ class MemoryStore:
         idempotency_key: str = "",
         mode: FenceMode = FenceMode.MONOTONIC,
     ) -> ManyResult:
-        if idempotency_key and (writes[0].resource, idempotency_key) in self._keys:
-            recorded = [self._keys.get((w.resource, idempotency_key)) for w in writes]
-            return ManyResult(
-                tuple(
-                    r[0] if r else self._fences.get(w.resource, 0)
-                    for w, r in zip(writes, recorded, strict=True)
-                ),
-                replayed=True,
-            )
-        fences = fence_rule.admit_all(
-            [(w.resource, w.token, self._fences.get(w.resource, 0)) for w in writes], mode
+        claims = [(w.resource, w.token, self._fences.get(w.resource, 0)) for w in writes]
+        replay = fence_rule.judge_all(
+            claims,
+            mode,
+            has_key=bool(idempotency_key),
+            recorded=[self._recorded(w.resource, idempotency_key) for w in writes],
+            live=[False] * len(writes),  # strict mode: no lease backend here, fail closed
         )
+        if replay is not None:
+            return ManyResult(tuple(replay[0]), True, tuple(replay[1]))
+        fences = fence_rule.admit_all(claims, mode)
         now_ms = time.time_ns() // 1_000_000
         for w, new_fence in zip(writes, fences, strict=True):
             self._apply(w.resource, w.token, w.ops, new_fence)
             if idempotency_key:
-                self._keys[(w.resource, idempotency_key)] = (new_fence, now_ms)
+                self._keys[(w.resource, idempotency_key)] = (Recorded(new_fence, w.token), now_ms)
         return ManyResult(tuple(fences))
 
     async def write_batch(
@@ -93,17 +108,23 @@ class MemoryStore:
                 verdicts.append(
                     await self.write(w.resource, w.token, w.ops, w.idempotency_key, mode)
                 )
-            except StaleTokenError as exc:
+            except (StaleTokenError, LeaseLost) as exc:
                 verdicts.append(exc)
         return verdicts
 
     async def read(self, resource: str, key: str) -> Record | None:
         return self._data.get((resource, key))
 
-    async def fence(self, resource: str, token: int) -> int:
+    async def fence(self, resource: str, token: int, mode: FenceMode = FenceMode.MONOTONIC) -> int:
         new = fence_rule.advance(resource, token, self._fences.get(resource, 0))
+        fence_rule.may_fence(resource, token, mode, live=False)
         self._fences[resource] = new
         return new
+
+    async def reset_fence(self, resource: str, to_token: int) -> int:
+        before = self._fences.get(resource, 0)
+        self._fences[resource] = fence_rule.reset_to(resource, to_token, before)
+        return before
 
     async def describe_fence(self, resource: str) -> int:
         return self._fences.get(resource, 0)

@@ -1,22 +1,25 @@
 """PostgreSQL fenced store (``postgres://``): fences and data in the lease backend's schema.
 
 Tables ``fences``, ``data`` and ``idempotency`` (:mod:`fencing.migrations`,
-``0002_guard.sql``). A write is one statement, and so one transaction and one
-round trip, calling ``guard_write``: lock the resource's fence row (``SELECT ...
-FOR UPDATE``, the row inserted first if missing, race-free), replay a recorded
-idempotency key, apply the fence rule of :func:`guard.fence.admit` (the same rule,
-in SQL), apply every op in order, advance the fence, record the key, commit. A
-rejection raises inside the transaction, so nothing of it lands (G3, G6).
+``0002_guard.sql``, ``0008_guard_fence_rules.sql``). A write is one statement, and so
+one transaction and one round trip, calling ``guard_write``: lock the resource's
+fence row (``SELECT ... FOR UPDATE``, the row inserted first if missing, race-free),
+judge the token as :func:`guard.fence.judge` does (the same rule, in SQL: the
+token against the fence, then in strict mode against the live lease, and only then
+a recorded idempotency key, which is a replay), apply every op in order, advance the
+fence, record the key with its token, commit. A rejection raises inside the
+transaction, so nothing of it lands (G3, G6).
 
-Strict mode (G5): the lease backend keeps its ``leases`` table in the same schema,
-so a strict write also share-locks the resource's lease row and requires the token
-to be the current unexpired lease by the database's clock; the row lock holds
-every acquire of the resource back until the write commits, so no other holder
-can be granted in between. A token below the fence, and a token that is not the
-live lease (expired, released, taken over, or no lease server on this schema at
-all: strict mode fails closed), are both refused with :class:`StaleTokenError`
-carrying the fence, as the other stores do; the SQL raises them with distinct
-SQLSTATEs (``FN001``, ``FN002``) and the message says which.
+Strict mode (G5): the lease backend keeps its ``leases`` table, and the queue its
+``jobs`` table, in the same schema, so a strict write also share-locks the
+resource's lease row (or the running job row whose claim carries the token, for a
+job's resource) and requires the token to be the current unexpired lease or claim
+by the database's clock; the row lock holds every acquire (or rescue) of the
+resource back until the write commits, so no other holder can be granted in
+between. A token below the fence is refused with :class:`StaleTokenError` (SQLSTATE
+``FN001``); a token that is not the live lease or claim (expired, released, taken
+over, never granted, or no lease server on this schema at all: strict mode fails
+closed) with :class:`~fencing.errors.LeaseLost` (``FN002``).
 
 Multi-resource writes (``guard_write_many``) and batches of independent writes
 (``guard_write_batch``, the guard's group commit) are one statement each too, in
@@ -31,6 +34,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+
+import psycopg
 
 from fencing.errors import InvalidArgumentError, StaleTokenError
 from fencing.pg import PgConfig, PostgresDatabase
@@ -87,7 +92,8 @@ class PostgresStore:
         self._read_sql = q(
             "SELECT value, token FROM {schema}.data WHERE resource = %s AND key = %s"
         )
-        self._fence_sql = q("SELECT {schema}.check_and_advance(%s, %s)")
+        self._fence_sql = q("SELECT {schema}.guard_fence(%s, %s, %s)")
+        self._reset_sql = q("SELECT {schema}.guard_reset_fence(%s, %s)")
         self._describe_sql = q("SELECT fence FROM {schema}.fences WHERE resource = %s")
         self._prune_sql = q(
             "DELETE FROM {schema}.idempotency AS i USING ("
@@ -124,7 +130,7 @@ class PostgresStore:
             self._write_sql, (resource, token, keys, values, idempotency_key, mode.value)
         )
         assert row is not None  # guard_write always returns one row
-        return WriteResult(int(row[0]), replayed=bool(row[1]))
+        return WriteResult(int(row[0]), int(row[2]))
 
     async def write_many(
         self,
@@ -146,7 +152,9 @@ class PostgresStore:
             ),
         )
         assert row is not None  # guard_write_many always returns one row
-        return ManyResult(tuple(int(f) for f in row[0]), replayed=bool(row[1]))
+        return ManyResult(
+            tuple(int(f) for f in row[0]), bool(row[1]), tuple(int(t) for t in row[2])
+        )
 
     async def write_batch(
         self, writes: Sequence[BatchedWrite], mode: FenceMode = FenceMode.MONOTONIC
@@ -170,21 +178,39 @@ class PostgresStore:
         )
         assert row is not None  # guard_write_batch always returns one row
         verdicts: list[Verdict] = []
-        for w, outcome, fence in zip(writes, row[0], row[1], strict=True):
+        for w, outcome, fence, by in zip(writes, row[0], row[1], row[2], strict=True):
             if outcome == "stale":
                 verdicts.append(
-                    StaleTokenError(resource=w.resource, token=w.token, current_token=int(fence))
+                    StaleTokenError(
+                        resource=w.resource,
+                        token=w.token,
+                        current_token=int(fence),
+                        key_applied=(by is not None) if w.idempotency_key else None,
+                        applied_by_token=int(by or 0),
+                    )
                 )
+            elif outcome == "replayed":
+                verdicts.append(WriteResult(int(fence), int(by)))
             else:
-                verdicts.append(WriteResult(int(fence), replayed=outcome == "replayed"))
+                verdicts.append(WriteResult(int(fence)))
         return verdicts
 
     async def read(self, resource: str, key: str) -> Record | None:
         row = await self._db.fetchone(self._read_sql, (resource, key))
         return Record(bytes(row[0]), int(row[1])) if row else None
 
-    async def fence(self, resource: str, token: int) -> int:
-        row = await self._db.fetchone(self._fence_sql, (resource, token))
+    async def fence(self, resource: str, token: int, mode: FenceMode = FenceMode.MONOTONIC) -> int:
+        row = await self._db.fetchone(self._fence_sql, (resource, token, mode.value))
+        assert row is not None
+        return int(row[0])
+
+    async def reset_fence(self, resource: str, to_token: int) -> int:
+        """Never below a token this schema's lease table or queue granted for the
+        resource (``INVALID_ARGUMENT`` naming ``to_token`` otherwise)."""
+        try:
+            row = await self._db.fetchone(self._reset_sql, (resource, to_token))
+        except psycopg.errors.InvalidParameterValue as exc:
+            raise InvalidArgumentError(str(exc.diag.message_primary), field="to_token") from exc
         assert row is not None
         return int(row[0])
 

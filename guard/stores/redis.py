@@ -8,10 +8,12 @@ all. A resource's fence, data and idempotency keys share its hash tag (layout in
 
 **Strict mode** (``supports_strict``): the write script also reads the lease hash
 the Redis lease backend keeps for the resource (same slot) and requires the token
-to be the live lease's; otherwise ``StaleTokenError`` with the current fence. This
-holds only when the guard and the lease server use the same Redis (or cluster)
-and the same key prefix; pointed anywhere else, strict mode finds no live lease and
-rejects every write (it fails closed).
+to be the live lease's; otherwise ``LeaseLost`` (a token below the fence stays
+``StaleTokenError``). This holds only when the guard and the lease server use the
+same Redis (or cluster) and the same key prefix; pointed anywhere else, strict mode
+finds no live lease and rejects every write (it fails closed). Jobs are not kept
+in Redis (the lease server has no Redis queue backend), so a strict Redis guard
+refuses job writes: fence jobs with promise or watch there, or use PostgreSQL.
 
 **Multi-resource writes** (``write_many.lua``) touch every resource's keys in one
 script: atomic on one Redis; on a Redis Cluster only when every resource hashes to
@@ -50,9 +52,9 @@ from redis.crc import key_slot
 
 from fencing import _redis
 from fencing._redis import Client, RedisTarget, ResourceKeys, driver_errors, text
-from fencing.errors import InvalidArgumentError, StaleTokenError
+from fencing.errors import InvalidArgumentError, LeaseLost, StaleTokenError
 from fencing.types import Op, Put, Record
-from guard.fence import FenceMode
+from guard.fence import FenceMode, not_live
 from guard.stores.base import BatchedWrite, ManyResult, ResourceWrite, Verdict, WriteResult
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,7 @@ WRITE_BATCH_LUA = _redis.load_lua(_LUA, "write_batch", helpers=("fenced",))
 #: Writes per write_batch.lua call: bounds how long one call keeps Redis busy.
 BATCH_CHUNK = 256
 FENCE_LUA = _redis.load_lua(_LUA, "fence")
+RESET_FENCE_LUA = _redis.load_lua(_LUA, "reset_fence")
 PRUNE_LUA = _redis.load_lua(_LUA, "prune")
 
 DEFAULT_IDEMPOTENCY_TTL_S = 24 * 3600
@@ -88,19 +91,29 @@ def _op_args(ops: Sequence[Op]) -> list[Any]:
     return args
 
 
-def _verdict(resource: str, token: int, outcome: str, fence: int) -> Verdict:
+def _refusal(
+    resource: str, token: int, outcome: str, fence: int, has_key: bool, applied_by: int
+) -> StaleTokenError | LeaseLost:
+    key_applied = applied_by != 0 if has_key else None
+    if outcome == "not_live":
+        return not_live(resource, token, key_applied, applied_by)
+    return StaleTokenError(
+        resource=resource,
+        token=token,
+        current_token=fence,
+        key_applied=key_applied,
+        applied_by_token=applied_by,
+    )
+
+
+def _verdict(
+    resource: str, token: int, outcome: str, fence: int, has_key: bool, applied_by: int
+) -> Verdict:
     if outcome == "ok":
         return WriteResult(fence)
     if outcome == "replayed":
-        return WriteResult(fence, replayed=True)
-    if outcome == "not_live":
-        return StaleTokenError(
-            f"token {token} is not the live lease of {resource!r} (strict mode)",
-            resource=resource,
-            token=token,
-            current_token=fence,
-        )
-    return StaleTokenError(resource=resource, token=token, current_token=fence)
+        return WriteResult(fence, applied_by)
+    return _refusal(resource, token, outcome, fence, has_key, applied_by)
 
 
 async def _chains(script: AsyncScript, chains: list[list[int]], calls: list[_Call]) -> list[Any]:
@@ -173,6 +186,7 @@ class RedisStore:
             "write_many": client.register_script(WRITE_MANY_LUA),
             "write_batch": client.register_script(WRITE_BATCH_LUA),
             "fence": client.register_script(FENCE_LUA),
+            "reset_fence": client.register_script(RESET_FENCE_LUA),
             "prune": client.register_script(PRUNE_LUA),
         }
 
@@ -220,13 +234,15 @@ class RedisStore:
             len(ops),
             *_op_args(ops),
         ]
-        outcome, fence = await self._run(
+        outcome, fence, by = await self._run(
             "write",
             [keys.fence, keys.data, keys.idempotency(idempotency_key), keys.lease],
             args,
         )
-        verdict = _verdict(resource, token, text(outcome), int(fence))
-        if isinstance(verdict, StaleTokenError):
+        verdict = _verdict(
+            resource, token, text(outcome), int(fence), bool(idempotency_key), int(by)
+        )
+        if isinstance(verdict, StaleTokenError | LeaseLost):
             raise verdict
         return verdict
 
@@ -261,20 +277,20 @@ class RedisStore:
         reply = await self._run("write_many", keys, args)
         kind = text(reply[0])
         if kind in ("ok", "replayed"):
-            fences = [0] * len(writes)
+            n = len(writes)
+            fences = [0] * n
+            by = [0] * n
             for position, i in enumerate(order):
                 fences[i] = int(reply[1 + position])
-            return ManyResult(tuple(fences), replayed=kind == "replayed")
+                if kind == "replayed":
+                    by[i] = int(reply[1 + n + position])
+            if kind == "replayed":
+                return ManyResult(tuple(fences), True, tuple(by))
+            return ManyResult(tuple(fences))
         w = writes[order[int(reply[1]) - 1]]
-        fence = int(reply[2])
-        if kind == "not_live":
-            raise StaleTokenError(
-                f"token {w.token} is not the live lease of {w.resource!r} (strict mode)",
-                resource=w.resource,
-                token=w.token,
-                current_token=fence,
-            )
-        raise StaleTokenError(resource=w.resource, token=w.token, current_token=fence)
+        raise _refusal(
+            w.resource, w.token, kind, int(reply[2]), bool(idempotency_key), int(reply[3])
+        )
 
     async def write_batch(
         self, writes: Sequence[BatchedWrite], mode: FenceMode = FenceMode.MONOTONIC
@@ -322,7 +338,12 @@ class RedisStore:
             for position, i in enumerate(call.writes):
                 w = writes[i]
                 verdicts[i] = _verdict(
-                    w.resource, w.token, text(reply[2 * position]), int(reply[2 * position + 1])
+                    w.resource,
+                    w.token,
+                    text(reply[3 * position]),
+                    int(reply[3 * position + 1]),
+                    bool(w.idempotency_key),
+                    int(reply[3 * position + 2]),
                 )
         return [v for v in verdicts if v is not None]
 
@@ -336,12 +357,29 @@ class RedisStore:
         token, _, value = blob.partition(b":")
         return Record(value, int(token))
 
-    async def fence(self, resource: str, token: int) -> int:
+    async def fence(self, resource: str, token: int, mode: FenceMode = FenceMode.MONOTONIC) -> int:
         keys = ResourceKeys(self.prefix, resource)
-        outcome, fence = await self._run("fence", [keys.fence], [str(token)])
-        if text(outcome) != "ok":
+        outcome, fence = await self._run(
+            "fence", [keys.fence, keys.lease], [str(token), mode.value]
+        )
+        kind = text(outcome)
+        if kind == "not_live":
+            raise not_live(resource, token)
+        if kind != "ok":
             raise StaleTokenError(resource=resource, token=token, current_token=int(fence))
         return int(fence)
+
+    async def reset_fence(self, resource: str, to_token: int) -> int:
+        """Never below the lease backend's counter when it shares this prefix
+        (``INVALID_ARGUMENT`` naming ``to_token`` otherwise)."""
+        keys = ResourceKeys(self.prefix, resource)
+        outcome, value = await self._run("reset_fence", [keys.fence, keys.counter], [str(to_token)])
+        if text(outcome) == "below":
+            raise InvalidArgumentError(
+                f"to_token {to_token} is below token {int(value)} already granted for {resource!r}",
+                field="to_token",
+            )
+        return int(value)
 
     async def describe_fence(self, resource: str) -> int:
         keys = ResourceKeys(self.prefix, resource)

@@ -2,7 +2,8 @@
 
 Three tables in one file: ``fences`` (resource -> highest token applied or
 promised), ``data`` (resource, key -> value and the token that wrote it) and
-``idempotency`` (resource, key -> the write's outcome and when it was recorded).
+``idempotency`` (resource, key -> the fence the write left, the token that applied
+it, and when it was recorded).
 Each write is one ``BEGIN IMMEDIATE`` transaction (the database-wide write lock
 stands in for ``SELECT ... FOR UPDATE`` on the fence row), so check, apply and
 advance commit together or not at all.
@@ -16,10 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fencing._sqlite import SQLiteDatabase
-from fencing.errors import StaleTokenError
+from fencing.errors import LeaseLost, StaleTokenError
 from fencing.types import Op, Put, Record
 from guard import fence as fence_rule
-from guard.fence import FenceMode
+from guard.fence import FenceMode, Recorded
 from guard.stores.base import BatchedWrite, ManyResult, ResourceWrite, Verdict, WriteResult
 
 MIGRATIONS = [
@@ -44,6 +45,11 @@ MIGRATIONS = [
     ) WITHOUT ROWID;
     CREATE INDEX idempotency_recorded_at ON idempotency (recorded_at_ms)
     """,
+    # The token that applied a key, so a replay and a refusal can name it. Keys recorded
+    # before have none: every mode but off leaves fence == token, so the fence stands in.
+    """
+    ALTER TABLE idempotency ADD COLUMN token INTEGER
+    """,
 ]
 
 
@@ -60,17 +66,21 @@ def _set_fence(conn: sqlite3.Connection, resource: str, fence: int) -> None:
     )
 
 
-def _recorded(conn: sqlite3.Connection, resource: str, key: str) -> int | None:
+def _recorded(conn: sqlite3.Connection, resource: str, key: str) -> Recorded | None:
+    if not key:
+        return None
     row = conn.execute(
-        "SELECT fence FROM idempotency WHERE resource = ? AND key = ?", (resource, key)
+        "SELECT fence, coalesce(token, fence) FROM idempotency WHERE resource = ? AND key = ?",
+        (resource, key),
     ).fetchone()
-    return int(row[0]) if row else None
+    return Recorded(int(row[0]), int(row[1])) if row else None
 
 
-def _record(conn: sqlite3.Connection, resource: str, key: str, fence: int) -> None:
+def _record(conn: sqlite3.Connection, resource: str, key: str, fence: int, token: int) -> None:
     conn.execute(
-        "INSERT INTO idempotency (resource, key, fence, recorded_at_ms) VALUES (?, ?, ?, ?)",
-        (resource, key, fence, time.time_ns() // 1_000_000),
+        "INSERT INTO idempotency (resource, key, fence, token, recorded_at_ms)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (resource, key, fence, token, time.time_ns() // 1_000_000),
     )
 
 
@@ -99,15 +109,21 @@ def _write(
     mode: FenceMode,
 ) -> WriteResult:
     """One write inside the caller's transaction: judged before anything changes."""
+    judged = fence_rule.judge(
+        resource,
+        token,
+        _fence_of(conn, resource),
+        mode,
+        has_key=bool(idempotency_key),
+        recorded=_recorded(conn, resource, idempotency_key),
+        live=False,  # strict mode: no lease backend here, fail closed
+    )
+    if judged.replayed:
+        return WriteResult(judged.fence, judged.replayed_by_token)
+    _apply(conn, resource, token, ops, judged.fence)
     if idempotency_key:
-        recorded = _recorded(conn, resource, idempotency_key)
-        if recorded is not None:
-            return WriteResult(recorded, replayed=True)
-    new_fence = fence_rule.admit(resource, token, _fence_of(conn, resource), mode)
-    _apply(conn, resource, token, ops, new_fence)
-    if idempotency_key:
-        _record(conn, resource, idempotency_key, new_fence)
-    return WriteResult(new_fence)
+        _record(conn, resource, idempotency_key, judged.fence, token)
+    return WriteResult(judged.fence)
 
 
 class SQLiteStore:
@@ -149,21 +165,21 @@ class SQLiteStore:
         mode: FenceMode = FenceMode.MONOTONIC,
     ) -> ManyResult:
         def tx(conn: sqlite3.Connection) -> ManyResult:
-            if idempotency_key and _recorded(conn, writes[0].resource, idempotency_key):
-                return ManyResult(
-                    tuple(
-                        _recorded(conn, w.resource, idempotency_key) or _fence_of(conn, w.resource)
-                        for w in writes
-                    ),
-                    replayed=True,
-                )
-            fences = fence_rule.admit_all(
-                [(w.resource, w.token, _fence_of(conn, w.resource)) for w in writes], mode
+            claims = [(w.resource, w.token, _fence_of(conn, w.resource)) for w in writes]
+            replay = fence_rule.judge_all(
+                claims,
+                mode,
+                has_key=bool(idempotency_key),
+                recorded=[_recorded(conn, w.resource, idempotency_key) for w in writes],
+                live=[False] * len(writes),  # strict mode: no lease backend, fail closed
             )
+            if replay is not None:
+                return ManyResult(tuple(replay[0]), True, tuple(replay[1]))
+            fences = fence_rule.admit_all(claims, mode)
             for w, new_fence in zip(writes, fences, strict=True):
                 _apply(conn, w.resource, w.token, w.ops, new_fence)
                 if idempotency_key:
-                    _record(conn, w.resource, idempotency_key, new_fence)
+                    _record(conn, w.resource, idempotency_key, new_fence, w.token)
             return ManyResult(tuple(fences))
 
         return await self._db.transaction(tx)
@@ -178,7 +194,7 @@ class SQLiteStore:
                     verdicts.append(
                         _write(conn, w.resource, w.token, w.ops, w.idempotency_key, mode)
                     )
-                except StaleTokenError as exc:  # refused before it changed anything
+                except (StaleTokenError, LeaseLost) as exc:  # refused before any change
                     verdicts.append(exc)
             return verdicts
 
@@ -194,11 +210,20 @@ class SQLiteStore:
 
         return await self._db.query(q)
 
-    async def fence(self, resource: str, token: int) -> int:
+    async def fence(self, resource: str, token: int, mode: FenceMode = FenceMode.MONOTONIC) -> int:
         def tx(conn: sqlite3.Connection) -> int:
             new = fence_rule.advance(resource, token, _fence_of(conn, resource))
+            fence_rule.may_fence(resource, token, mode, live=False)
             _set_fence(conn, resource, new)
             return new
+
+        return await self._db.transaction(tx)
+
+    async def reset_fence(self, resource: str, to_token: int) -> int:
+        def tx(conn: sqlite3.Connection) -> int:
+            before = _fence_of(conn, resource)
+            _set_fence(conn, resource, fence_rule.reset_to(resource, to_token, before))
+            return before
 
         return await self._db.transaction(tx)
 

@@ -102,16 +102,45 @@ async def test_write_many_replays_its_idempotency_key(guard_store: GuardStore) -
     a, b = co_located(guard_store, 2)
     writes = [ResourceWrite(a, 4, [Put("k", b"first")]), ResourceWrite(b, 6, [Put("k", b"f")])]
     first = await guard_store.write_many(writes, "op-1")
-    await guard_store.write(a, 8, [Put("k", b"later")])
     again = await guard_store.write_many(
-        [ResourceWrite(a, 4, [Put("k", b"second")]), ResourceWrite(b, 6, [Put("k", b"s")])],
+        [ResourceWrite(a, 4, [Put("k", b"second")]), ResourceWrite(b, 7, [Put("k", b"s")])],
         "op-1",
     )
     assert again.replayed and again.fences == first.fences == (4, 6)
-    assert await guard_store.read(a, "k") == Record(b"later", 8)
+    assert again.replayed_by_tokens == (4, 6) and first.replayed_by_tokens == ()
+    assert await guard_store.read(a, "k") == Record(b"first", 4)
     assert await guard_store.read(b, "k") == Record(b"f", 6)
     # The key was recorded under each resource, as a single write's would be.
-    assert (await guard_store.write(b, 6, [Put("k", b"x")], "op-1")).replayed
+    assert (await guard_store.write(b, 6, [Put("k", b"x")], "op-1")).replayed_by_token == 6
+
+
+async def test_write_many_judges_tokens_before_its_key(guard_store: GuardStore) -> None:
+    """A repeat whose token went stale meanwhile is refused, not replayed, and says the
+    key was applied (by which token) under the stale resource."""
+    a, b = co_located(guard_store, 2)
+    writes = [ResourceWrite(a, 4, [Put("k", b"first")]), ResourceWrite(b, 6, [Put("k", b"f")])]
+    await guard_store.write_many(writes, "op-1")
+    await guard_store.write(a, 8, [Put("k", b"later")])
+    with pytest.raises(StaleTokenError) as stale:
+        await guard_store.write_many(writes, "op-1")
+    assert (stale.value.resource, stale.value.token, stale.value.current_token) == (a, 4, 8)
+    assert stale.value.key_applied is True and stale.value.applied_by_token == 4
+    with pytest.raises(StaleTokenError) as unknown:
+        await guard_store.write_many(writes, "op-2")
+    assert unknown.value.key_applied is False and unknown.value.applied_by_token == 0
+    assert await guard_store.read(a, "k") == Record(b"later", 8)
+
+
+async def test_write_many_control_mode_off_replays_to_a_stale_token(
+    guard_store: GuardStore,
+) -> None:
+    """The control: unfenced, the stale repeat is answered as a success (a replay)."""
+    a, b = co_located(guard_store, 2)
+    writes = [ResourceWrite(a, 4, [Put("k", b"first")]), ResourceWrite(b, 6, [Put("k", b"f")])]
+    await guard_store.write_many(writes, "op-1")
+    await guard_store.write(a, 8, [Put("k", b"later")])
+    result = await guard_store.write_many(writes, "op-1", FenceMode.OFF)
+    assert result.replayed and result.replayed_by_tokens == (4, 6)
 
 
 async def test_refused_write_many_records_no_key(guard_store: GuardStore) -> None:
@@ -242,13 +271,47 @@ async def test_batch_verdicts_are_independent_and_in_order(guard_store: GuardSto
     assert isinstance(verdicts[1], StaleTokenError)
     assert (verdicts[1].resource, verdicts[1].token, verdicts[1].current_token) == ("b1", 5, 6)
     assert verdicts[2] == WriteResult(1)
-    assert verdicts[3] == WriteResult(1, replayed=True)
+    assert verdicts[3] == WriteResult(1, replayed_by_token=1)
     assert verdicts[4] == WriteResult(7)
     assert await guard_store.read("b1", "k") is None
     assert await guard_store.read("b1", "j") == Record(b"j7", 7)
     assert await guard_store.read("b2", "k") == Record(b"one", 1)
     assert await guard_store.describe_fence("b1") == 7
     assert await guard_store.write_batch([]) == []
+
+
+async def test_batch_judges_each_token_before_its_key(guard_store: GuardStore) -> None:
+    """As write: a stale token is refused whether or not its key is known (saying by
+    which token the key was applied); a token that may write gets the replay."""
+    await guard_store.write("bk", 2, [Put("order-7", b"newer holder")], "order-7")
+    verdicts = await guard_store.write_batch(
+        [
+            BatchedWrite("bk", 1, [Put("order-7", b"paused")], "order-7"),
+            BatchedWrite("bk", 1, [Put("x", b"paused")], "order-8"),
+            BatchedWrite("bk", 3, [Put("order-7", b"next")], "order-7"),
+            BatchedWrite("bk", 3, [Put("y", b"new")], "order-9"),
+            BatchedWrite("bk", 2, [Put("y", b"late")], "order-9"),  # stale, key just applied
+        ]
+    )
+    assert isinstance(verdicts[0], StaleTokenError)
+    assert (verdicts[0].key_applied, verdicts[0].applied_by_token) == (True, 2)
+    assert isinstance(verdicts[1], StaleTokenError)
+    assert (verdicts[1].key_applied, verdicts[1].applied_by_token) == (False, 0)
+    assert verdicts[2] == WriteResult(2, replayed_by_token=2)
+    assert verdicts[3] == WriteResult(3)
+    assert isinstance(verdicts[4], StaleTokenError)
+    assert (verdicts[4].key_applied, verdicts[4].applied_by_token) == (True, 3)
+    assert await guard_store.read("bk", "order-7") == Record(b"newer holder", 2)
+    assert await guard_store.read("bk", "x") is None
+    assert await guard_store.read("bk", "y") == Record(b"new", 3)
+
+
+async def test_batch_control_mode_off_replays_to_a_stale_token(guard_store: GuardStore) -> None:
+    await guard_store.write("bk", 2, [Put("order-7", b"newer holder")], "order-7")
+    (verdict,) = await guard_store.write_batch(
+        [BatchedWrite("bk", 1, [Put("order-7", b"paused")], "order-7")], FenceMode.OFF
+    )
+    assert verdict == WriteResult(2, replayed_by_token=2)  # "success", someone else's
 
 
 async def test_batch_mode_off_applies_stale_tokens(guard_store: GuardStore) -> None:
@@ -300,14 +363,16 @@ async def test_a_batch_decides_as_writes_one_by_one(
             if token >= await store.describe_fence(space + resource):
                 await store.fence(space + resource, token)
     batch = [BatchedWrite(space + r, t, ops, key) for r, t, ops, key in writes]
-    expected: list[WriteResult | tuple[int, int]] = []
+    expected: list[WriteResult | tuple[int, int, bool | None, int]] = []
     for w in batch:
         try:
             expected.append(await model.write(w.resource, w.token, w.ops, w.idempotency_key))
         except StaleTokenError as exc:
-            expected.append((exc.token, exc.current_token))
+            expected.append((exc.token, exc.current_token, exc.key_applied, exc.applied_by_token))
     got = [
-        (v.token, v.current_token) if isinstance(v, StaleTokenError) else v
+        (v.token, v.current_token, v.key_applied, v.applied_by_token)
+        if isinstance(v, StaleTokenError)
+        else v
         for v in await guard_store.write_batch(batch)
     ]
     assert got == expected

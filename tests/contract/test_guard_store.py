@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from fencing.errors import StaleTokenError
+from fencing.errors import LeaseLost, StaleTokenError
 from fencing.types import Delete, Put, Record
 from guard.fence import FenceMode
 from guard.stores.base import GuardStore
@@ -66,12 +66,103 @@ async def test_fence_advances_never_lowers_and_is_idempotent(guard_store: GuardS
 
 async def test_idempotency_key_replays_the_first_outcome(guard_store: GuardStore) -> None:
     first = await guard_store.write("r", 2, [Put("k", b"first")], "op-1")
-    await guard_store.write("r", 3, [Put("other", b"x")])
     again = await guard_store.write("r", 2, [Put("k", b"second")], "op-1")
     assert again.replayed and again.fence == first.fence == 2
+    assert again.replayed_by_token == 2 and first.replayed_by_token == 0
     assert await guard_store.read("r", "k") == Record(b"first", 2)
     # The same key on another resource is another write.
     assert not (await guard_store.write("r2", 1, [Put("k", b"v")], "op-1")).replayed
+
+
+async def test_a_stale_token_is_refused_even_when_its_key_is_known(
+    guard_store: GuardStore,
+) -> None:
+    """A paused former holder (token 1) re-sends the key a newer holder (token 2) already
+    used (keys derived from state collide like that): it is refused, never told
+    "success" for someone else's write, and the refusal says whose write it was."""
+    await guard_store.write("orders", 1, [Put("next_id", b"7")])
+    await guard_store.write("orders", 2, [Put("order-7", b"newer holder")], "order-7")
+    with pytest.raises(StaleTokenError) as stale:
+        await guard_store.write("orders", 1, [Put("order-7", b"paused holder")], "order-7")
+    assert (stale.value.token, stale.value.current_token) == (1, 2)
+    assert stale.value.key_applied is True and stale.value.applied_by_token == 2
+    assert await guard_store.read("orders", "order-7") == Record(b"newer holder", 2)
+
+
+async def test_a_stale_refusal_says_whether_its_own_attempt_landed(
+    guard_store: GuardStore,
+) -> None:
+    await guard_store.write("r", 3, [Put("k", b"mine")], "attempt")  # landed; reply lost
+    await guard_store.fence("r", 4)  # a newer holder took over
+    with pytest.raises(StaleTokenError) as retried:
+        await guard_store.write("r", 3, [Put("k", b"mine")], "attempt")
+    assert retried.value.key_applied is True and retried.value.applied_by_token == 3
+    with pytest.raises(StaleTokenError) as unknown:
+        await guard_store.write("r", 3, [Put("k", b"never")], "other-attempt")
+    assert unknown.value.key_applied is False and unknown.value.applied_by_token == 0
+    with pytest.raises(StaleTokenError) as keyless:
+        await guard_store.write("r", 3, [Put("k", b"never")])
+    assert keyless.value.key_applied is None
+    assert await guard_store.read("r", "k") == Record(b"mine", 3)
+
+
+async def test_a_replay_to_a_newer_token_names_the_token_that_applied_it(
+    guard_store: GuardStore,
+) -> None:
+    """A token that may write now (at or above the fence) is answered the replay, with
+    the older token that applied the key: it can tell its own write was not applied."""
+    await guard_store.write("r", 5, [Put("k", b"by five")], "op")
+    again = await guard_store.write("r", 6, [Put("k", b"by six")], "op")
+    assert again.replayed and again.replayed_by_token == 5 and again.fence == 5
+    assert await guard_store.read("r", "k") == Record(b"by five", 5)
+    assert await guard_store.describe_fence("r") == 5
+
+
+async def test_control_without_fencing_a_stale_owner_is_told_success(
+    guard_store: GuardStore,
+) -> None:
+    """The control: with the token not judged first (mode off takes the key's answer
+    as the old order did), the paused holder's re-sent key reads as a success."""
+    await guard_store.write("orders", 2, [Put("order-7", b"newer holder")], "order-7")
+    result = await guard_store.write(
+        "orders", 1, [Put("order-7", b"paused holder")], "order-7", FenceMode.OFF
+    )
+    assert result.replayed and result.replayed_by_token == 2  # "success", someone else's
+
+
+async def test_strict_without_a_lease_backend_fails_closed_as_lease_lost(
+    guard_store: GuardStore,
+) -> None:
+    """A strict write whose token nobody holds is LEASE_LOST, not STALE_TOKEN: the
+    resource was never granted here, so nobody newer owns it. A token below the fence
+    stays STALE_TOKEN. (Stores with a lease backend: tests/integration.)"""
+    if guard_store.supports_strict:
+        pytest.skip("checked against a real lease backend in tests/integration")
+    await guard_store.write("r", 4, [Put("k", b"v")])
+    with pytest.raises(LeaseLost) as lost:
+        await guard_store.write("r", 5, [Put("k", b"x")], "op", FenceMode.STRICT)
+    assert lost.value.token == 5 and lost.value.key_applied is False
+    with pytest.raises(StaleTokenError):
+        await guard_store.write("r", 3, [Put("k", b"x")], mode=FenceMode.STRICT)
+    with pytest.raises(LeaseLost):
+        await guard_store.fence("r", 2**63 - 1, FenceMode.STRICT)
+    assert await guard_store.describe_fence("r") == 4
+
+
+async def test_reset_fence_sets_the_fence_lower_or_higher(guard_store: GuardStore) -> None:
+    """An operator's recovery from a fence a token nobody was granted wedged."""
+    await guard_store.write("w", 2, [Put("k", b"real holder")])
+    await guard_store.write("w", 2**63 - 1, [Put("k", b"wedge")])
+    with pytest.raises(StaleTokenError):
+        await guard_store.write("w", 3, [Put("k", b"next holder")])
+    assert await guard_store.reset_fence("w", 3) == 2**63 - 1
+    assert await guard_store.describe_fence("w") == 3
+    assert (await guard_store.write("w", 3, [Put("k", b"next holder")])).fence == 3
+    with pytest.raises(StaleTokenError):  # the former holder stays fenced
+        await guard_store.write("w", 2, [Put("k", b"former")])
+    assert await guard_store.read("w", "k") == Record(b"next holder", 3)
+    assert await guard_store.reset_fence("fresh", 9) == 0
+    assert await guard_store.describe_fence("fresh") == 9
 
 
 async def test_rejected_write_records_no_idempotency_key(guard_store: GuardStore) -> None:

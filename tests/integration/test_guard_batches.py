@@ -39,11 +39,20 @@ def test_write_many_is_all_or_nothing(guard: GuardClient) -> None:
     record = guard.read("a", "k")
     assert record is not None and record.value == b"a3"
     assert guard.describe_fence("a") == 3
+    # The token is judged before the key: b's 4 is stale now, so no replay for it...
+    with pytest.raises(StaleTokenError) as refused:
+        guard.write_many(
+            [(Claim("a", 3), Put("k", b"a3")), (Claim("b", 4), Put("k", b"b4"))],
+            idempotency_key="move-1",
+        )
+    assert (refused.value.key_applied, refused.value.applied_by_token) == (True, 4)
+    # ... while tokens that may write now get it, with the tokens that applied it.
     again = guard.write_many(
-        [(Claim("a", 3), Put("k", b"a3")), (Claim("b", 4), Put("k", b"b4"))],
+        [(Claim("a", 3), Put("k", b"a3")), (Claim("b", 5), Put("k", b"b4"))],
         idempotency_key="move-1",
     )
     assert again.replayed and again.fences == {"a": 3, "b": 4}
+    assert again.replayed_by_tokens == {"a": 3, "b": 4}
 
 
 @pytest.mark.parametrize(

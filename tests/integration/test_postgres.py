@@ -18,6 +18,7 @@ from psycopg.conninfo import make_conninfo
 from fencing import GuardClient, LeaseClient, pg
 from fencing.errors import (
     BackendUnavailableError,
+    LeaseLost,
     StaleTokenError,
 )
 from fencing.testing import running_servers
@@ -250,10 +251,10 @@ async def test_strict_rejects_an_expired_lease_that_monotonic_accepts(
     assert ok.fence == grant.token
     await asyncio.sleep(0.4)  # the lease expires; nobody takes it over
     assert not (await backend.describe("acct")).held
-    with pytest.raises(StaleTokenError, match="not the live lease") as refused:
+    # Not below the fence, but dead: LEASE_LOST (nobody newer owns it), not STALE_TOKEN.
+    with pytest.raises(LeaseLost, match="not the live lease") as refused:
         await store.write("acct", grant.token, [Put("k", b"late")], mode=FenceMode.STRICT)
     assert refused.value.resource == "acct" and refused.value.token == grant.token
-    assert refused.value.current_token == grant.token  # the fence: not below it, but dead
     assert await store.read("acct", "k") == Record(b"live", grant.token)
     # The control: the same write under monotonic mode is accepted (token == fence).
     control = await store.write("acct", grant.token, [Put("k", b"late")])
@@ -262,7 +263,7 @@ async def test_strict_rejects_an_expired_lease_that_monotonic_accepts(
 
 
 def test_a_strict_guard_over_grpc_refuses_an_expired_lease(schema_url: str) -> None:
-    """End to end: the strict guard refuses (STALE_TOKEN, "not the live lease"); a monotonic
+    """End to end: the strict guard refuses (LEASE_LOST, "not the live lease"); a monotonic
     guard on the same schema, the control, accepts the same write."""
     backend, store = PostgresBackend(schema_url), PostgresStore(schema_url)
     with running_servers(backend, store, mode=FenceMode.STRICT) as servers:
@@ -276,7 +277,7 @@ def test_a_strict_guard_over_grpc_refuses_an_expired_lease(schema_url: str) -> N
                 lease = leases.acquire("acct", ttl=0.3)
                 assert strict.put(lease, "k", b"live") == lease.token
                 time.sleep(0.4)  # expired; nobody takes it over
-                with pytest.raises(StaleTokenError, match="not the live lease"):
+                with pytest.raises(LeaseLost, match="not the live lease"):
                     strict.put(lease, "k", b"late")
                 assert strict.read("acct", "k") == Record(b"live", lease.token)
                 assert monotonic.put(lease, "k", b"late") == lease.token
@@ -291,7 +292,7 @@ async def test_strict_after_a_takeover(backend: PostgresBackend, store: Postgres
     new = await backend.acquire("r", "b", 10_000, "")
     assert isinstance(old, Grant) and isinstance(new, Grant) and new.token > old.token
     # The new holder has not written yet: the old token is not below the fence, but dead.
-    with pytest.raises(StaleTokenError, match="not the live lease"):
+    with pytest.raises(LeaseLost, match="not the live lease"):
         await store.write("r", old.token, [Put("k", b"zombie")], mode=FenceMode.STRICT)
     await store.write("r", new.token, [Put("k", b"new")], mode=FenceMode.STRICT)
     with pytest.raises(StaleTokenError, match="fence is") as stale:
@@ -299,7 +300,7 @@ async def test_strict_after_a_takeover(backend: PostgresBackend, store: Postgres
     assert stale.value.current_token == new.token
     # A released lease is not live either.
     await backend.release("r", new.token, "b")
-    with pytest.raises(StaleTokenError, match="not the live lease"):
+    with pytest.raises(LeaseLost, match="not the live lease"):
         await store.write("r", new.token, [Put("k", b"after")], mode=FenceMode.STRICT)
     assert await store.read("r", "k") == Record(b"new", new.token)
 
@@ -379,8 +380,9 @@ async def test_check_live_lease_needs_the_current_unexpired_lease(
             await conn.execute(check, ("job", grant.token))
         assert raised.value.sqlstate == pg.LEASE_NOT_LIVE_SQLSTATE
         error = pg.fencing_error(raised.value)
-        assert isinstance(error, StaleTokenError) and "not the live lease" in str(error)
-        assert (error.token, error.current_token) == (grant.token, grant.token)
+        # Not below the fence but not live: LeaseLost, told apart from a stale token.
+        assert isinstance(error, LeaseLost) and "not the live lease" in str(error)
+        assert (error.resource, error.token) == ("job", grant.token)
         with pytest.raises(psycopg.Error) as unknown:
             await conn.execute(check, ("never-leased", 1))
         assert unknown.value.sqlstate == pg.LEASE_NOT_LIVE_SQLSTATE

@@ -16,11 +16,11 @@ import pytest
 
 from fencing import (
     BackendUnavailableError,
+    Claim,
     GuardClient,
     LeaseClient,
     LeaseHeldError,
     LeaseLost,
-    StaleTokenError,
 )
 from fencing.testing import running_servers
 from guard.fence import FenceMode
@@ -152,9 +152,13 @@ def test_strict_guard_and_lease_server_on_one_redis(which: str) -> None:
             lease = leases.acquire("ledger", 0.3)
             assert guard.put(lease, "k", b"live") == lease.token
             time.sleep(0.4)  # expired by Redis's clock; nobody acquired since
-            with pytest.raises(StaleTokenError) as stale:
+            with pytest.raises(LeaseLost, match="not the live lease") as lost:
                 guard.put(lease, "k", b"late")
-            assert stale.value.current_token == lease.token
+            assert lost.value.token == lease.token
+            # A token nobody was granted cannot raise a strict guard's fence either.
+            with pytest.raises(LeaseLost):
+                guard.fence(Claim("ledger", 2**63 - 1))
+            assert guard.describe_fence("ledger") == lease.token
             record = guard.read("ledger", "k")
             assert record is not None and record.value == b"live"
     finally:

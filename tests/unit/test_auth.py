@@ -67,6 +67,24 @@ def test_grants_cover_prefix_and_action(policy: AuthPolicy) -> None:
     assert not policy.allows("nobody", Action.READ, Scope("orders/1"))
 
 
+def test_reset_fence_is_never_granted_by_a_wildcard(policy: AuthPolicy, tmp_path: Path) -> None:
+    """The one call that can lower a fence is authorised apart: "*" (and mTLS alone)
+    never grants it; a grant must name it, per prefix."""
+    assert METHOD_ACTIONS["/fencing.v1.GuardService/ResetFence"] is Action.RESET_FENCE
+    assert Action.RESET_FENCE not in ALL_ACTIONS
+    assert not policy.allows("ops", Action.RESET_FENCE, Scope("anything"))
+    assert not AuthPolicy.mtls_only().allows("x.example.com", Action.RESET_FENCE, Scope("r"))
+    path = tmp_path / "ops.toml"
+    path.write_text(
+        '[principals.oncall]\ntokens = ["t"]\n'
+        'allow = [{ prefix = "orders/", actions = ["reset_fence"] }]\n'
+    )
+    named = AuthPolicy.load(path)
+    assert named.allows("oncall", Action.RESET_FENCE, Scope("orders/1"))
+    assert not named.allows("oncall", Action.RESET_FENCE, Scope("billing/1"))
+    assert not named.allows("oncall", Action.WRITE, Scope("orders/1"))
+
+
 def test_mtls_only_allows_any_verified_identity() -> None:
     policy = AuthPolicy.mtls_only()
     assert policy.by_identities(["worker-1.example.com", "worker-1"]) == "worker-1.example.com"
