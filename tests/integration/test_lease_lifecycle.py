@@ -114,6 +114,50 @@ def test_a_convoy_of_waiters_each_gets_a_whole_lease_in_order(
         assert guard.read("convoy", f"done-{i}") is not None
 
 
+@pytest.mark.parametrize("latency", [0.2, 0.6])
+def test_behind_a_delay_the_deadline_starts_at_the_grant_and_ends_before_the_expiry(
+    servers: RunningServers,
+    lease_client: LeaseClientFactory,
+    proxy: ThreadedFaultProxy,
+    latency: float,
+) -> None:
+    """A real server behind a proxy that delays every byte both ways: the request
+    arrives late, waits in line, and its reply arrives late. The local deadline must
+    still end before the server's expiry (read with a direct Describe), and the lease
+    must be alive on arrival. With 0.6 s each way the reply comes so late that the
+    first renewal is due on arrival: the grant is renewed before it is handed out."""
+    ttl = 2.0
+    policy = RenewalPolicy()
+    with lease_client(holder="other") as other, lease_client(holder="direct") as direct:
+        other.acquire("delayed", ttl=2.5)  # we wait about 2.5 s in line: longer than our ttl
+        proxy.latency(latency * 1000)
+        client = lease_client(target=proxy.target)
+        sent = time.monotonic()
+        lease = client.acquire("delayed", ttl=ttl, timeout=20)
+        arrived = time.monotonic()
+        deadline = time.monotonic() + lease.remaining()
+        asked = time.monotonic()
+        state = direct.describe("delayed")
+        answered = time.monotonic()
+    assert state.held and state.token == lease.token
+    # The server's expiry lies within [asked, answered] + remaining_ms on our clock.
+    expiry_earliest = asked + state.remaining_ms / 1000
+    expiry_latest = answered + state.remaining_ms / 1000
+    assert deadline <= expiry_earliest  # safe
+    # Alive: the wait in line is not counted; what it may lose is the skew allowance on
+    # the wait and the round trip (the renewal's, when one was due on arrival).
+    skew_allowance = policy.margin_ratio * 2.5
+    assert deadline - arrived > ttl - policy.margin(ttl) - skew_allowance - 2 * latency - 0.3
+    # Controls, from the same timeline. The old rule (send + ttl - margin) counts the
+    # wait against the lease: lost on arrival.
+    assert sent + ttl - policy.margin(ttl) < arrived
+    if latency < ttl / 3:
+        # Starting at the reply instead (arrival + ttl - margin) outlives the expiry by
+        # about the reply's delay: unsafe.
+        assert arrived + ttl - policy.margin(ttl) > expiry_latest
+    proxy.heal()
+
+
 def test_an_explicit_release_then_exit_is_not_a_loss(leases: LeaseClient) -> None:
     with leases.hold("r", ttl=1) as lease:
         lease.release()
