@@ -390,12 +390,15 @@ class LeaseClient:
         session (one background thread renewing every held lease together: see
         :meth:`session`), and release on exit.
 
-        If the lease is lost while the block runs, ``lease.lost`` is set, ``on_lost``
+        The lease lives its ttl from the grant, however long the acquire waited in
+        line. If it is lost while the block runs, ``lease.lost`` is set, ``on_lost``
         is called, ``lease.check()`` raises, and the block ends with :class:`LeaseLost`
         (unless it raised something else). Python cannot interrupt the block from
         outside: call ``lease.check()`` between steps, and let the guard reject what a
-        paused holder sends late. Inside the block the lease is
-        :func:`fencing.propagation.current`, so an interceptor can carry its token.
+        paused holder sends late. Every exit sends a token-checked Release, lost or
+        not, bounded by ``release_timeout``; a ``lease.release()`` inside the block is
+        not a loss. Inside the block the lease is :func:`fencing.propagation.current`,
+        so an interceptor can carry its token.
         """
         lease = self.acquire(resource, ttl, timeout, fence=fence)
         if on_lost is not None:

@@ -144,7 +144,11 @@ class QueueClient:
     ) -> list[Job]:
         """Claim up to ``batch`` jobs for ``ttl`` seconds, waiting up to ``wait`` for one.
 
-        The jobs are not heartbeated: call :meth:`heartbeat` every ttl/3, or use a Worker.
+        Each claim's local deadline starts at the claim (the send plus the wait the
+        server reports), so jobs that arrive after a long wait have their whole ttl;
+        claims whose reply came too late to trust are heartbeated before they are
+        returned (those found taken over are left out). The jobs are not heartbeated
+        after that: call :meth:`heartbeat` every ttl/3, or use a Worker.
         """
         request = queue_pb2.ClaimRequest(
             queue=queue,
