@@ -47,6 +47,9 @@ Clock = Callable[[], float]
 DEFAULT_RPC_TIMEOUT = 5.0
 #: Retry pauses for idempotent calls on transient failures (seconds).
 RETRY_BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8)
+#: Grants an acquire may see expire before their late reply could be renewed, before
+#: it gives up: with a round trip longer than the ttl no grant can ever be kept.
+MAX_LOST_ON_ARRIVAL = 3
 #: Bound on the release that leaving ``hold``/``hold_many`` sends (seconds), retries
 #: included: an unreachable server must not hang the exit (the lease expires anyway).
 DEFAULT_RELEASE_TIMEOUT = 2.0
@@ -245,6 +248,7 @@ class AcquirePlan:
         self._clock = clock
         self._end = None if timeout is None else clock() + max(0.0, timeout)
         self._attempt = 0
+        self._lost_on_arrival = 0
 
     def request(self) -> lease_pb2.AcquireRequest:
         """The next attempt's request (``wait_ms`` is what is left of the timeout)."""
@@ -271,7 +275,14 @@ class AcquirePlan:
         that renewal) is asked for again, within the timeout.
         """
         if isinstance(exc, LeaseLost):
-            return None if self.nowait or self._timed_out() else 0.0
+            self._lost_on_arrival += 1
+            if self.nowait or self._timed_out() or self._lost_on_arrival > MAX_LOST_ON_ARRIVAL:
+                exc.add_note(
+                    f"{self._lost_on_arrival} grant(s) of {self.resource!r} expired before "
+                    "their reply could be used: is the round trip longer than the ttl?"
+                )
+                return None
+            return 0.0
         if isinstance(exc, LeaseHeldError) and not self.nowait:
             if self._timed_out():
                 raise AcquireTimeoutError(
