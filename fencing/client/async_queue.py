@@ -144,11 +144,14 @@ class AsyncQueueClient:
         found taken over is marked lost and not handed out; a transient failure leaves
         the claims to the caller's heartbeats."""
         try:
-            await self._heartbeat_live(list(jobs), None, [], self.rpc_timeout)
+            lost = await self._heartbeat_live(list(jobs), None, [], self.rpc_timeout)
         except FencingError as exc:
             if not _core.is_transient(exc):
                 raise
             log.info("heartbeat of %d claims on arrival failed: %s", len(jobs), exc)
+            return
+        for job in lost:
+            log.warning("job %d claim arrived too late: taken over before it could be used", job.id)
 
     async def heartbeat(self, jobs: Job | Sequence[Job], ttl: float | None = None) -> list[Job]:
         live, lost = core.split_expired(core.job_list(jobs))
