@@ -1,16 +1,28 @@
 """When to renew a lease and when to stop trusting it: pure, on an injected monotonic clock.
 
 The server decides expiry on its own clock (G7); the client only ever learns
-durations. So the client keeps a *local deadline* measured from the moment it
-*sent* the request that granted or renewed the lease::
+durations. So the client keeps a *local deadline* that starts no later than the
+grant, as the client's own clock can place it::
 
-    deadline = sent_at + ttl - margin,   margin = ttl * margin_ratio + margin_floor
+    start    = min(sent_at + waited * (1 - margin_ratio), received_at)
+    deadline = start + ttl - margin,   margin = ttl * margin_ratio + margin_floor
 
-The server started counting the ttl no earlier than ``sent_at``, so as long as the
-two clocks run at nearly the same rate (``margin_ratio`` absorbs up to 5 % drift by
-default) the local deadline passes before the server's expiry. Renewals are sent
-every ``ttl / 3`` after the last successful send, like etcd's keepalive; a failed
-renewal is retried sooner, but never after the deadline, when the lease is lost.
+``sent_at`` is when the client sent the request that granted or renewed the lease;
+``waited`` is what the server reports it spent waiting before the grant (an Acquire
+or a Claim that queued for a held resource), measured from the request's arrival,
+which is no earlier than ``sent_at``. So ``sent_at + waited`` is no later than the
+grant, whatever the request's or the reply's transit took, and the time in line is
+not counted against the lease. ``margin_ratio`` is the bound on how much faster the
+server's clock may run than the client's: it is taken off the wait and off the ttl
+alike (up to 5 % by default), so the local deadline passes before the server's
+expiry. A reply cannot arrive before the grant, which caps ``start`` at
+``received_at`` even for a server that overstates its wait.
+
+Renewals are sent every ``ttl / 3`` after the start, like etcd's keepalive; a
+failed renewal is retried sooner, but never after the deadline, when the lease is
+lost. A grant whose first renewal is already due when it arrives (a reply delayed
+by a third of the ttl, or a server that does not report its wait) is renewed before
+it is used: :meth:`RenewalSchedule.due_on_arrival`.
 """
 
 from __future__ import annotations
@@ -31,19 +43,43 @@ class RenewalPolicy:
     def margin(self, ttl: float) -> float:
         return min(ttl * self.margin_ratio + self.margin_floor, ttl / 2)
 
+    def start(self, sent_at: float, waited: float, received_at: float | None) -> float:
+        """The earliest the server can have granted, on the client's clock: the send
+        plus the wait it reports, less the rate-skew allowance, never after the reply."""
+        allowed = max(0.0, waited) * max(0.0, 1 - self.margin_ratio)
+        start = sent_at + allowed
+        return start if received_at is None else max(sent_at, min(start, received_at))
+
 
 class RenewalSchedule:
     """The local view of one lease: its deadline and when to renew next.
 
     All times are floats from the same monotonic clock (``time.monotonic`` in the
-    SDK, a fake in tests). ``ttl_ms`` is what the server granted.
+    SDK, a fake in tests). ``ttl_ms`` is what the server granted, ``waited_ms`` how
+    long it reports the request waited before the grant (0 if it does not say), and
+    ``received_at`` when the reply arrived (None: not known, no cap).
     """
 
-    def __init__(self, ttl_ms: int, sent_at: float, policy: RenewalPolicy | None = None) -> None:
+    def __init__(
+        self,
+        ttl_ms: int,
+        sent_at: float,
+        policy: RenewalPolicy | None = None,
+        *,
+        waited_ms: int = 0,
+        received_at: float | None = None,
+    ) -> None:
         self.policy = policy or RenewalPolicy()
         self.ttl = ttl_ms / 1000
-        self.deadline = sent_at + self.ttl - self.policy.margin(self.ttl)
-        self.next_renewal = sent_at + self.ttl * self.policy.renew_ratio
+        start = self.policy.start(sent_at, waited_ms / 1000, received_at)
+        self.deadline = start + self.ttl - self.policy.margin(self.ttl)
+        self.next_renewal = start + self.ttl * self.policy.renew_ratio
+
+    def due_on_arrival(self, now: float) -> bool:
+        """True when the first renewal is already due as the grant arrives: renew it
+        before handing it out (its deadline may even have passed, though the server
+        still holds it for us)."""
+        return now >= self.next_renewal
 
     def renewed(self, sent_at: float, ttl_ms: int) -> None:
         """A renewal sent at ``sent_at`` succeeded with ``ttl_ms`` granted."""

@@ -296,8 +296,11 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         event = self._wakeups.event(queue)
+        arrived = loop.time()
         while True:
             event.clear()
+            # Read before each attempt: the jobs' ttl counts from no earlier than this.
+            before_claim = loop.time()
             claimed = await self.backend.claim(queue, worker, batch, ttl_ms)
             left = deadline - loop.time()
             if claimed or left <= 0:
@@ -319,7 +322,10 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
                 record.token,
                 worker,
             )
-        return queue_pb2.ClaimResponse(jobs=[job_to_proto(r, ttl_ms) for r in claimed])
+        return queue_pb2.ClaimResponse(
+            jobs=[job_to_proto(r, ttl_ms) for r in claimed],
+            waited_ms=max(0, int((before_claim - arrived) * 1000)),
+        )
 
     @rpc
     async def Heartbeat(

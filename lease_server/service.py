@@ -52,10 +52,38 @@ log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
-def _lease(grant: Grant) -> lease_pb2.Lease:
+def _lease(grant: Grant, waited_ms: int = 0) -> lease_pb2.Lease:
     return lease_pb2.Lease(
-        resource=grant.resource, holder=grant.holder, token=grant.token, ttl_ms=grant.ttl_ms
+        resource=grant.resource,
+        holder=grant.holder,
+        token=grant.token,
+        ttl_ms=grant.ttl_ms,
+        waited_ms=waited_ms,
     )
+
+
+class _Waited:
+    """How long a request waited before the backend step that decided it.
+
+    Read just before each backend attempt, so the last reading is no later than the
+    decision the grant's ttl counts from; reported rounded down. The client adds it
+    to its send time (the request arrived no earlier), so a grant after a long wait
+    in line starts its local deadline at the grant, not at the send.
+    """
+
+    __slots__ = ("_arrived", "_loop", "before_decision")
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._arrived = self._loop.time()
+        self.before_decision = self._arrived
+
+    def attempt(self) -> None:
+        self.before_decision = self._loop.time()
+
+    @property
+    def ms(self) -> int:
+        return max(0, int((self.before_decision - self._arrived) * 1000))
 
 
 #: Events read from the backend per ``events_after`` call of one Watch stream.
@@ -163,8 +191,9 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         ttl_ms = limits.check_ttl_ms(request.ttl_ms)
         wait_ms = limits.check_wait_ms(request.wait_ms)
         request_id = limits.check_request_id(request.request_id)
+        waited = _Waited()
         try:
-            outcome = await self._acquire(resource, holder, ttl_ms, wait_ms, request_id)
+            outcome = await self._acquire(resource, holder, ttl_ms, wait_ms, request_id, waited)
         except FencingError:
             self.metrics.acquires.labels("error").inc()
             raise
@@ -197,10 +226,16 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         )
         self.metrics.acquires.labels("replayed" if outcome.replayed else "granted").inc()
         self.metrics.granted(resource, outcome.token, outcome.ttl_ms)
-        return _lease(outcome)
+        return _lease(outcome, waited.ms)
 
     async def _acquire(
-        self, resource: str, holder: str, ttl_ms: int, wait_ms: int, request_id: str
+        self,
+        resource: str,
+        holder: str,
+        ttl_ms: int,
+        wait_ms: int,
+        request_id: str,
+        waited: _Waited,
     ) -> Grant | Held:
         """Try once; if held and ``wait_ms`` > 0, wait in line until granted or out of time."""
         loop = asyncio.get_running_loop()
@@ -212,6 +247,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                     left = deadline - loop.time()
                     if left <= 0 or not await self.waiters.wait_turn(ticket, left):
                         break
+                    waited.attempt()
                     outcome = await self.backend.acquire(resource, holder, ttl_ms, request_id)
                     if isinstance(outcome, Held):
                         left = deadline - loop.time()
@@ -290,9 +326,10 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         ttl_ms = limits.check_ttl_ms(request.ttl_ms)
         wait_ms = limits.check_wait_ms(request.wait_ms)
         request_id = limits.check_request_id(request.request_id)
+        waited = _Waited()
         try:
             outcome = await self._acquire_many(
-                sorted(resources), holder, ttl_ms, wait_ms, request_id
+                sorted(resources), holder, ttl_ms, wait_ms, request_id, waited
             )
         except FencingError:
             self.metrics.acquires.labels("error").inc(len(resources))
@@ -331,10 +368,18 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
             extra=fields,
         )
         by_resource = {grant.resource: grant for grant in outcome}
-        return lease_pb2.AcquireManyResponse(leases=[_lease(by_resource[r]) for r in resources])
+        return lease_pb2.AcquireManyResponse(
+            leases=[_lease(by_resource[r], waited.ms) for r in resources]
+        )
 
     async def _acquire_many(
-        self, resources: list[str], holder: str, ttl_ms: int, wait_ms: int, request_id: str
+        self,
+        resources: list[str],
+        holder: str,
+        ttl_ms: int,
+        wait_ms: int,
+        request_id: str,
+        waited: _Waited,
     ) -> list[Grant] | Held:
         """Try once; while one is held and ``wait_ms`` lasts, wait in that resource's line
         (woken by its release or expiry), then try the whole set again. Never holding
@@ -349,6 +394,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                     left = deadline - loop.time()
                     if left <= 0 or not await self.waiters.wait_turn(ticket, left):
                         return outcome
+                    waited.attempt()
                     outcome = await self.batches.acquire_many(resources, holder, ttl_ms, request_id)
                     if isinstance(outcome, Held) and outcome.resource == held:
                         left = deadline - loop.time()

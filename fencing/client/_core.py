@@ -47,6 +47,12 @@ Clock = Callable[[], float]
 DEFAULT_RPC_TIMEOUT = 5.0
 #: Retry pauses for idempotent calls on transient failures (seconds).
 RETRY_BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8)
+#: Grants an acquire may see expire before their late reply could be renewed, before
+#: it gives up: with a round trip longer than the ttl no grant can ever be kept.
+MAX_LOST_ON_ARRIVAL = 3
+#: Bound on the release that leaving ``hold``/``hold_many`` sends (seconds), retries
+#: included: an unreachable server must not hang the exit (the lease expires anyway).
+DEFAULT_RELEASE_TIMEOUT = 2.0
 
 
 def channel_options(tls: TLSConfig | None = None) -> list[tuple[str, int | str]]:
@@ -141,6 +147,24 @@ def ttl_ms_of(ttl: float, field: str = "ttl") -> int:
     return round(ttl * 1000)
 
 
+def release_timeout_of(seconds: float) -> float:
+    """Check the ``release_timeout`` option (seconds, positive)."""
+    if not seconds > 0:
+        raise InvalidArgumentError(
+            f"release_timeout must be positive seconds, got {seconds}", field="release_timeout"
+        )
+    return float(seconds)
+
+
+def exit_release_pause(exc: FencingError, attempt: int, now: float, end: float) -> float | None:
+    """After the exit's release failed: seconds to pause before the next try, or None
+    to give up (not transient, out of retries, or the pause would pass ``end``)."""
+    if not is_transient(exc) or attempt >= len(RETRY_BACKOFF):
+        return None
+    pause = RETRY_BACKOFF[attempt]
+    return pause if now + pause < end else None
+
+
 def wait_ms_of(remaining: float | None) -> int:
     """How long the server should wait in this Acquire call (capped at the server's limit)."""
     if remaining is None:
@@ -224,6 +248,7 @@ class AcquirePlan:
         self._clock = clock
         self._end = None if timeout is None else clock() + max(0.0, timeout)
         self._attempt = 0
+        self._lost_on_arrival = 0
 
     def request(self) -> lease_pb2.AcquireRequest:
         """The next attempt's request (``wait_ms`` is what is left of the timeout)."""
@@ -245,8 +270,19 @@ class AcquirePlan:
 
         A held lease is asked for again at once (the server waited its maximum)
         until the timeout runs out, then :class:`AcquireTimeoutError` is raised.
-        Transient failures are retried with backoff, within the timeout.
+        Transient failures are retried with backoff, within the timeout. A grant
+        that expired before its late reply could be renewed (:class:`LeaseLost` from
+        that renewal) is asked for again, within the timeout.
         """
+        if isinstance(exc, LeaseLost):
+            self._lost_on_arrival += 1
+            if self.nowait or self._timed_out() or self._lost_on_arrival > MAX_LOST_ON_ARRIVAL:
+                exc.add_note(
+                    f"{self._lost_on_arrival} grant(s) of {self.resource!r} expired before "
+                    "their reply could be used: is the round trip longer than the ttl?"
+                )
+                return None
+            return 0.0
         if isinstance(exc, LeaseHeldError) and not self.nowait:
             if self._timed_out():
                 raise AcquireTimeoutError(
@@ -307,8 +343,14 @@ class LeaseBase(Generic[FlagT]):
     ``resource``, ``holder``, ``token`` (the proof, judged only by guards), the
     renewal schedule on the injected monotonic clock, and local liveness: ``lost``
     (a ``threading.Event`` or an ``asyncio.Event``), set once the lease can no
-    longer be trusted, with ``on_lost`` callbacks. ``_guard`` protects the schedule
-    (a lock in the threaded twin, nothing in the asyncio one).
+    longer be trusted, with ``on_lost`` callbacks. ``released`` is set once this
+    holder gave the lease up: a released lease is not lost (``lost`` stays clear and
+    nothing marks it lost later), but it is no longer ours to act on. ``_guard``
+    protects the schedule (a lock in the threaded twin, nothing in the asyncio one).
+
+    The local deadline starts at the grant as the client can place it: the send
+    time of the Acquire plus the wait the server reports (see
+    :mod:`fencing._renewal`), so a lease that waited in line is not lost on arrival.
     """
 
     def __init__(
@@ -319,14 +361,22 @@ class LeaseBase(Generic[FlagT]):
         clock: Clock,
         lost: FlagT,
         guard: AbstractContextManager[object],
+        *,
+        received_at: float | None = None,
+        ttl_ms: int | None = None,
     ) -> None:
         self.resource: str = msg.resource
         self.holder: str = msg.holder
         self.token: int = msg.token
         self.ttl_ms: int = msg.ttl_ms
+        #: What renewals ask for: the ttl the acquire asked for (a replayed grant
+        #: reports only what is left of it).
+        self.renew_ttl_ms: int = ttl_ms or msg.ttl_ms
         self.lost: FlagT = lost
         self.released = False
-        self.schedule = RenewalSchedule(msg.ttl_ms, sent_at, policy)
+        self.schedule = RenewalSchedule(
+            msg.ttl_ms, sent_at, policy, waited_ms=msg.waited_ms, received_at=received_at
+        )
         self._clock = clock
         self._guard = guard
         self._callbacks: list[Callable[[Self], object]] = []
@@ -339,18 +389,25 @@ class LeaseBase(Generic[FlagT]):
         )
 
     def remaining(self) -> float:
-        """Seconds until the local deadline (0 once lost)."""
-        if self.lost.is_set():
+        """Seconds until the local deadline (0 once lost or released)."""
+        if self.lost.is_set() or self.released:
             return 0.0
         with self._guard:
             return self.schedule.remaining(self._clock())
 
     def check(self) -> None:
-        """Raise :class:`LeaseLost` if the lease is lost or its local deadline has passed."""
+        """Raise :class:`LeaseLost` if the lease is lost or its local deadline has passed,
+        or if it was released (then it is not lost, but no longer ours to act on)."""
         if not self.lost.is_set() and self._deadline_passed():
             self._mark_lost("local deadline passed")
         if self.lost.is_set():
             raise LeaseLost(resource=self.resource, token=self.token)
+        if self.released:
+            raise LeaseLost(
+                f"lease on {self.resource!r} with token {self.token} was released",
+                resource=self.resource,
+                token=self.token,
+            )
 
     def on_lost(self, callback: Callable[[Self], object]) -> None:
         """Call ``callback(lease)`` once when the lease is lost (now, if it already is)."""
@@ -363,27 +420,44 @@ class LeaseBase(Generic[FlagT]):
     # -- for the twins -----------------------------------------------------------------------
 
     def _deadline_passed(self) -> bool:
+        if self.released:  # given up: nothing left to lose
+            return False
         with self._guard:
             return self.schedule.expired(self._clock())
+
+    def _due_on_arrival(self) -> bool:
+        """The grant arrived with its first renewal already due (a late reply, or a
+        server that does not report its wait): renew before handing it out."""
+        with self._guard:
+            return self.schedule.due_on_arrival(self._clock())
 
     def _next_sleep(self) -> float:
         """How long the keepalive sleeps before its next renewal (or the deadline)."""
         with self._guard:
             return self.schedule.sleep_for(self._clock())
 
-    def _renewal(self, ttl: float | None, cap: float) -> tuple[int, float, float]:
-        """Start a renewal: ``(ttl_ms, sent_at, rpc_timeout)``; raises if already lost."""
-        self.check()
-        ttl_ms = ttl_ms_of(ttl) if ttl is not None else round(self.schedule.ttl * 1000)
+    def _renewal(
+        self, ttl: float | None, cap: float, *, on_arrival: bool = False
+    ) -> tuple[int, float, float]:
+        """Start a renewal: ``(ttl_ms, sent_at, rpc_timeout)``; raises if already lost.
+
+        ``on_arrival``: the renewal of a grant not yet handed out, whose local deadline
+        may have passed while the server still holds it: not checked, and given a
+        whole call's time (the server judges whether it is still ours).
+        """
+        if not on_arrival:
+            self.check()
+        ttl_ms = ttl_ms_of(ttl) if ttl is not None else self.renew_ttl_ms
         sent_at = self._clock()
         with self._guard:
-            timeout = self.schedule.rpc_timeout(sent_at, cap)
+            timeout = cap if on_arrival else self.schedule.rpc_timeout(sent_at, cap)
         return ttl_ms, sent_at, timeout
 
     def _renewed(self, sent_at: float, msg: lease_pb2.Lease) -> None:
         with self._guard:
             self.schedule.renewed(sent_at, msg.ttl_ms)
             self.ttl_ms = msg.ttl_ms
+            self.renew_ttl_ms = msg.ttl_ms
 
     def _renewal_due(self) -> bool:
         """The keepalive woke up to renew: False (the lease marked lost) if the local
@@ -413,9 +487,12 @@ class LeaseBase(Generic[FlagT]):
             self.schedule.failed(self._clock())
         return False
 
-    def _mark_lost(self: Self, why: str) -> None:
+    def _mark_lost(self: Self, why: str, *, refused_release: bool = False) -> None:
+        """Set ``lost`` once and run the callbacks. A released lease is not lost later
+        (a renewal in flight refused after the release means nothing), unless the
+        release itself was refused: then it had been lost before."""
         with self._guard:
-            if self.lost.is_set():
+            if self.lost.is_set() or (self.released and not refused_release):
                 return
             self.lost.set()
             callbacks = list(self._callbacks)

@@ -37,6 +37,9 @@ class Job:
         sent_at: float,
         policy: RenewalPolicy | None = None,
         clock: Clock = time.monotonic,
+        *,
+        waited_ms: int = 0,
+        received_at: float | None = None,
     ) -> None:
         self.id: int = msg.id
         self.queue: str = msg.queue
@@ -55,7 +58,11 @@ class Job:
         self.lost_reason = ""
         self._clock = clock
         self._lock = threading.Lock()
-        self.schedule = RenewalSchedule(msg.ttl_ms, sent_at, policy)
+        # The claim's lease starts at the claim: the send plus the wait the server
+        # reports (a Claim that waited for work), not at the send.
+        self.schedule = RenewalSchedule(
+            msg.ttl_ms, sent_at, policy, waited_ms=waited_ms, received_at=received_at
+        )
 
     def __repr__(self) -> str:
         state = "lost" if self.lost.is_set() else "live"
@@ -114,6 +121,12 @@ class Job:
     def renew_failed(self, now: float) -> None:
         with self._lock:
             self.schedule.failed(now)
+
+    def due_on_arrival(self) -> bool:
+        """The claim arrived with its first heartbeat already due (a late reply):
+        heartbeat it before handing it out."""
+        with self._lock:
+            return self.schedule.due_on_arrival(self._clock())
 
     def next_renewal(self) -> float:
         with self._lock:
@@ -258,6 +271,20 @@ def split_expired(jobs: Sequence[Job]) -> tuple[list[Job], list[Job]]:
         else:
             live.append(job)
     return live, lost
+
+
+def claimed(
+    response: queue_pb2.ClaimResponse,
+    sent_at: float,
+    received_at: float,
+    policy: RenewalPolicy,
+    clock: Clock,
+) -> list[Job]:
+    """The jobs of a Claim reply, their leases started at the claim (send + waited)."""
+    return [
+        Job(msg, sent_at, policy, clock, waited_ms=response.waited_ms, received_at=received_at)
+        for msg in response.jobs
+    ]
 
 
 def heartbeat_timeout(jobs: Sequence[Job], cap: float) -> float:

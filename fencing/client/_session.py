@@ -97,13 +97,13 @@ class SessionCore(Generic[L]):
         return [list(due[i : i + self.max_batch]) for i in range(0, len(due), self.max_batch)]
 
     def request(self, chunk: Sequence[L]) -> lease_pb2.RenewManyRequest:
-        """One RenewMany for ``chunk``, each lease for the ttl it was last granted."""
+        """One RenewMany for ``chunk``, each lease for the ttl it asked for last."""
         self.calls += 1
         self.renewals += len(chunk)
         renewals = []
         for lease in chunk:
             with lease._guard:
-                ttl_ms = round(lease.schedule.ttl * 1000)
+                ttl_ms = lease.renew_ttl_ms
             renewals.append(renew_request(lease.resource, lease.token, ttl_ms, lease.holder))
         return lease_pb2.RenewManyRequest(renewals=renewals)
 
@@ -158,6 +158,16 @@ def acquire_many_request(
         ttl_ms=single.ttl_ms,
         wait_ms=single.wait_ms,
         request_id=single.request_id,
+    )
+
+
+def renew_on_arrival_request(leases: Sequence[L]) -> lease_pb2.RenewManyRequest:
+    """One RenewMany for grants whose renewal was due when they arrived."""
+    return lease_pb2.RenewManyRequest(
+        renewals=[
+            renew_request(lease.resource, lease.token, lease.renew_ttl_ms, lease.holder)
+            for lease in leases
+        ]
     )
 
 

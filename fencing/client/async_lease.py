@@ -5,7 +5,9 @@ Same methods, awaited (``aclose`` for ``close``), the same rules from
 ``async with leases.hold(...)`` runs in a scope that is cancelled when the lease
 is lost (renewal refused, or the local deadline passed), and the block then ends
 with :class:`LeaseLost`, the way ``asyncio.timeout`` turns its own cancellation
-into ``TimeoutError``. A cancellation from outside stays a cancellation.
+into ``TimeoutError``; ``async with leases.hold_many(...)`` likewise when any of its
+leases is lost. A cancellation from outside stays a cancellation. Leaving either
+block releases what it may still hold, lost or not, bounded by ``release_timeout``.
 """
 
 from __future__ import annotations
@@ -60,13 +62,26 @@ class AsyncLease(_core.LeaseBase[asyncio.Event]):
         sent_at: float,
         policy: RenewalPolicy,
         clock: Clock,
+        *,
+        received_at: float | None = None,
+        ttl_ms: int | None = None,
     ) -> None:
-        super().__init__(msg, sent_at, policy, clock, asyncio.Event(), contextlib.nullcontext())
+        super().__init__(
+            msg,
+            sent_at,
+            policy,
+            clock,
+            asyncio.Event(),
+            contextlib.nullcontext(),
+            received_at=received_at,
+            ttl_ms=ttl_ms,
+        )
         self._client = client
 
     async def wait_lost(self) -> None:
-        """Return once the lease is lost: marked so, or its local deadline passed."""
-        while not self.lost.is_set():
+        """Return once the lease is lost (marked so, or its local deadline passed), or
+        once it is released (it can no longer be lost)."""
+        while not self.lost.is_set() and not self.released:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.lost.wait(), max(self.remaining(), 0.001))
             if self._deadline_passed():
@@ -87,17 +102,22 @@ class AsyncLease(_core.LeaseBase[asyncio.Event]):
         self._renewed(sent_at, msg)
 
     async def release(self) -> None:
-        """Give the lease up now; ``LeaseLost`` if it was no longer ours."""
+        """Give the lease up now; ``LeaseLost`` if it was no longer ours.
+
+        As :meth:`Lease.release <fencing.client.lease.Lease.release>`: a released
+        lease is not lost, and releasing it does not cancel the ``hold`` body.
+        """
         if self.released:
             return
         self.released = True
         try:
             await self._client.release(self.resource, self.token, holder=self.holder)
         except LeaseLost:
-            self._mark_lost("release refused")
+            self._mark_lost("release refused", refused_release=True)
             raise
-        finally:
-            self.lost.set()
+        except BaseException:
+            self.released = False
+            raise
 
 
 class _AsyncSession:
@@ -169,6 +189,49 @@ class _AsyncSession:
         self.core.settle(chunk, sent_at, response)
 
 
+class _BodyScope:
+    """Cancels the task running a ``hold``/``hold_many`` body when one of its leases is
+    lost, and tells at exit whether a ``CancelledError`` was that cancellation (as
+    ``asyncio.timeout`` tells its own)."""
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[object] | None = None
+        self._cancelling = 0
+        self._running = False
+        self._cancelled = False
+
+    def enter(self) -> None:
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - asyncio always runs coroutines in tasks
+            raise RuntimeError("hold() must be used inside a task")
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._running = True
+
+    def cancel(self, lease: AsyncLease) -> None:
+        # Runs where the loss was noticed. In the renewal task (the body is suspended at
+        # an await): cancel the task running the body, and remember the cancellation is
+        # ours. In the body's own task (check, renew, release, wait_lost), the body
+        # already learns it from that call: a cancel there would only hit a later await.
+        if (
+            self._running
+            and not self._cancelled
+            and self._task is not None
+            and asyncio.current_task() is not self._task
+        ):
+            self._cancelled = True
+            self._task.cancel(f"lease on {lease.resource!r} token {lease.token} lost")
+
+    def exit(self, exc_type: type[BaseException] | None) -> bool:
+        """The body ended: True if it ended with our cancellation (turn it into LeaseLost)."""
+        self._running = False
+        if not self._cancelled or self._task is None:
+            return False
+        # As asyncio.timeout does: the CancelledError is ours only if no other
+        # cancellation was requested of this task meanwhile.
+        return self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError
+
+
 class AsyncHold:
     """``async with leases.hold(...) as lease``: see :meth:`AsyncLeaseClient.hold`."""
 
@@ -188,42 +251,21 @@ class AsyncHold:
         self._on_lost = on_lost
         self._fence = fence
         self.lease: AsyncLease | None = None
-        self._task: asyncio.Task[object] | None = None
         self._current: Token[Fenced | None] | None = None
-        self._cancelling = 0
-        self._body_running = False
-        self._cancelled = False
+        self._scope = _BodyScope()
 
     async def __aenter__(self) -> AsyncLease:
-        task = asyncio.current_task()
-        if task is None:  # pragma: no cover - asyncio always runs coroutines in tasks
-            raise RuntimeError("hold() must be used inside a task")
         lease = await self._client.acquire(
             self._resource, self._ttl, self._timeout, fence=self._fence
         )
         if self._on_lost is not None:
             lease.on_lost(self._on_lost)
-        self.lease, self._task = lease, task
-        self._cancelling = task.cancelling()
-        lease.on_lost(self._cancel_body)
+        self.lease = lease
+        self._scope.enter()
+        lease.on_lost(self._scope.cancel)
         self._client.session().add(lease)
         self._current = propagation.set_current(lease)
-        self._body_running = True
         return lease
-
-    def _cancel_body(self, lease: AsyncLease) -> None:
-        # Runs where the loss was noticed. In the renewal task (the body is suspended at
-        # an await): cancel the task running the body, and remember the cancellation is
-        # ours. In the body's own task (check, renew, release, wait_lost), the body
-        # already learns it from that call: a cancel there would only hit a later await.
-        if (
-            self._body_running
-            and not self._cancelled
-            and self._task is not None
-            and asyncio.current_task() is not self._task
-        ):
-            self._cancelled = True
-            self._task.cancel(f"lease on {lease.resource!r} token {lease.token} lost")
 
     async def __aexit__(
         self,
@@ -231,30 +273,67 @@ class AsyncHold:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self.lease is not None and self._task is not None
+        assert self.lease is not None
         lease = self.lease
-        self._body_running = False
-        ours = False
-        if self._cancelled:
-            # As asyncio.timeout does: the CancelledError is ours only if no other
-            # cancellation was requested of this task meanwhile.
-            ours = self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError
+        ours = self._scope.exit(exc_type)
         if self._current is not None:
             propagation.reset_current(self._current)
         self._client.session().discard(lease)
-        was_lost = lease.lost.is_set()
-        if not was_lost:
-            try:
-                await lease.release()
-            except LeaseLost:
-                was_lost = True
-            except FencingError as exc2:
-                # The lease expires by itself; the guard fences any late writer.
-                log.warning("release of %s failed: %s", lease.resource, exc2)
+        await self._client._release_on_exit([lease])
         if ours:
             raise LeaseLost(resource=lease.resource, token=lease.token) from exc
-        if exc_type is None and was_lost:
+        if exc_type is None and lease.lost.is_set():
             raise LeaseLost(resource=lease.resource, token=lease.token)
+
+
+class AsyncHoldMany:
+    """``async with leases.hold_many(...) as held``: see :meth:`AsyncLeaseClient.hold_many`."""
+
+    def __init__(
+        self,
+        client: AsyncLeaseClient,
+        resources: Sequence[str],
+        ttl: float,
+        timeout: float | None,
+        on_lost: Callable[[AsyncLease], object] | None,
+    ) -> None:
+        self._client = client
+        self._resources = resources
+        self._ttl = ttl
+        self._timeout = timeout
+        self._on_lost = on_lost
+        self.leases: list[AsyncLease] = []
+        self._scope = _BodyScope()
+
+    async def __aenter__(self) -> list[AsyncLease]:
+        held = await self._client.acquire_many(self._resources, self._ttl, self._timeout)
+        self.leases = held
+        self._scope.enter()
+        session = self._client.session()
+        for lease in held:
+            if self._on_lost is not None:
+                lease.on_lost(self._on_lost)
+            lease.on_lost(self._scope.cancel)
+            session.add(lease)
+        return held
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        held = self.leases
+        ours = self._scope.exit(exc_type)
+        session = self._client.session()
+        for lease in held:
+            session.discard(lease)
+        await self._client._release_on_exit(held)
+        lost = [lease for lease in held if lease.lost.is_set()]
+        if ours and lost:
+            raise LeaseLost(resource=lost[0].resource, token=lost[0].token) from exc
+        if exc_type is None and lost:
+            raise LeaseLost(resource=lost[0].resource, token=lost[0].token)
 
 
 class AsyncLeaseClient:
@@ -268,7 +347,7 @@ class AsyncLeaseClient:
         # LeaseLost here if the lease was lost: the body was cancelled at that moment
 
     Options as for :class:`~fencing.client.lease.LeaseClient` (``tls``, ``token``,
-    ``credentials``, ``holder``...).
+    ``credentials``, ``holder``, ``release_timeout``...).
     """
 
     def __init__(
@@ -280,6 +359,7 @@ class AsyncLeaseClient:
         token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
+        release_timeout: float = _core.DEFAULT_RELEASE_TIMEOUT,
         policy: RenewalPolicy | None = None,
         clock: Clock = time.monotonic,
         channel: grpc.aio.Channel | None = None,
@@ -287,6 +367,7 @@ class AsyncLeaseClient:
         self.target = target
         self.holder = holder or _core.default_holder()
         self.rpc_timeout = rpc_timeout
+        self.release_timeout = _core.release_timeout_of(release_timeout)
         self.policy = policy or RenewalPolicy()
         self._clock = clock
         self._channel = (
@@ -368,11 +449,81 @@ class AsyncLeaseClient:
                 msg = await self._call(
                     self._stub.Acquire, request, plan.rpc_timeout(request, self.rpc_timeout)
                 )
-                return AsyncLease(self, msg, sent_at, self.policy, self._clock)
+                lease = AsyncLease(
+                    self,
+                    msg,
+                    sent_at,
+                    self.policy,
+                    self._clock,
+                    received_at=self._clock(),
+                    ttl_ms=plan.ttl_ms,
+                )
+                if lease._due_on_arrival():
+                    await self._renew_on_arrival([lease])
+                return lease
             except FencingError as exc:
                 pause = plan.retry_after(exc)
                 if pause is None:
                     raise
+            await asyncio.sleep(pause)
+
+    async def _renew_on_arrival(self, leases: Sequence[AsyncLease]) -> None:
+        """Renew grants whose reply came too late to trust their first deadline: see
+        :meth:`LeaseClient._renew_on_arrival <fencing.client.lease.LeaseClient>`."""
+        ttl_ms, sent_at, timeout = leases[0]._renewal(None, self.rpc_timeout, on_arrival=True)
+        if len(leases) == 1:
+            lease = leases[0]
+            request = _core.renew_request(lease.resource, lease.token, ttl_ms, lease.holder)
+            lease._renewed(sent_at, await self._call(self._stub.Renew, request, timeout))
+            return
+        response = await self._call(
+            self._stub.RenewMany, _session.renew_on_arrival_request(leases), timeout
+        )
+        gone = [r.lost for r in response.results]
+        if any(gone):
+            await self._release_on_exit(
+                [lease for lease, g in zip(leases, gone, strict=True) if not g]
+            )
+            lost = leases[gone.index(True)]
+            raise LeaseLost(resource=lost.resource, token=lost.token)
+        for lease, result in zip(leases, response.results, strict=True):
+            lease._renewed(sent_at, result.lease)
+
+    async def _release_on_exit(self, leases: Sequence[AsyncLease]) -> None:
+        """Release what leaving a block may still hold, lost or not, within
+        ``release_timeout``: see ``LeaseClient._release_on_exit``."""
+        pending = [lease for lease in leases if not lease.released]
+        if not pending:
+            return
+        for lease in pending:
+            lease.released = True
+        end = self._clock() + self.release_timeout
+        attempt = 0
+        while True:
+            timeout = max(0.001, end - self._clock())
+            try:
+                if len(pending) == 1:
+                    lease = pending[0]
+                    request = _core.release_request(lease.resource, lease.token, lease.holder)
+                    try:
+                        await self._call(self._stub.Release, request, timeout)
+                    except LeaseLost:
+                        lease._mark_lost("release refused", refused_release=True)
+                    return
+                for chunk in _session.chunked(pending):
+                    msg = await self._call(
+                        self._stub.ReleaseMany, _session.release_many_request(chunk), timeout
+                    )
+                    for lease, released in zip(chunk, msg.released, strict=True):
+                        if not released:
+                            lease._mark_lost("release refused", refused_release=True)
+                return
+            except FencingError as exc:
+                pause = _core.exit_release_pause(exc, attempt, self._clock(), end)
+                if pause is None:
+                    log.warning("release of %d lease(s) on exit failed: %s", len(pending), exc)
+                    return
+            attempt += 1
             await asyncio.sleep(pause)
 
     async def _promise(self, lease: AsyncLease, guards: Sequence[AsyncFencer]) -> None:
@@ -407,8 +558,10 @@ class AsyncLeaseClient:
         ``await``; the block then ends with :class:`LeaseLost` (chained to that
         ``CancelledError``). A cancellation from outside the block propagates as
         ``CancelledError``. Loss noticed only at exit (e.g. release refused) also
-        ends the block with ``LeaseLost`` unless it raised something else. Inside
-        the block the lease is :func:`fencing.propagation.current`.
+        ends the block with ``LeaseLost`` unless it raised something else. Every exit
+        sends a token-checked Release of the lease, lost or not (bounded by
+        ``release_timeout``); a ``lease.release()`` inside the block is not a loss.
+        Inside the block the lease is :func:`fencing.propagation.current`.
         """
         return AsyncHold(self, resource, ttl, timeout, on_lost, fence)
 
@@ -428,52 +581,45 @@ class AsyncLeaseClient:
                 msg = await self._call(
                     self._stub.AcquireMany, request, request.wait_ms / 1000 + self.rpc_timeout
                 )
-                return [AsyncLease(self, m, sent_at, self.policy, self._clock) for m in msg.leases]
+                received_at = self._clock()
+                held = [
+                    AsyncLease(
+                        self,
+                        m,
+                        sent_at,
+                        self.policy,
+                        self._clock,
+                        received_at=received_at,
+                        ttl_ms=plan.ttl_ms,
+                    )
+                    for m in msg.leases
+                ]
+                if held and held[0]._due_on_arrival():
+                    await self._renew_on_arrival(held)
+                return held
             except FencingError as exc:
                 pause = plan.retry_after(exc)
                 if pause is None:
                     raise
             await asyncio.sleep(pause)
 
-    @contextlib.asynccontextmanager
-    async def hold_many(
+    def hold_many(
         self,
         resources: Sequence[str],
         ttl: float,
         *,
-        timeout: float | None = None,  # noqa: ASYNC109 - the server waits it (twin's signature)
+        timeout: float | None = None,
         on_lost: Callable[[AsyncLease], object] | None = None,
-    ) -> AsyncGenerator[list[AsyncLease], None]:
+    ) -> AsyncHoldMany:
         """:meth:`acquire_many`, kept renewed by the session, released in one call on exit.
 
-        Each lease is judged on its own (``lease.lost``, ``on_lost`` per lease; unlike
-        :meth:`hold`, the body is not cancelled: check the leases). If any was lost
-        the block ends with :class:`LeaseLost` for it (unless it raised).
+        Each lease is judged on its own (``lease.lost``, ``on_lost`` per lease). As in
+        :meth:`hold`, the body is cancelled as soon as any of them is lost, and the
+        block then ends with :class:`LeaseLost` for it (chained to that
+        ``CancelledError``); loss noticed only at exit also ends it with ``LeaseLost``
+        unless it raised. Every exit releases each lease not yet released, lost or not.
         """
-        held = await self.acquire_many(resources, ttl, timeout)
-        session = self.session()
-        for lease in held:
-            if on_lost is not None:
-                lease.on_lost(on_lost)
-            session.add(lease)
-        body_failed = False
-        try:
-            yield held
-        except BaseException:
-            body_failed = True
-            raise
-        finally:
-            for lease in held:
-                session.discard(lease)
-            lost = [lease for lease in held if lease.lost.is_set()]
-            live = [lease for lease in held if not lease.lost.is_set()]
-            try:
-                lost += await self.release_many(live)
-            except FencingError as exc:
-                # The leases expire by themselves; the guard fences any late writer.
-                log.warning("release of %d leases failed: %s", len(live), exc)
-            if lost and not body_failed:
-                raise LeaseLost(resource=lost[0].resource, token=lost[0].token)
+        return AsyncHoldMany(self, resources, ttl, timeout, on_lost)
 
     async def release_many(self, leases: Sequence[AsyncLease]) -> list[AsyncLease]:
         """Release ``leases``, one call per 10,000; return those refused (marked lost)."""
@@ -483,9 +629,8 @@ class AsyncLeaseClient:
             for lease, released in zip(chunk, msg.released, strict=True):
                 lease.released = True
                 if not released:
-                    lease._mark_lost("release refused")
+                    lease._mark_lost("release refused", refused_release=True)
                     refused.append(lease)
-                lease.lost.set()
         return refused
 
     # -- the other calls ---------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -21,11 +22,12 @@ from fencing._renewal import RenewalPolicy
 from fencing.client import _core
 from fencing.client import _queue as core
 from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
-from fencing.errors import LeaseLost
+from fencing.errors import FencingError, LeaseLost
 from fencing.tls import TLSConfig
 from fencing.v1 import queue_pb2, queue_pb2_grpc
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 
@@ -130,17 +132,43 @@ class AsyncQueueClient:
         response = await self._call(
             lambda: self._stub.Claim(request, timeout=wait + self.rpc_timeout), retry=False
         )
-        return [Job(msg, sent_at, self.policy, self._clock) for msg in response.jobs]
+        jobs = core.claimed(response, sent_at, self._clock(), self.policy, self._clock)
+        due = [job for job in jobs if job.due_on_arrival()]
+        if due:
+            await self._heartbeat_on_arrival(due)
+        return [job for job in jobs if not job.lost.is_set()]
+
+    async def _heartbeat_on_arrival(self, jobs: list[Job]) -> None:
+        """Heartbeat claims whose reply came too late to trust their first deadline
+        (the server may still hold them for us even if that deadline passed). A claim
+        found taken over is marked lost and not handed out; a transient failure leaves
+        the claims to the caller's heartbeats."""
+        try:
+            lost = await self._heartbeat_live(list(jobs), None, [], self.rpc_timeout)
+        except FencingError as exc:
+            if not _core.is_transient(exc):
+                raise
+            log.info("heartbeat of %d claims on arrival failed: %s", len(jobs), exc)
+            return
+        for job in lost:
+            log.warning("job %d claim arrived too late: taken over before it could be used", job.id)
 
     async def heartbeat(self, jobs: Job | Sequence[Job], ttl: float | None = None) -> list[Job]:
         live, lost = core.split_expired(core.job_list(jobs))
+        return await self._heartbeat_live(live, ttl, lost)
+
+    async def _heartbeat_live(
+        self, live: list[Job], ttl: float | None, lost: list[Job], cap: float | None = None
+    ) -> list[Job]:
+        """Heartbeat ``live``; append the refused ones to ``lost`` and return it.
+        ``cap``: the call's deadline (default: never past the earliest local deadline)."""
         while live:
             ttl_ms = _core.ttl_ms_of(ttl) if ttl is not None else live[0].ttl_ms
             request = queue_pb2.HeartbeatRequest(
                 jobs=core.refs(live), ttl_ms=ttl_ms, queue=core.queue_of(live)
             )
             sent_at = self._clock()
-            timeout = core.heartbeat_timeout(live, self.rpc_timeout)
+            timeout = core.heartbeat_timeout(live, self.rpc_timeout) if cap is None else cap
             try:
                 response = await self._call(
                     functools.partial(self._stub.Heartbeat, request, timeout=timeout),
@@ -151,7 +179,7 @@ class AsyncQueueClient:
                 if stale is None:
                     if len(live) > 1:
                         for job in list(live):
-                            lost += await self.heartbeat(job, ttl)
+                            lost += await self._heartbeat_live([job], ttl, [], cap)
                         return lost
                     stale = live[0]
                 stale.mark_lost("heartbeat refused: the job was taken over")

@@ -4,7 +4,11 @@ Liveness is kept apart from proof: the :class:`Lease` handle knows whether it st
 *believes* it holds the lease (``lost``, ``check()``), but only a guard judges the
 token. Renewal runs in a background thread every ttl/3, measured from each send on
 the monotonic clock, and marks the lease lost when a renewal is refused or the local
-deadline (send time + ttl - margin) passes, whichever comes first.
+deadline (start + ttl - margin) passes, whichever comes first. A lease starts at its
+grant: the Acquire's send time plus the wait the server reports, so time spent in
+line for a held resource does not count against it (see :mod:`fencing._renewal`).
+Leaving ``hold``/``hold_many`` always sends a token-checked Release of what may still
+be held, lost or not, bounded by ``release_timeout``.
 
 The rules live in :mod:`fencing.client._core`, shared with the asyncio twin
 (:mod:`fencing.client.async_lease`); this module only does blocking I/O.
@@ -61,8 +65,20 @@ class Lease(_core.LeaseBase[threading.Event]):
         sent_at: float,
         policy: RenewalPolicy,
         clock: Clock,
+        *,
+        received_at: float | None = None,
+        ttl_ms: int | None = None,
     ) -> None:
-        super().__init__(msg, sent_at, policy, clock, threading.Event(), threading.Lock())
+        super().__init__(
+            msg,
+            sent_at,
+            policy,
+            clock,
+            threading.Event(),
+            threading.Lock(),
+            received_at=received_at,
+            ttl_ms=ttl_ms,
+        )
         self._client = client
 
     def renew(self, ttl: float | None = None) -> None:
@@ -80,17 +96,24 @@ class Lease(_core.LeaseBase[threading.Event]):
         self._renewed(sent_at, msg)
 
     def release(self) -> None:
-        """Give the lease up now; ``LeaseLost`` if it was no longer ours."""
+        """Give the lease up now; ``LeaseLost`` if it was no longer ours.
+
+        A released lease is not lost: ``lost`` stays clear, and a ``hold`` block left
+        after it ends normally; ``check()`` raises from now on (it is not ours to act
+        on). If the call fails otherwise (the server unreachable), the lease is not
+        marked released, and leaving ``hold`` tries again.
+        """
         if self.released:
             return
         self.released = True
         try:
             self._client.release(self.resource, self.token, holder=self.holder)
         except LeaseLost:
-            self._mark_lost("release refused")
+            self._mark_lost("release refused", refused_release=True)
             raise
-        finally:
-            self.lost.set()
+        except BaseException:
+            self.released = False
+            raise
 
 
 class _Session(threading.Thread):
@@ -191,7 +214,9 @@ class LeaseClient:
 
     ``tls=TLSConfig(ca=..., cert=..., key=...)`` secures the channel (mTLS with a
     cert), ``token=...`` authenticates every call with a bearer token, or pass any
-    ``credentials``.
+    ``credentials``. ``release_timeout`` bounds the release sent on leaving ``hold``
+    and ``hold_many`` (default 2 s, retries included), so an unreachable server
+    does not hang the exit: the lease then expires on its own.
     """
 
     def __init__(
@@ -203,6 +228,7 @@ class LeaseClient:
         token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
+        release_timeout: float = _core.DEFAULT_RELEASE_TIMEOUT,
         policy: RenewalPolicy | None = None,
         clock: Clock = time.monotonic,
         channel: grpc.Channel | None = None,
@@ -210,6 +236,7 @@ class LeaseClient:
         self.target = target
         self.holder = holder or _core.default_holder()
         self.rpc_timeout = rpc_timeout
+        self.release_timeout = _core.release_timeout_of(release_timeout)
         self.policy = policy or RenewalPolicy()
         self._clock = clock
         self._channel = (
@@ -297,12 +324,47 @@ class LeaseClient:
                 msg = self._call(
                     self._stub.Acquire, request, plan.rpc_timeout(request, self.rpc_timeout)
                 )
-                return Lease(self, msg, sent_at, self.policy, self._clock)
+                lease = Lease(
+                    self,
+                    msg,
+                    sent_at,
+                    self.policy,
+                    self._clock,
+                    received_at=self._clock(),
+                    ttl_ms=plan.ttl_ms,
+                )
+                if lease._due_on_arrival():
+                    self._renew_on_arrival([lease])
+                return lease
             except FencingError as exc:
                 pause = plan.retry_after(exc)
                 if pause is None:
                     raise
             time.sleep(pause)
+
+    def _renew_on_arrival(self, leases: Sequence[Lease]) -> None:
+        """Renew grants whose reply came too late to trust their first deadline.
+
+        ``LeaseLost`` if any expired or was taken before the renewal reached the
+        server (the others are released: an acquire is all or nothing), for the
+        acquire to ask again; transient failures propagate to its retry.
+        """
+        ttl_ms, sent_at, timeout = leases[0]._renewal(None, self.rpc_timeout, on_arrival=True)
+        if len(leases) == 1:
+            lease = leases[0]
+            request = _core.renew_request(lease.resource, lease.token, ttl_ms, lease.holder)
+            lease._renewed(sent_at, self._call(self._stub.Renew, request, timeout))
+            return
+        response = self._call(
+            self._stub.RenewMany, _session.renew_on_arrival_request(leases), timeout
+        )
+        gone = [r.lost for r in response.results]
+        if any(gone):
+            self._release_on_exit([lease for lease, g in zip(leases, gone, strict=True) if not g])
+            lost = leases[gone.index(True)]
+            raise LeaseLost(resource=lost.resource, token=lost.token)
+        for lease, result in zip(leases, response.results, strict=True):
+            lease._renewed(sent_at, result.lease)
 
     def _promise(self, lease: Lease, guards: Sequence[Fencer]) -> None:
         for guard in guards:
@@ -328,12 +390,15 @@ class LeaseClient:
         session (one background thread renewing every held lease together: see
         :meth:`session`), and release on exit.
 
-        If the lease is lost while the block runs, ``lease.lost`` is set, ``on_lost``
+        The lease lives its ttl from the grant, however long the acquire waited in
+        line. If it is lost while the block runs, ``lease.lost`` is set, ``on_lost``
         is called, ``lease.check()`` raises, and the block ends with :class:`LeaseLost`
         (unless it raised something else). Python cannot interrupt the block from
         outside: call ``lease.check()`` between steps, and let the guard reject what a
-        paused holder sends late. Inside the block the lease is
-        :func:`fencing.propagation.current`, so an interceptor can carry its token.
+        paused holder sends late. Every exit sends a token-checked Release, lost or
+        not, bounded by ``release_timeout``; a ``lease.release()`` inside the block is
+        not a loss. Inside the block the lease is :func:`fencing.propagation.current`,
+        so an interceptor can carry its token.
         """
         lease = self.acquire(resource, ttl, timeout, fence=fence)
         if on_lost is not None:
@@ -349,17 +414,53 @@ class LeaseClient:
             raise
         finally:
             session.discard(lease)
-            was_lost = lease.lost.is_set()
-            if not was_lost:
-                try:
-                    lease.release()
-                except LeaseLost:
-                    was_lost = True
-                except FencingError as exc:
-                    # The lease expires by itself; the guard fences any late writer.
-                    log.warning("release of %s failed: %s", resource, exc)
-            if was_lost and not body_failed:
+            self._release_on_exit([lease])
+            if lease.lost.is_set() and not body_failed:
                 raise LeaseLost(resource=lease.resource, token=lease.token)
+
+    def _release_on_exit(self, leases: Sequence[Lease]) -> None:
+        """Release what leaving ``hold``/``hold_many`` may still hold, lost or not.
+
+        A lease believed lost may still be ours on the server (its local deadline is
+        conservative, and a partition may have healed): the token-checked Release
+        frees it for the next holder now instead of at its expiry, and is refused,
+        harmlessly, if it was not ours any more. Bounded by ``release_timeout``,
+        retries included; on failure the leases expire by themselves and the guard
+        fences any late writer. A refusal marks a lease lost.
+        """
+        pending = [lease for lease in leases if not lease.released]
+        if not pending:
+            return
+        for lease in pending:
+            lease.released = True
+        end = self._clock() + self.release_timeout
+        attempt = 0
+        while True:
+            timeout = max(0.001, end - self._clock())
+            try:
+                if len(pending) == 1:
+                    lease = pending[0]
+                    request = _core.release_request(lease.resource, lease.token, lease.holder)
+                    try:
+                        self._call(self._stub.Release, request, timeout)
+                    except LeaseLost:
+                        lease._mark_lost("release refused", refused_release=True)
+                    return
+                for chunk in _session.chunked(pending):
+                    msg = self._call(
+                        self._stub.ReleaseMany, _session.release_many_request(chunk), timeout
+                    )
+                    for lease, released in zip(chunk, msg.released, strict=True):
+                        if not released:
+                            lease._mark_lost("release refused", refused_release=True)
+                return
+            except FencingError as exc:
+                pause = _core.exit_release_pause(exc, attempt, self._clock(), end)
+                if pause is None:
+                    log.warning("release of %d lease(s) on exit failed: %s", len(pending), exc)
+                    return
+            attempt += 1
+            time.sleep(pause)
 
     def acquire_many(
         self, resources: Sequence[str], ttl: float, timeout: float | None = None
@@ -380,7 +481,22 @@ class LeaseClient:
                 msg = self._call(
                     self._stub.AcquireMany, request, request.wait_ms / 1000 + self.rpc_timeout
                 )
-                return [Lease(self, m, sent_at, self.policy, self._clock) for m in msg.leases]
+                received_at = self._clock()
+                held = [
+                    Lease(
+                        self,
+                        m,
+                        sent_at,
+                        self.policy,
+                        self._clock,
+                        received_at=received_at,
+                        ttl_ms=plan.ttl_ms,
+                    )
+                    for m in msg.leases
+                ]
+                if held and held[0]._due_on_arrival():
+                    self._renew_on_arrival(held)
+                return held
             except FencingError as exc:
                 pause = plan.retry_after(exc)
                 if pause is None:
@@ -400,7 +516,8 @@ class LeaseClient:
 
         Each lease is judged on its own (``lease.lost``, ``on_lost`` per lease); if any
         was lost the block ends with :class:`LeaseLost` for it (unless it raised
-        something else).
+        something else). Leaving the block releases every lease not yet released, lost
+        or not, as :meth:`hold` does; a lease released in the block is not a loss.
         """
         held = self.acquire_many(resources, ttl, timeout)
         session = self.session()
@@ -417,28 +534,22 @@ class LeaseClient:
         finally:
             for lease in held:
                 session.discard(lease)
+            self._release_on_exit(held)
             lost = [lease for lease in held if lease.lost.is_set()]
-            live = [lease for lease in held if not lease.lost.is_set()]
-            try:
-                lost += self.release_many(live)
-            except FencingError as exc:
-                # The leases expire by themselves; the guard fences any late writer.
-                log.warning("release of %d leases failed: %s", len(live), exc)
             if lost and not body_failed:
                 raise LeaseLost(resource=lost[0].resource, token=lost[0].token)
 
     def release_many(self, leases: Sequence[Lease]) -> list[Lease]:
         """Release ``leases``, one call per 10,000; return those refused (no longer ours:
-        marked lost)."""
+        marked lost). The others are released, not lost."""
         refused: list[Lease] = []
         for chunk in _session.chunked([lease for lease in leases if not lease.released]):
             msg = self._call(self._stub.ReleaseMany, _session.release_many_request(chunk))
             for lease, released in zip(chunk, msg.released, strict=True):
                 lease.released = True
                 if not released:
-                    lease._mark_lost("release refused")
+                    lease._mark_lost("release refused", refused_release=True)
                     refused.append(lease)
-                lease.lost.set()
         return refused
 
     # -- the other calls ---------------------------------------------------------------------

@@ -18,6 +18,7 @@ idempotency key; Claim never (a lost reply's jobs are rescued when their lease e
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -35,6 +36,7 @@ from fencing.tls import TLSConfig
 from fencing.v1 import queue_pb2, queue_pb2_grpc
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 
@@ -142,7 +144,11 @@ class QueueClient:
     ) -> list[Job]:
         """Claim up to ``batch`` jobs for ``ttl`` seconds, waiting up to ``wait`` for one.
 
-        The jobs are not heartbeated: call :meth:`heartbeat` every ttl/3, or use a Worker.
+        Each claim's local deadline starts at the claim (the send plus the wait the
+        server reports), so jobs that arrive after a long wait have their whole ttl;
+        claims whose reply came too late to trust are heartbeated before they are
+        returned (those found taken over are left out). The jobs are not heartbeated
+        after that: call :meth:`heartbeat` every ttl/3, or use a Worker.
         """
         request = queue_pb2.ClaimRequest(
             queue=queue,
@@ -155,7 +161,26 @@ class QueueClient:
         response = self._call(
             lambda: self._stub.Claim(request, timeout=wait + self.rpc_timeout), retry=False
         )
-        return [Job(msg, sent_at, self.policy, self._clock) for msg in response.jobs]
+        jobs = core.claimed(response, sent_at, self._clock(), self.policy, self._clock)
+        due = [job for job in jobs if job.due_on_arrival()]
+        if due:
+            self._heartbeat_on_arrival(due)
+        return [job for job in jobs if not job.lost.is_set()]
+
+    def _heartbeat_on_arrival(self, jobs: list[Job]) -> None:
+        """Heartbeat claims whose reply came too late to trust their first deadline
+        (the server may still hold them for us even if that deadline passed). A claim
+        found taken over is marked lost and not handed out; a transient failure leaves
+        the claims to the caller's heartbeats."""
+        try:
+            lost = self._heartbeat_live(list(jobs), None, [], self.rpc_timeout)
+        except FencingError as exc:
+            if not _core.is_transient(exc):
+                raise
+            log.info("heartbeat of %d claims on arrival failed: %s", len(jobs), exc)
+            return
+        for job in lost:
+            log.warning("job %d claim arrived too late: taken over before it could be used", job.id)
 
     def heartbeat(self, jobs: Job | Sequence[Job], ttl: float | None = None) -> list[Job]:
         """Extend the claims of ``jobs``; return those found lost (now marked ``lost``).
@@ -164,13 +189,20 @@ class QueueClient:
         (the caller retries on its schedule, before the jobs' local deadlines).
         """
         live, lost = core.split_expired(core.job_list(jobs))
+        return self._heartbeat_live(live, ttl, lost)
+
+    def _heartbeat_live(
+        self, live: list[Job], ttl: float | None, lost: list[Job], cap: float | None = None
+    ) -> list[Job]:
+        """Heartbeat ``live``; append the refused ones to ``lost`` and return it.
+        ``cap``: the call's deadline (default: never past the earliest local deadline)."""
         while live:
             ttl_ms = _core.ttl_ms_of(ttl) if ttl is not None else live[0].ttl_ms
             request = queue_pb2.HeartbeatRequest(
                 jobs=core.refs(live), ttl_ms=ttl_ms, queue=core.queue_of(live)
             )
             sent_at = self._clock()
-            timeout = core.heartbeat_timeout(live, self.rpc_timeout)
+            timeout = core.heartbeat_timeout(live, self.rpc_timeout) if cap is None else cap
             try:
                 response = self._call(
                     functools.partial(self._stub.Heartbeat, request, timeout=timeout),
@@ -181,7 +213,7 @@ class QueueClient:
                 if stale is None:  # cannot tell which: judge them one by one
                     if len(live) > 1:
                         for job in list(live):
-                            lost += self.heartbeat(job, ttl)
+                            lost += self._heartbeat_live([job], ttl, [], cap)
                         return lost
                     stale = live[0]
                 stale.mark_lost("heartbeat refused: the job was taken over")

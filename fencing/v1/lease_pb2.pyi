@@ -64,11 +64,18 @@ class Lease(_message.Message):
     HOLDER_FIELD_NUMBER: _builtins.int
     TOKEN_FIELD_NUMBER: _builtins.int
     TTL_MS_FIELD_NUMBER: _builtins.int
+    WAITED_MS_FIELD_NUMBER: _builtins.int
     resource: _builtins.str
     holder: _builtins.str
     token: _builtins.int
     ttl_ms: _builtins.int
     """Milliseconds of validity left, counted from when the server decided."""
+    waited_ms: _builtins.int
+    """Milliseconds this request waited on the server before that decision: from its
+    arrival to the start of the backend step that granted it (rounded down; 0 for
+    renewals). A client adds it to its send time to start the lease at the grant
+    rather than at the send: the wait in line is not counted against the ttl.
+    """
     def __init__(
         self,
         *,
@@ -76,10 +83,11 @@ class Lease(_message.Message):
         holder: _builtins.str = ...,
         token: _builtins.int = ...,
         ttl_ms: _builtins.int = ...,
+        waited_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "resource", b"resource", "token", b"token", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "resource", b"resource", "token", b"token", "ttl_ms", b"ttl_ms", "waited_ms", b"waited_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65ncing/v1/queue.proto\x12\nfencing.v1\"\xa7\x01\n\x06NewJob\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\x05\x12\x10\n\x08\x64\x65lay_ms\x18\x04 \x01(\x03\x12\x11\n\trun_at_ms\x18\x05 \x01(\x03\x12\x14\n\x0cordering_key\x18\x06 \x01(\t\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x10\n\x08resource\x18\x08 \x01(\t\"A\n\x0e\x45nqueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12 \n\x04jobs\x18\x02 \x03(\x0b\x32\x12.fencing.v1.NewJob\"9\n\x0b\x45nqueuedJob\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\r\n\x05state\x18\x03 \x01(\t\"8\n\x0f\x45nqueueResponse\x12%\n\x04jobs\x18\x01 \x03(\x0b\x32\x17.fencing.v1.EnqueuedJob\"b\n\x0c\x43laimRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\x12\x12\n\nbatch_size\x18\x03 \x01(\r\x12\x0e\n\x06ttl_ms\x18\x04 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x05 \x01(\x03\"\xf6\x01\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\x04\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\r\n\x05token\x18\x04 \x01(\x04\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x14\n\x0cmax_attempts\x18\x06 \x01(\r\x12\x10\n\x08resource\x18\x07 \x01(\t\x12\x14\n\x0cordering_key\x18\x08 \x01(\t\x12\x10\n\x08priority\x18\t \x01(\x05\x12\x17\n\x0fidempotency_key\x18\n \x01(\t\x12\x12\n\nlast_error\x18\x0b \x01(\t\x12\x0e\n\x06ttl_ms\x18\x0c \x01(\x03\x12\x16\n\x0e\x65nqueued_at_ms\x18\r \x01(\x03\".\n\rClaimResponse\x12\x1d\n\x04jobs\x18\x01 \x03(\x0b\x32\x0f.fencing.v1.Job\"#\n\x06JobRef\x12\n\n\x02id\x18\x01 \x01(\x04\x12\r\n\x05token\x18\x02 \x01(\x04\"S\n\x10HeartbeatRequest\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.fencing.v1.JobRef\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\x03\x12\r\n\x05queue\x18\x03 \x01(\t\"#\n\x11HeartbeatResponse\x12\x0e\n\x06ttl_ms\x18\x01 \x01(\x03\"B\n\x0f\x43ompleteRequest\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.fencing.v1.JobRef\x12\r\n\x05queue\x18\x02 \x01(\t\"\x12\n\x10\x43ompleteResponse\"p\n\x0b\x46\x61ilRequest\x12\x1f\n\x03job\x18\x01 \x01(\x0b\x32\x12.fencing.v1.JobRef\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x13\n\x0bretry_in_ms\x18\x03 \x01(\x03\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\x12\r\n\x05queue\x18\x05 \x01(\t\"2\n\x0c\x46\x61ilResponse\x12\r\n\x05state\x18\x01 \x01(\t\x12\x13\n\x0bretry_in_ms\x18\x02 \x01(\x03\"E\n\x12ReleaseJobsRequest\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.fencing.v1.JobRef\x12\r\n\x05queue\x18\x02 \x01(\t\"\x15\n\x13ReleaseJobsResponse\"5\n\x11QueueStatsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x11\n\twindow_ms\x18\x02 \x01(\x03\"\x83\x02\n\nQueueStats\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x04\x12\x11\n\tscheduled\x18\x03 \x01(\x04\x12\x0f\n\x07waiting\x18\x04 \x01(\x04\x12\x0f\n\x07running\x18\x05 \x01(\x04\x12\x0f\n\x07\x65xpired\x18\x06 \x01(\x04\x12\x11\n\tsucceeded\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x65\x61\x64\x18\x08 \x01(\x04\x12\x1b\n\x13oldest_ready_age_ms\x18\t \x01(\x03\x12\x10\n\x08retrying\x18\n \x01(\x04\x12\x12\n\nretry_rate\x18\x0b \x01(\x01\x12\x1a\n\x12\x66inished_in_window\x18\x0c \x01(\x04\x12\x11\n\twindow_ms\x18\r \x01(\x03\"<\n\x12QueueStatsResponse\x12&\n\x06queues\x18\x01 \x03(\x0b\x32\x16.fencing.v1.QueueStats2\xf0\x03\n\x0cQueueService\x12\x42\n\x07\x45nqueue\x12\x1a.fencing.v1.EnqueueRequest\x1a\x1b.fencing.v1.EnqueueResponse\x12<\n\x05\x43laim\x12\x18.fencing.v1.ClaimRequest\x1a\x19.fencing.v1.ClaimResponse\x12H\n\tHeartbeat\x12\x1c.fencing.v1.HeartbeatRequest\x1a\x1d.fencing.v1.HeartbeatResponse\x12\x45\n\x08\x43omplete\x12\x1b.fencing.v1.CompleteRequest\x1a\x1c.fencing.v1.CompleteResponse\x12\x39\n\x04\x46\x61il\x12\x17.fencing.v1.FailRequest\x1a\x18.fencing.v1.FailResponse\x12J\n\x07Release\x12\x1e.fencing.v1.ReleaseJobsRequest\x1a\x1f.fencing.v1.ReleaseJobsResponse\x12\x46\n\x05Stats\x12\x1d.fencing.v1.QueueStatsRequest\x1a\x1e.fencing.v1.QueueStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65ncing/v1/queue.proto\x12\nfencing.v1\"\xa7\x01\n\x06NewJob\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\x05\x12\x10\n\x08\x64\x65lay_ms\x18\x04 \x01(\x03\x12\x11\n\trun_at_ms\x18\x05 \x01(\x03\x12\x14\n\x0cordering_key\x18\x06 \x01(\t\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x10\n\x08resource\x18\x08 \x01(\t\"A\n\x0e\x45nqueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12 \n\x04jobs\x18\x02 \x03(\x0b\x32\x12.fencing.v1.NewJob\"9\n\x0b\x45nqueuedJob\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\r\n\x05state\x18\x03 \x01(\t\"8\n\x0f\x45nqueueResponse\x12%\n\x04jobs\x18\x01 \x03(\x0b\x32\x17.fencing.v1.EnqueuedJob\"b\n\x0c\x43laimRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\x12\x12\n\nbatch_size\x18\x03 \x01(\r\x12\x0e\n\x06ttl_ms\x18\x04 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x05 \x01(\x03\"\xf6\x01\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\x04\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\r\n\x05token\x18\x04 \x01(\x04\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x14\n\x0cmax_attempts\x18\x06 \x01(\r\x12\x10\n\x08resource\x18\x07 \x01(\t\x12\x14\n\x0cordering_key\x18\x08 \x01(\t\x12\x10\n\x08priority\x18\t \x01(\x05\x12\x17\n\x0fidempotency_key\x18\n \x01(\t\x12\x12\n\nlast_error\x18\x0b \x01(\t\x12\x0e\n\x06ttl_ms\x18\x0c \x01(\x03\x12\x16\n\x0e\x65nqueued_at_ms\x18\r \x01(\x03\"A\n\rClaimResponse\x12\x1d\n\x04jobs\x18\x01 \x03(\x0b\x32\x0f.fencing.v1.Job\x12\x11\n\twaited_ms\x18\x14 \x01(\x03\"#\n\x06JobRef\x12\n\n\x02id\x18\x01 \x01(\x04\x12\r\n\x05token\x18\x02 \x01(\x04\"S\n\x10HeartbeatRequest\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.fencing.v1.JobRef\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\x03\x12\r\n\x05queue\x18\x03 \x01(\t\"#\n\x11HeartbeatResponse\x12\x0e\n\x06ttl_ms\x18\x01 \x01(\x03\"B\n\x0f\x43ompleteRequest\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.fencing.v1.JobRef\x12\r\n\x05queue\x18\x02 \x01(\t\"\x12\n\x10\x43ompleteResponse\"p\n\x0b\x46\x61ilRequest\x12\x1f\n\x03job\x18\x01 \x01(\x0b\x32\x12.fencing.v1.JobRef\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x13\n\x0bretry_in_ms\x18\x03 \x01(\x03\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\x12\r\n\x05queue\x18\x05 \x01(\t\"2\n\x0c\x46\x61ilResponse\x12\r\n\x05state\x18\x01 \x01(\t\x12\x13\n\x0bretry_in_ms\x18\x02 \x01(\x03\"E\n\x12ReleaseJobsRequest\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.fencing.v1.JobRef\x12\r\n\x05queue\x18\x02 \x01(\t\"\x15\n\x13ReleaseJobsResponse\"5\n\x11QueueStatsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x11\n\twindow_ms\x18\x02 \x01(\x03\"\x83\x02\n\nQueueStats\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x04\x12\x11\n\tscheduled\x18\x03 \x01(\x04\x12\x0f\n\x07waiting\x18\x04 \x01(\x04\x12\x0f\n\x07running\x18\x05 \x01(\x04\x12\x0f\n\x07\x65xpired\x18\x06 \x01(\x04\x12\x11\n\tsucceeded\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x65\x61\x64\x18\x08 \x01(\x04\x12\x1b\n\x13oldest_ready_age_ms\x18\t \x01(\x03\x12\x10\n\x08retrying\x18\n \x01(\x04\x12\x12\n\nretry_rate\x18\x0b \x01(\x01\x12\x1a\n\x12\x66inished_in_window\x18\x0c \x01(\x04\x12\x11\n\twindow_ms\x18\r \x01(\x03\"<\n\x12QueueStatsResponse\x12&\n\x06queues\x18\x01 \x03(\x0b\x32\x16.fencing.v1.QueueStats2\xf0\x03\n\x0cQueueService\x12\x42\n\x07\x45nqueue\x12\x1a.fencing.v1.EnqueueRequest\x1a\x1b.fencing.v1.EnqueueResponse\x12<\n\x05\x43laim\x12\x18.fencing.v1.ClaimRequest\x1a\x19.fencing.v1.ClaimResponse\x12H\n\tHeartbeat\x12\x1c.fencing.v1.HeartbeatRequest\x1a\x1d.fencing.v1.HeartbeatResponse\x12\x45\n\x08\x43omplete\x12\x1b.fencing.v1.CompleteRequest\x1a\x1c.fencing.v1.CompleteResponse\x12\x39\n\x04\x46\x61il\x12\x17.fencing.v1.FailRequest\x1a\x18.fencing.v1.FailResponse\x12J\n\x07Release\x12\x1e.fencing.v1.ReleaseJobsRequest\x1a\x1f.fencing.v1.ReleaseJobsResponse\x12\x46\n\x05Stats\x12\x1d.fencing.v1.QueueStatsRequest\x1a\x1e.fencing.v1.QueueStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,31 +44,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOB']._serialized_start=493
   _globals['_JOB']._serialized_end=739
   _globals['_CLAIMRESPONSE']._serialized_start=741
-  _globals['_CLAIMRESPONSE']._serialized_end=787
-  _globals['_JOBREF']._serialized_start=789
-  _globals['_JOBREF']._serialized_end=824
-  _globals['_HEARTBEATREQUEST']._serialized_start=826
-  _globals['_HEARTBEATREQUEST']._serialized_end=909
-  _globals['_HEARTBEATRESPONSE']._serialized_start=911
-  _globals['_HEARTBEATRESPONSE']._serialized_end=946
-  _globals['_COMPLETEREQUEST']._serialized_start=948
-  _globals['_COMPLETEREQUEST']._serialized_end=1014
-  _globals['_COMPLETERESPONSE']._serialized_start=1016
-  _globals['_COMPLETERESPONSE']._serialized_end=1034
-  _globals['_FAILREQUEST']._serialized_start=1036
-  _globals['_FAILREQUEST']._serialized_end=1148
-  _globals['_FAILRESPONSE']._serialized_start=1150
-  _globals['_FAILRESPONSE']._serialized_end=1200
-  _globals['_RELEASEJOBSREQUEST']._serialized_start=1202
-  _globals['_RELEASEJOBSREQUEST']._serialized_end=1271
-  _globals['_RELEASEJOBSRESPONSE']._serialized_start=1273
-  _globals['_RELEASEJOBSRESPONSE']._serialized_end=1294
-  _globals['_QUEUESTATSREQUEST']._serialized_start=1296
-  _globals['_QUEUESTATSREQUEST']._serialized_end=1349
-  _globals['_QUEUESTATS']._serialized_start=1352
-  _globals['_QUEUESTATS']._serialized_end=1611
-  _globals['_QUEUESTATSRESPONSE']._serialized_start=1613
-  _globals['_QUEUESTATSRESPONSE']._serialized_end=1673
-  _globals['_QUEUESERVICE']._serialized_start=1676
-  _globals['_QUEUESERVICE']._serialized_end=2172
+  _globals['_CLAIMRESPONSE']._serialized_end=806
+  _globals['_JOBREF']._serialized_start=808
+  _globals['_JOBREF']._serialized_end=843
+  _globals['_HEARTBEATREQUEST']._serialized_start=845
+  _globals['_HEARTBEATREQUEST']._serialized_end=928
+  _globals['_HEARTBEATRESPONSE']._serialized_start=930
+  _globals['_HEARTBEATRESPONSE']._serialized_end=965
+  _globals['_COMPLETEREQUEST']._serialized_start=967
+  _globals['_COMPLETEREQUEST']._serialized_end=1033
+  _globals['_COMPLETERESPONSE']._serialized_start=1035
+  _globals['_COMPLETERESPONSE']._serialized_end=1053
+  _globals['_FAILREQUEST']._serialized_start=1055
+  _globals['_FAILREQUEST']._serialized_end=1167
+  _globals['_FAILRESPONSE']._serialized_start=1169
+  _globals['_FAILRESPONSE']._serialized_end=1219
+  _globals['_RELEASEJOBSREQUEST']._serialized_start=1221
+  _globals['_RELEASEJOBSREQUEST']._serialized_end=1290
+  _globals['_RELEASEJOBSRESPONSE']._serialized_start=1292
+  _globals['_RELEASEJOBSRESPONSE']._serialized_end=1313
+  _globals['_QUEUESTATSREQUEST']._serialized_start=1315
+  _globals['_QUEUESTATSREQUEST']._serialized_end=1368
+  _globals['_QUEUESTATS']._serialized_start=1371
+  _globals['_QUEUESTATS']._serialized_end=1630
+  _globals['_QUEUESTATSRESPONSE']._serialized_start=1632
+  _globals['_QUEUESTATSRESPONSE']._serialized_end=1692
+  _globals['_QUEUESERVICE']._serialized_start=1695
+  _globals['_QUEUESERVICE']._serialized_end=2191
 # @@protoc_insertion_point(module_scope)

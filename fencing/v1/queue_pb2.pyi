@@ -247,16 +247,24 @@ class ClaimResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOBS_FIELD_NUMBER: _builtins.int
+    WAITED_MS_FIELD_NUMBER: _builtins.int
+    waited_ms: _builtins.int
+    """Milliseconds the claim waited on the server for work before the jobs were
+    claimed (from its arrival to the start of the claiming step, rounded down): the
+    jobs' ttl_ms counts from that step, so a client starts their leases at
+    send time + waited_ms, not at the send.
+    """
     @_builtins.property
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Job]: ...
     def __init__(
         self,
         *,
         jobs: _abc.Iterable[Global___Job] | None = ...,
+        waited_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "waited_ms", b"waited_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
