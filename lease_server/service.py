@@ -77,6 +77,8 @@ def _event(event: LeaseEvent) -> lease_pb2.LeaseEvent:
         holder=event.holder,
         revision=event.revision,
         ttl_ms=event.ttl_ms,
+        job_id=event.job_id,
+        queue=event.queue,
     )
 
 

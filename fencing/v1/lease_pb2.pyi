@@ -273,6 +273,8 @@ class LeaseEvent(_message.Message):
     HOLDER_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
     TTL_MS_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     kind: Global___LeaseEvent.Kind.ValueType
     resource: _builtins.str
     token: _builtins.int
@@ -283,6 +285,13 @@ class LeaseEvent(_message.Message):
     """
     ttl_ms: _builtins.int
     """Validity granted, for ACQUIRED and RENEWED."""
+    job_id: _builtins.int
+    """Set when the event is a job's claim rather than a lease: the job's id (0 for a
+    lease) and queue. ACQUIRED is a claim or a rescue, RELEASED a Complete, Fail or
+    Release, EXPIRED a claim that ran out (logged at its rescue or when the reaper
+    declares the job dead). resource is the job's guard resource, token its claim's.
+    """
+    queue: _builtins.str
     def __init__(
         self,
         *,
@@ -292,10 +301,12 @@ class LeaseEvent(_message.Message):
         holder: _builtins.str = ...,
         revision: _builtins.int = ...,
         ttl_ms: _builtins.int = ...,
+        job_id: _builtins.int = ...,
+        queue: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "kind", b"kind", "resource", b"resource", "revision", b"revision", "token", b"token", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "job_id", b"job_id", "kind", b"kind", "queue", b"queue", "resource", b"resource", "revision", b"revision", "token", b"token", "ttl_ms", b"ttl_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -9,6 +9,12 @@ the named rows in id order, judge every token, and change nothing if one is stal
 Fail runs the pure rule of :mod:`lease_server.jobs` in a transaction (the retry delay
 depends on the attempts used, read under the row lock). Expiry and due times are the
 database's clock. Outages become ``BackendUnavailableError`` (bounded by ``timeout``).
+
+Job events: a trigger on ``jobs`` (``0011_job_events.sql``) appends every change of a
+claim to the schema's lease event log in the transaction that makes it, whichever path
+made it (these functions, Fail, your own SQL). A lease backend on the same schema serves
+them to ``Watch`` and prunes them; a queue in a schema no lease server follows still
+appends them, unread and unpruned, so the lease server warns about such a setup.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 from fencing.errors import LeaseLost
 from fencing.pg import PgConfig, PostgresDatabase
 from lease_server import jobs
+from lease_server.backends.base import LeaseBackend
 from lease_server.jobs import Enqueued, Failed, JobRecord, JobRef, JobState, NewJob, QueueCounts
 from lease_server.queues.base import RetryDelay
 
@@ -98,6 +105,13 @@ class PostgresQueue:
     @property
     def schema(self) -> str:
         return self._db.config.schema
+
+    def log_events_to(self, backend: LeaseBackend) -> bool:
+        # The trigger logs into this schema's log whatever is linked: only say whether
+        # that log is the one the lease backend serves.
+        return getattr(backend, "name", "") == "postgres" and (
+            getattr(backend, "schema", None) == self.schema
+        )
 
     async def open(self) -> None:
         await self._db.open()

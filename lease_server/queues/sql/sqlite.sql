@@ -155,3 +155,18 @@ FROM jobs
 WHERE :queue = '' OR queue = :queue
 GROUP BY queue
 ORDER BY queue
+
+-- name: log_head
+-- The head of the attached lease database's event log (lease_server/backends/sqlite.py),
+-- read inside the write transaction that appends after it. Returns head.
+SELECT head FROM lease_log.event_log WHERE id = 1
+
+-- name: log_append
+-- One job event in the attached lease log. Takes revision, kind, resource, token, holder,
+-- ttl_ms, job_id, queue.
+INSERT INTO lease_log.events (revision, kind, resource, token, holder, ttl_ms, job_id, queue)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: log_set_head
+-- Move the attached lease log's head to the last revision appended. Takes head.
+UPDATE lease_log.event_log SET head = ? WHERE id = 1
