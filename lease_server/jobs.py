@@ -385,7 +385,8 @@ def transitions(old: JobRecord | None, new: JobRecord, now_ms: int) -> list[Tran
         return []
     out: list[Transition] = []
     resource = new.fenced_resource
-    if old.state is JobState.RUNNING and (new.token != old.token or new.state is not JobState.RUNNING):
+    ended = new.token != old.token or new.state is not JobState.RUNNING
+    if old.state is JobState.RUNNING and ended:
         reaped = new.state is JobState.DEAD and new.last_error == REAPED_ERROR
         kind = EventKind.EXPIRED if new.token != old.token or reaped else EventKind.RELEASED
         out.append(Transition(kind, resource, old.token, old.lease_owner, 0, new.id, new.queue))

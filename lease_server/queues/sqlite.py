@@ -31,8 +31,8 @@ from lease_server.backends.base import LeaseBackend
 from lease_server.backends.sqlite import SQLiteBackend
 from lease_server.clock import Clock, SystemClock
 from lease_server.jobs import Enqueued, Failed, JobRecord, JobRef, JobState, NewJob, QueueCounts
-from lease_server.queues.base import RetryDelay
 from lease_server.leases import Transition
+from lease_server.queues.base import RetryDelay
 from lease_server.queues.sql import load
 
 T = TypeVar("T")
