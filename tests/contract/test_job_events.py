@@ -156,6 +156,20 @@ async def test_the_reapers_verdict_is_expired(job_log: JobLog) -> None:
     assert [(e.kind, e.token) for e in await events(backend, head)] == [(X, claimed.token)]
 
 
+async def test_a_late_final_fail_is_released_by_its_worker_not_expired(job_log: JobLog) -> None:
+    """An expired claim nobody rescued is still current: its worker's own end is RELEASED."""
+    queue, backend, time = job_log
+    await enqueue(queue, max_attempts=1)
+    claimed = await claim_one(queue, "a", TTL)
+    await time.sleep(TTL)
+    head = await log_of(backend).head_revision()
+    failed = await queue.fail(ref(claimed), "gave up", no_delay)
+    assert failed.state is JobState.DEAD
+    assert [(e.kind, e.token) for e in await events(backend, head)] == [(L, claimed.token)]
+    assert await queue.reap(10) == 0  # nothing left for the reaper, nothing logged twice
+    assert len(await events(backend, head)) == 1
+
+
 async def test_jobs_and_leases_share_one_log_in_commit_order(job_log: JobLog) -> None:
     queue, backend, _ = job_log
     await enqueue(queue)
