@@ -185,6 +185,16 @@ def default_resource(queue: str, job_id: int) -> str:
     return f"job/{queue}/{job_id}"
 
 
+def parse_default_resource(resource: str) -> tuple[str, int] | None:
+    """(queue, job id) of a resource named as :func:`default_resource` names it, or None."""
+    if not resource.startswith("job/"):
+        return None
+    queue, _, job_id = resource[4:].rpartition("/")
+    if not queue or not job_id.isdigit():
+        return None
+    return queue, int(job_id)
+
+
 # -- transitions ------------------------------------------------------------------------------
 
 

@@ -155,6 +155,7 @@ async def start_lease_server(
             qtimeouts = metrics.group(StorageMetrics).timeouts.labels("queue")
             qbounded = with_deadline(qb, options.backend_timeout, "queue backend", qtimeouts.inc)
             qservice, more = queue_services(qbounded, queue_options, metrics.group(QueueMetrics))
+            service.job_claims = qbounded.last_claim_token
             services += more
         built = await build_server(
             address, services, reflection_enabled=reflection, options=options

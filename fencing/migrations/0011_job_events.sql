@@ -1,6 +1,7 @@
 -- 0011_job_events: every change of a job's claim is an event of the lease event log (0005).
 --
 -- Adds columns   lease_events.job_id, lease_events.queue (0 and '' for a lease's event)
+--      index     jobs_by_resource (jobs by their own guard resource)
 -- Creates        trigger jobs_log_claims on jobs (function job_log_claims)
 -- and replaces   lease_events_after (0005): the same rows, with job_id and queue at the end.
 --
@@ -25,6 +26,10 @@
 ALTER TABLE lease_events
     ADD COLUMN job_id bigint NOT NULL DEFAULT 0,
     ADD COLUMN queue  text   NOT NULL DEFAULT '';
+
+-- Jobs by their own guard resource: the lease service's Describe reports the highest
+-- claim token of a job resource in last_token (lease_server/queues/postgres.py).
+CREATE INDEX jobs_by_resource ON jobs (resource) WHERE resource <> '';
 
 -- One statement's changes of claims, appended together: the log row is locked (and the
 -- head bumped) once per statement, and only when the statement changed a claim, so

@@ -94,6 +94,12 @@ class QueueBackend(Protocol):
     async def get(self, job_id: int) -> JobRecord | None:
         """One job as stored (for operators and tests)."""
 
+    async def last_claim_token(self, resource: str) -> int:
+        """The highest token a claim of a job fencing ``resource`` got (0: none), so the
+        lease service's Describe can report job claims in ``last_token``: a job named by
+        its default resource, and every job enqueued with ``resource``. Pruned jobs are
+        forgotten."""
+
 
 @runtime_checkable
 class LogsJobEvents(Protocol):

@@ -176,3 +176,8 @@ class MemoryQueue:
 
     async def get(self, job_id: int) -> JobRecord | None:
         return self._jobs.get(job_id)
+
+    async def last_claim_token(self, resource: str) -> int:
+        return max(
+            (r.token for r in self._jobs.values() if r.fenced_resource == resource), default=0
+        )

@@ -101,6 +101,13 @@ class PostgresQueue:
             " WHERE id = %s"
         )
         self._promote_sql = q("SELECT {schema}.job_promote(%s, %s)")
+        self._last_token_sql = q(
+            "SELECT greatest("
+            "(SELECT max(j.token) FROM {schema}.jobs AS j"
+            " WHERE j.resource = %s AND j.resource <> ''),"
+            "(SELECT j.token FROM {schema}.jobs AS j"
+            " WHERE j.id = %s AND j.queue = %s AND j.resource = ''), 0)"
+        )
 
     @property
     def schema(self) -> str:
@@ -240,6 +247,11 @@ class PostgresQueue:
     async def get(self, job_id: int) -> JobRecord | None:
         row = await self._db.fetchone(self._get_sql, (job_id,))
         return _record(row) if row is not None else None
+
+    async def last_claim_token(self, resource: str) -> int:
+        queue, job_id = jobs.parse_default_resource(resource) or ("", 0)
+        row = await self._db.fetchone(self._last_token_sql, (resource, job_id, queue))
+        return int(row[0]) if row is not None and row[0] is not None else 0
 
 
 def _timestamp(ms: int) -> datetime | None:

@@ -38,7 +38,7 @@ from lease_server.queues.sql import load
 T = TypeVar("T")
 
 SQL = load("sqlite.sql")
-MIGRATIONS = [SQL["migration_1"]]
+MIGRATIONS = [SQL["migration_1"], SQL["migration_2"]]
 #: The name the lease database is attached under, when job events are logged.
 LOG_SCHEMA = "lease_log"
 
@@ -355,3 +355,18 @@ class SQLiteQueue:
 
     async def get(self, job_id: int) -> JobRecord | None:
         return await self._db.query(lambda conn: _load(conn, job_id))
+
+    async def last_claim_token(self, resource: str) -> int:
+        named = jobs.parse_default_resource(resource)
+
+        def q(conn: sqlite3.Connection) -> int:
+            (own,) = conn.execute(SQL["last_token_of_resource"], (resource,)).fetchone()
+            by_id = 0
+            if named is not None:
+                row = conn.execute(
+                    SQL["token_of_default_resource"], (named[1], named[0])
+                ).fetchone()
+                by_id = int(row[0]) if row else 0
+            return max(int(own or 0), by_id)
+
+        return await self._db.query(q)

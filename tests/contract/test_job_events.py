@@ -232,3 +232,21 @@ async def sqlite_pair() -> AsyncIterator[tuple[LeaseBackend, TimeControl]]:
 
     async with sqlite_backend() as pair:
         yield pair
+
+
+async def test_the_last_claim_token_of_a_job_resource(job_log: JobLog) -> None:
+    """What the lease service's Describe adds to ``last_token`` for a job's resource, so a
+    guard asking whether a token was ever granted hears of job claims too."""
+    queue, _, time = job_log
+    job_id = await enqueue(queue, "mail")
+    custom = await enqueue(queue, "mail", resource="invoice/7")
+    assert await queue.last_claim_token(f"job/mail/{job_id}") == 0  # never claimed
+    claims = {c.id: c for c in await queue.claim("mail", "a", 2, TTL)}
+    await time.sleep(TTL)
+    rescued = {c.id: c for c in await queue.claim("mail", "b", 2, LONG)}
+    assert await queue.last_claim_token(f"job/mail/{job_id}") == rescued[job_id].token
+    assert rescued[job_id].token > claims[job_id].token
+    assert await queue.last_claim_token("invoice/7") == rescued[custom].token
+    assert await queue.last_claim_token(f"job/mail/{custom}") == 0  # it fences invoice/7
+    assert await queue.last_claim_token(f"job/other/{job_id}") == 0  # another queue's name
+    assert await queue.last_claim_token("orders") == 0

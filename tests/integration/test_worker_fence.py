@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from fencing import AsyncGuardClient, Claim, GuardClient, Job, QueueClient, StaleTokenError
+from fencing import (
+    AsyncGuardClient,
+    Claim,
+    GuardClient,
+    Job,
+    LeaseClient,
+    QueueClient,
+    StaleTokenError,
+)
 from fencing.testing import RunningServers, running_servers
 from fencing.worker import AsyncWorker, Worker
 
@@ -168,3 +176,15 @@ def _two_jobs_one_done(servers: RunningServers) -> None:
         (first,) = queue.claim("w", ttl=30)
         queue.complete(first)
         queue.enqueue("w", b"second")
+
+
+def test_describe_counts_job_claims_as_granted_tokens(servers: RunningServers) -> None:
+    """Describe of a job's resource reports its claim's token in ``last_token`` (a guard
+    that asks whether a token was ever granted must not take a job claim for a forgery);
+    nothing is held as a lease."""
+    with QueueClient(servers.queue_address) as queue, LeaseClient(servers.lease_address) as leases:
+        queue.enqueue("w", b"x")
+        (job,) = queue.claim("w", ttl=30)
+        state = leases.describe(job.resource)
+        assert (state.last_token, state.held) == (job.token, False)
+        assert leases.describe("orders").last_token == 0

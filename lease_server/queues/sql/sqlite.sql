@@ -53,6 +53,10 @@ CREATE TABLE counters (
 ) WITHOUT ROWID;
 INSERT INTO counters (name, value) VALUES ('token', 0)
 
+-- name: migration_2
+-- Schema v2: jobs by their own guard resource, for the lease service's Describe.
+CREATE INDEX jobs_by_resource ON jobs (resource) WHERE resource <> ''
+
 -- name: select_job
 -- One job by id. Takes id.
 SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
@@ -170,3 +174,13 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 -- name: log_set_head
 -- Move the attached lease log's head to the last revision appended. Takes head.
 UPDATE lease_log.event_log SET head = ? WHERE id = 1
+
+-- name: last_token_of_resource
+-- The highest token of the jobs enqueued with a guard resource. Takes resource.
+-- Returns max(token) (NULL if none).
+SELECT max(token) FROM jobs WHERE resource = ? AND resource <> ''
+
+-- name: token_of_default_resource
+-- The token of a job whose guard resource is its default (job/<queue>/<id>).
+-- Takes id, queue. Returns token.
+SELECT token FROM jobs WHERE id = ? AND queue = ? AND resource = ''
