@@ -5,6 +5,10 @@ For each client count, with batch 1 and batch 100:
 * **enqueue**: ``Enqueue`` of ``batch`` jobs (64-byte payloads) per call, for ``duration``;
 * **claim+complete**: ``Claim(batch)`` then ``Complete`` of what it returned, until a
   prefilled queue is drained (so an empty queue never inflates the rate);
+* **claim+fence+complete** (batch 1): the same with a ``Fence(job.resource, job.token)``
+  at a guard process between them, one per job, as
+  ``Worker(..., fence=[guard])`` does before each handler: its ratio to the
+  claim+complete row of the same run is what the promise for jobs costs;
 
 through a lease server process hosting the queue service on SQLite (the embedded
 default) and, when PostgreSQL answers, on PostgreSQL; and, as the baseline, the
@@ -39,7 +43,7 @@ import psycopg
 from psycopg import sql
 
 from bench.harness import Result, measure, progress, server_process, table
-from fencing.v1 import queue_pb2, queue_pb2_grpc
+from fencing.v1 import guard_pb2, guard_pb2_grpc, queue_pb2, queue_pb2_grpc
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 BATCHES = (1, 100)
@@ -93,19 +97,29 @@ async def drain(
 
 
 async def service_bench(
-    address: str, label: str, clients: Sequence[int], duration: float, *, baseline: bool
+    address: str,
+    label: str,
+    clients: Sequence[int],
+    duration: float,
+    *,
+    baseline: bool,
+    guard: str = "",
 ) -> list[Result]:
     results: list[Result] = []
     for n in clients:
         channels = [grpc.aio.insecure_channel(address) for _ in range(n)]
+        guard_channels = [grpc.aio.insecure_channel(guard) for _ in range(n)] if guard else []
         try:
             stubs: list[queue_pb2_grpc.QueueServiceAsyncStub] = [
                 queue_pb2_grpc.QueueServiceStub(c) for c in channels
             ]
+            guards: list[guard_pb2_grpc.GuardServiceAsyncStub] = [
+                guard_pb2_grpc.GuardServiceStub(c) for c in guard_channels
+            ]
             for batch in BATCHES:
-                results += await _service_one(stubs, label, n, batch, duration, baseline)
+                results += await _service_one(stubs, label, n, batch, duration, baseline, guards)
         finally:
-            for c in channels:
+            for c in channels + guard_channels:
                 await c.close()
     return results
 
@@ -117,6 +131,7 @@ async def _service_one(
     batch: int,
     duration: float,
     baseline: bool,
+    guards: Sequence[guard_pb2_grpc.GuardServiceAsyncStub] = (),
 ) -> list[Result]:
     tag = secrets.token_hex(3)
     jobs = [queue_pb2.NewJob(payload=PAYLOAD) for _ in range(batch)]
@@ -137,36 +152,66 @@ async def _service_one(
         )
     ]
 
-    work_queue = f"bench-work-{tag}"
     total = max(batch * n, round(DRAIN_JOBS_PER_S[batch] * duration / batch) * batch)
     chunk = [queue_pb2.NewJob(payload=PAYLOAD) for _ in range(1000)]
-    for start in range(0, total, 1000):
-        size = min(1000, total - start)
-        await stubs[0].Enqueue(queue_pb2.EnqueueRequest(queue=work_queue, jobs=chunk[:size]))
 
-    async def claim_complete(i: int) -> int:
-        claimed = await stubs[i].Claim(
-            queue_pb2.ClaimRequest(
-                queue=work_queue, worker=f"b{i}", batch_size=batch, ttl_ms=60_000
+    async def prefill(work_queue: str) -> None:
+        for start in range(0, total, 1000):
+            size = min(1000, total - start)
+            await stubs[0].Enqueue(queue_pb2.EnqueueRequest(queue=work_queue, jobs=chunk[:size]))
+
+    def claim_complete(work_queue: str, fence: bool) -> Callable[[int], Awaitable[int]]:
+        async def op(i: int) -> int:
+            claimed = await stubs[i].Claim(
+                queue_pb2.ClaimRequest(
+                    queue=work_queue, worker=f"b{i}", batch_size=batch, ttl_ms=60_000
+                )
             )
-        )
-        if not claimed.jobs:
-            return 0
-        refs = [queue_pb2.JobRef(id=j.id, token=j.token) for j in claimed.jobs]
-        await stubs[i].Complete(queue_pb2.CompleteRequest(jobs=refs))
-        return len(refs)
+            if not claimed.jobs:
+                return 0
+            if fence:  # what Worker(fence=[guard]) does before each job's handler
+                await asyncio.gather(
+                    *(
+                        guards[i].Fence(guard_pb2.FenceRequest(resource=j.resource, token=j.token))
+                        for j in claimed.jobs
+                    )
+                )
+            refs = [queue_pb2.JobRef(id=j.id, token=j.token) for j in claimed.jobs]
+            await stubs[i].Complete(queue_pb2.CompleteRequest(jobs=refs))
+            return len(refs)
 
+        return op
+
+    plain = f"QueueService/{label}: claim+complete x{batch}"
+    work_queue = f"bench-work-{tag}"
+    await prefill(work_queue)
     progress(f"QueueService/{label} claim+complete x{batch}, {n} clients, {total} jobs")
     results.append(
         await drain(
-            f"QueueService/{label}: claim+complete x{batch}",
-            claim_complete,
+            plain,
+            claim_complete(work_queue, fence=False),
             n,
             total,
             per_call=batch,
             baseline=seed_name("claim+complete", batch) if baseline else "",
         )
     )
+    # Batch 1 only: a worker fences each job from its own handler, and 100 concurrent
+    # Fence calls per client are not what a worker of a sane concurrency sends.
+    if guards and batch == 1:
+        fenced_queue = f"bench-fenced-{tag}"
+        await prefill(fenced_queue)
+        progress(f"QueueService/{label} claim+fence+complete x{batch}, {n} clients")
+        results.append(
+            await drain(
+                f"QueueService/{label}: claim+fence+complete x{batch}",
+                claim_complete(fenced_queue, fence=True),
+                n,
+                total,
+                per_call=batch,
+                baseline=plain,
+            )
+        )
     return results
 
 
@@ -330,23 +375,29 @@ async def run(clients: Sequence[int], duration: float, dsn: str | None = None) -
         results += await seed_bench(dsn, clients, duration)
     with tempfile.TemporaryDirectory(prefix="fencing-bench-queue-") as tmp:
         data = Path(tmp)
-        with server_process(
-            "lease_server",
-            "--backend",
-            f"sqlite:{data / 'leases.db'}",
-            "--queue",
-            f"sqlite:{data / 'queue.db'}",
-        ) as address:
+        with (
+            server_process(
+                "lease_server",
+                "--backend",
+                f"sqlite:{data / 'leases.db'}",
+                "--queue",
+                f"sqlite:{data / 'queue.db'}",
+            ) as address,
+            server_process("guard", "--store", f"sqlite:{data / 'guard.db'}") as guard,
+        ):
             results += await service_bench(
-                address, "sqlite", clients, duration, baseline=why_not is None
+                address, "sqlite", clients, duration, baseline=why_not is None, guard=guard
             )
     if why_not is None and postgres_queue_available():
         schema = f"bench_queue_{secrets.token_hex(4)}"
         url = f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}&pool_max=16"
         try:
-            with server_process("lease_server", "--backend", url, "--queue", url) as address:
+            with (
+                server_process("lease_server", "--backend", url, "--queue", url) as address,
+                server_process("guard", "--store", url) as guard,
+            ):
                 results += await service_bench(
-                    address, "postgres", clients, duration, baseline=True
+                    address, "postgres", clients, duration, baseline=True, guard=guard
                 )
         finally:
             await _drop_schema(dsn, schema)

@@ -28,6 +28,14 @@ claimed, so jobs of a key run one at a time in enqueue order, with no fixed shar
 count. When the head finishes (succeeded or dead) the next one becomes ready. A dead
 job does not block its key.
 
+**Events**: every change of a claim is also an event of the lease server's event log
+(:func:`transitions`), appended in the same transaction as the change when the queue
+shares a log with the lease backend, so a guard in ``watch`` mode fences a job's
+resource at its rescue exactly as at a lease takeover: a claim or a rescue is ACQUIRED
+(a rescue first EXPIRED of the claim it replaces), Complete, Fail and Release are
+RELEASED, and the reaper's verdict is EXPIRED. Heartbeats are not logged (a watch
+guard has nothing to learn from them), nor are replays.
+
 Backends that run Python inside their transaction (memory, SQLite) call these
 functions on the rows they locked; PostgreSQL implements the same rules in SQL for
 the hot paths, and the contract suite holds all of them to it. Times are
@@ -42,6 +50,7 @@ from enum import StrEnum
 from fencing import limits
 from fencing._backoff import Backoff
 from fencing.errors import LeaseLost
+from lease_server.leases import EventKind, Transition
 
 #: The default retry backoff of failed jobs, in milliseconds: 1 s, 2 s, 4 s ... 5 min.
 DEFAULT_RETRY_BACKOFF = Backoff(base=1000, cap=300_000, factor=2.0, jitter=0.2)
@@ -174,6 +183,16 @@ class QueueCounts:
 
 def default_resource(queue: str, job_id: int) -> str:
     return f"job/{queue}/{job_id}"
+
+
+def parse_default_resource(resource: str) -> tuple[str, int] | None:
+    """(queue, job id) of a resource named as :func:`default_resource` names it, or None."""
+    if not resource.startswith("job/"):
+        return None
+    queue, _, job_id = resource[4:].rpartition("/")
+    if not queue or not job_id.isdigit():
+        return None
+    return queue, int(job_id)
 
 
 # -- transitions ------------------------------------------------------------------------------
@@ -356,6 +375,39 @@ def reap(record: JobRecord, now_ms: int) -> JobRecord:
         last_error=REAPED_ERROR,
         finished_at_ms=now_ms,
     )
+
+
+def transitions(old: JobRecord | None, new: JobRecord, now_ms: int) -> list[Transition]:
+    """What changing ``old`` into ``new`` at ``now_ms`` appends to the event log, in order.
+
+    - a claim that ended (the job was running with token *t* and now runs with another
+      token, or no longer runs) is EXPIRED(*t*) when it was taken over by a rescue or
+      declared dead by the reaper (:data:`REAPED_ERROR`), RELEASED(*t*) otherwise
+      (Complete, Fail, Release: its worker ended it);
+    - a new claim (the job runs with a token it did not have) is ACQUIRED with the ttl
+      granted, so a rescue appends EXPIRED(*t*) then ACQUIRED(*t'*), as a lease takeover;
+    - anything else (enqueue, a heartbeat, a promotion, a replay) appends nothing.
+
+    Each names the job (``job_id``, ``queue``) and its guard resource; the holder is the
+    claim's worker. The PostgreSQL backend's trigger on ``jobs`` applies the same rule.
+    """
+    if old is None or old == new:
+        return []
+    out: list[Transition] = []
+    resource = new.fenced_resource
+    ended = new.token != old.token or new.state is not JobState.RUNNING
+    if old.state is JobState.RUNNING and ended:
+        reaped = new.state is JobState.DEAD and new.last_error == REAPED_ERROR
+        kind = EventKind.EXPIRED if new.token != old.token or reaped else EventKind.RELEASED
+        out.append(Transition(kind, resource, old.token, old.lease_owner, 0, new.id, new.queue))
+    if new.state is JobState.RUNNING and new.token != old.token:
+        ttl_ms = max(0, new.lease_until_ms - now_ms)
+        out.append(
+            Transition(
+                EventKind.ACQUIRED, resource, new.token, new.lease_owner, ttl_ms, new.id, new.queue
+            )
+        )
+    return out
 
 
 def promote(record: JobRecord) -> JobRecord:

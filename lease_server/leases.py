@@ -196,6 +196,8 @@ class Transition:
     ``token`` and ``holder`` are the lease's own: the new grant's for ACQUIRED, the
     renewed one's for RENEWED, the lease that ended for RELEASED and EXPIRED.
     ``ttl_ms`` is the validity granted (ACQUIRED, RENEWED) and 0 otherwise.
+    ``job_id`` and ``queue`` name the job when the change is a job's claim
+    (:func:`lease_server.jobs.transitions`); 0 and "" for a lease.
     """
 
     kind: EventKind
@@ -203,9 +205,20 @@ class Transition:
     token: int
     holder: str
     ttl_ms: int = 0
+    job_id: int = 0
+    queue: str = ""
 
     def numbered(self, revision: int) -> LeaseEvent:
-        return LeaseEvent(revision, self.kind, self.resource, self.token, self.holder, self.ttl_ms)
+        return LeaseEvent(
+            revision,
+            self.kind,
+            self.resource,
+            self.token,
+            self.holder,
+            self.ttl_ms,
+            self.job_id,
+            self.queue,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +236,8 @@ class LeaseEvent:
     token: int
     holder: str
     ttl_ms: int = 0
+    job_id: int = 0
+    queue: str = ""
 
 
 @dataclass(frozen=True, slots=True)

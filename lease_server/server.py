@@ -7,6 +7,7 @@ reaper: a claim of a job is a lease on that job, so they live in one process.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 from fencing._server import (
@@ -20,13 +21,17 @@ from fencing._storage import StorageMetrics, with_deadline
 from fencing.metrics import Metrics
 from fencing.v1 import lease_pb2_grpc, queue_pb2_grpc
 from lease_server.backends import LeaseBackend, open_backend
+from lease_server.backends.base import event_log_of
 from lease_server.expiry import DEFAULT_EVENT_RETENTION
 from lease_server.metrics import LeaseMetrics
 from lease_server.queue_metrics import QueueMetrics
 from lease_server.queue_service import QueueOptions, QueueService
 from lease_server.queues import QueueBackend, open_queue, queue_url_for
+from lease_server.queues.base import LogsJobEvents
 from lease_server.reaper import Reaper
 from lease_server.service import LeaseService
+
+log = logging.getLogger(__name__)
 
 SERVICE_NAME = "fencing.v1.LeaseService"
 QUEUE_SERVICE_NAME = "fencing.v1.QueueService"
@@ -134,6 +139,8 @@ async def start_lease_server(
     options, metrics = (options or ServerOptions()).with_metrics()
     be = open_backend(backend) if isinstance(backend, str) else backend
     qb = _queue_backend(backend, queue)
+    if qb is not None:
+        _link_job_events(qb, be)
     await be.open()
     try:
         require_durability(be, "lease backend " + be.name, require_durable)
@@ -148,6 +155,7 @@ async def start_lease_server(
             qtimeouts = metrics.group(StorageMetrics).timeouts.labels("queue")
             qbounded = with_deadline(qb, options.backend_timeout, "queue backend", qtimeouts.inc)
             qservice, more = queue_services(qbounded, queue_options, metrics.group(QueueMetrics))
+            service.job_claims = qbounded.last_claim_token
             services += more
         built = await build_server(
             address, services, reflection_enabled=reflection, options=options
@@ -166,6 +174,22 @@ async def start_lease_server(
         built.spawn(qservice.refresh_gauges_forever())
     host = address.rsplit(":", 1)[0]
     return LeaseServer(built, be, service, f"{host}:{built.port}", qb, qservice)
+
+
+def _link_job_events(queue: QueueBackend, backend: LeaseBackend) -> None:
+    """Have the queue append its claims' events to the lease backend's log (before either
+    opens), so ``Watch`` and ``watch``-mode guards see jobs; say so when it cannot."""
+    if event_log_of(backend) is None:
+        return  # no global log to share (none, or one per resource): nothing to follow
+    if isinstance(queue, LogsJobEvents) and queue.log_events_to(backend):
+        return
+    log.warning(
+        "queue backend %s cannot append to the event log of lease backend %s: job claims "
+        "are not Watch events, so guards in watch mode fence jobs only monotonically "
+        "(keep the queue beside the leases: the default queue URL)",
+        queue.name,
+        backend.name,
+    )
 
 
 async def _sweep_forever(metrics: LeaseMetrics) -> None:

@@ -105,6 +105,8 @@ def _event(event: LeaseEvent) -> lease_pb2.LeaseEvent:
         holder=event.holder,
         revision=event.revision,
         ttl_ms=event.ttl_ms,
+        job_id=event.job_id,
+        queue=event.queue,
     )
 
 
@@ -138,6 +140,9 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         event_retention: int = DEFAULT_EVENT_RETENTION,
     ) -> None:
         self.backend = backend
+        #: ``await job_claims(resource)``: the highest job claim token of a resource (the
+        #: queue hosted beside the leases), reported by Describe in ``last_token``.
+        self.job_claims: Callable[[str], Awaitable[int]] | None = None
         self.batches = batches_of(backend)
         self.waiters = waiters or WaitQueues()
         self.metrics = metrics or LeaseMetrics(CollectorRegistry())
@@ -302,13 +307,17 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
     ) -> lease_pb2.LeaseState:
         resource = limits.check_resource(request.resource)
         info = await self.backend.describe(resource)
+        last_token = info.last_token
+        if self.job_claims is not None:
+            # A job's resource: its claims' tokens were granted too (by the queue).
+            last_token = max(last_token, await self.job_claims(resource))
         return lease_pb2.LeaseState(
             resource=info.resource,
             held=info.held,
             holder=info.holder,
             token=info.token,
             remaining_ms=info.remaining_ms,
-            last_token=info.last_token,
+            last_token=last_token,
         )
 
     # -- many leases per call: AcquireMany, and sessions (RenewMany, ReleaseMany) -------------

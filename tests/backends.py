@@ -229,3 +229,68 @@ QUEUE_BACKENDS: dict[str, QueueFactory] = {
     "sqlite": sqlite_queue,
     "postgres": postgres_queue,
 }
+
+
+# -- a queue and a lease backend sharing one event log (job events) ---------------------------
+
+#: What a job-log factory yields: the queue, the lease backend whose log it appends to, and
+#: the clock of both.
+JobLog = tuple[QueueBackend, LeaseBackend, TimeControl]
+
+
+@asynccontextmanager
+async def memory_job_log() -> AsyncIterator[JobLog]:
+    clock = ManualClock()
+    backend = MemoryBackend(clock)
+    queue = MemoryQueue(clock)
+    assert queue.log_events_to(backend)
+    yield queue, backend, TimeControl(clock.advance, manual=True)
+
+
+@asynccontextmanager
+async def sqlite_job_log() -> AsyncIterator[JobLog]:
+    """Two files, as the lease server keeps them: leases.db and leases-queue.db."""
+    clock = ManualClock()
+    with tempfile.TemporaryDirectory() as tmp:
+        backend = SQLiteBackend(Path(tmp) / "leases.db", clock)
+        queue = SQLiteQueue(Path(tmp) / "leases-queue.db", clock)
+        assert queue.log_events_to(backend)
+        await backend.open()
+        await queue.open()
+        try:
+            yield queue, backend, TimeControl(clock.advance, manual=True)
+        finally:
+            await queue.close()
+            await backend.close()
+
+
+@asynccontextmanager
+async def postgres_job_log() -> AsyncIterator[JobLog]:
+    """One schema, as the lease server keeps it."""
+    from lease_server.backends.postgres import PostgresBackend
+    from lease_server.queues.postgres import PostgresQueue
+    from tests import pg
+
+    async with pg.fresh_schema() as (dsn, schema):
+        backend = PostgresBackend(dsn, schema)
+        queue = PostgresQueue(dsn, schema)
+        assert queue.log_events_to(backend)
+        await backend.open()
+        await queue.open()
+        try:
+            yield queue, backend, TimeControl(_real_time, manual=False)
+        finally:
+            await queue.close()
+            await backend.close()
+
+
+JobLogFactory = Callable[[], AbstractAsyncContextManager[JobLog]]
+
+#: Every queue backend that appends its job events to a lease backend's log. Redis keeps
+#: no jobs (a lease server on Redis hosts a queue only on a named SQLite or PostgreSQL
+#: URL), so no queue can share a Redis log in one transaction.
+JOB_LOGS: dict[str, JobLogFactory] = {
+    "memory": memory_job_log,
+    "sqlite": sqlite_job_log,
+    "postgres": postgres_job_log,
+}

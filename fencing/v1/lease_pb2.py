@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65ncing/v1/lease.proto\x12\nfencing.v1\"g\n\x0e\x41\x63quireRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x03\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"[\n\x05Lease\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x04 \x01(\x03\x12\x11\n\twaited_ms\x18\x14 \x01(\x03\"O\n\x0cRenewRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x0e\n\x06holder\x18\x04 \x01(\t\"A\n\x0eReleaseRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x04\x12\x0e\n\x06holder\x18\x03 \x01(\t\"#\n\x0f\x44\x65scribeRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse\"u\n\nLeaseState\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\x08\x12\x0e\n\x06holder\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\x04\x12\x14\n\x0cremaining_ms\x18\x05 \x01(\x03\x12\x12\n\nlast_token\x18\x06 \x01(\x04\"X\n\x0cWatchRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\x12\x16\n\x0e\x61\x66ter_revision\x18\x03 \x01(\x04\x12\x0e\n\x06log_id\x18\x1e \x01(\t\"\xfa\x01\n\nLeaseEvent\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.fencing.v1.LeaseEvent.Kind\x12\x10\n\x08resource\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x10\n\x08revision\x18\x05 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x06 \x01(\x03\x12\x0e\n\x06log_id\x18\x1e \x01(\t\"^\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x41\x43QUIRED\x10\x01\x12\x0b\n\x07RENEWED\x10\x02\x12\x0c\n\x08RELEASED\x10\x03\x12\x0b\n\x07\x45XPIRED\x10\x04\x12\n\n\x06RESYNC\x10\x05\"l\n\x12\x41\x63quireManyRequest\x12\x11\n\tresources\x18\x01 \x03(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x03\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"8\n\x13\x41\x63quireManyResponse\x12!\n\x06leases\x18\x01 \x03(\x0b\x32\x11.fencing.v1.Lease\">\n\x10RenewManyRequest\x12*\n\x08renewals\x18\x01 \x03(\x0b\x32\x18.fencing.v1.RenewRequest\"=\n\x0bRenewResult\x12 \n\x05lease\x18\x01 \x01(\x0b\x32\x11.fencing.v1.Lease\x12\x0c\n\x04lost\x18\x02 \x01(\x08\"=\n\x11RenewManyResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.fencing.v1.RenewResult\"B\n\x12ReleaseManyRequest\x12,\n\x08releases\x18\x01 \x03(\x0b\x32\x1a.fencing.v1.ReleaseRequest\"\'\n\x13ReleaseManyResponse\x12\x10\n\x08released\x18\x01 \x03(\x08\x32\xaa\x04\n\x0cLeaseService\x12\x38\n\x07\x41\x63quire\x12\x1a.fencing.v1.AcquireRequest\x1a\x11.fencing.v1.Lease\x12\x34\n\x05Renew\x12\x18.fencing.v1.RenewRequest\x1a\x11.fencing.v1.Lease\x12\x42\n\x07Release\x12\x1a.fencing.v1.ReleaseRequest\x1a\x1b.fencing.v1.ReleaseResponse\x12?\n\x08\x44\x65scribe\x12\x1b.fencing.v1.DescribeRequest\x1a\x16.fencing.v1.LeaseState\x12;\n\x05Watch\x12\x18.fencing.v1.WatchRequest\x1a\x16.fencing.v1.LeaseEvent0\x01\x12N\n\x0b\x41\x63quireMany\x12\x1e.fencing.v1.AcquireManyRequest\x1a\x1f.fencing.v1.AcquireManyResponse\x12H\n\tRenewMany\x12\x1c.fencing.v1.RenewManyRequest\x1a\x1d.fencing.v1.RenewManyResponse\x12N\n\x0bReleaseMany\x12\x1e.fencing.v1.ReleaseManyRequest\x1a\x1f.fencing.v1.ReleaseManyResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65ncing/v1/lease.proto\x12\nfencing.v1\"g\n\x0e\x41\x63quireRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x03\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"[\n\x05Lease\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x04 \x01(\x03\x12\x11\n\twaited_ms\x18\x14 \x01(\x03\"O\n\x0cRenewRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x0e\n\x06holder\x18\x04 \x01(\t\"A\n\x0eReleaseRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x04\x12\x0e\n\x06holder\x18\x03 \x01(\t\"#\n\x0f\x44\x65scribeRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse\"u\n\nLeaseState\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\x08\x12\x0e\n\x06holder\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\x04\x12\x14\n\x0cremaining_ms\x18\x05 \x01(\x03\x12\x12\n\nlast_token\x18\x06 \x01(\x04\"X\n\x0cWatchRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\x12\x16\n\x0e\x61\x66ter_revision\x18\x03 \x01(\x04\x12\x0e\n\x06log_id\x18\x1e \x01(\t\"\x99\x02\n\nLeaseEvent\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.fencing.v1.LeaseEvent.Kind\x12\x10\n\x08resource\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x10\n\x08revision\x18\x05 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x06 \x01(\x03\x12\x0e\n\x06log_id\x18\x1e \x01(\t\x12\x0e\n\x06job_id\x18( \x01(\x04\x12\r\n\x05queue\x18) \x01(\t\"^\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x41\x43QUIRED\x10\x01\x12\x0b\n\x07RENEWED\x10\x02\x12\x0c\n\x08RELEASED\x10\x03\x12\x0b\n\x07\x45XPIRED\x10\x04\x12\n\n\x06RESYNC\x10\x05\"l\n\x12\x41\x63quireManyRequest\x12\x11\n\tresources\x18\x01 \x03(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x03\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"8\n\x13\x41\x63quireManyResponse\x12!\n\x06leases\x18\x01 \x03(\x0b\x32\x11.fencing.v1.Lease\">\n\x10RenewManyRequest\x12*\n\x08renewals\x18\x01 \x03(\x0b\x32\x18.fencing.v1.RenewRequest\"=\n\x0bRenewResult\x12 \n\x05lease\x18\x01 \x01(\x0b\x32\x11.fencing.v1.Lease\x12\x0c\n\x04lost\x18\x02 \x01(\x08\"=\n\x11RenewManyResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.fencing.v1.RenewResult\"B\n\x12ReleaseManyRequest\x12,\n\x08releases\x18\x01 \x03(\x0b\x32\x1a.fencing.v1.ReleaseRequest\"\'\n\x13ReleaseManyResponse\x12\x10\n\x08released\x18\x01 \x03(\x08\x32\xaa\x04\n\x0cLeaseService\x12\x38\n\x07\x41\x63quire\x12\x1a.fencing.v1.AcquireRequest\x1a\x11.fencing.v1.Lease\x12\x34\n\x05Renew\x12\x18.fencing.v1.RenewRequest\x1a\x11.fencing.v1.Lease\x12\x42\n\x07Release\x12\x1a.fencing.v1.ReleaseRequest\x1a\x1b.fencing.v1.ReleaseResponse\x12?\n\x08\x44\x65scribe\x12\x1b.fencing.v1.DescribeRequest\x1a\x16.fencing.v1.LeaseState\x12;\n\x05Watch\x12\x18.fencing.v1.WatchRequest\x1a\x16.fencing.v1.LeaseEvent0\x01\x12N\n\x0b\x41\x63quireMany\x12\x1e.fencing.v1.AcquireManyRequest\x1a\x1f.fencing.v1.AcquireManyResponse\x12H\n\tRenewMany\x12\x1c.fencing.v1.RenewManyRequest\x1a\x1d.fencing.v1.RenewManyResponse\x12N\n\x0bReleaseMany\x12\x1e.fencing.v1.ReleaseManyRequest\x1a\x1f.fencing.v1.ReleaseManyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,23 +48,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHREQUEST']._serialized_start=559
   _globals['_WATCHREQUEST']._serialized_end=647
   _globals['_LEASEEVENT']._serialized_start=650
-  _globals['_LEASEEVENT']._serialized_end=900
-  _globals['_LEASEEVENT_KIND']._serialized_start=806
-  _globals['_LEASEEVENT_KIND']._serialized_end=900
-  _globals['_ACQUIREMANYREQUEST']._serialized_start=902
-  _globals['_ACQUIREMANYREQUEST']._serialized_end=1010
-  _globals['_ACQUIREMANYRESPONSE']._serialized_start=1012
-  _globals['_ACQUIREMANYRESPONSE']._serialized_end=1068
-  _globals['_RENEWMANYREQUEST']._serialized_start=1070
-  _globals['_RENEWMANYREQUEST']._serialized_end=1132
-  _globals['_RENEWRESULT']._serialized_start=1134
-  _globals['_RENEWRESULT']._serialized_end=1195
-  _globals['_RENEWMANYRESPONSE']._serialized_start=1197
-  _globals['_RENEWMANYRESPONSE']._serialized_end=1258
-  _globals['_RELEASEMANYREQUEST']._serialized_start=1260
-  _globals['_RELEASEMANYREQUEST']._serialized_end=1326
-  _globals['_RELEASEMANYRESPONSE']._serialized_start=1328
-  _globals['_RELEASEMANYRESPONSE']._serialized_end=1367
-  _globals['_LEASESERVICE']._serialized_start=1370
-  _globals['_LEASESERVICE']._serialized_end=1924
+  _globals['_LEASEEVENT']._serialized_end=931
+  _globals['_LEASEEVENT_KIND']._serialized_start=837
+  _globals['_LEASEEVENT_KIND']._serialized_end=931
+  _globals['_ACQUIREMANYREQUEST']._serialized_start=933
+  _globals['_ACQUIREMANYREQUEST']._serialized_end=1041
+  _globals['_ACQUIREMANYRESPONSE']._serialized_start=1043
+  _globals['_ACQUIREMANYRESPONSE']._serialized_end=1099
+  _globals['_RENEWMANYREQUEST']._serialized_start=1101
+  _globals['_RENEWMANYREQUEST']._serialized_end=1163
+  _globals['_RENEWRESULT']._serialized_start=1165
+  _globals['_RENEWRESULT']._serialized_end=1226
+  _globals['_RENEWMANYRESPONSE']._serialized_start=1228
+  _globals['_RENEWMANYRESPONSE']._serialized_end=1289
+  _globals['_RELEASEMANYREQUEST']._serialized_start=1291
+  _globals['_RELEASEMANYREQUEST']._serialized_end=1357
+  _globals['_RELEASEMANYRESPONSE']._serialized_start=1359
+  _globals['_RELEASEMANYRESPONSE']._serialized_end=1398
+  _globals['_LEASESERVICE']._serialized_start=1401
+  _globals['_LEASESERVICE']._serialized_end=1955
 # @@protoc_insertion_point(module_scope)

@@ -290,6 +290,8 @@ class LeaseEvent(_message.Message):
     REVISION_FIELD_NUMBER: _builtins.int
     TTL_MS_FIELD_NUMBER: _builtins.int
     LOG_ID_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     kind: Global___LeaseEvent.Kind.ValueType
     resource: _builtins.str
     token: _builtins.int
@@ -304,6 +306,13 @@ class LeaseEvent(_message.Message):
     """RESYNC only: the identity of the log the stream goes on in (resume from it with
     WatchRequest.log_id). Empty when the backend's log has none (per-resource logs).
     """
+    job_id: _builtins.int
+    """Set when the event is a job's claim rather than a lease: the job's id (0 for a
+    lease) and queue. ACQUIRED is a claim or a rescue, RELEASED a Complete, Fail or
+    Release, EXPIRED a claim that ran out (logged at its rescue or when the reaper
+    declares the job dead). resource is the job's guard resource, token its claim's.
+    """
+    queue: _builtins.str
     def __init__(
         self,
         *,
@@ -314,10 +323,12 @@ class LeaseEvent(_message.Message):
         revision: _builtins.int = ...,
         ttl_ms: _builtins.int = ...,
         log_id: _builtins.str = ...,
+        job_id: _builtins.int = ...,
+        queue: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "kind", b"kind", "log_id", b"log_id", "resource", b"resource", "revision", b"revision", "token", b"token", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "job_id", b"job_id", "kind", b"kind", "log_id", b"log_id", "queue", b"queue", "resource", b"resource", "revision", b"revision", "token", b"token", "ttl_ms", b"ttl_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

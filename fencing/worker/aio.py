@@ -13,6 +13,8 @@ Same rules as the threaded worker, on the same I/O-free core
 job's claim is lost (heartbeat refused, or the local deadline passed) its handler
 task is **cancelled**. Nothing is sent for a job lost that way: the server has
 already given it to someone else, or will rescue it when its lease expires.
+``fence=[guard, ...]`` (``AsyncGuardClient``) fences each job's resource at the named
+guards before its handler starts, as for the threaded worker.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import logging
 import random
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from fencing.client import _core
 from fencing.client._queue import Job, error_text
+from fencing.client.async_lease import AsyncFencer
 from fencing.client.async_queue import AsyncQueueClient
 from fencing.errors import FencingError, InvalidArgumentError, LeaseLost
 from fencing.worker._core import Discard, Phase, Retry, WorkerCore
@@ -59,11 +62,13 @@ class AsyncWorker:
         poll: float = 1.0,
         grace: float = 30.0,
         handle_signals: bool = True,
+        fence: Sequence[AsyncFencer] = (),
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
     ) -> None:
         if concurrency < 1:
             raise InvalidArgumentError("concurrency must be at least 1", field="concurrency")
+        self.fence = tuple(fence)
         # An address: the channel is opened in run(), on the loop that runs the worker.
         self._owns_client = isinstance(client, str)
         self._target = client if isinstance(client, str) else client.target
@@ -217,6 +222,8 @@ class AsyncWorker:
                 if core.settle(job):
                     await self._release([job], "stopping before it started")
                 return
+            if self.fence and not await self._promise(job):
+                return
             core.count("started")
             log.info("job started %s", _fields(job))
             started = self._clock()
@@ -264,6 +271,25 @@ class AsyncWorker:
             self._cancelled_for_loss.discard(job.id)
             if self._wake is not None:
                 self._wake.set()
+
+    async def _promise(self, job: Job) -> bool:
+        """Fence every named guard to the job's token; on a failure release the job
+        (it never runs here) and return False."""
+        for guard in self.fence:
+            try:
+                await guard.fence(job)
+            except Exception as exc:
+                self.core.count("unfenced")
+                log.warning(
+                    "job not started %s: fencing guard %s failed: %s",
+                    _fields(job),
+                    guard.target,
+                    error_text(exc),
+                )
+                if self.core.settle(job):
+                    await self._release([job], f"guard {guard.target} not fenced")
+                return False
+        return True
 
     async def _send(self, job: Job, call: Awaitable[Any], what: str) -> Any:
         """Send a job's outcome (the client retries transient failures); None if refused."""

@@ -28,6 +28,14 @@ SIGTERM or SIGINT (or :meth:`stop`) begins a graceful stop: no more claims,
 handler. Jobs a claim returned after the signal are released without starting.
 When the server is unreachable, claims back off exponentially (0.1 s to 5 s, jittered).
 
+``fence=[guard, ...]`` is the promise for jobs: before a handler starts, the worker
+calls ``guard.fence(job)`` on each named guard (one ``Fence`` per job and guard, in the
+handler's thread), so those guards reject every older claim's token of the job's
+resource from then on, even before this handler writes: a paused former worker's late
+write is refused at once, in any fence mode. A job whose fence fails (a newer token
+already fenced it, or the guard cannot be reached) is released without running and
+counted as ``unfenced``.
+
 Logs (logger ``fencing.worker``) name queue, job id, attempt and token; never payloads.
 """
 
@@ -40,12 +48,13 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import Any
 
 from fencing.client import _core
 from fencing.client._queue import Job, error_text
+from fencing.client.lease import Fencer
 from fencing.client.queue import QueueClient
 from fencing.errors import FencingError, InvalidArgumentError, LeaseLost
 from fencing.worker._core import Discard, Phase, Retry, WorkerCore
@@ -65,7 +74,9 @@ class Worker:
     ``client`` is a :class:`QueueClient` or the lease server's address. ``ttl`` is each
     claim's lease in seconds, ``poll`` how long one claim waits for work, ``grace``
     how long a stop waits for running handlers. ``handle_signals`` installs SIGTERM
-    and SIGINT handlers while :meth:`run` runs (main thread only).
+    and SIGINT handlers while :meth:`run` runs (main thread only). ``fence``: guards
+    (:class:`~fencing.client.guard.GuardClient`) fenced to each job's token before its
+    handler starts (see the module docstring).
     """
 
     def __init__(
@@ -79,11 +90,13 @@ class Worker:
         poll: float = 1.0,
         grace: float = 30.0,
         handle_signals: bool = True,
+        fence: Sequence[Fencer] = (),
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
     ) -> None:
         if concurrency < 1:
             raise InvalidArgumentError("concurrency must be at least 1", field="concurrency")
+        self.fence = tuple(fence)
         self._owns_client = isinstance(client, str)
         self.client = QueueClient(client, clock=clock) if isinstance(client, str) else client
         self.queue = queue
@@ -236,6 +249,8 @@ class Worker:
             if core.settle(job):
                 self._release([job], "stopping before it started", started=False)
             return
+        if self.fence and not self._promise(job):
+            return
         core.count("started")
         log.info("job started %s", _fields(job))
         started = self._clock()
@@ -276,6 +291,27 @@ class Worker:
                     core.count("dead" if outcome.state == "dead" else "failed")
         finally:
             core.done(job)
+
+    def _promise(self, job: Job) -> bool:
+        """Fence every named guard to the job's token; on a failure release the job
+        (it never runs here) and return False."""
+        for guard in self.fence:
+            try:
+                guard.fence(job)
+            except Exception as exc:
+                self.core.count("unfenced")
+                log.warning(
+                    "job not started %s: fencing guard %s failed: %s",
+                    _fields(job),
+                    guard.target,
+                    error_text(exc),
+                )
+                if self.core.settle(job):
+                    self._release([job], f"guard {guard.target} not fenced", started=False)
+                else:
+                    self.core.done(job)
+                return False
+        return True
 
     def _send(self, job: Job, action: Callable[[], Any], what: str) -> Any:
         """Send a job's outcome; keep trying transient failures until its deadline passes."""

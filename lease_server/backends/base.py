@@ -57,6 +57,10 @@ checks them, and skips backends without a log):
    ``compacted_through``; a reader asking for events after an older revision is
    told so (:meth:`lease_server.leases.EventPage.gap`) and must resync.
 
+A queue backend that shares the backend's database appends the events of job
+claims to the same log under the same rules (``LeaseEvent.job_id`` set; see
+:mod:`lease_server.queues.base` and :func:`lease_server.jobs.transitions`).
+
 A backend that cannot keep one log for all resources (a Redis Cluster, where a
 script reaches one hash slot and each resource's keys have their own) may keep
 one per resource instead, a :class:`ResourceEventLog`: the rules hold per

@@ -62,6 +62,11 @@ class MemoryBackend:
         self._records[new.resource] = new
         return self._append(leases.transitions(old, new, now_ms))
 
+    def append(self, changes: list[Transition]) -> list[LeaseEvent]:
+        """Number and append ``changes`` (job events of the memory queue backend, in the
+        same atomic step as its change), and tell the listeners."""
+        return self._append(changes)
+
     def _append(self, changes: list[Transition]) -> list[LeaseEvent]:
         appended = []
         for change in changes:

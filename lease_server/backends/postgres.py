@@ -266,8 +266,8 @@ class PostgresBackend:
             rows = await cur.fetchall()
         head, compacted = (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
         events = tuple(
-            LeaseEvent(rev, EventKind(kind), resource, token, holder, ttl_ms)
-            for _, _, rev, kind, resource, token, holder, ttl_ms in rows
+            LeaseEvent(rev, EventKind(kind), resource, token, holder, ttl_ms, job_id, queue)
+            for _, _, rev, kind, resource, token, holder, ttl_ms, job_id, queue in rows
             if rev is not None
         )
         return EventPage(events, head, compacted)

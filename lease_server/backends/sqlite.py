@@ -76,6 +76,12 @@ MIGRATIONS = [
     );
     INSERT INTO event_log_identity (id, log_id) VALUES (1, lower(hex(randomblob(16))))
     """,
+    # 4: events of job claims, appended by the SQLite queue backend in its own transaction
+    # (lease_server/queues/sqlite.py attaches this file): the job's id and queue.
+    """
+    ALTER TABLE events ADD COLUMN job_id INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE events ADD COLUMN queue TEXT NOT NULL DEFAULT ''
+    """,
 ]
 
 _SELECT = "SELECT counter, holder, token, expires_at_ms, request_id FROM leases WHERE resource = ?"
@@ -111,7 +117,7 @@ _DUE = (
     "SELECT resource, counter, holder, token, expires_at_ms, request_id FROM leases "
     "WHERE token != 0 AND expires_at_ms <= ? ORDER BY expires_at_ms, resource LIMIT ?"
 )
-_EVENT_COLUMNS = "revision, kind, resource, token, holder, ttl_ms"
+_EVENT_COLUMNS = "revision, kind, resource, token, holder, ttl_ms, job_id, queue"
 
 
 def _head(conn: sqlite3.Connection) -> int:
@@ -125,8 +131,11 @@ def _append(conn: sqlite3.Connection, changes: Sequence[Transition]) -> list[Lea
     head = _head(conn)
     events = [change.numbered(head + i) for i, change in enumerate(changes, start=1)]
     conn.executemany(
-        f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
-        [(e.revision, e.kind.value, e.resource, e.token, e.holder, e.ttl_ms) for e in events],
+        f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (e.revision, e.kind.value, e.resource, e.token, e.holder, e.ttl_ms, e.job_id, e.queue)
+            for e in events
+        ],
     )
     conn.execute("UPDATE event_log SET head = ? WHERE id = 1", (events[-1].revision,))
     return events
@@ -172,9 +181,9 @@ def _change_all(
     return _append(conn, changes)
 
 
-def _event(row: tuple[int, str, str, int, str, int]) -> LeaseEvent:
-    revision, kind, resource, token, holder, ttl_ms = row
-    return LeaseEvent(revision, EventKind(kind), resource, token, holder, ttl_ms)
+def _event(row: tuple[int, str, str, int, str, int, int, str]) -> LeaseEvent:
+    revision, kind, resource, token, holder, ttl_ms, job_id, queue = row
+    return LeaseEvent(revision, EventKind(kind), resource, token, holder, ttl_ms, job_id, queue)
 
 
 class SQLiteBackend:
@@ -302,8 +311,18 @@ class SQLiteBackend:
 
     def _notify(self, events: list[LeaseEvent]) -> None:
         if events:
-            for listener in self._listeners:
-                listener(events[-1].revision)
+            self.appended(events[-1].revision)
+
+    @property
+    def path(self) -> str:
+        """The database file (the SQLite queue backend attaches it to log job events)."""
+        return self._db.path
+
+    def appended(self, head: int) -> None:
+        """Tell this process's listeners that events up to ``head`` were committed: by
+        this backend, or by the queue backend appending job events to this file."""
+        for listener in self._listeners:
+            listener(head)
 
     async def head_revision(self) -> int:
         return await self._db.query(_head)

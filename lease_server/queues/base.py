@@ -7,15 +7,22 @@ their tokens in the same transaction as its change (all named jobs or none).
 It applies the rules of :mod:`lease_server.jobs` (in Python or in SQL) and wraps
 its driver's errors once into ``BackendUnavailableError`` with the cause chained.
 Validation, waiting for work, backoff policy and the wire live above it, in the
-service. To add a backend, add a file beside this one and a branch in
+service.
+
+A queue backend that shares a database with the lease backend also appends every
+change of a claim to the lease backend's event log (``jobs.transitions``), in the same
+transaction as the change, so ``Watch`` streams and guards in ``watch`` mode see
+claims, rescues and their ends as they see leases (:class:`LogsJobEvents`). To add a
+backend, add a file beside this one and a branch in
 :func:`lease_server.queues.open_queue`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+from lease_server.backends.base import LeaseBackend
 from lease_server.jobs import Enqueued, Failed, JobRecord, JobRef, NewJob, QueueCounts
 
 #: Maps the attempts a failed job has used to the delay (ms) before it is due again.
@@ -86,3 +93,22 @@ class QueueBackend(Protocol):
 
     async def get(self, job_id: int) -> JobRecord | None:
         """One job as stored (for operators and tests)."""
+
+    async def last_claim_token(self, resource: str) -> int:
+        """The highest token a claim of a job fencing ``resource`` got (0: none), so the
+        lease service's Describe can report job claims in ``last_token``: a job named by
+        its default resource, and every job enqueued with ``resource``. Pruned jobs are
+        forgotten."""
+
+
+@runtime_checkable
+class LogsJobEvents(Protocol):
+    """A queue backend that can append its job events to a lease backend's event log."""
+
+    def log_events_to(self, backend: LeaseBackend) -> bool:
+        """From :meth:`QueueBackend.open` on, append the events of every claim change to
+        ``backend``'s event log in the same transaction as the change; call before open.
+
+        False (and no job events) when this queue cannot reach that log in its own
+        transactions: another kind of backend, another database or schema, or none.
+        """

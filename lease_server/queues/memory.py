@@ -2,7 +2,9 @@
 
 Every call is atomic because it never awaits inside; the rules are the pure ones
 of :mod:`lease_server.jobs`, and the contract suite holds this fake to the same
-behaviour as the durable backends.
+behaviour as the durable backends. Linked to a :class:`MemoryBackend`
+(:meth:`MemoryQueue.log_events_to`), it appends its job events to that backend's log
+in the same atomic step as each change.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lease_server import jobs
+from lease_server.backends.base import LeaseBackend
+from lease_server.backends.memory import MemoryBackend
 from lease_server.clock import Clock, SystemClock
 from lease_server.jobs import Enqueued, Failed, JobRecord, JobRef, JobState, NewJob, QueueCounts
 from lease_server.queues.base import RetryDelay
@@ -26,6 +30,22 @@ class MemoryQueue:
         self._keys: dict[tuple[str, str], int] = {}
         self._last_id = 0
         self._last_token = 0
+        self._log: MemoryBackend | None = None
+
+    def log_events_to(self, backend: LeaseBackend) -> bool:
+        if isinstance(backend, MemoryBackend):
+            self._log = backend
+            return True
+        return False
+
+    def _put(self, records: Sequence[JobRecord], now_ms: int) -> None:
+        """Store ``records`` and log what changed, in one step (nothing awaits)."""
+        changes = []
+        for record in records:
+            changes += jobs.transitions(self._jobs.get(record.id), record, now_ms)
+            self._jobs[record.id] = record
+        if changes and self._log is not None:
+            self._log.append(changes)
 
     async def open(self) -> None:
         return None
@@ -79,9 +99,8 @@ class MemoryQueue:
         claimed = []
         for record in candidates:
             self._last_token += 1
-            new = jobs.claim(record, worker, ttl_ms, self._last_token, now)
-            self._jobs[new.id] = new
-            claimed.append(new)
+            claimed.append(jobs.claim(record, worker, ttl_ms, self._last_token, now))
+        self._put(claimed, now)
         return claimed
 
     async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int, queue: str = "") -> None:
@@ -93,8 +112,7 @@ class MemoryQueue:
     async def complete(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
         now = self._clock.now_ms()
         updated = [jobs.complete(self._jobs.get(ref.id), ref, now, queue) for ref in refs]
-        for record in updated:
-            self._jobs[record.id] = record
+        self._put(updated, now)
         return {r.queue for r in updated if self._promote(r.queue, r.ordering_key)}
 
     async def fail(
@@ -110,7 +128,7 @@ class MemoryQueue:
         record = self._jobs.get(ref.id)
         delay = retry_delay(record.attempts) if record is not None else 0
         new, outcome = jobs.fail(record, ref, error, delay, now, final=final, queue=queue)
-        self._jobs[new.id] = new
+        self._put([new], now)
         if new.state is JobState.DEAD:
             self._promote(new.queue, new.ordering_key)
         return outcome
@@ -118,8 +136,7 @@ class MemoryQueue:
     async def release(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
         now = self._clock.now_ms()
         updated = [jobs.release(self._jobs.get(ref.id), ref, now, queue) for ref in refs]
-        for record in updated:
-            self._jobs[record.id] = record
+        self._put(updated, now)
         return {r.queue for r in updated}
 
     async def reap(self, limit: int) -> int:
@@ -128,7 +145,7 @@ class MemoryQueue:
             (r for r in self._jobs.values() if jobs.reapable(r, now)), key=lambda r: r.id
         )[:limit]
         for record in victims:
-            self._jobs[record.id] = jobs.reap(record, now)
+            self._put([jobs.reap(record, now)], now)
             self._promote(record.queue, record.ordering_key)
         return len(victims)
 
@@ -159,3 +176,8 @@ class MemoryQueue:
 
     async def get(self, job_id: int) -> JobRecord | None:
         return self._jobs.get(job_id)
+
+    async def last_claim_token(self, resource: str) -> int:
+        return max(
+            (r.token for r in self._jobs.values() if r.fenced_resource == resource), default=0
+        )

@@ -11,6 +11,12 @@ one is stale.
 Fail runs the pure rule of :mod:`lease_server.jobs` in a transaction (the retry delay
 depends on the attempts used, read under the row lock). Expiry and due times are the
 database's clock. Outages become ``BackendUnavailableError`` (bounded by ``timeout``).
+
+Job events: a trigger on ``jobs`` (``0011_job_events.sql``) appends every change of a
+claim to the schema's lease event log in the transaction that makes it, whichever path
+made it (these functions, Fail, your own SQL). A lease backend on the same schema serves
+them to ``Watch`` and prunes them; a queue in a schema no lease server follows still
+appends them, unread and unpruned, so the lease server warns about such a setup.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 from fencing.errors import LeaseLost
 from fencing.pg import PgConfig, PostgresDatabase
 from lease_server import jobs
+from lease_server.backends.base import LeaseBackend
 from lease_server.jobs import Enqueued, Failed, JobRecord, JobRef, JobState, NewJob, QueueCounts
 from lease_server.queues.base import RetryDelay
 
@@ -97,6 +104,13 @@ class PostgresQueue:
             " WHERE id = %s"
         )
         self._promote_sql = q("SELECT {schema}.job_promote(%s, %s)")
+        self._last_token_sql = q(
+            "SELECT greatest("
+            "(SELECT max(j.token) FROM {schema}.jobs AS j"
+            " WHERE j.resource = %s AND j.resource <> ''),"
+            "(SELECT j.token FROM {schema}.jobs AS j"
+            " WHERE j.id = %s AND j.queue = %s AND j.resource = ''), 0)"
+        )
 
     @property
     def schema(self) -> str:
@@ -106,6 +120,13 @@ class PostgresQueue:
     def token_floor(self) -> str:
         """``off`` or ``clock``: the floor this queue's claims take (``?token_floor=``)."""
         return self._db.config.token_floor
+
+    def log_events_to(self, backend: LeaseBackend) -> bool:
+        # The trigger logs into this schema's log whatever is linked: only say whether
+        # that log is the one the lease backend serves.
+        return getattr(backend, "name", "") == "postgres" and (
+            getattr(backend, "schema", None) == self.schema
+        )
 
     async def open(self) -> None:
         await self._db.open()
@@ -234,6 +255,11 @@ class PostgresQueue:
     async def get(self, job_id: int) -> JobRecord | None:
         row = await self._db.fetchone(self._get_sql, (job_id,))
         return _record(row) if row is not None else None
+
+    async def last_claim_token(self, resource: str) -> int:
+        queue, job_id = jobs.parse_default_resource(resource) or ("", 0)
+        row = await self._db.fetchone(self._last_token_sql, (resource, job_id, queue))
+        return int(row[0]) if row is not None and row[0] is not None else 0
 
 
 def _timestamp(ms: int) -> datetime | None:

@@ -14,10 +14,15 @@ Handlers:
             after the effect, before Complete, when the test kills it).
 ``late``    print ``start``, sleep ``--work`` seconds (the test freezes the process
             meanwhile), then write ``result`` through the guard and print
-            ``effect`` with ``landed`` or ``rejected``; return normally, so the worker
-            sends Complete (and counts ``lost`` if it is refused).
+            ``effect`` with ``landed`` or ``rejected`` (and the refusal's error
+            class); return normally, so the worker sends Complete (and counts
+            ``lost`` if it is refused). With ``--early``, first write ``result``
+            once while the claim is live and print ``early`` with its outcome.
 ``hold``    print ``start``, then wait up to ``--work`` seconds for the job to be
             given back (``job.lost``), print ``end``.
+
+``--fence`` runs the worker with ``fence=[guard]``: each job's resource is fenced at
+the guard before its handler starts (``start`` is printed after the promise).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import threading
 import time
 from typing import Any
 
-from fencing import GuardClient, Job, QueueClient, StaleTokenError
+from fencing import FencingError, GuardClient, Job, QueueClient, StaleTokenError
 from fencing.types import Put
 from fencing.worker import Worker
 
@@ -56,6 +61,19 @@ def job_fields(job: Job) -> dict[str, Any]:
     }
 
 
+def attempt_write(guard: GuardClient, job: Job, value: str) -> dict[str, Any]:
+    """Write ``result`` with the job's claim; what happened, as fields of a line."""
+    try:
+        guard.put(job, "result", value.encode())
+    except StaleTokenError as exc:
+        out = {"outcome": "rejected", "error": type(exc).__name__, "fence": exc.current_token}
+    except FencingError as exc:  # strict mode: the claim is not the live one
+        out = {"outcome": "rejected", "error": type(exc).__name__, "fence": None}
+    else:
+        out = {"outcome": "landed"}
+    return {**out, **job_fields(job)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--addr", required=True)
@@ -67,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace", type=float, default=30.0)
     p.add_argument("--work", type=float, default=0.0)
     p.add_argument("--hang", action="store_true")
+    p.add_argument("--early", action="store_true")
+    p.add_argument("--fence", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 
@@ -88,19 +108,18 @@ def main(argv: list[str] | None = None) -> int:
                 while True:
                     time.sleep(1)
         elif args.handler == "late":
-            time.sleep(args.work)
             assert guard is not None
-            try:
-                guard.put(job, "result", f"late:{job.token}".encode())
-            except StaleTokenError as exc:
-                emit("effect", outcome="rejected", fence=exc.current_token, **job_fields(job))
-            else:
-                emit("effect", outcome="landed", **job_fields(job))
+            if args.early:
+                emit("early", **attempt_write(guard, job, f"early:{job.token}"))
+            time.sleep(args.work)
+            emit("effect", **attempt_write(guard, job, f"late:{job.token}"))
         elif args.handler == "hold":
             job.lost.wait(args.work)
         emit("end", lost=job.lost.is_set(), **job_fields(job))
 
     client = QueueClient(args.addr, worker=f"e2e-{os.getpid()}")
+    # Only when asked, so the script also runs against a Worker without the option.
+    promise: dict[str, Any] = {"fence": [guard]} if args.fence and guard is not None else {}
     worker = Worker(
         client,
         args.queue,
@@ -109,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         ttl=args.ttl,
         grace=args.grace,
         poll=0.2,
+        **promise,
     )
     # A SIGTERM between "ready" and run() installing its handlers must stop, not kill.
     signal.signal(signal.SIGTERM, lambda signum, frame: worker.stop())

@@ -53,6 +53,10 @@ CREATE TABLE counters (
 ) WITHOUT ROWID;
 INSERT INTO counters (name, value) VALUES ('token', 0)
 
+-- name: migration_2
+-- Schema v2: jobs by their own guard resource, for the lease service's Describe.
+CREATE INDEX jobs_by_resource ON jobs (resource) WHERE resource <> ''
+
 -- name: select_job
 -- One job by id. Takes id.
 SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
@@ -155,3 +159,28 @@ FROM jobs
 WHERE :queue = '' OR queue = :queue
 GROUP BY queue
 ORDER BY queue
+
+-- name: log_head
+-- The head of the attached lease database's event log (lease_server/backends/sqlite.py),
+-- read inside the write transaction that appends after it. Returns head.
+SELECT head FROM lease_log.event_log WHERE id = 1
+
+-- name: log_append
+-- One job event in the attached lease log. Takes revision, kind, resource, token, holder,
+-- ttl_ms, job_id, queue.
+INSERT INTO lease_log.events (revision, kind, resource, token, holder, ttl_ms, job_id, queue)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: log_set_head
+-- Move the attached lease log's head to the last revision appended. Takes head.
+UPDATE lease_log.event_log SET head = ? WHERE id = 1
+
+-- name: last_token_of_resource
+-- The highest token of the jobs enqueued with a guard resource. Takes resource.
+-- Returns max(token) (NULL if none).
+SELECT max(token) FROM jobs WHERE resource = ? AND resource <> ''
+
+-- name: token_of_default_resource
+-- The token of a job whose guard resource is its default (job/<queue>/<id>).
+-- Takes id, queue. Returns token.
+SELECT token FROM jobs WHERE id = ? AND queue = ? AND resource = ''
