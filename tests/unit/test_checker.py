@@ -1187,7 +1187,7 @@ def inc(
     type: str,
     token: int,
     ids: list[str],
-    **kw: ExtraValue,
+    error: str | None = None,
 ) -> str:
     """An increment write: the counter and id list it read plus its own id (``ids[-1]``)."""
     return h.op(
@@ -1200,8 +1200,8 @@ def inc(
         token=token,
         key="counter",
         value=f"{len(ids)}#{','.join(ids)}",
+        error=error,
         increment=ids[-1],
-        **kw,
     )
 
 
