@@ -19,6 +19,18 @@ one instead, so a resource left by a dead or cut-off holder soon finds a taker::
                                               retried on an unknown outcome
     release
 
+``--workload counter`` is the classic lock-counter instead: each step reads
+``counter`` (``"N#id1,...,idN"``: a count and the ids of the increments it holds),
+sleeps, and writes ``"N+1#id1,...,idN,ID"`` with the lease's token, a fresh
+increment id ``ID`` (recorded as ``extra["increment"]``, also the write's
+idempotency key) in the same write; no effect log. The checker's rule 6 then
+proves from the final value and the history that no acknowledged increment was
+lost and no rejected one landed. A counter write of unknown outcome ends the job:
+the next increment would build on a value that write may still overwrite when it
+lands, a lost update under one token that no fence can tell apart; and in watch
+mode a job whose grant the guard was not seen to know of (``fenced=0`` while
+``--await-fence`` > 0) does no steps, since its reads could precede the fence.
+
 What a client does *not* do is the point: it never re-checks its lease between
 preparing a write and sending it, and with ``--check job`` never between steps,
 so a job that outlives its lease (a pause, a partition, a lease-server outage,
@@ -70,24 +82,30 @@ from typing import Any, Final
 
 import grpc
 
-from chaos.history import HistoryWriter, Recorder
+from chaos.checker import parse_increments
+from chaos.history import ExtraValue, HistoryWriter, Recorder
 from fencing import (
-    BackendUnavailableError,
     Claim,
-    DeadlineExceededError,
     FencingError,
     GuardClient,
+    InvalidArgumentError,
     Lease,
     LeaseClient,
     LeaseHeldError,
     LeaseLost,
+    PermissionDeniedError,
     Put,
+    ResourceExhaustedError,
     StaleTokenError,
+    UnauthenticatedError,
 )
 from fencing.limits import MAX_MESSAGE_BYTES
 
 COUNTER_KEY: Final = "counter"
 """The key every step reads, increments and writes back."""
+
+WORKLOADS: Final = ("effects", "counter")
+"""``--workload`` choices: the counter and effect log (default), or the lock-counter."""
 
 EFFECT_KEY: Final = "effect/log"
 """Comma-separated idempotency keys, one appended per step (see the checker's rule 5)."""
@@ -227,6 +245,13 @@ def parser() -> argparse.ArgumentParser:
         "guard's fence to reach a new token before recording the acquire",
     )
     p.add_argument("--await-fence", type=float, default=1.0, help="watch mode: seconds")
+    p.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="effects",
+        help="effects: counter + effect log (default); counter: the lock-counter, each "
+        "write carrying the increment ids it read plus its own",
+    )
     p.add_argument("--skew-rate", type=float, default=1.0, help="clock rate on SIGUSR1")
     p.add_argument("--skew-offset", type=float, default=0.0, help="clock jump (s) on SIGUSR1")
     defaults = Profile()
@@ -264,6 +289,7 @@ class Intent:
     key: str
     value: str
     idempotency_key: str | None = None
+    increment: str | None = None
 
 
 class Journal:
@@ -318,9 +344,27 @@ def _reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+REFUSALS: Final = (
+    StaleTokenError,
+    LeaseLost,
+    LeaseHeldError,
+    InvalidArgumentError,
+    UnauthenticatedError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+)
+"""Errors by which the server refused a request as a whole: it certainly had no effect."""
+
+
 def _unknown(exc: BaseException) -> bool:
-    """Errors after which a request may or may not have taken effect."""
-    return isinstance(exc, BackendUnavailableError | DeadlineExceededError | grpc.RpcError)
+    """Whether a request may or may not have taken effect after ``exc``.
+
+    Only a server's explicit refusal (:data:`REFUSALS`) is a ``fail``; everything
+    else (unavailable, a deadline, a reset connection, a closed channel, an error
+    this list does not know) is recorded ``info``, since the checker trusts a
+    ``fail`` to have had no effect.
+    """
+    return not isinstance(exc, REFUSALS)
 
 
 def parse_counter(value: str | None) -> int:
@@ -430,16 +474,19 @@ class Client:
                 resource, ttl_s, timeout=self.args.acquire_timeout, **hold_kw
             ) as lease:
                 acquired = True
+                fenced = True
                 if self.args.fence_mode == "watch":
-                    fenced = int(self.await_fence(lease))
+                    fenced = self.await_fence(lease)
                     self.rec.complete(
-                        op, "ok", token=lease.token, ttl_ms=lease.ttl_ms, fenced=fenced
+                        op, "ok", token=lease.token, ttl_ms=lease.ttl_ms, fenced=int(fenced)
                     )
                 else:
                     self.rec.complete(op, "ok", token=lease.token, ttl_ms=lease.ttl_ms)
                 lease.on_lost(self._on_lost)
+                skip = self.args.workload == "counter" and not fenced and self.args.await_fence
                 try:
-                    self.work(lease, job_s)
+                    if not skip:
+                        self.work(lease, job_s)
                 finally:
                     self.release(lease)
         except LeaseLost:
@@ -503,6 +550,8 @@ class Client:
                 return
 
     def step(self, lease: Lease) -> Outcome:
+        if self.args.workload == "counter":
+            return self.increment(lease)
         resource = lease.resource
         found, current = self.read(resource, COUNTER_KEY)
         if not found:
@@ -519,6 +568,25 @@ class Client:
         if outcome is Outcome.STOP:
             return outcome
         return self.append_effect(lease, f"{self.process}/e{n}")
+
+    def increment(self, lease: Lease) -> Outcome:
+        """One lock-counter step: read, work, write count+1 with the ids read plus a new one."""
+        found, current = self.read(lease.resource, COUNTER_KEY)
+        if not found:
+            self._sleep_ms(self.args.step_ms)
+            return Outcome.UNKNOWN
+        parsed = parse_increments(current)
+        if parsed is None:
+            return Outcome.STOP  # not a lock-counter value: nothing to build on
+        count, ids = parsed
+        inc = f"{self.process}/i{self._next()}"
+        value = f"{count + 1}#{','.join([*ids, inc])}"
+        intent = Intent(lease.resource, lease.token, COUNTER_KEY, value, inc, increment=inc)
+        self.journal.note(intent)
+        self._sleep_ms(self.args.step_ms)  # the work: a pause here makes the write stale
+        outcome = self.write(lease, intent)
+        self.journal.clear()
+        return Outcome.STOP if outcome is Outcome.UNKNOWN else outcome
 
     def append_effect(self, lease: Lease, effect_id: str) -> Outcome:
         """Append ``effect_id`` to the effect log at most once, retrying unknown outcomes."""
@@ -556,7 +624,9 @@ class Client:
         self.rec.complete(op, "ok", value=value, written_by_token=record.written_by_token)
         return True, value
 
-    def write(self, fenced: Lease | Claim, intent: Intent, **extra: int) -> Outcome:
+    def write(self, fenced: Lease | Claim, intent: Intent, **extra: ExtraValue) -> Outcome:
+        if intent.increment is not None:
+            extra["increment"] = intent.increment
         op = self.rec.invoke(
             "write",
             intent.resource,
