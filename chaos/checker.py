@@ -95,7 +95,8 @@ run invalid). All rules are per resource.
    not a violation, when the increment that took its place in the final list (the
    one after the longest prefix L's list shares with it) carries a higher token:
    a newer holder read before the former holder's last write landed, then wrote
-   over it (a former holder may write until the new holder's first write). Any
+   over it (a former holder may write until the new holder's first write), and L
+   itself was not flagged by rule 3 (a stale write is out of the window). Any
    other lost increment is a violation in every mode.
 
 Measured, never asserted (:class:`Stats`): operation counts by op and outcome;
@@ -278,10 +279,11 @@ def check(events: Iterable[Event], *, mode: str) -> CheckResult:
         violations += _token_order(resource, acquires, clock)
         stale = _stale_writes(resource, rops, mode, clock, known)
         violations += stale
-        violations += _stale_reads(resource, rops, clock, {v.op_ids[0] for v in stale}, known)
+        late = _stale_reads(resource, rops, clock, {v.op_ids[0] for v in stale}, known)
+        violations += late
         violations += _lost_writes(resource, rops, known)
         violations += _duplicate_effects(resource, rops)
-        bad, window = _lost_updates(resource, rops, mode)
+        bad, window = _lost_updates(resource, rops, mode, {v.op_ids[0] for v in stale + late})
         violations += bad
         findings += window
     return CheckResult(
@@ -653,9 +655,13 @@ def parse_increments(value: str | None) -> tuple[int, list[str]] | None:
 
 
 def _lost_updates(
-    resource: str, rops: Sequence[Operation], mode: str
+    resource: str, rops: Sequence[Operation], mode: str, stale: set[str]
 ) -> tuple[list[Violation], list[Violation]]:
-    """Rule 6: (violations, findings) of the increments the final reads show."""
+    """Rule 6: (violations, findings) of the increments the final reads show.
+
+    ``stale``: writes rule 3 flagged; an increment lost because it was itself a
+    stale write is no window, whatever replaced it.
+    """
     incs: dict[str, dict[str, Operation]] = defaultdict(dict)  # key -> increment id -> write
     for o in rops:
         inc = o.extra.get("increment") if o.op == "write" else None
@@ -700,6 +706,7 @@ def _lost_updates(
                 )
             elif w.ok and inc not in final:
                 v, in_window = _lost_increment(resource, key, r, w, listed, by_id, mode)
+                in_window = in_window and w.op_id not in stale
                 (window if in_window else bad).append(v)
     return bad, window
 

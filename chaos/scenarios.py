@@ -246,7 +246,8 @@ class Scenario:
     """A named fault story: topology needs, client profile, schedule, expected control kinds.
 
     ``expected`` lists the violation kinds the control may show; at least one must
-    appear. ``backends`` are those the scenario makes sense on.
+    appear. ``backends`` are those the scenario makes sense on, ``modes`` the fence
+    modes (``None``: all), ``workload`` the clients' ``--workload``.
     """
 
     name: str
@@ -260,6 +261,9 @@ class Scenario:
     skew_offset: float = 0.0
     expected: frozenset[str] = frozenset({ViolationKind.STALE_WRITE_ACCEPTED.value})
     backends: tuple[str, ...] = faults.BACKENDS
+    workload: str = "effects"
+    modes: frozenset[str] | None = None
+    """Fence modes the scenario applies to (``None``: every mode the build has)."""
 
     def topology(self, backend: str, guard_mode: str) -> Topology:
         return Topology(
@@ -359,6 +363,25 @@ def _guard_crash(ctx: RunContext) -> None:
         ctx.sleep(ctx.rng.uniform(0.5, 1.0))
 
 
+def _lock_counter(ctx: RunContext) -> None:
+    # Two ways to wake a paused holder, alternating: late (a newer holder has taken
+    # over and written: its stale increment must be refused in every mode, the
+    # control accepts it and loses the newer ones) and in the window (the newer
+    # holder has read the counter and prepared its increment, not yet sent it: only
+    # a fence that knows of the grant refuses the old increment; in monotonic mode
+    # it lands and the newer holder's write loses it, the documented window).
+    pause_s = ctx.ttl_max_s * ctx.rng.uniform(1.9, 2.3)
+    for cycle, (node, resource, token) in enumerate(ctx.strikes(TAKEOVER_S)):
+        with faults.paused(node.proc, ctx.log, label=node.name):
+            if cycle % 2 == 0 or not ctx.wait_for_token_above(resource, token, ctx.ttl_max_s + 1.5):
+                time.sleep(pause_s)
+            else:
+                held = ctx.holder_of(resource)
+                if held is not None:
+                    ctx.wait_for_pending_write(client_of(held[0]), 1.0)
+        ctx.sleep(ctx.rng.uniform(0.3, 0.8))
+
+
 def _clock_skew(ctx: RunContext) -> None:
     part_s = ctx.ttl_max_s * ctx.rng.uniform(2.2, 2.6)
     for node, _, _ in ctx.strikes(TAKEOVER_S):
@@ -427,6 +450,17 @@ SCENARIOS: Final[dict[str, Scenario]] = {
             profile=replace(LONG_JOBS, check="step"),
             proxy_lease=True,
             skew_rate=0.25,
+        ),
+        Scenario(
+            "lock-counter",
+            "the lock-counter (read, work, write count+1 with an increment id): pause a "
+            "fresh holder; wake it after a newer holder wrote, or while that one's "
+            "first increment is prepared",
+            _lock_counter,
+            workload="counter",
+            expected=frozenset(
+                {ViolationKind.STALE_WRITE_ACCEPTED.value, ViolationKind.LOST_UPDATE.value}
+            ),
         ),
     ]
 }
@@ -602,7 +636,7 @@ def client_argv(
         f"{scenario.skew_offset:g}",
         *scenario.profile.argv(),
     ]
-    argv += ["--fence-mode", config.fence_mode]
+    argv += ["--fence-mode", config.fence_mode, "--workload", scenario.workload]
     if config.fence_mode == "watch" and guard_mode != "watch":
         # The control's guard follows no events: its fence never learns of a grant,
         # so do not wait for it (the acquire is recorded at once, with fenced=0).

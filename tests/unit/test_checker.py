@@ -1296,3 +1296,18 @@ def test_a_missing_counter_loses_every_acknowledged_increment() -> None:
     inc(h, "a", 0, 1, "ok", 1, ["a1"])
     final(h, None)
     assert ViolationKind.LOST_UPDATE in h.check().kinds()
+
+
+def test_a_lost_increment_that_was_itself_stale_is_no_window() -> None:
+    # a woke after b had written (token 2) and wrote (accepted: unfenced); then c
+    # (token 3), which had read before a's write landed, wrote over it. a's write
+    # is stale (rule 3a), so its loss is a violation, not the window.
+    h = History()
+    inc(h, "b", 0, 1, "ok", 2, ["b1"])
+    stale = inc(h, "a", 2, 3, "ok", 1, ["a1"])
+    inc(h, "c", 4, 5, "ok", 3, ["b1", "c1"])
+    final(h, ["b1", "c1"])
+    result = h.check("monotonic")
+    assert result.kinds() == {ViolationKind.STALE_WRITE_ACCEPTED, ViolationKind.LOST_UPDATE}
+    assert not result.findings
+    assert {v.op_ids[0] for v in result.violations} == {stale}
