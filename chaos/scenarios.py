@@ -33,6 +33,11 @@ guard-crash                            paused; a newer holder writes; the guard 
 clock-skew                             its SDK clock slows to a quarter and it is cut
                                        from the lease server: its lease.check() keeps
                                        passing long after the lease expired
+lock-counter                           (the lock-counter workload) paused; woken after
+                                       a newer holder wrote, or while that one's first
+                                       increment is prepared (the monotonic window)
+pause-worker                           (queue jobs) paused mid-step past its claim; the
+                                       job is rescued and written; it wakes and writes
 =====================================  ===========================================
 
 An observer thread in the harness reads every key of every resource every
