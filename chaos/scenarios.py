@@ -159,6 +159,7 @@ class RunContext:
     profile: Profile
     journal_dir: Path
     deadline: float
+    fence_mode: str = "monotonic"
     stop: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -401,17 +402,21 @@ def _guard_crash(ctx: RunContext) -> None:
 
 
 def _lock_counter(ctx: RunContext) -> None:
-    # Two ways to wake a paused holder, alternating: in the window (the newer holder
-    # has read the counter and prepared its first increment, not yet sent it: only a
+    # Two ways to wake a paused holder, alternating: late (the newer holder has
+    # written: the old increment must be refused in every mode; the control accepts
+    # it and loses the newer increments) and in the window (the newer holder has
+    # read the counter and prepared its first increment, not yet sent it: only a
     # fence that knows of the grant refuses the old increment; in monotonic mode it
-    # lands and the newer holder's write loses it, the documented window) and late
-    # (the newer holder has written: the old increment must be refused in every
-    # mode). Either way the woken holder's long job goes on incrementing after the
-    # newer holder wrote: the control accepts that and loses the newer increments.
+    # lands and the newer holder's write loses it, the documented window, a finding
+    # in the fenced run and the control alike). In monotonic mode the late wake
+    # comes first, since only it can catch that mode's control; in the other modes
+    # the window wake, the stronger test of their fence, and a control caught either way.
     pause_s = ctx.ttl_max_s * ctx.rng.uniform(1.9, 2.3)
+    late_first = ctx.fence_mode == "monotonic"
     for cycle, (node, resource, token) in enumerate(ctx.strikes(TAKEOVER_S)):
+        late = (cycle % 2 == 0) == late_first
         with faults.paused(node.proc, ctx.log, label=node.name):
-            if cycle % 2 == 1 or not ctx.wait_for_token_above(resource, token, ctx.ttl_max_s + 1.5):
+            if late or not ctx.wait_for_token_above(resource, token, ctx.ttl_max_s + 1.5):
                 time.sleep(pause_s)
             else:
                 held = ctx.holder_of(resource)
@@ -505,7 +510,6 @@ SCENARIOS: Final[dict[str, Scenario]] = {
             "fresh holder; wake it after a newer holder wrote, or while that one's "
             "first increment is prepared",
             _lock_counter,
-            profile=replace(LONG_JOBS, job_ms=(2000, 3000)),
             workload="counter",
             expected=frozenset(
                 {ViolationKind.STALE_WRITE_ACCEPTED.value, ViolationKind.LOST_UPDATE.value}
@@ -783,6 +787,7 @@ def _drive(
         profile=scenario.profile,
         journal_dir=workdir / "journal",
         deadline=begin + config.duration,
+        fence_mode=config.fence_mode,
     )
 
     def drive() -> None:
