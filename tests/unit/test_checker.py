@@ -442,6 +442,55 @@ def test_late_write_seen_by_a_read_is_flagged(sim: Sim, data: st.DataObject) -> 
         assert result.violations[0].op_ids[:2] == ("intruder:1", "observer:1")
 
 
+@MUT
+@given(simulations(), st.data())
+def test_a_lost_reply_never_makes_a_valid_history_invalid(sim: Sim, data: st.DataObject) -> None:
+    # An unknown outcome never counts as finished: turning any acknowledged write
+    # into one whose reply was lost (it did apply) must not create a violation.
+    writes = ok_ops(sim, "write")
+    if not writes:
+        return
+    lost = {o.op_id for o in data.draw(st.lists(st.sampled_from(writes), min_size=1))}
+    events = [
+        replace(e, type="info", error="DEADLINE_EXCEEDED")
+        if e.op_id in lost and e.type == "ok"
+        else e
+        for e in sim.events
+    ]
+    for mode in modes_for(sim):
+        result = check(events, mode=mode)
+        assert result.valid, result.summary()
+
+
+@MUT
+@given(simulations(), st.data())
+def test_a_write_below_an_unknown_write_a_read_showed_is_flagged(
+    sim: Sim, data: st.DataObject
+) -> None:
+    ops = pair_operations(sim.events)
+    by_value = {(o.resource, o.key, o.value): o for o in ops if o.op == "write" and o.info}
+    shown = [
+        (r, by_value[(r.resource, r.key, r.value)])
+        for r in ops
+        if r.op == "read" and r.ok and (r.resource, r.key, r.value) in by_value
+    ]
+    if not shown:
+        return
+    r, w = data.draw(st.sampled_from(shown))
+    assert isinstance(r.end_ns, int)
+    assert w.token is not None
+    # Without the read, w's timed-out completion would prove nothing (the property
+    # above); the read proves it landed, so a lower token after the read is stale.
+    events = inject(
+        sim, "write", r.resource, r.end_ns + 1, r.end_ns + 2,
+        token=w.token - TOKEN_STEP // 2, key="stale/k", value="stale",
+    )  # fmt: skip
+    for mode in modes_for(sim):
+        result = check(events, mode=mode)
+        assert ViolationKind.STALE_WRITE_ACCEPTED in result.kinds()
+        assert any(v.op_ids[0] == "intruder:1" for v in result.violations)
+
+
 def final_reads(events: list[Event]) -> list[Event]:
     """The completion events of the final reads (``final=1`` is on their invocations)."""
     final = {o.op_id for o in pair_operations(events) if o.extra.get("final") == 1}
