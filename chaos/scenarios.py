@@ -137,6 +137,10 @@ server know claims (the workload already waits for a watch guard's fence)."""
 JOB_BACKENDS: Final = ("sqlite", "postgres")
 """Lease backends that host a job queue beside the leases (Redis keeps none)."""
 
+CLIENT_START_S: Final = 30.0
+"""Bound on the time client processes take to start (import, connect) before the
+harness times the run from their start."""
+
 RESTART_S: Final = 1.0
 """Allowance for a server process to start again and its clients to reconnect."""
 
@@ -786,7 +790,9 @@ def _drive(
         resources=config.resource_names(),
         profile=scenario.profile,
         journal_dir=workdir / "journal",
-        deadline=begin + config.duration,
+        # Provisional, until the clients have started (below): a schedule must not
+        # give up on strikes while the clients are still importing.
+        deadline=begin + config.duration + CLIENT_START_S,
         fence_mode=config.fence_mode,
     )
 
@@ -800,7 +806,14 @@ def _drive(
     driver.start()
     try:
         start_clients()
-        # The clients count their duration from their own start (a little later still).
+        # The clients count their duration from their own start, after their imports
+        # (seconds on a loaded machine): wait (bounded) until each has opened its
+        # history, so strikes are timed against the clients' deadline, not a guess.
+        opened = time.monotonic() + CLIENT_START_S
+        while time.monotonic() < opened and not all(
+            (history_dir / f"{name}.jsonl").exists() for name in cluster.clients
+        ):
+            time.sleep(0.02)
         begin = time.monotonic()
         ctx.deadline = begin + config.duration
         # Clients stop starting jobs at the deadline; allow for the longest job and for
