@@ -37,8 +37,8 @@ run invalid). All rules are per resource.
    a. (every mode) a write to the resource known applied by then (see above: an
       ``info`` write only once a read showed it), or a ``fence`` (an explicit
       promise);
-   b. (modes ``promise``, ``watch``, ``strict`` only) an ``ok`` acquire: the write is below
-      a token already granted. In ``monotonic`` mode this is the documented open
+   b. (modes ``promise``, ``watch``, ``strict`` only) an ``ok`` acquire: the write is
+      below a token already granted. In ``monotonic`` mode this is the documented open
       window (a former holder may write until the new holder's first write or
       promise) and is not flagged. In ``promise`` mode the workload must record the
       acquire's completion only after its promises returned (the SDK's
@@ -52,12 +52,12 @@ run invalid). All rules are per resource.
       key returned the value of a write W with token ``t``, although a write W2 of
       that key with a token ``t' > t`` was known applied before the read was
       invoked, and W was not known applied before W2 was invoked (that case is a
-      lost W2, rule 4). Then W was
-      applied after W2, below the fence W2 set. This catches writes that were
-      delayed in the network and landed late, whatever their recorded outcome
-      (a timed-out ``info`` write, or one of a killed client): timing alone cannot
-      order them, the read can. W2s that may have been deduplicated (rule 4) are
-      not counted; values are assumed unique per write (a retry may repeat one).
+      lost W2, rule 4). Then W was applied after W2, below the fence W2 set. This
+      catches writes that were delayed in the network and landed late, whatever
+      their recorded outcome (a timed-out ``info`` write, or one of a killed
+      client): timing alone cannot order them, the read can. W2s that may have
+      been deduplicated (rule 4) are not counted; values are assumed unique per
+      write (a retry may repeat one).
 
    ``mode="off"`` (the guard's unfenced control) gets rules 3a and 3c only; pass
    the mode the run claims to test instead, so the control is judged by the same
@@ -71,9 +71,9 @@ run invalid). All rules are per resource.
    - that write W must not be overwritten in real time: no ``ok`` write W2 of the
      key was invoked after W was known applied (an ``info`` W may have landed
      after its client gave up, so its own completion never counts). A W2 whose
-     idempotency key an earlier-invoked ``ok``/``info`` write already carried is not counted,
-     since the guard may have deduplicated it into a no-op (G6). Values are
-     assumed unique per write;
+     idempotency key an earlier-invoked ``ok``/``info`` write already carried is
+     not counted, since the guard may have deduplicated it into a no-op (G6).
+     Values are assumed unique per write;
    - "not found" is flagged when an ``ok`` write of the key exists.
 5. ``duplicate-effect`` (G6): a final read of a key named ``effect/...`` holds a
    comma-separated list of idempotency keys, each appended by a read-modify-write;
