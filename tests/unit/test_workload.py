@@ -307,3 +307,43 @@ def test_a_late_increment_loses_the_newer_holders_unless_fenced(
         assert ViolationKind.LOST_UPDATE in result.kinds(), result.summary()
         lost = next(v for v in result.violations if v.kind == ViolationKind.LOST_UPDATE)
         assert "o/i1" in lost.detail or lost.op_ids[0] == op
+
+
+def test_job_clients_fence_each_job_by_its_claim(tmp_path: Path) -> None:
+    with running_servers() as servers:
+        clients = [
+            Client(
+                parser().parse_args(
+                    client_args(
+                        tmp_path,
+                        servers.lease_address,
+                        servers.guard_address,
+                        *("--duration", "1.0", "--workload", "jobs"),
+                        name=f"c{i}",
+                    )
+                )
+            )
+            for i in range(2)
+        ]
+        threads = [threading.Thread(target=c.run) for c in clients]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        for c in clients:
+            c.close()
+        ops = pair_operations(read_history(tmp_path / "history"))
+        claimed = sorted({o.resource for o in ops if o.op == "acquire" and o.ok})
+        record_final_reads(servers.guard_address, claimed, tmp_path / "history")
+    events = read_history(tmp_path / "history")
+    result = check(events, mode="monotonic")
+    assert result.valid, result.summary()
+    ops = pair_operations(events)
+    assert claimed and all(r.startswith("job/chaos/") for r in claimed)
+    incs = [o for o in ops if o.op == "write" and o.ok and "increment" in o.extra]
+    assert incs and {o.resource for o in incs} <= set(claimed)
+    done = [o for o in ops if o.op == "release" and o.ok]
+    assert done, "no job was completed"
+    # Each increment carries the token of its own process's claim of that job.
+    claims = {(o.process, o.resource, o.token) for o in ops if o.op == "acquire" and o.ok}
+    assert all((o.process, o.resource, o.token) in claims for o in incs)
