@@ -15,11 +15,13 @@ Modules, one noun each:
   the :class:`~chaos.history.Recorder` clients use to log invoke/ok/fail/info.
 - :mod:`chaos.checker`: :func:`~chaos.checker.check`, the pure verdict over a
   history (token uniqueness and order, stale writes, lost writes, duplicate
-  effects) plus measured statistics (overlap of believed ownership, takeover latency).
+  effects, lost read-modify-write increments) plus measured statistics (overlap
+  of believed ownership, takeover latency).
 - :mod:`chaos.proxy`: :class:`~chaos.proxy.FaultProxy`, an asyncio TCP proxy on
   loopback that adds latency, partitions (blackhole), resets, refusals and
   half-open links, and its thread-hosted twin :class:`~chaos.proxy.ThreadedFaultProxy`.
 
 Process faults (SIGSTOP/SIGCONT pauses, SIGKILL crashes, restarts), workloads,
-scenarios and reports are built on top of these.
+scenarios, reports and :mod:`chaos.matrix` (every scenario x backend x mode) are
+built on top of these.
 """

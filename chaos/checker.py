@@ -12,6 +12,16 @@ nothing on each other. Only ``ok`` operations are known to have taken effect;
 ``info`` ones may or may not have, so they never serve as evidence of an effect
 but may explain an observed one; ``fail`` ones certainly had no effect.
 
+When a write is *known applied* (:func:`_known_applied`): an ``ok`` write from its
+completion, or earlier if a read already returned its value; an ``info`` write
+(timeout, connection reset, a killed client) never from its own completion, which
+says nothing, but from the completion of the first ``ok`` read that returned its
+value (values are unique per write, so that read proves the write had landed).
+A write never known applied does not count as finished anywhere: not as a fence
+for later writes (rule 3a), not as the newer write a read is judged against (3c),
+not as overwritten or overwriting (4). Nor is it ever required to be present or
+absent in the final state (4, 6).
+
 Rules (asserted: each breach is a :class:`Violation`, and any violation makes the
 run invalid). All rules are per resource.
 
@@ -22,12 +32,13 @@ run invalid). All rules are per resource.
    and B is ``ok``, then ``token(B) > token(A)``. Equal tokens are reported once,
    as ``duplicate-token``, so this rule flags ``token(B) < token(A)``.
 3. ``stale-write-accepted`` (G3, G4, G5): an ``ok`` write with token ``t`` is flagged
-   if, before it was invoked, one of these had completed ``ok`` with a token
-   ``t' > t``:
+   if, before it was invoked, one of these held with a token ``t' > t``:
 
-   a. (every mode) a write to the resource, or a ``fence`` (an explicit promise);
-   b. (modes ``promise``, ``watch``, ``strict`` only) an acquire: the write is below
-      a token already granted. In ``monotonic`` mode this is the documented open
+   a. (every mode) a write to the resource known applied by then (see above: an
+      ``info`` write only once a read showed it), or a ``fence`` (an explicit
+      promise);
+   b. (modes ``promise``, ``watch``, ``strict`` only) an ``ok`` acquire: the write is
+      below a token already granted. In ``monotonic`` mode this is the documented open
       window (a former holder may write until the new holder's first write or
       promise) and is not flagged. In ``promise`` mode the workload must record the
       acquire's completion only after its promises returned (the SDK's
@@ -38,15 +49,15 @@ run invalid). All rules are per resource.
       that) is no barrier.
 
    c. (every mode) seen by a read: an ``ok`` read (any, not only a final one) of a
-      key returned the value of a write W with token ``t``, although an ``ok`` write
-      W2 of that key with a token ``t' > t`` had completed before the read was
-      invoked, and W was not known to be applied before W2 (W did not complete
-      ``ok`` before W2 was invoked; that case is a lost W2, rule 4). Then W was
-      applied after W2, below the fence W2 set. This catches writes that were
-      delayed in the network and landed late, whatever their recorded outcome
-      (a timed-out ``info`` write, or one of a killed client): timing alone cannot
-      order them, the read can. W2s that may have been deduplicated (rule 4) are
-      not counted; values are assumed unique per write (a retry may repeat one).
+      key returned the value of a write W with token ``t``, although a write W2 of
+      that key with a token ``t' > t`` was known applied before the read was
+      invoked, and W was not known applied before W2 was invoked (that case is a
+      lost W2, rule 4). Then W was applied after W2, below the fence W2 set. This
+      catches writes that were delayed in the network and landed late, whatever
+      their recorded outcome (a timed-out ``info`` write, or one of a killed
+      client): timing alone cannot order them, the read can. W2s that may have
+      been deduplicated (rule 4) are not counted; values are assumed unique per
+      write (a retry may repeat one).
 
    ``mode="off"`` (the guard's unfenced control) gets rules 3a and 3c only; pass
    the mode the run claims to test instead, so the control is judged by the same
@@ -58,15 +69,35 @@ run invalid). All rules are per resource.
    - a value must be the value of some ``ok`` or ``info`` write of that key (a value
      only a ``fail`` write carried means a rejected write took effect);
    - that write W must not be overwritten in real time: no ``ok`` write W2 of the
-     key was invoked after W completed ``ok`` (an ``info`` W may have landed after
-     its client gave up, so it never counts as completed). A W2 whose idempotency
-     key an earlier-invoked ``ok``/``info`` write already carried is not counted,
-     since the guard may have deduplicated it into a no-op (G6). Values are
-     assumed unique per write;
+     key was invoked after W was known applied (an ``info`` W may have landed
+     after its client gave up, so its own completion never counts). A W2 whose
+     idempotency key an earlier-invoked ``ok``/``info`` write already carried is
+     not counted, since the guard may have deduplicated it into a no-op (G6).
+     Values are assumed unique per write;
    - "not found" is flagged when an ``ok`` write of the key exists.
 5. ``duplicate-effect`` (G6): a final read of a key named ``effect/...`` holds a
    comma-separated list of idempotency keys, each appended by a read-modify-write;
    no idempotency key may appear in it twice.
+6. ``lost-update`` and ``rejected-write-landed`` (read-modify-write increments, the
+   lock-counter workload): a write whose invocation carries ``extra["increment"]``
+   (a unique increment id) writes ``"N#id1,...,idN"``: the counter it read plus one
+   and the list of increment ids it read plus its own. For each final read of a
+   key such writes wrote, the listed ids are the increments that survived:
+
+   - every ``ok`` increment must be listed (else ``lost-update``: an acknowledged
+     increment was overwritten by one that had not seen it);
+   - no ``fail`` increment may be listed (``rejected-write-landed``);
+   - ``info`` increments may or may not be listed;
+   - ``N`` must equal the number of ids, each listed once (else ``lost-update``).
+
+   In ``monotonic`` mode (and the ``off`` control checked as ``monotonic``) a lost
+   increment L is the documented window, a *finding* (:attr:`CheckResult.findings`),
+   not a violation, when the increment that took its place in the final list (the
+   one after the longest prefix L's list shares with it) carries a higher token:
+   a newer holder read before the former holder's last write landed, then wrote
+   over it (a former holder may write until the new holder's first write), and L
+   itself was not flagged by rule 3 (a stale write is out of the window). Any
+   other lost increment is a violation in every mode.
 
 Measured, never asserted (:class:`Stats`): operation counts by op and outcome;
 ``writes_ok``; ``stale_rejected`` (``fail`` writes and fences with error
@@ -107,6 +138,10 @@ GRANT_FENCED_MODES: Final = frozenset({"promise", "watch", "strict"})
 EFFECT_PREFIX: Final = "effect/"
 """Keys whose final value is a comma-separated list of applied idempotency keys."""
 
+WINDOW_MODES: Final = frozenset({"monotonic", "off"})
+"""Modes whose documented window lets a newer holder overwrite a former holder's last
+increment (rule 6): such lost updates are findings there, violations elsewhere."""
+
 
 class ViolationKind(StrEnum):
     """The rule a :class:`Violation` breaks (a ``str``, so it compares to plain names)."""
@@ -116,6 +151,8 @@ class ViolationKind(StrEnum):
     STALE_WRITE_ACCEPTED = "stale-write-accepted"
     LOST_WRITE = "lost-write"
     DUPLICATE_EFFECT = "duplicate-effect"
+    LOST_UPDATE = "lost-update"
+    REJECTED_WRITE_LANDED = "rejected-write-landed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,11 +187,16 @@ class Stats:
 
 @dataclass(frozen=True, slots=True)
 class CheckResult:
-    """The verdict: ``valid`` iff there are no ``violations``; ``stats`` are measured only."""
+    """The verdict: ``valid`` iff there are no ``violations``; ``stats`` are measured only.
+
+    ``findings`` are breaches the mode under test documents as possible (the
+    monotonic window's lost updates, rule 6): reported, never part of the verdict.
+    """
 
     mode: str
     violations: tuple[Violation, ...]
     stats: Stats
+    findings: tuple[Violation, ...] = ()
 
     @property
     def valid(self) -> bool:
@@ -169,6 +211,10 @@ class CheckResult:
         """The rules broken at least once."""
         return {v.kind for v in self.violations}
 
+    def finding_counts(self) -> dict[str, int]:
+        """Findings per rule (only rules with findings)."""
+        return dict(Counter(f.kind for f in self.findings))
+
     def summary(self, *, examples: int = 5) -> str:
         """A short human-readable verdict: a table of rules, the measurements, examples."""
         s = self.stats
@@ -179,6 +225,11 @@ class CheckResult:
             f"  {'rule':<22}{'violations':>10}",
         ]
         lines += [f"  {kind:<22}{n:>10}" for kind, n in self.counts().items()]
+        if self.findings:
+            lines.append(
+                f"  findings (the {self.mode} mode's documented window, not violations): "
+                + ", ".join(f"{k}={n}" for k, n in sorted(self.finding_counts().items()))
+            )
         lat = s.takeover_latency_ms
         takeover = (
             f"n={len(lat)} p50={statistics.median(lat):.1f} max={max(lat):.1f}" if lat else "n=0"
@@ -202,13 +253,14 @@ class CheckResult:
 
 
 def check(events: Iterable[Event], *, mode: str) -> CheckResult:
-    """Judge a history against rules 1-5 (see the module docstring) and measure it.
+    """Judge a history against rules 1-6 (see the module docstring) and measure it.
 
     ``mode`` is the fence mode the run claims to test: ``monotonic``, ``promise``,
-    ``watch`` or ``strict``; it only selects whether rule 3b applies. For the
-    unfenced control pass the mode being tested (``off`` is accepted and judged
-    like ``monotonic``). Raises ``ValueError`` for an unknown mode and
-    :class:`~chaos.history.HistoryError` for a malformed history.
+    ``watch`` or ``strict``; it selects whether rule 3b applies and whether rule 6's
+    window lost updates are findings. For the unfenced control pass the mode being
+    tested (``off`` is accepted and judged like ``monotonic``). Raises ``ValueError``
+    for an unknown mode and :class:`~chaos.history.HistoryError` for a malformed
+    history.
     """
     if mode not in MODES:
         raise ValueError(f"unknown fence mode {mode!r} (expected one of {sorted(MODES)})")
@@ -218,17 +270,57 @@ def check(events: Iterable[Event], *, mode: str) -> CheckResult:
     for op in ops:
         by_resource[op.resource].append(op)
     violations: list[Violation] = []
+    findings: list[Violation] = []
     for resource in sorted(by_resource):
         rops = by_resource[resource]
+        known = _known_applied(rops)
         acquires = [o for o in rops if o.op == "acquire" and o.ok and o.token is not None]
         violations += _duplicate_tokens(resource, acquires)
         violations += _token_order(resource, acquires, clock)
-        stale = _stale_writes(resource, rops, mode, clock)
+        stale = _stale_writes(resource, rops, mode, clock, known)
         violations += stale
-        violations += _stale_reads(resource, rops, clock, {v.op_ids[0] for v in stale})
-        violations += _lost_writes(resource, rops)
+        late = _stale_reads(resource, rops, clock, {v.op_ids[0] for v in stale}, known)
+        violations += late
+        violations += _lost_writes(resource, rops, known)
         violations += _duplicate_effects(resource, rops)
-    return CheckResult(mode=mode, violations=tuple(violations), stats=_measure(ops, by_resource))
+        bad, window = _lost_updates(resource, rops, mode, {v.op_ids[0] for v in stale + late})
+        violations += bad
+        findings += window
+    return CheckResult(
+        mode=mode,
+        violations=tuple(violations),
+        stats=_measure(ops, by_resource),
+        findings=tuple(findings),
+    )
+
+
+def _known_applied(rops: Sequence[Operation]) -> dict[str, float]:
+    """Op id -> when each write of the resource is known to have taken effect.
+
+    An ``ok`` write from its completion; any write that is the only non-``fail``
+    writer of its value, from the completion of the first ``ok`` read that returned
+    that value, if earlier. Writes missing from the map are never known applied: an
+    ``info`` completion proves nothing, whatever its time.
+    """
+    writers: dict[tuple[str, str], list[Operation]] = defaultdict(list)
+    known: dict[str, float] = {}
+    for o in rops:
+        if o.op != "write" or o.key is None:
+            continue
+        if o.ok:
+            known[o.op_id] = o.end_ns
+        if not o.fail and o.value is not None:
+            writers[(o.key, o.value)].append(o)
+    for r in rops:
+        if r.op != "read" or not r.ok or r.key is None or r.value is None:
+            continue
+        ws = writers.get((r.key, r.value))
+        # With two possible writers of one value (a retry), the read shows that one of
+        # them landed, not which: neither is known applied by it.
+        if ws is not None and len(ws) == 1:
+            w = ws[0]
+            known[w.op_id] = min(known.get(w.op_id, math.inf), r.end_ns)
+    return known
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,28 +395,34 @@ def _token_order(resource: str, acquires: Sequence[Operation], at: _Clock) -> li
 
 
 def _stale_writes(
-    resource: str, rops: Sequence[Operation], mode: str, at: _Clock
+    resource: str, rops: Sequence[Operation], mode: str, at: _Clock, known: dict[str, float]
 ) -> list[Violation]:
-    barrier_ops = {"write", "fence"} | ({"acquire"} if mode in GRANT_FENCED_MODES else set())
+    other_ops = {"fence"} | ({"acquire"} if mode in GRANT_FENCED_MODES else set())
+    # (time from which the barrier holds, barrier): a write once known applied, a
+    # promise or (fenced modes) a grant once completed ok.
     barriers = sorted(
         (
-            o
-            for o in rops
-            if o.op in barrier_ops
-            and o.ok
-            and o.token is not None
-            and not (o.op == "acquire" and o.extra.get("fenced") == 0)
+            [(known[o.op_id], o) for o in rops if o.op == "write" and o.op_id in known]
+            + [
+                (o.end_ns, o)
+                for o in rops
+                if o.op in other_ops
+                and o.ok
+                and not (o.op == "acquire" and o.extra.get("fenced") == 0)
+            ]
         ),
-        key=lambda o: o.end_ns,
+        key=lambda b: b[0],
     )
+    barriers = [(t, o) for t, o in barriers if o.token is not None]
     writes = [o for o in rops if o.op == "write" and o.ok and o.token is not None]
-    best: Operation | None = None  # highest-token barrier completed before the write's start
+    best: Operation | None = None  # highest-token barrier holding before the write's start
+    best_at = 0.0
     i = 0
     out = []
     for w in sorted(writes, key=lambda o: o.start_ns):
-        while i < len(barriers) and barriers[i].end_ns < w.start_ns:
-            if best is None or _tok(barriers[i]) > _tok(best):
-                best = barriers[i]
+        while i < len(barriers) and barriers[i][0] < w.start_ns:
+            if best is None or _tok(barriers[i][1]) > _tok(best):
+                best_at, best = barriers[i]
             i += 1
         if best is not None and _tok(w) < _tok(best):
             why = (
@@ -332,14 +430,18 @@ def _stale_writes(
                 if best.op == "acquire"
                 else ""
             )
+            when = (
+                f"completed at {at(best_at)}"
+                if best_at == best.end_ns
+                else f"was seen applied by a read at {at(best_at)}"
+            )
             out.append(
                 Violation(
                     ViolationKind.STALE_WRITE_ACCEPTED,
                     resource,
                     f"write {w.op_id} ({w.process}) with token {_tok(w)} invoked at "
                     f"{at(w.start_ns)} was accepted after {best.op} {best.op_id} "
-                    f"({best.process}) with token {_tok(best)} completed at "
-                    f"{at(best.end_ns)}{why}",
+                    f"({best.process}, {best.type}) with token {_tok(best)} {when}{why}",
                     (w.op_id, best.op_id),
                 )
             )
@@ -347,7 +449,11 @@ def _stale_writes(
 
 
 def _stale_reads(
-    resource: str, rops: Sequence[Operation], at: _Clock, flagged: set[str]
+    resource: str,
+    rops: Sequence[Operation],
+    at: _Clock,
+    flagged: set[str],
+    known: dict[str, float],
 ) -> list[Violation]:
     """Rule 3c: a read saw a value written below the token of a write completed before it.
 
@@ -361,17 +467,18 @@ def _stale_reads(
     for w in writes:
         if not w.fail and w.value is not None:
             sources[(w.key or "", w.value)].append(w)
-    # Per key: ok writes that certainly applied themselves, by completion time, with a
-    # running "highest token so far" to answer "best write completed before t" by bisection.
+    # Per key: writes that certainly applied themselves, by the time they were known
+    # applied, with a running "highest token so far" to answer "best write known
+    # applied before t" by bisection.
     ends: dict[str, list[float]] = {}
     best_so_far: dict[str, list[Operation]] = {}
     by_key: dict[str, list[Operation]] = defaultdict(list)
     for w in writes:
-        if w.ok and w.op_id not in suspects:
+        if w.op_id in known and w.op_id not in suspects:
             by_key[w.key or ""].append(w)
     for key, kw in by_key.items():
-        kw.sort(key=lambda o: o.end_ns)
-        ends[key] = [o.end_ns for o in kw]
+        kw.sort(key=lambda o: known[o.op_id])
+        ends[key] = [known[o.op_id] for o in kw]
         running: list[Operation] = []
         for o in kw:
             running.append(o if not running or _tok(o) > _tok(running[-1]) else running[-1])
@@ -389,7 +496,8 @@ def _stale_reads(
             continue
         best = best_so_far[r.key][i - 1]
         if all(
-            _tok(s) < _tok(best) and not (s.ok and s.end_ns < best.start_ns) for s in candidates
+            _tok(s) < _tok(best) and not known.get(s.op_id, math.inf) < best.start_ns
+            for s in candidates
         ):
             src = max(candidates, key=lambda o: o.start_ns)
             if src.op_id in reported:
@@ -402,17 +510,12 @@ def _stale_reads(
                     f"read {r.op_id} ({r.process}) invoked at {at(r.start_ns)} saw {r.key!r} "
                     f"= {r.value!r} from write {src.op_id} ({src.process}, {src.type}) with "
                     f"token {_tok(src)}, which therefore landed after write {best.op_id} "
-                    f"({best.process}) with token {_tok(best)} completed at "
-                    f"{at(best.end_ns)}",
+                    f"({best.process}, {best.type}) with token {_tok(best)} known applied "
+                    f"at {at(known[best.op_id])}",
                     (src.op_id, r.op_id, best.op_id),
                 )
             )
     return out
-
-
-def _settled(w: Operation) -> float:
-    """When a write is known to have taken effect: its ok completion, else never for sure."""
-    return w.end_ns if w.ok else math.inf
 
 
 # -- rule 4 ------------------------------------------------------------------
@@ -439,7 +542,9 @@ def _maybe_deduplicated(writes: Sequence[Operation]) -> set[str]:
     return suspects
 
 
-def _lost_writes(resource: str, rops: Sequence[Operation]) -> list[Violation]:
+def _lost_writes(
+    resource: str, rops: Sequence[Operation], known: dict[str, float]
+) -> list[Violation]:
     reads = _final_reads(rops)
     if not reads:
         return []
@@ -488,7 +593,7 @@ def _lost_writes(resource: str, rops: Sequence[Operation]) -> list[Violation]:
                 )
             )
             continue
-        if last is not None and all(last.start_ns > _settled(w) for w in sources):
+        if last is not None and all(last.start_ns > known.get(w.op_id, math.inf) for w in sources):
             src = max(sources, key=lambda w: w.end_ns)
             out.append(
                 Violation(
@@ -496,7 +601,7 @@ def _lost_writes(resource: str, rops: Sequence[Operation]) -> list[Violation]:
                     resource,
                     f"final read {r.op_id} of key {key!r} found {value!r} from write "
                     f"{src.op_id}, but ok write {last.op_id} ({last.process}, token "
-                    f"{last.token}) was invoked after that write completed: its "
+                    f"{last.token}) was invoked after that write was known applied: its "
                     f"acknowledged value {last.value!r} was lost",
                     (r.op_id, last.op_id, src.op_id),
                 )
@@ -530,6 +635,133 @@ def _duplicate_effects(resource: str, rops: Sequence[Operation]) -> list[Violati
             )
         )
     return out
+
+
+# -- rule 6 ------------------------------------------------------------------
+
+
+def parse_increments(value: str | None) -> tuple[int, list[str]] | None:
+    """``"N#id1,...,idN"`` -> ``(N, [id1, ..., idN])``; ``None`` (not found) -> ``(0, [])``.
+
+    Returns ``None`` for a value that is not in that form. The lock-counter workload
+    writes these values (see rule 6 in the module docstring).
+    """
+    if value is None:
+        return 0, []
+    head, sep, tail = value.partition("#")
+    if not sep or not head.isdigit():
+        return None
+    return int(head), [x for x in tail.split(",") if x]
+
+
+def _lost_updates(
+    resource: str, rops: Sequence[Operation], mode: str, stale: set[str]
+) -> tuple[list[Violation], list[Violation]]:
+    """Rule 6: (violations, findings) of the increments the final reads show.
+
+    ``stale``: writes rule 3 flagged; an increment lost because it was itself a
+    stale write is no window, whatever replaced it.
+    """
+    incs: dict[str, dict[str, Operation]] = defaultdict(dict)  # key -> increment id -> write
+    for o in rops:
+        inc = o.extra.get("increment") if o.op == "write" else None
+        if isinstance(inc, str) and o.key is not None:
+            # A re-sent increment (its outbox) keeps its id: the most certain outcome wins.
+            prev = incs[o.key].get(inc)
+            if prev is None or _certainty(o) > _certainty(prev):
+                incs[o.key][inc] = o
+    bad: list[Violation] = []
+    window: list[Violation] = []
+    for r in _final_reads(rops):
+        key = r.key or ""
+        by_id = incs.get(key)
+        if not by_id:
+            continue
+        parsed = parse_increments(r.value)
+        if parsed is None:
+            continue  # not an increment list: rule 4 judges where it came from
+        count, listed = parsed
+        final = set(listed)
+        if count != len(listed) or len(final) != len(listed):
+            bad.append(
+                Violation(
+                    ViolationKind.LOST_UPDATE,
+                    resource,
+                    f"final read {r.op_id} of {key!r} says {count} increments but lists "
+                    f"{len(listed)} ({len(final)} distinct)",
+                    (r.op_id,),
+                )
+            )
+        for inc, w in sorted(by_id.items(), key=lambda kv: kv[1].start_ns):
+            if w.fail and inc in final:
+                bad.append(
+                    Violation(
+                        ViolationKind.REJECTED_WRITE_LANDED,
+                        resource,
+                        f"final read {r.op_id} of {key!r} lists increment {inc!r} of write "
+                        f"{w.op_id} ({w.process}, token {w.token}), which the guard "
+                        f"rejected ({w.error})",
+                        (w.op_id, r.op_id),
+                    )
+                )
+            elif w.ok and inc not in final:
+                v, in_window = _lost_increment(resource, key, r, w, listed, by_id, mode)
+                in_window = in_window and w.op_id not in stale
+                (window if in_window else bad).append(v)
+    return bad, window
+
+
+def _certainty(o: Operation) -> int:
+    return 2 if o.ok else 1 if o.fail else 0
+
+
+def _lost_increment(
+    resource: str,
+    key: str,
+    final_read: Operation,
+    lost: Operation,
+    listed: list[str],
+    by_id: dict[str, Operation],
+    mode: str,
+) -> tuple[Violation, bool]:
+    """The violation (or finding) for ok increment ``lost`` missing from ``listed``."""
+    parsed = parse_increments(lost.value)
+    mine = parsed[1] if parsed is not None else []
+    shared = 0
+    for a, b in zip(mine, listed, strict=False):
+        if a != b:
+            break
+        shared += 1
+    # The increment that took the place of ``lost`` (or of the branch it built on).
+    winner = by_id.get(listed[shared]) if shared < len(listed) else None
+    in_window = (
+        mode in WINDOW_MODES
+        and winner is not None
+        and winner.token is not None
+        and lost.token is not None
+        and winner.token > lost.token
+    )
+    if winner is not None:
+        why = (
+            f"increment {listed[shared]!r} of write {winner.op_id} ({winner.process}, "
+            f"{winner.type}, token {winner.token}) took its place"
+        )
+    else:
+        why = f"the final list has only {len(listed)} of its {len(mine) - 1} predecessors"
+    note = (
+        f" (the {mode} mode's documented window: a newer holder read before this write "
+        "landed and wrote over it)"
+        if in_window
+        else ""
+    )
+    v = Violation(
+        ViolationKind.LOST_UPDATE,
+        resource,
+        f"acknowledged increment of write {lost.op_id} ({lost.process}, token {lost.token}) "
+        f"is missing from final read {final_read.op_id} of {key!r}: {why}{note}",
+        (lost.op_id, final_read.op_id, *((winner.op_id,) if winner is not None else ())),
+    )
+    return v, in_window
 
 
 # -- measurements -------------------------------------------------------------
@@ -635,9 +867,11 @@ __all__ = [
     "EFFECT_PREFIX",
     "GRANT_FENCED_MODES",
     "MODES",
+    "WINDOW_MODES",
     "CheckResult",
     "Stats",
     "Violation",
     "ViolationKind",
     "check",
+    "parse_increments",
 ]

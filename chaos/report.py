@@ -67,6 +67,10 @@ def verdict_rows(result: ScenarioResult) -> list[dict[str, str]]:
                 "guard": run.guard_mode,
                 "valid": "yes" if run.valid else "NO",
                 "violations": _kinds(run.result),
+                "findings": ", ".join(
+                    f"{k}={n}" for k, n in sorted(run.result.finding_counts().items())
+                )
+                or "none",
                 "stale rejected": str(s.stale_rejected),
                 "overlaps (ms)": f"{s.overlap_count} ({s.overlap_ms:.0f})",
                 "takeover p50/p99 ms": f"{_ms(percentile(lat, 50))} / {_ms(percentile(lat, 99))}",
@@ -125,6 +129,10 @@ def _run_json(run: RunOutcome) -> dict[str, Any]:
         "violations": [
             {"kind": v.kind, "resource": v.resource, "detail": v.detail, "op_ids": list(v.op_ids)}
             for v in run.result.violations
+        ],
+        "findings": [
+            {"kind": f.kind, "resource": f.resource, "detail": f.detail, "op_ids": list(f.op_ids)}
+            for f in run.result.findings
         ],
         "stats": {
             "ops": s.ops,

@@ -33,6 +33,11 @@ guard-crash                            paused; a newer holder writes; the guard 
 clock-skew                             its SDK clock slows to a quarter and it is cut
                                        from the lease server: its lease.check() keeps
                                        passing long after the lease expired
+lock-counter                           (the lock-counter workload) paused; woken after
+                                       a newer holder wrote, or while that one's first
+                                       increment is prepared (the monotonic window)
+pause-worker                           (queue jobs) paused mid-step past its claim; the
+                                       job is rescued and written; it wakes and writes
 =====================================  ===========================================
 
 An observer thread in the harness reads every key of every resource every
@@ -122,6 +127,19 @@ TAKEOVER_S: Final = 2.0
 takes the struck holder's resource over (a TTL of at most 1.2 s, then a step) and
 writes while the struck holder is still stale."""
 
+JOB_MODES: Final = frozenset({"monotonic", "promise", "watch", "strict"})
+"""The fence modes the job scenario applies to: every one. ``watch`` follows claims
+and rescues as events of the lease server's log; ``strict`` accepts a live claim's
+token in the write's transaction and refuses an expired or rescued one (PostgreSQL:
+the queue lives in the lease backend's schema)."""
+
+JOB_BACKENDS: Final = ("sqlite", "postgres")
+"""Lease backends that host a job queue beside the leases (Redis keeps none)."""
+
+CLIENT_START_S: Final = 30.0
+"""Bound on the time client processes take to start (import, connect) before the
+harness times the run from their start."""
+
 RESTART_S: Final = 1.0
 """Allowance for a server process to start again and its clients to reconnect."""
 
@@ -144,6 +162,7 @@ class RunContext:
     profile: Profile
     journal_dir: Path
     deadline: float
+    fence_mode: str = "monotonic"
     stop: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -219,6 +238,28 @@ class RunContext:
             time.sleep(0.002)
         return True
 
+    def busy_workers(self, needs_s: float) -> Iterator[ClientNode]:
+        """Clients caught with a write prepared and not yet sent, one per fault cycle.
+
+        For the jobs workload, whose claims the lease server's ``Describe`` does not
+        show: a journal note means the client holds a claim and is inside a step.
+        Bounded like :meth:`strikes`.
+        """
+        for _ in range(MAX_CYCLES):
+            found: ClientNode | None = None
+            while found is None and not self.stop.is_set():
+                if self.time_left() < needs_s:
+                    return
+                for node in self.cluster.clients.values():
+                    if node.proc.alive and pending_write(self.journal_dir, node.name):
+                        found = node
+                        break
+                else:
+                    self.stop.wait(0.005)
+            if found is None:
+                return
+            yield found
+
     def strikes(self, needs_s: float) -> Iterator[tuple[ClientNode, str, int]]:
         """Fresh holders to strike (see :meth:`fresh_holder`), one per fault cycle.
 
@@ -246,7 +287,8 @@ class Scenario:
     """A named fault story: topology needs, client profile, schedule, expected control kinds.
 
     ``expected`` lists the violation kinds the control may show; at least one must
-    appear. ``backends`` are those the scenario makes sense on.
+    appear. ``backends`` are those the scenario makes sense on, ``modes`` the fence
+    modes (``None``: all), ``workload`` the clients' ``--workload``.
     """
 
     name: str
@@ -260,6 +302,9 @@ class Scenario:
     skew_offset: float = 0.0
     expected: frozenset[str] = frozenset({ViolationKind.STALE_WRITE_ACCEPTED.value})
     backends: tuple[str, ...] = faults.BACKENDS
+    workload: str = "effects"
+    modes: frozenset[str] | None = None
+    """Fence modes the scenario applies to (``None``: every mode the build has)."""
 
     def topology(self, backend: str, guard_mode: str) -> Topology:
         return Topology(
@@ -359,6 +404,40 @@ def _guard_crash(ctx: RunContext) -> None:
         ctx.sleep(ctx.rng.uniform(0.5, 1.0))
 
 
+def _lock_counter(ctx: RunContext) -> None:
+    # Two ways to wake a paused holder, alternating: late (the newer holder has
+    # written: the old increment must be refused in every mode; the control accepts
+    # it and loses the newer increments) and in the window (the newer holder has
+    # read the counter and prepared its first increment, not yet sent it: only a
+    # fence that knows of the grant refuses the old increment; in monotonic mode it
+    # lands and the newer holder's write loses it, the documented window, a finding
+    # in the fenced run and the control alike). In monotonic mode the late wake
+    # comes first, since only it can catch that mode's control; in the other modes
+    # the window wake, the stronger test of their fence, and a control caught either way.
+    pause_s = ctx.ttl_max_s * ctx.rng.uniform(1.9, 2.3)
+    late_first = ctx.fence_mode == "monotonic"
+    for cycle, (node, resource, token) in enumerate(ctx.strikes(TAKEOVER_S)):
+        late = (cycle % 2 == 0) == late_first
+        with faults.paused(node.proc, ctx.log, label=node.name):
+            if late or not ctx.wait_for_token_above(resource, token, ctx.ttl_max_s + 1.5):
+                time.sleep(pause_s)
+            else:
+                held = ctx.holder_of(resource)
+                if held is not None:
+                    ctx.wait_for_pending_write(client_of(held[0]), 1.0)
+        ctx.sleep(ctx.rng.uniform(0.3, 0.8))
+
+
+def _pause_worker(ctx: RunContext) -> None:
+    # Past its claim's TTL, so the next claim rescues the job with a newer token and
+    # the rescuer writes; then the worker wakes and sends the increment it prepared.
+    pause_s = ctx.ttl_max_s * ctx.rng.uniform(1.9, 2.3)
+    for node in ctx.busy_workers(TAKEOVER_S):
+        with faults.paused(node.proc, ctx.log, label=node.name):
+            time.sleep(pause_s)
+        ctx.sleep(ctx.rng.uniform(0.3, 0.8))
+
+
 def _clock_skew(ctx: RunContext) -> None:
     part_s = ctx.ttl_max_s * ctx.rng.uniform(2.2, 2.6)
     for node, _, _ in ctx.strikes(TAKEOVER_S):
@@ -427,6 +506,29 @@ SCENARIOS: Final[dict[str, Scenario]] = {
             profile=replace(LONG_JOBS, check="step"),
             proxy_lease=True,
             skew_rate=0.25,
+        ),
+        Scenario(
+            "lock-counter",
+            "the lock-counter (read, work, write count+1 with an increment id): pause a "
+            "fresh holder; wake it after a newer holder wrote, or while that one's "
+            "first increment is prepared",
+            _lock_counter,
+            workload="counter",
+            expected=frozenset(
+                {ViolationKind.STALE_WRITE_ACCEPTED.value, ViolationKind.LOST_UPDATE.value}
+            ),
+        ),
+        Scenario(
+            "pause-worker",
+            "queue jobs running the lock-counter: SIGSTOP a worker mid-step past its "
+            "claim; another worker rescues the job and writes; the first wakes and writes",
+            _pause_worker,
+            workload="jobs",
+            expected=frozenset(
+                {ViolationKind.STALE_WRITE_ACCEPTED.value, ViolationKind.LOST_UPDATE.value}
+            ),
+            backends=JOB_BACKENDS,
+            modes=JOB_MODES,
         ),
     ]
 }
@@ -602,7 +704,7 @@ def client_argv(
         f"{scenario.skew_offset:g}",
         *scenario.profile.argv(),
     ]
-    argv += ["--fence-mode", config.fence_mode]
+    argv += ["--fence-mode", config.fence_mode, "--workload", scenario.workload]
     if config.fence_mode == "watch" and guard_mode != "watch":
         # The control's guard follows no events: its fence never learns of a grant,
         # so do not wait for it (the acquire is recorded at once, with fenced=0).
@@ -687,7 +789,10 @@ def _drive(
         resources=config.resource_names(),
         profile=scenario.profile,
         journal_dir=workdir / "journal",
-        deadline=begin + config.duration,
+        # Provisional, until the clients have started (below): a schedule must not
+        # give up on strikes while the clients are still importing.
+        deadline=begin + config.duration + CLIENT_START_S,
+        fence_mode=config.fence_mode,
     )
 
     def drive() -> None:
@@ -700,7 +805,14 @@ def _drive(
     driver.start()
     try:
         start_clients()
-        # The clients count their duration from their own start (a little later still).
+        # The clients count their duration from their own start, after their imports
+        # (seconds on a loaded machine): wait (bounded) until each has opened its
+        # history, so strikes are timed against the clients' deadline, not a guess.
+        opened = time.monotonic() + CLIENT_START_S
+        while time.monotonic() < opened and not all(
+            (history_dir / f"{name}.jsonl").exists() for name in cluster.clients
+        ):
+            time.sleep(0.02)
         begin = time.monotonic()
         ctx.deadline = begin + config.duration
         # Clients stop starting jobs at the deadline; allow for the longest job and for
@@ -729,13 +841,18 @@ def _drive(
                 f"client {node.name} exited with {node.proc.returncode}: {node.proc.log_tail(600)}"
             )
     cluster.stop_proxies()
+    # Job resources are named by the queue: the history says which were claimed.
+    resources = sorted(
+        set(config.resource_names())
+        | {e.resource for e in read_history(history_dir) if e.op == "acquire"}
+    )
     try:
-        read = record_final_reads(cluster.guard_target, config.resource_names(), history_dir)
+        read = record_final_reads(cluster.guard_target, resources, history_dir)
     except Exception as exc:
         errors.append(f"final reads failed: {type(exc).__name__}: {exc}")
     else:
-        if read < 2 * config.resources:
-            errors.append(f"only {read} of {2 * config.resources} final reads succeeded")
+        if read < 2 * len(resources):
+            errors.append(f"only {read} of {2 * len(resources)} final reads succeeded")
 
 
 def run_scenario(
@@ -754,6 +871,11 @@ def run_scenario(
         ) from None
     if config.backend not in scenario.backends:
         raise ValueError(f"scenario {scenario.name} does not run on {config.backend}")
+    if scenario.modes is not None and config.fence_mode not in scenario.modes:
+        raise ValueError(
+            f"scenario {scenario.name} does not apply to fence mode {config.fence_mode!r} "
+            f"(it applies to {', '.join(sorted(scenario.modes))})"
+        )
     if config.fence_mode not in available_modes():
         raise ValueError(
             f"fence mode {config.fence_mode!r} is not available here "
@@ -789,6 +911,8 @@ def run_scenario(
 
 __all__ = [
     "GUARD_MODES",
+    "JOB_BACKENDS",
+    "JOB_MODES",
     "LONG_JOBS",
     "RESTART_JOBS",
     "SCENARIOS",

@@ -19,6 +19,30 @@ one instead, so a resource left by a dead or cut-off holder soon finds a taker::
                                               retried on an unknown outcome
     release
 
+``--workload counter`` is the classic lock-counter instead: each step reads
+``counter`` (``"N#id1,...,idN"``: a count and the ids of the increments it holds),
+sleeps, and writes ``"N+1#id1,...,idN,ID"`` with the lease's token, a fresh
+increment id ``ID`` (recorded as ``extra["increment"]``, also the write's
+idempotency key) in the same write; no effect log. The checker's rule 6 then
+proves from the final value and the history that no acknowledged increment was
+lost and no rejected one landed. A counter write of unknown outcome ends the job:
+the next increment would build on a value that write may still overwrite when it
+lands, a lost update under one token that no fence can tell apart; and in watch
+mode a job whose grant the guard was not seen to know of (``fenced=0`` while
+``--await-fence`` > 0) does no steps, since its reads could precede the fence.
+
+``--workload jobs`` runs the lock-counter inside queue jobs: the client keeps the
+queue ``chaos`` stocked (one job enqueued before each claim; each job fences its
+own resource ``job/chaos/<id>``), claims one job at a time with the drawn TTL (no
+heartbeats), and runs increments on the job's resource with the claim's token,
+calling ``job.check()`` before each step, then completes it (recorded as a
+``release``). A claim is recorded as an ``acquire`` of the job's resource once it
+returned (the resource is not known before; in promise mode after the client's
+own ``Fence`` of the claim returned, in watch mode once the guard's fence reached
+its token). A worker paused past its claim is rescued by the next claim (rescues
+come first): the rescuer's claim carries a higher token, and the paused worker's
+prepared increment must then be refused.
+
 What a client does *not* do is the point: it never re-checks its lease between
 preparing a write and sending it, and with ``--check job`` never between steps,
 so a job that outlives its lease (a pause, a partition, a lease-server outage,
@@ -70,24 +94,37 @@ from typing import Any, Final
 
 import grpc
 
-from chaos.history import HistoryWriter, Recorder
+from chaos.checker import parse_increments
+from chaos.history import ExtraValue, HistoryWriter, Recorder
 from fencing import (
-    BackendUnavailableError,
     Claim,
-    DeadlineExceededError,
     FencingError,
     GuardClient,
+    InvalidArgumentError,
+    Job,
     Lease,
     LeaseClient,
     LeaseHeldError,
     LeaseLost,
+    PermissionDeniedError,
     Put,
+    QueueClient,
+    ResourceExhaustedError,
     StaleTokenError,
+    UnauthenticatedError,
 )
 from fencing.limits import MAX_MESSAGE_BYTES
+from fencing.types import Fenced
 
 COUNTER_KEY: Final = "counter"
 """The key every step reads, increments and writes back."""
+
+WORKLOADS: Final = ("effects", "counter", "jobs")
+"""``--workload`` choices: the counter and effect log (default), the lock-counter, or
+the lock-counter inside queue jobs."""
+
+JOB_QUEUE: Final = "chaos"
+"""The queue the ``jobs`` workload enqueues to and claims from."""
 
 EFFECT_KEY: Final = "effect/log"
 """Comma-separated idempotency keys, one appended per step (see the checker's rule 5)."""
@@ -227,6 +264,14 @@ def parser() -> argparse.ArgumentParser:
         "guard's fence to reach a new token before recording the acquire",
     )
     p.add_argument("--await-fence", type=float, default=1.0, help="watch mode: seconds")
+    p.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="effects",
+        help="effects: counter + effect log (default); counter: the lock-counter, each "
+        "write carrying the increment ids it read plus its own; jobs: the lock-counter "
+        "inside queue jobs, fenced by their claims",
+    )
     p.add_argument("--skew-rate", type=float, default=1.0, help="clock rate on SIGUSR1")
     p.add_argument("--skew-offset", type=float, default=0.0, help="clock jump (s) on SIGUSR1")
     defaults = Profile()
@@ -264,6 +309,7 @@ class Intent:
     key: str
     value: str
     idempotency_key: str | None = None
+    increment: str | None = None
 
 
 class Journal:
@@ -318,9 +364,27 @@ def _reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+REFUSALS: Final = (
+    StaleTokenError,
+    LeaseLost,
+    LeaseHeldError,
+    InvalidArgumentError,
+    UnauthenticatedError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+)
+"""Errors by which the server refused a request as a whole: it certainly had no effect."""
+
+
 def _unknown(exc: BaseException) -> bool:
-    """Errors after which a request may or may not have taken effect."""
-    return isinstance(exc, BackendUnavailableError | DeadlineExceededError | grpc.RpcError)
+    """Whether a request may or may not have taken effect after ``exc``.
+
+    Only a server's explicit refusal (:data:`REFUSALS`) is a ``fail``; everything
+    else (unavailable, a deadline, a reset connection, a closed channel, an error
+    this list does not know) is recorded ``info``, since the checker trusts a
+    ``fail`` to have had no effect.
+    """
+    return not isinstance(exc, REFUSALS)
 
 
 def parse_counter(value: str | None) -> int:
@@ -385,6 +449,9 @@ class Client:
     # -- the loop --
 
     def run(self) -> None:
+        if self.args.workload == "jobs":
+            self.run_jobs()
+            return
         self.replay()
         deadline = time.monotonic() + self.args.duration
         # No job runs on for long after the last one may start (bounded in time).
@@ -401,6 +468,77 @@ class Client:
                 resource = self.resources[(i + 1) % len(self.resources)]
             jobs += 1
             self._sleep_ms(self.args.idle_ms)
+
+    def run_jobs(self) -> None:
+        """The ``jobs`` workload: enqueue one, claim one (a rescue first), run it."""
+        self.replay()
+        deadline = time.monotonic() + self.args.duration
+        self.jobs_end = deadline + JOB_OVERRUN_S
+        runs = 0
+        with QueueClient(
+            self.args.lease,
+            worker=self.process,
+            rpc_timeout=self.args.lease_timeout,
+            channel=self._lease_channel,
+        ) as queue:
+            while not self.stopping and runs < self.args.max_jobs and time.monotonic() < deadline:
+                with contextlib.suppress(Exception):
+                    queue.enqueue(JOB_QUEUE, b"", idempotency_key=f"{self.process}/j{runs}")
+                self.claim_and_run(queue)
+                runs += 1
+                self._sleep_ms(self.args.idle_ms)
+
+    def claim_and_run(self, queue: QueueClient) -> None:
+        ttl_s = self.rng.uniform(*self.args.ttl_ms) / 1000
+        job_s = self.rng.uniform(*self.args.job_ms) / 1000
+        try:
+            claimed = queue.claim(JOB_QUEUE, ttl=ttl_s, wait=self.args.acquire_timeout)
+        except Exception:
+            time.sleep(0.05)
+            return
+        if not claimed:
+            return
+        job = claimed[0]
+        # Recorded once the claim returned: its resource is only known then.
+        op = self.rec.invoke("acquire", job.resource, ttl_ms=job.ttl_ms, job=job.id)
+        fenced = True
+        if self.args.fence_mode == "promise":
+            try:
+                self.guard.fence(job)
+            except Exception as exc:
+                self.rec.complete(op, "info", error=_reason(exc))
+                with contextlib.suppress(Exception):
+                    queue.release(job)
+                return
+        if self.args.fence_mode == "watch":
+            fenced = self.await_fence(job)
+            self.rec.complete(op, "ok", token=job.token, ttl_ms=job.ttl_ms, fenced=int(fenced))
+        else:
+            self.rec.complete(op, "ok", token=job.token, ttl_ms=job.ttl_ms)
+        if fenced or not self.args.await_fence:
+            self.work_job(job, job_s)
+        if job.lost.is_set():
+            return  # recorded as lost; a rescuer owns it now
+        done = self.rec.invoke("release", job.resource, token=job.token, job=job.id)
+        try:
+            queue.complete(job)
+        except Exception as exc:
+            self.rec.complete(done, "info" if _unknown(exc) else "fail", error=_reason(exc))
+        else:
+            self.rec.complete(done, "ok")
+
+    def work_job(self, job: Job, job_s: float) -> None:
+        end = min(time.monotonic() + job_s, self.jobs_end)
+        for _ in range(MAX_STEPS_PER_JOB):
+            if self.stopping:
+                return
+            try:
+                job.check()
+            except LeaseLost:
+                self.rec.lost(job.resource, job.token)
+                return
+            if self.increment(job) is Outcome.STOP or time.monotonic() >= end:
+                return
 
     def _sleep_ms(self, bounds: tuple[float, float]) -> None:
         time.sleep(self.rng.uniform(*bounds) / 1000)
@@ -430,16 +568,19 @@ class Client:
                 resource, ttl_s, timeout=self.args.acquire_timeout, **hold_kw
             ) as lease:
                 acquired = True
+                fenced = True
                 if self.args.fence_mode == "watch":
-                    fenced = int(self.await_fence(lease))
+                    fenced = self.await_fence(lease)
                     self.rec.complete(
-                        op, "ok", token=lease.token, ttl_ms=lease.ttl_ms, fenced=fenced
+                        op, "ok", token=lease.token, ttl_ms=lease.ttl_ms, fenced=int(fenced)
                     )
                 else:
                     self.rec.complete(op, "ok", token=lease.token, ttl_ms=lease.ttl_ms)
                 lease.on_lost(self._on_lost)
+                skip = self.args.workload == "counter" and not fenced and self.args.await_fence
                 try:
-                    self.work(lease, job_s)
+                    if not skip:
+                        self.work(lease, job_s)
                 finally:
                     self.release(lease)
         except LeaseLost:
@@ -459,7 +600,7 @@ class Client:
             time.sleep(0.05)
         return acquired
 
-    def await_fence(self, lease: Lease) -> bool:
+    def await_fence(self, lease: Fenced) -> bool:
         """Watch mode: wait (bounded) until the guard's fence for the resource reached
         the lease's token, i.e. the guard learnt of the grant from the lease server."""
         end = time.monotonic() + self.args.await_fence
@@ -503,6 +644,8 @@ class Client:
                 return
 
     def step(self, lease: Lease) -> Outcome:
+        if self.args.workload == "counter":
+            return self.increment(lease)
         resource = lease.resource
         found, current = self.read(resource, COUNTER_KEY)
         if not found:
@@ -519,6 +662,25 @@ class Client:
         if outcome is Outcome.STOP:
             return outcome
         return self.append_effect(lease, f"{self.process}/e{n}")
+
+    def increment(self, lease: Fenced) -> Outcome:
+        """One lock-counter step: read, work, write count+1 with the ids read plus a new one."""
+        found, current = self.read(lease.resource, COUNTER_KEY)
+        if not found:
+            self._sleep_ms(self.args.step_ms)
+            return Outcome.UNKNOWN
+        parsed = parse_increments(current)
+        if parsed is None:
+            return Outcome.STOP  # not a lock-counter value: nothing to build on
+        count, ids = parsed
+        inc = f"{self.process}/i{self._next()}"
+        value = f"{count + 1}#{','.join([*ids, inc])}"
+        intent = Intent(lease.resource, lease.token, COUNTER_KEY, value, inc, increment=inc)
+        self.journal.note(intent)
+        self._sleep_ms(self.args.step_ms)  # the work: a pause here makes the write stale
+        outcome = self.write(lease, intent)
+        self.journal.clear()
+        return Outcome.STOP if outcome is Outcome.UNKNOWN else outcome
 
     def append_effect(self, lease: Lease, effect_id: str) -> Outcome:
         """Append ``effect_id`` to the effect log at most once, retrying unknown outcomes."""
@@ -556,7 +718,9 @@ class Client:
         self.rec.complete(op, "ok", value=value, written_by_token=record.written_by_token)
         return True, value
 
-    def write(self, fenced: Lease | Claim, intent: Intent, **extra: int) -> Outcome:
+    def write(self, fenced: Fenced, intent: Intent, **extra: ExtraValue) -> Outcome:
+        if intent.increment is not None:
+            extra["increment"] = intent.increment
         op = self.rec.invoke(
             "write",
             intent.resource,

@@ -9,7 +9,14 @@ under test: the fenced run must be valid and the control must show violations,
 or the faults were too weak to prove anything. Prints a verdict table and writes
 ``result.json`` and ``timeline.html`` (open it in a browser) to ``--out``.
 
-Exit status: 0 if the scenario passed, 1 if it failed, 2 for bad arguments.
+``fencing chaos run --matrix`` runs every scenario on every backend (SQLite,
+PostgreSQL, Redis) in every fence mode (monotonic, promise, watch, strict) it
+applies to, each with its control, and prints one verdict table; ``--short`` runs
+the few cells CI runs. ``--scenario``, ``--backend`` and ``--fence-mode`` given
+with ``--matrix`` keep only those cells.
+
+Exit status: 0 if the scenario (every cell) passed, 1 if one failed (a fenced run
+with a violation, or a control that caught nothing), 2 for bad arguments.
 ``fencing chaos list`` names the scenarios. Needs a source checkout (the harness
 runs ``python -m chaos.workload``); loopback only.
 """
@@ -33,18 +40,27 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     chaos_sub = p.add_subparsers(dest="chaos_command", required=True, metavar="ACTION")
-    run = chaos_sub.add_parser("run", help="run one scenario and its control")
-    run.add_argument("--scenario", required=True, help="see `fencing chaos list`")
-    run.add_argument("--backend", choices=["sqlite", "postgres", "redis"], default="sqlite")
+    run = chaos_sub.add_parser("run", help="run one scenario and its control, or the matrix")
+    run.add_argument("--scenario", help="see `fencing chaos list`")
+    run.add_argument("--backend", choices=["sqlite", "postgres", "redis"], help="default sqlite")
     run.add_argument(
         "--fence-mode",
-        default="monotonic",
         help="the mode under test: monotonic (default), strict (postgres or redis), watch, "
         "promise (a monotonic guard and hold(fence=[guard])), as this build has them",
     )
+    run.add_argument(
+        "--matrix",
+        action="store_true",
+        help="every scenario x backend x fence mode that applies, each with its control",
+    )
+    run.add_argument("--short", action="store_true", help="with --matrix: the cells CI runs")
     run.add_argument("--clients", type=_positive_int, default=4)
     run.add_argument("--resources", type=_positive_int, default=2)
-    run.add_argument("--duration", type=_positive_float, default=10.0, help="seconds per run")
+    run.add_argument(
+        "--duration",
+        type=_positive_float,
+        help="seconds per run (default 10; 6 with --matrix)",
+    )
     run.add_argument("--seed", type=int, default=1)
     run.add_argument("--no-control", action="store_true", help="skip the unfenced control run")
     run.add_argument("--out", type=Path, help="directory for results (default: a temp dir)")
@@ -125,30 +141,33 @@ def run_command(args: argparse.Namespace) -> int:
     from chaos.report import result_json, verdict_table, write_report
     from chaos.scenarios import SCENARIOS, RunConfig, run_scenario
 
-    if args.scenario not in SCENARIOS:
+    if args.scenario is not None and args.scenario not in SCENARIOS:
         print(
             f"unknown scenario {args.scenario!r}; one of: {', '.join(SCENARIOS)}",
             file=sys.stderr,
         )
         return 2
+    if args.short and not args.matrix:
+        print("fencing chaos: --short goes with --matrix", file=sys.stderr)
+        return 2
+    if args.matrix:
+        return _matrix_command(args)
+    if args.scenario is None:
+        print("fencing chaos: give --scenario NAME, or --matrix", file=sys.stderr)
+        return 2
     out: Path = args.out or Path(tempfile.mkdtemp(prefix=f"fencing-chaos-{args.scenario}-"))
     config = RunConfig(
         scenario=args.scenario,
-        backend=args.backend,
-        fence_mode=args.fence_mode,
+        backend=args.backend or "sqlite",
+        fence_mode=args.fence_mode or "monotonic",
         clients=args.clients,
         resources=args.resources,
-        duration=args.duration,
+        duration=args.duration or 10.0,
         seed=args.seed,
         control=not args.no_control,
     )
     progress = _ProgressLine(args.quiet)
-
-    def on_term(signum: int, frame: object) -> None:
-        # Unwind, so every process and proxy the harness started is stopped.
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_term)
+    _unwind_on_sigterm()
     try:
         result = run_scenario(config, out, progress=progress)
     except ValueError as exc:
@@ -162,6 +181,66 @@ def run_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result_json(result), indent=2))
     return 0 if result.passed else 1
+
+
+def _unwind_on_sigterm() -> None:
+    def on_term(signum: int, frame: object) -> None:
+        # Unwind, so every process and proxy the harness started is stopped.
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
+def _matrix_command(args: argparse.Namespace) -> int:
+    from chaos.matrix import Cell, cell_row, cells, matrix_table, run_matrix
+    from chaos.scenarios import RunConfig, available_modes
+
+    if args.fence_mode is not None and args.fence_mode not in available_modes():
+        print(
+            f"fencing chaos: fence mode {args.fence_mode!r} is not available here "
+            f"(expected one of {available_modes()})",
+            file=sys.stderr,
+        )
+        return 2
+    base = RunConfig(
+        scenario="",
+        clients=args.clients,
+        resources=args.resources,
+        duration=args.duration or 6.0,
+        seed=args.seed,
+        control=not args.no_control,
+    )
+    todo = cells(
+        short=args.short,
+        scenarios=None if args.scenario is None else [args.scenario],
+        backends=None if args.backend is None else [args.backend],
+        modes=None if args.fence_mode is None else [args.fence_mode],
+        base=base,
+    )
+    if not todo:
+        print("fencing chaos: no cell of the matrix applies to that selection", file=sys.stderr)
+        return 2
+    out: Path = args.out or Path(tempfile.mkdtemp(prefix="fencing-chaos-matrix-"))
+    progress = _ProgressLine(args.quiet)
+    _unwind_on_sigterm()
+
+    def on_cell(cell: Cell) -> None:
+        progress.done()
+        if not args.quiet:
+            row = cell_row(cell)
+            print(
+                f"[{len(done_so_far) + 1}/{len(todo)}] {row['scenario']} {row['backend']} "
+                f"{row['mode']}: {row['verdict']} ({row['s']} s)",
+                file=sys.stderr,
+            )
+        done_so_far.append(cell)
+
+    done_so_far: list[Cell] = []
+    done = run_matrix(todo, out, progress=progress, on_cell=on_cell)
+    progress.done()
+    print(matrix_table(done))
+    print(f"results: {out / 'matrix.json'} (and one directory per cell)")
+    return 0 if all(c.result.passed for c in done) else 1
 
 
 def report_command(args: argparse.Namespace) -> int:

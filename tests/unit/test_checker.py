@@ -442,6 +442,55 @@ def test_late_write_seen_by_a_read_is_flagged(sim: Sim, data: st.DataObject) -> 
         assert result.violations[0].op_ids[:2] == ("intruder:1", "observer:1")
 
 
+@MUT
+@given(simulations(), st.data())
+def test_a_lost_reply_never_makes_a_valid_history_invalid(sim: Sim, data: st.DataObject) -> None:
+    # An unknown outcome never counts as finished: turning any acknowledged write
+    # into one whose reply was lost (it did apply) must not create a violation.
+    writes = ok_ops(sim, "write")
+    if not writes:
+        return
+    lost = {o.op_id for o in data.draw(st.lists(st.sampled_from(writes), min_size=1))}
+    events = [
+        replace(e, type="info", error="DEADLINE_EXCEEDED")
+        if e.op_id in lost and e.type == "ok"
+        else e
+        for e in sim.events
+    ]
+    for mode in modes_for(sim):
+        result = check(events, mode=mode)
+        assert result.valid, result.summary()
+
+
+@MUT
+@given(simulations(), st.data())
+def test_a_write_below_an_unknown_write_a_read_showed_is_flagged(
+    sim: Sim, data: st.DataObject
+) -> None:
+    ops = pair_operations(sim.events)
+    by_value = {(o.resource, o.key, o.value): o for o in ops if o.op == "write" and o.info}
+    shown = [
+        (r, by_value[(r.resource, r.key, r.value)])
+        for r in ops
+        if r.op == "read" and r.ok and (r.resource, r.key, r.value) in by_value
+    ]
+    if not shown:
+        return
+    r, w = data.draw(st.sampled_from(shown))
+    assert isinstance(r.end_ns, int)
+    assert w.token is not None
+    # Without the read, w's timed-out completion would prove nothing (the property
+    # above); the read proves it landed, so a lower token after the read is stale.
+    events = inject(
+        sim, "write", r.resource, r.end_ns + 1, r.end_ns + 2,
+        token=w.token - TOKEN_STEP // 2, key="stale/k", value="stale",
+    )  # fmt: skip
+    for mode in modes_for(sim):
+        result = check(events, mode=mode)
+        assert ViolationKind.STALE_WRITE_ACCEPTED in result.kinds()
+        assert any(v.op_ids[0] == "intruder:1" for v in result.violations)
+
+
 def final_reads(events: list[Event]) -> list[Event]:
     """The completion events of the final reads (``final=1`` is on their invocations)."""
     final = {o.op_id for o in pair_operations(events) if o.extra.get("final") == 1}
@@ -1065,3 +1114,249 @@ def test_malformed_events_are_refused(raw: dict[str, object]) -> None:
     good = make_op("p", "p:1", "write", "r", 1, 2, "ok", token=1, key="k", value="v")[0]
     with pytest.raises(HistoryError):
         Event.from_dict({**good.to_dict(), **raw})
+
+
+# -- unknown outcomes and what a read proves ---------------------------------------
+
+
+def test_a_write_of_unknown_outcome_does_not_fence_later_writes_by_its_completion() -> None:
+    # b's newer write timed out: it may never have landed, so a's older write after
+    # it proves nothing. Mutation: the same write acknowledged is a barrier.
+    h = History()
+    newer = h.op("b", "write", "r", 0, 1, "info", token=2, key="k", value="b")
+    h.op("a", "write", "r", 5, 6, token=1, key="k", value="a")
+    for mode in (*ALL_MODES, "off"):
+        assert h.check(mode).valid, mode
+    h.events = [
+        replace(e, type="ok") if e.op_id == newer and e.type == "info" else e for e in h.events
+    ]
+    assert h.check().kinds() == {ViolationKind.STALE_WRITE_ACCEPTED}
+
+
+def test_a_write_of_unknown_outcome_seen_by_a_read_fences_from_that_read() -> None:
+    # A read showed b's timed-out write: it had landed by the read's completion, so
+    # a's older write invoked after that read is stale, in every mode.
+    h = History()
+    newer = h.op("b", "write", "r", 0, 1, "info", token=2, key="k", value="b")
+    seen = h.op("o", "read", "r", 2, 3, key="k", value="b")
+    stale = h.op("a", "write", "r", 5, 6, token=1, key="k", value="a")
+    for mode in (*ALL_MODES, "off"):
+        result = h.check(mode)
+        assert result.kinds() == {ViolationKind.STALE_WRITE_ACCEPTED}, mode
+        assert result.violations[0].op_ids == (stale, newer)
+        assert "seen applied by a read" in result.violations[0].detail
+    # Control: a read still running when a's write was invoked proves nothing yet.
+    h.events = [
+        replace(e, t_mono_ns=8 * MS) if e.op_id == seen and e.type == "ok" else e for e in h.events
+    ]
+    assert h.check().valid
+
+
+def test_a_read_of_a_retried_value_does_not_say_which_attempt_landed() -> None:
+    h = History()
+    h.op("b", "write", "r", 0, 1, "info", token=2, key="k", value="b", idempotency_key="x")
+    h.op("b", "write", "r", 2, 3, "info", token=2, key="k", value="b", idempotency_key="x")
+    h.op("o", "read", "r", 4, 5, key="k", value="b")
+    h.op("a", "write", "r", 6, 7, token=1, key="k", value="a")
+    assert h.check().valid
+
+
+def test_late_write_seen_after_an_unknown_newer_write_was_seen_is_flagged() -> None:
+    # Neither write was acknowledged; the reads order them: b (token 2) had landed
+    # by 3 ms, then a read shows a (token 1): a landed after b, below its fence.
+    h = History()
+    late = h.op("a", "write", "r", 0, 1, "info", token=1, key="k", value="a")
+    newer = h.op("b", "write", "r", 0, 1, "info", token=2, key="k", value="b")
+    h.op("o", "read", "r", 2, 3, key="k", value="b")
+    read = h.op("o", "read", "r", 5, 6, key="k", value="a")
+    for mode in (*ALL_MODES, "off"):
+        result = h.check(mode)
+        assert result.kinds() == {ViolationKind.STALE_WRITE_ACCEPTED}, mode
+        assert result.violations[0].op_ids == (late, read, newer)
+
+
+def test_late_write_needs_the_newer_write_known_applied() -> None:
+    # Control of the above: without the read that showed b, b may never have
+    # landed, and a read of a after b's timeout is no evidence of anything.
+    h = History()
+    h.op("a", "write", "r", 0, 1, "info", token=1, key="k", value="a")
+    newer = h.op("b", "write", "r", 2, 3, "info", token=2, key="k", value="b")
+    h.op("o", "read", "r", 5, 6, key="k", value="a")
+    h.op("z", "read", "r", 10, 11, key="k", value="a", final=1)
+    assert h.check().valid
+    # Mutation: b acknowledged; then the reads prove a late write.
+    h.events = [
+        replace(e, type="ok") if e.op_id == newer and e.type == "info" else e for e in h.events
+    ]
+    assert h.check().kinds() == {ViolationKind.STALE_WRITE_ACCEPTED}
+
+
+def test_an_unknown_write_is_never_overwritten_by_its_own_completion() -> None:
+    # v1's write timed out at 1 ms; an ok write invoked at 2 ms does not prove v1
+    # was overwritten: v1 may have landed after it. Mutation: v1 acknowledged.
+    h = History()
+    first = h.op("a", "write", "r", 0, 1, "info", token=2, key="k", value="v1")
+    h.op("b", "write", "r", 2, 3, token=2, key="k", value="v2")
+    h.op("z", "read", "r", 10, 11, key="k", value="v1", final=1)
+    assert h.check().valid
+    h.events = [
+        replace(e, type="ok") if e.op_id == first and e.type == "info" else e for e in h.events
+    ]
+    assert h.check().kinds() == {ViolationKind.LOST_WRITE}
+
+
+def test_an_unknown_write_seen_by_a_read_is_overwritten_from_that_read() -> None:
+    h = History()
+    h.op("a", "write", "r", 0, 1, "info", token=2, key="k", value="v1")
+    h.op("o", "read", "r", 2, 3, key="k", value="v1")
+    h.op("b", "write", "r", 4, 5, token=2, key="k", value="v2")
+    h.op("z", "read", "r", 10, 11, key="k", value="v1", final=1)
+    result = h.check()
+    assert result.kinds() == {ViolationKind.LOST_WRITE}
+    assert "was lost" in result.violations[0].detail
+
+
+def test_unknown_writes_are_never_required_present_or_absent() -> None:
+    for final in (None, "v1", "v2"):
+        h = History()
+        h.op("a", "write", "r", 0, 1, "info", token=1, key="k", value="v1")
+        h.op("a", "write", "r", 2, None, "info", token=1, key="k", value="v2")
+        h.op("z", "read", "r", 10, 11, key="k", value=final, final=1)
+        assert h.check().valid, final
+
+
+# -- rule 6: lost-update (the lock-counter) -------------------------------------------
+
+
+def inc(
+    h: History,
+    process: str,
+    start: float,
+    end: float | None,
+    type: str,
+    token: int,
+    ids: list[str],
+    error: str | None = None,
+) -> str:
+    """An increment write: the counter and id list it read plus its own id (``ids[-1]``)."""
+    return h.op(
+        process,
+        "write",
+        "r",
+        start,
+        end,
+        type,
+        token=token,
+        key="counter",
+        value=f"{len(ids)}#{','.join(ids)}",
+        error=error,
+        increment=ids[-1],
+    )
+
+
+def final(h: History, ids: list[str] | None, count: int | None = None) -> str:
+    value = None if ids is None else f"{len(ids) if count is None else count}#{','.join(ids)}"
+    return h.op("z", "read", "r", 100, 101, key="counter", value=value, final=1)
+
+
+def test_counter_with_every_increment_is_valid() -> None:
+    h = History()
+    inc(h, "a", 0, 1, "ok", 1, ["a1"])
+    inc(h, "a", 2, 3, "ok", 1, ["a1", "a2"])
+    inc(h, "b", 10, 11, "ok", 2, ["a1", "a2", "b1"])
+    final(h, ["a1", "a2", "b1"])
+    for mode in (*ALL_MODES, "off"):
+        result = h.check(mode)
+        assert result.valid and not result.findings, mode
+
+
+def lost_update_history(old_token: int) -> tuple[History, str]:
+    # a read the counter at 1, then paused; b took over (token 2), read it too, a
+    # woke and wrote (accepted: b had not written), then b wrote over a's increment.
+    h = History()
+    inc(h, "a", 0, 1, "ok", 1, ["a1"])
+    h.op("b", "acquire", "r", 4, 5, token=2)
+    lost = inc(h, "a", 6, 7, "ok", old_token, ["a1", "a2"])
+    inc(h, "b", 8, 9, "ok", 2, ["a1", "b1"])
+    final(h, ["a1", "b1"])
+    return h, lost
+
+
+def test_monotonic_window_lost_update_is_a_finding_not_a_violation() -> None:
+    h, lost = lost_update_history(1)
+    result = h.check("monotonic")
+    assert result.valid
+    assert [f.kind for f in result.findings] == [ViolationKind.LOST_UPDATE]
+    assert result.findings[0].op_ids[0] == lost
+    assert "documented window" in result.findings[0].detail
+    assert "findings" in result.summary()
+
+
+def test_lost_update_is_a_violation_in_the_fenced_modes() -> None:
+    h, lost = lost_update_history(1)
+    for mode in ("promise", "watch", "strict"):
+        result = h.check(mode)
+        # In these modes a's write below b's granted token is also stale (rule 3b).
+        assert ViolationKind.LOST_UPDATE in result.kinds(), mode
+        assert not result.findings, mode
+        assert any(v.op_ids[0] == lost for v in result.violations if v.kind == "lost-update")
+
+
+def test_lost_update_not_explained_by_a_newer_token_is_a_violation_in_monotonic() -> None:
+    # The increment that replaced a's carries the same token: no window explains it.
+    h, _ = lost_update_history(2)
+    result = h.check("monotonic")
+    assert result.kinds() == {ViolationKind.LOST_UPDATE}
+    assert not result.findings
+
+
+def test_an_unknown_increment_may_or_may_not_be_listed() -> None:
+    for listed in (["a1"], ["a1", "a2"]):
+        h = History()
+        inc(h, "a", 0, 1, "ok", 1, ["a1"])
+        inc(h, "a", 2, 3, "info", 1, ["a1", "a2"])
+        final(h, listed)
+        assert h.check().valid, listed
+
+
+def test_a_rejected_increment_in_the_final_list_is_flagged() -> None:
+    h = History()
+    inc(h, "b", 0, 1, "ok", 2, ["b1"])
+    bad = inc(h, "a", 2, 3, "fail", 1, ["b1", "a1"], error="STALE_TOKEN")
+    final(h, ["b1"])
+    assert h.check().valid
+    h.events = h.events[:-2]
+    final(h, ["b1", "a1"])
+    result = h.check()
+    # The final value is the rejected write's own (rule 4) and lists it (rule 6).
+    assert ViolationKind.REJECTED_WRITE_LANDED in result.kinds()
+    assert any(v.op_ids[0] == bad for v in result.violations)
+
+
+def test_a_counter_that_disagrees_with_its_list_is_flagged() -> None:
+    h = History()
+    inc(h, "a", 0, 1, "ok", 1, ["a1"])
+    final(h, ["a1"], count=2)
+    assert ViolationKind.LOST_UPDATE in h.check().kinds()
+
+
+def test_a_missing_counter_loses_every_acknowledged_increment() -> None:
+    h = History()
+    inc(h, "a", 0, 1, "ok", 1, ["a1"])
+    final(h, None)
+    assert ViolationKind.LOST_UPDATE in h.check().kinds()
+
+
+def test_a_lost_increment_that_was_itself_stale_is_no_window() -> None:
+    # a woke after b had written (token 2) and wrote (accepted: unfenced); then c
+    # (token 3), which had read before a's write landed, wrote over it. a's write
+    # is stale (rule 3a), so its loss is a violation, not the window.
+    h = History()
+    inc(h, "b", 0, 1, "ok", 2, ["b1"])
+    stale = inc(h, "a", 2, 3, "ok", 1, ["a1"])
+    inc(h, "c", 4, 5, "ok", 3, ["b1", "c1"])
+    final(h, ["b1", "c1"])
+    result = h.check("monotonic")
+    assert result.kinds() == {ViolationKind.STALE_WRITE_ACCEPTED, ViolationKind.LOST_UPDATE}
+    assert not result.findings
+    assert {v.op_ids[0] for v in result.violations} == {stale}

@@ -15,6 +15,7 @@ from chaos.workload import (
     Client,
     Intent,
     Journal,
+    Outcome,
     Profile,
     SkewedClock,
     client_of,
@@ -193,3 +194,156 @@ def test_restarted_client_resends_its_journal_and_the_guard_judges_it(
         assert replay.ok
         assert record.value == b"1#c0/1"
         assert result.kinds() == {ViolationKind.STALE_WRITE_ACCEPTED}
+
+
+def test_a_write_that_fails_without_a_refusal_is_recorded_as_unknown(tmp_path: Path) -> None:
+    # A closed channel (or a reset connection) says nothing about whether the
+    # request reached the guard: the checker must not trust it to have had no effect.
+    with running_servers() as servers:
+        args = client_args(
+            tmp_path, servers.lease_address, servers.guard_address, "--duration", "0"
+        )
+        client = Client(parser().parse_args(args))
+        with LeaseClient(servers.lease_address, holder="c0") as leases:
+            lease = leases.acquire("r0", ttl=5)
+            client.guard.close()
+            outcome = client.write(lease, Intent("r0", lease.token, COUNTER_KEY, "1#c0/1"))
+            lease.release()
+        client.close()
+    (write,) = [o for o in pair_operations(read_history(tmp_path / "history")) if o.op == "write"]
+    assert outcome is Outcome.UNKNOWN
+    assert write.type == "info", write.error
+
+
+def run_counter_clients(tmp_path: Path, lease: str, guard: str, n: int = 3) -> None:
+    clients = [
+        Client(
+            parser().parse_args(
+                client_args(
+                    tmp_path,
+                    lease,
+                    guard,
+                    "--duration",
+                    "1.0",
+                    "--workload",
+                    "counter",
+                    name=f"c{i}",
+                )
+            )
+        )
+        for i in range(n)
+    ]
+    threads = [threading.Thread(target=c.run) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for c in clients:
+        c.close()
+
+
+def test_counter_clients_keep_every_acknowledged_increment(tmp_path: Path) -> None:
+    with running_servers() as servers:
+        run_counter_clients(tmp_path, servers.lease_address, servers.guard_address)
+        assert record_final_reads(servers.guard_address, ["r0", "r1"], tmp_path / "history") == 4
+    events = read_history(tmp_path / "history")
+    result = check(events, mode="monotonic")
+    assert result.valid, result.summary()
+    ops = pair_operations(events)
+    incs = [o for o in ops if o.op == "write" and "increment" in o.extra]
+    assert incs and all(o.key == COUNTER_KEY for o in incs)
+    assert not [o for o in ops if o.op == "write" and o.key == EFFECT_KEY]
+    finals = {
+        o.resource: o.value for o in ops if o.extra.get("final") == 1 and o.key == COUNTER_KEY
+    }
+    listed = {x for v in finals.values() if v for x in v.split("#", 1)[1].split(",")}
+    assert {o.extra["increment"] for o in incs if o.ok} <= listed
+    for value in finals.values():
+        if value:
+            count, ids = value.split("#", 1)
+            assert int(count) == len(ids.split(","))
+
+
+@pytest.mark.parametrize("mode", [FenceMode.MONOTONIC, FenceMode.OFF])
+def test_a_late_increment_loses_the_newer_holders_unless_fenced(
+    tmp_path: Path, mode: FenceMode
+) -> None:
+    # c0's dead incarnation read "0#", prepared increment c0/i1 under token 1 and
+    # never sent it; a newer holder then incremented. Restarted, c0 re-sends it.
+    history = tmp_path / "history"
+    history.mkdir()
+    with (
+        running_servers(mode=mode) as servers,
+        GuardClient(servers.guard_address) as guard,
+        LeaseClient(servers.lease_address, holder="other") as leases,
+        HistoryWriter(history / "other.jsonl") as writer,
+    ):
+        rec = Recorder(writer.write, "other")
+        leases.acquire("r0", ttl=0.5).release()
+        newer = leases.acquire("r0", ttl=5)
+        op = rec.invoke(
+            "write", "r0", token=newer.token, key=COUNTER_KEY, value="1#o/i1", increment="o/i1"
+        )
+        guard.write(newer, Put(COUNTER_KEY, b"1#o/i1"))
+        rec.complete(op, "ok")
+        Journal(tmp_path / "j", "c0").note(
+            Intent("r0", 1, COUNTER_KEY, "1#c0/i1", "c0/i1", increment="c0/i1")
+        )
+        args = client_args(
+            tmp_path,
+            servers.lease_address,
+            servers.guard_address,
+            *("--duration", "0", "--incarnation", "1", "--workload", "counter"),
+        )
+        client = Client(parser().parse_args(args))
+        client.run()
+        client.close()
+        newer.release()
+        record_final_reads(servers.guard_address, ["r0"], history, keys=[COUNTER_KEY])
+    result = check(read_history(history), mode="monotonic")
+    if mode is FenceMode.MONOTONIC:
+        assert result.valid, result.summary()
+    else:
+        assert ViolationKind.LOST_UPDATE in result.kinds(), result.summary()
+        lost = next(v for v in result.violations if v.kind == ViolationKind.LOST_UPDATE)
+        assert "o/i1" in lost.detail or lost.op_ids[0] == op
+
+
+def test_job_clients_fence_each_job_by_its_claim(tmp_path: Path) -> None:
+    with running_servers() as servers:
+        clients = [
+            Client(
+                parser().parse_args(
+                    client_args(
+                        tmp_path,
+                        servers.lease_address,
+                        servers.guard_address,
+                        *("--duration", "1.0", "--workload", "jobs"),
+                        name=f"c{i}",
+                    )
+                )
+            )
+            for i in range(2)
+        ]
+        threads = [threading.Thread(target=c.run) for c in clients]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        for c in clients:
+            c.close()
+        ops = pair_operations(read_history(tmp_path / "history"))
+        claimed = sorted({o.resource for o in ops if o.op == "acquire" and o.ok})
+        record_final_reads(servers.guard_address, claimed, tmp_path / "history")
+    events = read_history(tmp_path / "history")
+    result = check(events, mode="monotonic")
+    assert result.valid, result.summary()
+    ops = pair_operations(events)
+    assert claimed and all(r.startswith("job/chaos/") for r in claimed)
+    incs = [o for o in ops if o.op == "write" and o.ok and "increment" in o.extra]
+    assert incs and {o.resource for o in incs} <= set(claimed)
+    done = [o for o in ops if o.op == "release" and o.ok]
+    assert done, "no job was completed"
+    # Each increment carries the token of its own process's claim of that job.
+    claims = {(o.process, o.resource, o.token) for o in ops if o.op == "acquire" and o.ok}
+    assert all((o.process, o.resource, o.token) in claims for o in incs)
