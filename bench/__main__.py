@@ -5,7 +5,7 @@
     python -m bench --duration 5         # longer measurements
     python -m bench --clients 1,16       # client counts
     python -m bench --all                # everything, and bench/RESULTS.md written
-    python -m bench --queue              # also the queue (service vs seed 002's SQL)
+    python -m bench --queue              # also the queue (service vs hand-written SQL)
 
 Sections: ``floor`` (the empty gRPC call, and the embedded SQLite servers against it),
 ``redis`` (redis-py Lock, raw EVALSHA, our servers on Redis), ``postgres`` (the guard's
@@ -15,7 +15,7 @@ guard add to taking a lease, and the watch delivery delay), ``throughput`` (guar
 writes per second against the backend's own check-and-write), ``scale`` (latency with
 1,000 against 1,000,000 resources), ``sessions`` (one client holding 10,000 leases),
 ``peers`` (etcd, PostgreSQL advisory locks and redis-py Lock next to ours), ``queue``
-(jobs/s through the QueueService next to seed 002's SQL on PostgreSQL; only with
+(jobs/s through the QueueService next to hand-written SKIP LOCKED SQL on PostgreSQL; only with
 ``--queue`` or ``--only queue``). A section whose server is unreachable is skipped with
 a note, never faked. Progress goes to stderr, tables to stdout.
 """
@@ -205,7 +205,7 @@ SECTIONS: dict[str, tuple[str, Section]] = {
     "scale": ("State at scale: 1,000 against 1,000,000 resources", _scale),
     "sessions": ("Sessions: one client holding 10,000 leases", _sessions),
     "peers": ("Peers: etcd, PostgreSQL advisory locks and redis-py Lock next to ours", _peers),
-    "queue": ("Queue: jobs/s through the QueueService next to seed 002's SQL", _queue),
+    "queue": ("Queue: jobs/s through the QueueService next to hand-written SQL", _queue),
 }
 #: Sections run only when asked for (``--queue``, or ``--only``).
 OPT_IN = {"queue"}
@@ -314,7 +314,7 @@ def write_results(
         f"- load average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} (other "
         "processes shared the machine; absolute figures move with them, ratios less)",
         "",
-        "## Targets of issue 9",
+        "## Targets",
         "",
         "| target | measured | met |",
         "| --- | --- | --- |",

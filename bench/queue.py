@@ -1,4 +1,4 @@
-"""The queue: jobs per second through the QueueService, next to seed 002's SQL run directly.
+"""The queue: jobs per second through the QueueService, next to a hand-written SKIP LOCKED queue's SQL run directly.
 
 For each client count, with batch 1 and batch 100:
 
@@ -12,11 +12,11 @@ For each client count, with batch 1 and batch 100:
 
 through a lease server process hosting the queue service on SQLite (the embedded
 default) and, when PostgreSQL answers, on PostgreSQL; and, as the baseline, the
-same work as seed 002's own statements run directly with psycopg on PostgreSQL in
+same work as a hand-written SKIP LOCKED queue's statements run directly with psycopg on PostgreSQL in
 the same run (its ``INSERT``; its ``FOR UPDATE SKIP LOCKED`` claim with ``LIMIT
 batch``; its owner-checked complete, ``id = ANY(...)`` for a batch), one
 connection per client, autocommit. Every rate counts jobs, not calls. The service
-does more per job than the seed (tokens, ordering keys, idempotency keys, the
+does more per job than that SQL (tokens, ordering keys, idempotency keys, the
 all-or-nothing token check, gRPC): the ratio is what that costs.
 
 ``python -m bench.queue [--duration S] [--clients 1,16] [--dsn URL]``; :func:`run` plugs
@@ -51,7 +51,7 @@ PAYLOAD = b"p" * 64
 #: Jobs prefilled for each claim+complete measurement, per second of ``duration``.
 DRAIN_JOBS_PER_S = {1: 1000, 100: 10_000}
 
-SEED = "seed 002 SQL (psycopg)"
+SEED = "hand-written SQL (psycopg)"
 
 
 def default_dsn() -> str:
@@ -215,9 +215,9 @@ async def _service_one(
     return results
 
 
-# -- seed 002's SQL, directly --------------------------------------------------------------------
+# -- the hand-written queue's SQL, directly -----------------------------------------------------------------
 
-# Seed 002's schema, as the seed writes it (its jobs table and partial indexes).
+# The hand-written queue's schema: a jobs table and its partial indexes.
 SEED_SCHEMA = """
 CREATE TABLE jobs (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -238,13 +238,13 @@ CREATE INDEX jobs_claimable_idx ON jobs (available_at, id) WHERE state = 'ready'
 CREATE INDEX jobs_expired_idx ON jobs (lease_until) WHERE state = 'running';
 """
 
-# Seed 002's enqueue (a plain INSERT), for many rows at once.
+# Its enqueue (a plain INSERT), for many rows at once.
 SEED_ENQUEUE = """
 INSERT INTO jobs (idempotency_key, payload)
 SELECT k, '{"message": "bench"}'::jsonb FROM unnest(%s::text[]) AS k
 """
 
-# Seed 002's claim, verbatim but for LIMIT (1 in the seed; the batch here).
+# Its claim, with LIMIT the batch size.
 SEED_CLAIM = """
 WITH candidate AS (
     SELECT id
@@ -268,7 +268,7 @@ WHERE j.id = candidate.id
 RETURNING j.id, j.idempotency_key, j.payload, j.attempts, j.max_attempts
 """
 
-# Seed 002's owner-checked complete (id = ANY for a batch; the seed completes one).
+# Its owner-checked complete (id = ANY for a batch).
 SEED_COMPLETE = """
 UPDATE jobs
 SET state = 'succeeded', completed_at = now(),
@@ -365,7 +365,7 @@ def postgres_queue_available() -> bool:
 
 
 async def run(clients: Sequence[int], duration: float, dsn: str | None = None) -> list[Result]:
-    """Seed 002 on PostgreSQL (if reachable), then the service on SQLite and PostgreSQL."""
+    """The hand-written SQL on PostgreSQL (if reachable), then the service on SQLite and PostgreSQL."""
     dsn = dsn or default_dsn()
     why_not = postgres_reachable(dsn)
     if why_not is not None:
@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     clients = [int(c) for c in args.clients.split(",") if c]
     results = asyncio.run(run(clients, args.duration, args.dsn))
-    print(table(results, "Queue: jobs/s through the QueueService vs seed 002's SQL"))
+    print(table(results, "Queue: jobs/s through the QueueService vs hand-written SQL"))
     return 0
 
 

@@ -14,7 +14,7 @@ process and this process is the one client: a ``LeaseClient`` takes 10,000 lease
 * **server CPU**: user + system time of the lease-server process (``/proc/<pid>/stat``)
   over the holding window, as cores; the target is under half a core.
 
-Targets (issue 9): zero expirations, at most 10 calls/s, the server under 0.5 cores.
+Targets: zero expirations, at most 10 calls/s, the server under 0.5 cores.
 """
 
 from __future__ import annotations

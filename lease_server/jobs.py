@@ -1,7 +1,7 @@
 """The job rules, pure: what enqueue, claim, heartbeat, complete, fail, release and the
 reaper do to one job record, and when a failed job is due again.
 
-States, after seed 002, plus ``waiting`` for ordering keys::
+States of the classic SKIP LOCKED job queue, plus ``waiting`` for ordering keys::
 
     waiting --(the earlier job of its ordering key finished)--> ready
     ready   --claim--> running                  attempts + 1, a fresh token, a lease

@@ -2,7 +2,7 @@
 
 Every ``reap_interval_s`` it (1) moves running jobs whose *final* attempt's lease
 expired to ``dead`` (a job with attempts left stays running until a claim rescues
-it with a fresh token, as seed 002 does), which lets the next job of an ordering
+it with a fresh token, as a SKIP LOCKED queue's rescue does), which lets the next job of an ordering
 key go; and (2) deletes finished jobs older than their retention (succeeded after
 ``succeeded_retention_s``, dead after ``dead_retention_s``; None keeps them), at
 most ``reap_batch`` per step so a large backlog is pruned in small transactions.

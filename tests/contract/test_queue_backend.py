@@ -1,6 +1,6 @@
 """The queue backend contract: every implementation in tests/backends.py passes it.
 
-It includes seed 002's checklist of transitions, one test each (``test_seed_*``):
+It includes a job queue's checklist of transitions, one test each (``test_seed_*``):
 ready -> running on claim with attempts + 1; running -> succeeded; running -> ready
 after a failure with a later due time; an expired running job -> running under a new
 owner; an exhausted job -> dead. Plus ordering keys, tokens, idempotency, retention.
@@ -58,7 +58,7 @@ def no_delay(attempts: int) -> int:
     return 0
 
 
-# -- seed 002's transitions ---------------------------------------------------------------------
+# -- the checklist's transitions------------------------------------------------------------------
 
 
 async def test_seed_ready_to_running_on_claim_with_attempts_plus_one(queue_backend: Pair) -> None:

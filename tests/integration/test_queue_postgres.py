@@ -43,7 +43,7 @@ async def connect(schema: tuple[str, str]) -> psycopg.AsyncConnection[tuple[obje
 async def test_seed_schema_and_partial_indexes_apply_and_claims_use_them(
     queue: PostgresQueue, schema: tuple[str, str]
 ) -> None:
-    """Seed 002's first check, and why it matters: with many finished rows, the claim
+    """The queue's first check, and why it matters: with many finished rows, the claim
     reads the partial index of ready jobs, never the finished ones."""
     conn = await connect(schema)
     async with conn:

@@ -1,4 +1,4 @@
-"""The issue-9 benchmarks run end to end with tiny sizes (no timing is asserted)."""
+"""The scale benchmarks run end to end with tiny sizes (no timing is asserted)."""
 
 from __future__ import annotations
 

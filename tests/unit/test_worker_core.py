@@ -114,7 +114,7 @@ def test_stop_refuses_new_work_and_gives_back_the_rest_after_the_grace() -> None
 
 
 def test_rpc_timeouts_stay_inside_the_lease_budget() -> None:
-    """Seed 002: timeouts stay below the lease; a heartbeat never waits past a deadline."""
+    """Timeouts stay below the lease; a heartbeat never waits past a deadline."""
     clock = FakeClock()
     a = make_job(clock, 1, ttl_ms=2000)
     b = make_job(clock, 2, ttl_ms=9000)
