@@ -1,4 +1,4 @@
-"""The queue: jobs per second through the QueueService, next to a hand-written SKIP LOCKED queue's SQL run directly.
+"""The queue: jobs per second through the QueueService, next to hand-written SQL run directly.
 
 For each client count, with batch 1 and batch 100:
 
@@ -12,7 +12,8 @@ For each client count, with batch 1 and batch 100:
 
 through a lease server process hosting the queue service on SQLite (the embedded
 default) and, when PostgreSQL answers, on PostgreSQL; and, as the baseline, the
-same work as a hand-written SKIP LOCKED queue's statements run directly with psycopg on PostgreSQL in
+same work as a hand-written SKIP LOCKED queue's statements, run directly with psycopg
+on PostgreSQL in
 the same run (its ``INSERT``; its ``FOR UPDATE SKIP LOCKED`` claim with ``LIMIT
 batch``; its owner-checked complete, ``id = ANY(...)`` for a batch), one
 connection per client, autocommit. Every rate counts jobs, not calls. The service
@@ -215,7 +216,7 @@ async def _service_one(
     return results
 
 
-# -- the hand-written queue's SQL, directly -----------------------------------------------------------------
+# -- the hand-written queue's SQL, directly --------------------------------------------------
 
 # The hand-written queue's schema: a jobs table and its partial indexes.
 SEED_SCHEMA = """
@@ -365,7 +366,7 @@ def postgres_queue_available() -> bool:
 
 
 async def run(clients: Sequence[int], duration: float, dsn: str | None = None) -> list[Result]:
-    """The hand-written SQL on PostgreSQL (if reachable), then the service on SQLite and PostgreSQL."""
+    """Hand-written SQL on PostgreSQL (if reachable), then the service on SQLite and PostgreSQL."""
     dsn = dsn or default_dsn()
     why_not = postgres_reachable(dsn)
     if why_not is not None:
