@@ -15,6 +15,7 @@ and cancel the body of ``async with leases.hold(...)`` when the lease is lost.
 Errors: see :mod:`fencing.errors`.
 """
 
+from fencing import _version
 from fencing.client import (
     AsyncGuardClient,
     AsyncLease,
@@ -45,7 +46,7 @@ from fencing.errors import (
 from fencing.tls import TLSConfig
 from fencing.types import Claim, Delete, Fenced, Op, Put, Record
 
-__version__ = "0.1.0"
+__version__ = _version.VERSION
 
 __all__ = [
     "AcquireTimeoutError",

@@ -12,6 +12,10 @@ go-grpc-prometheus's names and labels, so existing dashboards work:
 - ``grpc_server_handled_total{grpc_type,grpc_service,grpc_method,grpc_code}``
 - ``grpc_server_handling_seconds{grpc_type,grpc_service,grpc_method}`` (histogram)
 
+``fencing_build_info{version}`` (value 1) names the package version a server runs;
+``process_*``, ``python_info`` and ``python_gc_*`` are prometheus_client's standard
+process and runtime collectors. No ``*_created`` series are exported.
+
 The endpoint (``--metrics-port``, 0 = off) binds loopback unless told otherwise.
 """
 
@@ -28,10 +32,21 @@ from wsgiref.simple_server import WSGIServer
 
 import grpc
 import grpc.aio
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.exposition import start_http_server
 
 from fencing import _handlers
+from fencing._version import VERSION
 
 G = TypeVar("G")
 
@@ -40,11 +55,27 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 
 
 class Metrics:
-    """A process's metrics: a private registry and the metric groups created in it."""
+    """A process's metrics: a private registry and the metric groups created in it.
+
+    A registry it creates itself (the servers') also carries ``fencing_build_info`` and
+    the process and Python runtime collectors (``process_*``, ``python_info``,
+    ``python_gc_*``), and no ``*_created`` series: creating one turns those off for
+    the whole process (prometheus_client's switch is global), since a series per
+    counter and histogram child holding its creation time doubles the series count
+    for what a scraper already knows from ``process_start_time_seconds``.
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry(auto_describe=True)
         self._groups: dict[Callable[..., Any], Any] = {}
+        if registry is not None:
+            self.registry = registry
+            return
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.group(BuildInfo)
 
     def group(self, factory: Callable[[CollectorRegistry], G]) -> G:
         """The group ``factory(registry)`` builds, built once per registry."""
@@ -61,6 +92,20 @@ class Metrics:
         """Serve ``/metrics`` on ``host:port`` (0 picks a port) from a daemon thread."""
         server, thread = start_http_server(port, addr=host, registry=self.registry)
         return MetricsEndpoint(server, thread)
+
+
+class BuildInfo:
+    """``fencing_build_info{version}``: always 1, so a dashboard can join on the version
+    a server runs (``* on(instance) group_left(version) fencing_build_info``)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.info = Gauge(
+            "fencing_build_info",
+            "The fencing-guard version this server runs (value 1).",
+            ("version",),
+            registry=registry,
+        )
+        self.info.labels(VERSION).set(1)
 
 
 @dataclass
@@ -181,6 +226,7 @@ class PrefixLabels:
 
 __all__ = [
     "LATENCY_BUCKETS",
+    "BuildInfo",
     "GrpcMetrics",
     "Metrics",
     "MetricsEndpoint",

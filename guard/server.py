@@ -18,6 +18,7 @@ from fencing._server import (
     require_durability,
 )
 from fencing._storage import StorageMetrics, with_deadline
+from fencing._version import VERSION
 from fencing.errors import InvalidArgumentError
 from fencing.metrics import Metrics
 from fencing.v1 import guard_pb2_grpc
@@ -153,6 +154,13 @@ async def start_guard(
         log.warning("FENCING IS OFF: this guard accepts stale tokens. Use only as a chaos control.")
     host = address.rsplit(":", 1)[0]
     running = GuardServer(built, st, service, f"{host}:{built.port}", retention_s)
+    log.info(
+        "guard version %s serving on %s (store %s, fence mode %s)",
+        VERSION,
+        running.address,
+        st.name,
+        mode.value,
+    )
     built.probe_storage(st, "guard", options.backend_timeout, options.health_interval)
     built.spawn(running._prune_forever())
     if mode is FenceMode.WATCH:

@@ -13,6 +13,7 @@ import sys
 
 from fencing import config
 from fencing._server import ServerOptions, configure_logging, serve_until_signal
+from fencing._version import VERSION
 from fencing._workers import run_workers
 from lease_server.backends import LeaseBackend, open_backend
 from lease_server.expiry import DEFAULT_EVENT_RETENTION
@@ -58,6 +59,7 @@ OPTIONS: tuple[config.Option, ...] = (
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=COMMAND, description="Run the fencing lease server.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     config.add_options(p, OPTIONS)
     # Set by the --workers supervisor on the processes it starts (fencing._workers).
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)

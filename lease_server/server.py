@@ -18,6 +18,7 @@ from fencing._server import (
     require_durability,
 )
 from fencing._storage import StorageMetrics, with_deadline
+from fencing._version import VERSION
 from fencing.metrics import Metrics
 from fencing.v1 import lease_pb2_grpc, queue_pb2_grpc
 from lease_server.backends import LeaseBackend, open_backend
@@ -173,7 +174,15 @@ async def start_lease_server(
         built.spawn(Reaper(qservice.backend, qservice.options).run())
         built.spawn(qservice.refresh_gauges_forever())
     host = address.rsplit(":", 1)[0]
-    return LeaseServer(built, be, service, f"{host}:{built.port}", qb, qservice)
+    bound = f"{host}:{built.port}"
+    log.info(
+        "lease server version %s serving on %s (backend %s, queue %s)",
+        VERSION,
+        bound,
+        be.name,
+        qb.name if qb is not None else "off",
+    )
+    return LeaseServer(built, be, service, bound, qb, qservice)
 
 
 def _link_job_events(queue: QueueBackend, backend: LeaseBackend) -> None:

@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from fencing._version import VERSION
 from fencing.cli import chaos, demo, healthcheck, migrate, ops, outbox, queue, serve
 
 Command = Callable[[argparse.Namespace], int]
@@ -22,6 +23,7 @@ def parser() -> argparse.ArgumentParser:
         prog="fencing",
         description="Fencing tokens for distributed ownership: lease server, guard, tools.",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in MODULES:
         module.register(sub)

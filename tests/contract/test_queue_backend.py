@@ -534,6 +534,25 @@ async def test_stats_count_every_state(queue_backend: Pair) -> None:
     assert every[0].ready == 1
 
 
+async def test_a_drained_queue_has_no_oldest_job_age(queue_backend: Pair) -> None:
+    # A queue with rows but no due job (every job finished) has nothing waiting: its
+    # oldest-job age is 0, not the time since the Unix epoch.
+    backend, _ = queue_backend
+    await enqueue(backend)
+    await backend.complete([ref(await claim_one(backend))])
+    (q,) = await backend.stats("q", 60_000)
+    assert (q.ready, q.succeeded) == (0, 1)
+    assert q.oldest_ready_age_ms == 0
+
+
+async def test_a_queue_of_only_later_jobs_has_no_oldest_job_age(queue_backend: Pair) -> None:
+    backend, _ = queue_backend
+    await enqueue(backend, delay_ms=LONG)
+    (q,) = await backend.stats("q", 60_000)
+    assert (q.ready, q.scheduled) == (0, 1)
+    assert q.oldest_ready_age_ms == 0
+
+
 async def test_calls_naming_another_queue_are_refused(queue_backend: Pair) -> None:
     backend, _ = queue_backend
     await enqueue(backend, "emails")

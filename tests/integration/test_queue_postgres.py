@@ -146,3 +146,42 @@ async def test_tokens_keep_growing_across_a_restart(schema: tuple[str, str]) -> 
         assert stored is not None and stored.state is JobState.RUNNING
     finally:
         await again.close()
+
+
+def test_a_drained_queue_reports_no_oldest_job_age_in_the_metric() -> None:
+    """The backlog alert reads ``fencing_queue_oldest_job_age_seconds``: on a queue whose
+    jobs all finished, or are all due later, the gauge is 0, not the Unix time."""
+    import secrets
+    import time
+
+    from fencing import QueueClient
+    from fencing.testing import running_servers
+    from lease_server.queue_service import QueueOptions
+
+    dsn, name = testpg.test_dsn(), f"{testpg.SCHEMA_PREFIX}{secrets.token_hex(6)}"
+    options = QueueOptions(stats_interval_s=0.05, reap_interval_s=0.05, poll_interval_s=0.05)
+    try:
+        with (
+            running_servers(testpg.with_schema(dsn, name), "memory://", queue_options=options) as s,
+            QueueClient(s.queue_address) as q,
+        ):
+            registry = s.lease.metrics.registry
+
+            def age(queue: str) -> float | None:
+                return registry.get_sample_value(
+                    "fencing_queue_oldest_job_age_seconds", {"queue": queue}
+                )
+
+            q.enqueue("done", b"x")
+            (job,) = q.claim("done")
+            q.complete(job)
+            q.enqueue("later", b"x", delay=60)
+            q.enqueue("due", b"x")
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and None in (age("done"), age("later"), age("due")):
+                time.sleep(0.05)  # the gauges refresh every 50 ms
+            assert age("done") == 0 and age("later") == 0
+            due = age("due")
+            assert due is not None and 0 <= due < 3600  # a real age, not seconds since 1970
+    finally:
+        asyncio.run(testpg.drop_schema(dsn, name))
