@@ -41,7 +41,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, LiteralString
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
@@ -116,7 +116,8 @@ class PgConfig:
         if parts.scheme in ("postgres", "postgresql"):
             query = parse_qsl(parts.query, keep_blank_values=True)
             params = {k: v for k, v in query if k in _OUR_PARAMS}
-            rest = urlencode([(k, v) for k, v in query if k not in _OUR_PARAMS])
+            # quote, not quote_plus: libpq decodes %20 in a URL, but keeps '+' as is.
+            rest = urlencode([(k, v) for k, v in query if k not in _OUR_PARAMS], quote_via=quote)
             conninfo = urlunsplit(parts._replace(query=rest))
         try:
             timeout = float(params.get("timeout", DEFAULT_TIMEOUT_S))

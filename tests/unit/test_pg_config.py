@@ -36,3 +36,26 @@ def test_open_backend_and_open_store_know_postgres_urls() -> None:
 def test_every_migration_starts_with_a_header_comment() -> None:
     for migration in pg.migrations():
         assert migration.sql.startswith(f"-- {migration.version:04d}_{migration.name}:")
+
+
+def test_a_libpq_parameter_with_spaces_survives_the_url() -> None:
+    """libpq reads %20 in a URL's query, not '+': a space must stay a space."""
+    config = pg.PgConfig.from_url(
+        "postgresql://db/app?schema=s1&options=-c%20statement_timeout%3D1234"
+    )
+    assert config.conninfo == "postgresql://db/app?options=-c%20statement_timeout%3D1234"
+
+
+@pytest.mark.postgres
+def test_libpq_options_from_the_url_reach_the_server() -> None:
+    """The same URL through a real connection: the server runs with the option set."""
+    import psycopg
+
+    from tests import pg as testpg
+
+    dsn = testpg.test_dsn()
+    sep = "&" if "?" in dsn else "?"
+    config = pg.PgConfig.from_url(f"{dsn}{sep}options=-c%20statement_timeout%3D1234")
+    with psycopg.connect(config.conninfo) as conn:
+        row = conn.execute("SHOW statement_timeout").fetchone()
+    assert row is not None and row[0] == "1234ms"
