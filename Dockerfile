@@ -17,11 +17,13 @@ FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/fencing
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY fencing ./fencing
 COPY lease_server ./lease_server
 COPY guard ./guard
-RUN /opt/fencing/bin/pip install ".[postgres,redis]"
+# constraints.txt pins every runtime dependency (scripts/gen_constraints.py), so the
+# same source builds the same image.
+RUN /opt/fencing/bin/pip install -c constraints.txt ".[postgres,redis]"
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin fencing \
@@ -40,4 +42,5 @@ EXPOSE 50051 50052 9100
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
     CMD ["fencing", "healthcheck", "127.0.0.1:50051", "127.0.0.1:50052"]
-CMD ["fencing", "serve", "--lease-addr", "0.0.0.0:50051", "--guard-addr", "0.0.0.0:50052", "--insecure"]
+CMD ["fencing", "serve", "--lease-addr", "0.0.0.0:50051", "--guard-addr", "0.0.0.0:50052", \
+     "--metrics-port", "9100", "--metrics-host", "0.0.0.0", "--insecure"]

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,3 +169,43 @@ def test_compose_keeps_every_stateful_service_on_a_named_volume() -> None:
     for name, svc in compose["services"].items():
         if "build" in svc and "fencing serve" in " ".join(svc.get("command", [])):
             raise AssertionError(f"{name}: an embedded SQLite service needs a volume")
+
+
+def build_stage(instructions: list[Instruction]) -> list[Instruction]:
+    """The instructions of the first stage (up to the second FROM)."""
+    froms = [n for n, ins in enumerate(instructions) if ins.keyword == "FROM"]
+    return instructions[froms[0] : froms[1]]
+
+
+def test_the_image_installs_from_the_committed_constraints() -> None:
+    """A build today and one next month install the same versions: every pip install of
+    the project is constrained by constraints.txt, which is copied in first and is
+    itself complete (each runtime dependency pinned, within pyproject's ranges)."""
+    build = build_stage(parse_dockerfile((ROOT / "Dockerfile").read_text()))
+    copied = [w for ins in build if ins.keyword == "COPY" for w in ins.words[:-1]]
+    assert "constraints.txt" in copied
+    installs = [ins for ins in build if ins.keyword == "RUN" and " install " in ins.raw]
+    assert installs, "the build stage installs the project"
+    for ins in installs:
+        words = ins.words
+        assert "-c" in words and words[words.index("-c") + 1] == "constraints.txt", ins.raw
+    check = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_constraints.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0, check.stderr
+
+
+def test_expose_is_exactly_what_the_default_command_serves() -> None:
+    """EXPOSE names the lease, guard and metrics ports the CMD binds, and no other."""
+    cmd = next(ins for ins in reversed(FINAL) if ins.keyword == "CMD").words
+    assert cmd[:2] == ["fencing", "serve"]
+    args = fencing_parser().parse_args(cmd[1:])
+    served = {args.lease_addr.rsplit(":", 1)[1], args.guard_addr.rsplit(":", 1)[1]}
+    if args.metrics_port:
+        served.add(str(args.metrics_port))
+        assert args.metrics_host == "0.0.0.0", "metrics must be reachable from outside"
+    exposed = {w for ins in FINAL if ins.keyword == "EXPOSE" for w in ins.words}
+    assert exposed == served
