@@ -59,7 +59,18 @@ OPTIONS: tuple[config.Option, ...] = (
         "off disables fencing (demo/chaos control only)",
         choices=(FenceMode.MONOTONIC.value, FenceMode.WATCH.value, FenceMode.OFF.value),
     ),
-    *QUEUE_OPTIONS,
+    # The queue's default here is a file of its own in the data directory, not the
+    # standalone lease server's sibling of the lease file.
+    *(
+        dataclasses.replace(
+            o,
+            help="queue backend URL (memory://, sqlite:PATH, postgresql://...); unset: "
+            "queue.db in the data directory; off: no queue service",
+        )
+        if o.key == "queue"
+        else o
+        for o in QUEUE_OPTIONS
+    ),
     *config.LEASE_LIMIT_OPTIONS,
     # Quieter by default than the standalone servers: this is the interactive command.
     *(

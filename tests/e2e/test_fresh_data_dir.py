@@ -58,3 +58,28 @@ def test_a_new_data_dir_is_logged_and_a_kept_one_continues(tmp_path: Path) -> No
     again, log = run_once(fresh)
     assert again == [1, 2, 3] and set(again) <= set(first)
     assert NEW_DIR in log and str(fresh) in log
+
+
+def test_the_help_names_exactly_the_files_serve_keeps(tmp_path: Path) -> None:
+    """``fencing serve --help`` names the data directory's files: every ``*.db`` it
+    names is created by a real server on a new directory, and every file created is
+    named, so the help cannot drift from what the command does."""
+    import re
+    import subprocess
+    import sys
+
+    help_text = subprocess.run(
+        [sys.executable, "-m", "fencing", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    named = set(re.findall(r"[\w-]+\.db\b", help_text))
+    data = tmp_path / "data"
+    with serve(data) as (proc, lease_addr, _guard_addr):
+        grant_three(lease_addr)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    created = {p.name for p in data.iterdir() if p.suffix == ".db"}
+    assert named == created
