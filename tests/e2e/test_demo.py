@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -47,3 +48,30 @@ def test_control_without_fencing_shows_the_stale_write_landing() -> None:
     assert outcome["final_value"] == "A: 150"
     assert outcome["final_token"] == 1
     assert "VIOLATION" in out
+
+
+def _story(text: str) -> list[str]:
+    """The demo's lines without what varies run to run: timestamps and ports."""
+    text = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", text)
+    lines = []
+    for line in text.strip().splitlines():
+        parts = line.split(None, 1)
+        if parts and parts[0].endswith("s") and parts[0][:-1].replace(".", "").isdigit():
+            line = parts[1] if len(parts) > 1 else ""
+        lines.append(" ".join(line.split()))
+    return [line for line in lines if line]
+
+
+def test_the_readme_shows_the_demo_as_it_prints() -> None:
+    """The README's sample output is the real one, line for line but for the times."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    after = readme[readme.index("pip install -e . && fencing demo\n```\n") :]
+    opening = after.index("\n```\n", after.index("```\n")) + len("\n```\n")
+    sample = after[opening : after.index("\n```", opening)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "fencing", "demo"], capture_output=True, text=True, timeout=90
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _story(sample) == _story(proc.stdout)
