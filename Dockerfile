@@ -19,8 +19,11 @@ RUN python -m venv /opt/fencing
 WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
 COPY fencing ./fencing
+COPY fencingctl ./fencingctl
+COPY serving ./serving
 COPY lease_server ./lease_server
 COPY guard ./guard
+COPY chaos ./chaos
 # constraints.txt pins every runtime dependency (scripts/gen_constraints.py), so the
 # same source builds the same image.
 RUN /opt/fencing/bin/pip install -c constraints.txt ".[postgres,redis]"

@@ -37,10 +37,10 @@ import psycopg
 from psycopg import sql
 
 from bench.harness import Result, measure, progress, server_process, table
-from fencing.pg import migrate
 from fencing.types import Put
 from guard.fence import admit
 from guard.stores.postgres import PostgresStore
+from serving.postgres_db import migrate
 
 FLOOR = "postgres: SELECT 1 (floor)"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"

@@ -362,7 +362,7 @@ def postgres_reachable(dsn: str) -> str | None:
 
 
 def postgres_queue_available() -> bool:
-    return importlib.util.find_spec("lease_server.queues.postgres") is not None
+    return importlib.util.find_spec("lease_server.queue.backends.postgres") is not None
 
 
 async def run(clients: Sequence[int], duration: float, dsn: str | None = None) -> list[Result]:

@@ -28,10 +28,10 @@ from redis.asyncio.lock import Lock
 from redis.typing import EncodableT
 
 from bench.harness import Result, measure, progress, server_process, table
-from fencing import _redis
 from guard.stores.redis import WRITE_LUA
 from lease_server.backends.redis import RedisBackend
 from lease_server.leases import Grant
+from serving import redis_db
 
 FLOOR = "redis PING (floor)"
 LOCK = "redis-py Lock acquire+release"
@@ -44,7 +44,7 @@ def default_url() -> str:
 
 async def ping(url: str, clients: int, duration: float) -> Result:
     """The round-trip floor: ``PING`` from ``clients`` concurrent tasks."""
-    client = await _redis.connect(_redis.parse_url(url))
+    client = await redis_db.connect(redis_db.parse_url(url))
     try:
 
         async def op(i: int) -> None:
@@ -57,7 +57,7 @@ async def ping(url: str, clients: int, duration: float) -> Result:
 
 async def redis_py_lock(url: str, clients: int, duration: float, prefix: str) -> Result:
     """redis-py's ``Lock``: acquire + release of an uncontended lock per task."""
-    client = await _redis.connect(_redis.parse_url(url))
+    client = await redis_db.connect(redis_db.parse_url(url))
     locks = [Lock(client, f"{prefix}:lock:{i}", timeout=10, blocking=False) for i in range(clients)]
     try:
 
@@ -97,13 +97,13 @@ async def write_script(
     ``depth`` > 1 pipelines that many calls per round trip; the rate counts calls, the
     latencies are per round trip.
     """
-    client = await _redis.connect(_redis.parse_url(url))
+    client = await redis_db.connect(redis_db.parse_url(url))
     value = b"v" * 64
     try:
         sha = await client.script_load(WRITE_LUA)
 
         def call_args(i: int) -> list[EncodableT]:
-            keys = _redis.ResourceKeys(prefix, f"bench-{i}")
+            keys = redis_db.ResourceKeys(prefix, f"bench-{i}")
             return [
                 *(keys.fence, keys.data, keys.idempotency(""), keys.lease),
                 *("1", "monotonic", "0", 1000, 1, "P", "k", value),
@@ -179,9 +179,9 @@ async def through_servers(
 
 
 async def drop(url: str, prefix: str) -> None:
-    client = await _redis.connect(_redis.parse_url(url))
+    client = await redis_db.connect(redis_db.parse_url(url))
     try:
-        for key in await _redis.scan_keys(client, f"{_redis.glob_escape(prefix)}:*"):
+        for key in await redis_db.scan_keys(client, f"{redis_db.glob_escape(prefix)}:*"):
             await client.delete(key)
     finally:
         await client.aclose()
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     results = asyncio.run(
         run(clients, args.duration, args.url, depth=args.depth, servers=args.servers)
     )
-    print(table(results, f"Redis at {_redis.redact(args.url)}"))
+    print(table(results, f"Redis at {redis_db.redact(args.url)}"))
     return 0
 
 

@@ -36,8 +36,8 @@ from psycopg import sql
 from bench import postgres as pg_bench
 from bench import redis as redis_bench
 from bench.harness import Result, Server, progress, server
-from fencing import _redis
 from fencing.v1 import guard_pb2, guard_pb2_grpc, lease_pb2, lease_pb2_grpc
+from serving import redis_db
 
 SMALL = 1_000
 LARGE = 1_000_000
@@ -83,7 +83,7 @@ async def populate_postgres(dsn: str, schema: str, size: int) -> None:
 
 
 #: Creates or deletes the keys of resources r<first>..r<last> (names without braces, so
-#: each resource's hash tag is its name: the layout of fencing._redis).
+#: each resource's hash tag is its name: the layout of serving.redis_db).
 _FILL_LUA = """
 local p, first, last, fence, value = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 for i = first, last do
@@ -106,7 +106,7 @@ async def fill_redis(url: str, prefix: str, size: int, *, delete: bool = False) 
 
     The script names keys it was not given, so it runs on one Redis, not a cluster.
     """
-    client = await _redis.connect(_redis.parse_url(url))
+    client = await redis_db.connect(redis_db.parse_url(url))
     try:
         script = client.register_script(_FILL_LUA)
         for first in range(1, size + 1, _CHUNK):

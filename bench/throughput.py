@@ -18,7 +18,7 @@ write unless it says otherwise, each writer on its own resource:
 
 Each guard row also says how much CPU the guard used, and this process (the client),
 in cores (CPU seconds per second). The direct Redis rows and the guard use the same
-redis-py client setup (:mod:`fencing._redis`: commands packed by hiredis), and each
+redis-py client setup (:mod:`serving.redis_db`: commands packed by hiredis), and each
 direct baseline is measured before and after the guard rows, the better run kept, so
 the ratios err against the guard.
 The question the ratios answer: what share of what the backend itself does for the
@@ -42,11 +42,11 @@ from psycopg import sql
 from bench import postgres as pg_bench
 from bench import redis as redis_bench
 from bench.harness import Result, Server, measure, progress, server
-from fencing import _redis
 from fencing.client.async_write_stream import AsyncWriteStream
 from fencing.types import Claim, Put
 from fencing.v1 import guard_pb2, guard_pb2_grpc
 from guard.stores.redis import WRITE_LUA
+from serving import redis_db
 
 VALUE = b"v" * 64
 BIG = 100  # ops in one write of the "100 ops per call" rows
@@ -283,7 +283,7 @@ REDIS_DIRECT_BIG = f"redis direct: write.lua, {BIG} ops per call"
 
 
 async def _redis_big(url: str, clients: int, duration: float, prefix: str) -> Result:
-    client = await _redis.connect(_redis.parse_url(url))
+    client = await redis_db.connect(redis_db.parse_url(url))
     try:
         sha = await client.script_load(WRITE_LUA)
         ops: list[Any] = []
@@ -291,7 +291,7 @@ async def _redis_big(url: str, clients: int, duration: float, prefix: str) -> Re
             ops += ["P", f"k{j}", VALUE]
 
         def call_args(i: int) -> list[Any]:
-            keys = _redis.ResourceKeys(prefix, f"rb-{i}")
+            keys = redis_db.ResourceKeys(prefix, f"rb-{i}")
             return [keys.fence, keys.data, keys.idempotency(""), keys.lease]
 
         per_task = [[*call_args(i), "1", "monotonic", "0", 1000, BIG, *ops] for i in range(clients)]

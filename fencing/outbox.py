@@ -3,7 +3,7 @@ per aggregate, each delivery fenced by its claim's token.
 
 Events are written by your own transactions into the ``outbox`` view of the fencing
 schema in PostgreSQL (installed by ``fencing migrate``; see
-``fencing/migrations/0004_outbox.sql``): each is a job of queue ``outbox`` whose
+``serving/migrations/0004_outbox.sql``): each is a job of queue ``outbox`` whose
 idempotency key is the event id and whose ordering key is the aggregate key. The
 lease server on that database serves them through the queue service, and
 :class:`OutboxPublisher` (``fencing outbox run``) claims them in batches with

@@ -1,7 +1,7 @@
 """``fencing-guard`` / ``python -m guard``: run the guard alone.
 
 Settings come from flags, ``FENCING_*`` variables and an optional TOML file, in that
-order of precedence (see :mod:`fencing.config` and docs/configuration.md).
+order of precedence (see :mod:`serving.config` and docs/configuration.md).
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import asyncio
 import dataclasses
 import sys
 
-from fencing import config
-from fencing._server import ServerOptions, configure_logging, serve_until_signal
 from fencing._version import VERSION
-from fencing._workers import run_workers
 from fencing.errors import InvalidArgumentError
 from guard.fence import FenceMode
 from guard.server import DEFAULT_IDEMPOTENCY_RETENTION_S, check_mode, start_guard
 from guard.stores import GuardStore, open_store
+from serving import config
+from serving.server import ServerOptions, configure_logging, serve_until_signal
+from serving.supervisor import run_workers
 
 COMMAND = "fencing-guard"
 
@@ -80,7 +80,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=COMMAND, description="Run the fencing guard.")
     p.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     config.add_options(p, OPTIONS)
-    # Set by the --workers supervisor on the processes it starts (fencing._workers).
+    # Set by the --workers supervisor on the processes it starts (serving.supervisor).
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     return p
 

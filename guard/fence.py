@@ -17,7 +17,7 @@ A write with an idempotency key is judged by :func:`judge`, in this order (G6):
 
 So a replay is only ever told to a token that may write now, and a paused former
 holder re-sending a key a newer holder used is refused, never told "success" for
-someone else's write. The SQL (``fencing/migrations``) and Lua (``guard/lua``)
+someone else's write. The SQL (``serving/migrations``) and Lua (``guard/lua``)
 stores implement the same order; the contract suites hold every store to it.
 """
 

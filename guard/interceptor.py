@@ -42,10 +42,11 @@ from typing import Any, TypeVar, cast
 import grpc
 import grpc.aio
 
-from fencing import _handlers, _status, propagation
+from fencing import _status, propagation
 from fencing.errors import FencingError, InvalidArgumentError, StaleTokenError
 from fencing.types import Claim
 from guard.stores.base import GuardStore
+from serving import handlers
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class FenceInterceptor(grpc.aio.ServerInterceptor):
         fenced = _wrap(handler, lambda context: self.admit(metadata, context))
         # Outermost: a request that cannot be decoded is refused (INVALID_ARGUMENT
         # naming the field) before its claim is judged, so it never moves a fence.
-        decoded = _handlers.decoding(fenced, handler_call_details.method)
+        decoded = handlers.decoding(fenced, handler_call_details.method)
         return cast("grpc.RpcMethodHandler[Req, Resp]", decoded)
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
 
-from fencing.metrics import PrefixLabels
+from serving.metrics import PrefixLabels
 
 #: Distinct ``prefix`` label values before the rest are reported as ``other``.
 MAX_PREFIXES = 100

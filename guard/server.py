@@ -10,17 +10,8 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2
 
-from fencing._server import (
-    BuiltServer,
-    ServerOptions,
-    Service,
-    build_server,
-    require_durability,
-)
-from fencing._storage import StorageMetrics, with_deadline
 from fencing._version import VERSION
 from fencing.errors import InvalidArgumentError
-from fencing.metrics import Metrics
 from fencing.v1 import guard_pb2_grpc
 from guard.fence import FenceMode
 from guard.follower import HEALTH_SERVICE as WATCH_HEALTH_SERVICE
@@ -28,6 +19,15 @@ from guard.follower import FollowerStatus, LeaseFollower
 from guard.metrics import GuardMetrics
 from guard.service import GuardService
 from guard.stores import GuardStore, open_store
+from serving.metrics import Metrics
+from serving.server import (
+    BuiltServer,
+    ServerOptions,
+    Service,
+    build_server,
+    require_durability,
+)
+from serving.storage import StorageMetrics, with_deadline
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ async def start_guard(
     """Open ``store`` (an object or a URL), bind ``address`` (port 0 picks one), start.
 
     ``options`` sets TLS, authentication, per-client caps, metrics and the store
-    deadline (see :class:`~fencing._server.ServerOptions`).
+    deadline (see :class:`~serving.server.ServerOptions`).
 
     ``mode=FenceMode.WATCH`` needs ``lease_server`` (host:port, reached with
     ``lease_credentials`` if given): a follower task then advances fences from its

@@ -18,8 +18,6 @@ import grpc.aio
 from prometheus_client import CollectorRegistry
 
 from fencing import _status, limits
-from fencing._admission import authorize_item, current_principal
-from fencing._server import rpc
 from fencing.errors import (
     FencingError,
     InvalidArgumentError,
@@ -33,6 +31,8 @@ from guard.commit import GroupCommit
 from guard.fence import FenceMode
 from guard.metrics import GuardMetrics
 from guard.stores.base import BatchedWrite, GuardStore, ResourceWrite, Verdict
+from serving.admission import authorize_item, current_principal
+from serving.server import rpc
 
 #: Messages of one WriteStream judged at once; the stream stops reading beyond it.
 STREAM_WINDOW = 64

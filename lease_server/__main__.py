@@ -1,7 +1,7 @@
 """``lease-server`` / ``python -m lease_server``: run the lease server alone.
 
 Settings come from flags, ``FENCING_*`` variables and an optional TOML file, in that
-order of precedence (see :mod:`fencing.config` and docs/configuration.md).
+order of precedence (see :mod:`serving.config` and docs/configuration.md).
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import asyncio
 import dataclasses
 import sys
 
-from fencing import config
-from fencing._server import ServerOptions, configure_logging, serve_until_signal
 from fencing._version import VERSION
-from fencing._workers import run_workers
 from lease_server.backends import LeaseBackend, open_backend
 from lease_server.expiry import DEFAULT_EVENT_RETENTION
-from lease_server.queue_service import QUEUE_OPTIONS, QueueOptions
-from lease_server.queues import queue_url_for
+from lease_server.queue.backends import queue_url_for
+from lease_server.queue.service import QUEUE_OPTIONS, QueueOptions
 from lease_server.server import QUEUE_OFF, start_lease_server
+from serving import config
+from serving.server import ServerOptions, configure_logging, serve_until_signal
+from serving.supervisor import run_workers
 
 COMMAND = "lease-server"
 
@@ -61,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=COMMAND, description="Run the fencing lease server.")
     p.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     config.add_options(p, OPTIONS)
-    # Set by the --workers supervisor on the processes it starts (fencing._workers).
+    # Set by the --workers supervisor on the processes it starts (serving.supervisor).
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     return p
 

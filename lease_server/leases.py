@@ -197,7 +197,7 @@ class Transition:
     renewed one's for RENEWED, the lease that ended for RELEASED and EXPIRED.
     ``ttl_ms`` is the validity granted (ACQUIRED, RENEWED) and 0 otherwise.
     ``job_id`` and ``queue`` name the job when the change is a job's claim
-    (:func:`lease_server.jobs.transitions`); 0 and "" for a lease.
+    (:func:`lease_server.queue.jobs.transitions`); 0 and "" for a lease.
     """
 
     kind: EventKind

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from fencing.metrics import LATENCY_BUCKETS
+from serving.metrics import LATENCY_BUCKETS
 
 #: Acquire outcomes (label values of ``fencing_lease_acquires_total``).
 OUTCOMES = ("granted", "replayed", "held", "timeout", "error")

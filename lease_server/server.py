@@ -10,27 +10,27 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from fencing._server import (
+from fencing._version import VERSION
+from fencing.v1 import lease_pb2_grpc, queue_pb2_grpc
+from lease_server.backends import LeaseBackend, open_backend
+from lease_server.backends.base import event_log_of
+from lease_server.expiry import DEFAULT_EVENT_RETENTION
+from lease_server.metrics import LeaseMetrics
+from lease_server.queue.backends import QueueBackend, open_queue, queue_url_for
+from lease_server.queue.backends.base import LogsJobEvents
+from lease_server.queue.metrics import QueueMetrics
+from lease_server.queue.reaper import Reaper
+from lease_server.queue.service import QueueOptions, QueueService
+from lease_server.service import LeaseService
+from serving.metrics import Metrics
+from serving.server import (
     BuiltServer,
     ServerOptions,
     Service,
     build_server,
     require_durability,
 )
-from fencing._storage import StorageMetrics, with_deadline
-from fencing._version import VERSION
-from fencing.metrics import Metrics
-from fencing.v1 import lease_pb2_grpc, queue_pb2_grpc
-from lease_server.backends import LeaseBackend, open_backend
-from lease_server.backends.base import event_log_of
-from lease_server.expiry import DEFAULT_EVENT_RETENTION
-from lease_server.metrics import LeaseMetrics
-from lease_server.queue_metrics import QueueMetrics
-from lease_server.queue_service import QueueOptions, QueueService
-from lease_server.queues import QueueBackend, open_queue, queue_url_for
-from lease_server.queues.base import LogsJobEvents
-from lease_server.reaper import Reaper
-from lease_server.service import LeaseService
+from serving.storage import StorageMetrics, with_deadline
 
 log = logging.getLogger(__name__)
 
@@ -127,12 +127,12 @@ async def start_lease_server(
     """Open ``backend`` (an object or a URL), bind ``address`` (port 0 picks one), start.
 
     ``options`` sets TLS, authentication, per-client caps, metrics and the backend
-    deadline (see :class:`~fencing._server.ServerOptions`). Also starts the expiry
+    deadline (see :class:`~serving.server.ServerOptions`). Also starts the expiry
     sweeper and the event feed (:meth:`LeaseService.run`); the event log keeps the
     newest ``event_retention`` events.
 
     ``queue`` is the queue service's backend (an object or a URL); by default it is
-    derived from a backend URL (:func:`lease_server.queues.queue_url_for`: beside the
+    derived from a backend URL (:func:`lease_server.queue.backends.queue_url_for`: beside the
     leases), and there is none for a backend object. ``"off"``: no queue service.
     Its calls get the same deadline as the lease backend's; the reaper runs as a
     background task (``queue_options``: retry backoff, retention, reap interval).

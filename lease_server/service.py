@@ -20,7 +20,6 @@ import grpc.aio
 from prometheus_client import CollectorRegistry
 
 from fencing import _status, limits
-from fencing._server import rpc
 from fencing.errors import (
     AcquireTimeoutError,
     BackendUnavailableError,
@@ -46,6 +45,7 @@ from lease_server.leases import (
 from lease_server.metrics import LeaseMetrics
 from lease_server.waiters import WaitQueues
 from lease_server.watch import EventFeed, ResourceFeed
+from serving.server import rpc
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
     python scripts/gen_config_docs.py --check  # exit 1 if the committed copy is stale
 
 The table comes from the ``OPTIONS`` of each server command (``lease_server.__main__``,
-``guard.__main__``, ``fencing.cli.serve``), so the docs cannot drift from the code.
+``guard.__main__``, ``fencingctl.serve``), so the docs cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ TLS or to a loopback address.
 
 ## Authentication and permissions
 
-`auth_file` names a TOML policy (see `fencing/auth.py`):
+`auth_file` names a TOML policy (see `serving/auth.py`):
 
 ```toml
 [principals.billing]
@@ -93,10 +93,10 @@ release it, whatever token it shows.
 
 
 def render() -> str:
-    from fencing import config
-    from fencing.cli import serve
+    from fencingctl import serve
     from guard import __main__ as guard_main
     from lease_server import __main__ as lease_main
+    from serving import config
 
     table = config.markdown_table(
         {

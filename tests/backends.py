@@ -26,9 +26,9 @@ from lease_server.backends.memory import MemoryBackend
 from lease_server.backends.redis import RedisBackend
 from lease_server.backends.sqlite import SQLiteBackend
 from lease_server.clock import ManualClock
-from lease_server.queues.base import QueueBackend
-from lease_server.queues.memory import MemoryQueue
-from lease_server.queues.sqlite import SQLiteQueue
+from lease_server.queue.backends.base import QueueBackend
+from lease_server.queue.backends.memory import MemoryQueue
+from lease_server.queue.backends.sqlite import SQLiteQueue
 from tests import redis_server
 
 
@@ -185,7 +185,7 @@ def redis_cluster_store() -> AbstractAsyncContextManager[GuardStore]:
 
 @asynccontextmanager
 async def postgres_queue() -> AsyncIterator[tuple[QueueBackend, TimeControl]]:
-    from lease_server.queues.postgres import PostgresQueue
+    from lease_server.queue.backends.postgres import PostgresQueue
     from tests import pg
 
     async with pg.fresh_schema() as (dsn, schema):
@@ -268,7 +268,7 @@ async def sqlite_job_log() -> AsyncIterator[JobLog]:
 async def postgres_job_log() -> AsyncIterator[JobLog]:
     """One schema, as the lease server keeps it."""
     from lease_server.backends.postgres import PostgresBackend
-    from lease_server.queues.postgres import PostgresQueue
+    from lease_server.queue.backends.postgres import PostgresQueue
     from tests import pg
 
     async with pg.fresh_schema() as (dsn, schema):

@@ -8,7 +8,7 @@ import pytest
 
 from guard.stores.base import GuardStore
 from lease_server.backends.base import LeaseBackend
-from lease_server.queues.base import QueueBackend
+from lease_server.queue.backends.base import QueueBackend
 from tests.backends import GUARD_STORES, LEASE_BACKENDS, MARKS, QUEUE_BACKENDS, TimeControl
 from tests.redis_server import (  # noqa: F401  (fixtures)
     redis_cluster_url,

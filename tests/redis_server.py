@@ -338,11 +338,11 @@ def throwaway_redis() -> Iterator[RedisProcess]:
 
 async def drop_prefix(url: str, prefix: str) -> None:
     """Delete every key under ``prefix`` (a test's private key space)."""
-    from fencing import _redis
+    from serving import redis_db
 
-    client = await _redis.connect(_redis.parse_url(url))
+    client = await redis_db.connect(redis_db.parse_url(url))
     try:
-        for key in await _redis.scan_keys(client, f"{_redis.glob_escape(prefix)}:*"):
+        for key in await redis_db.scan_keys(client, f"{redis_db.glob_escape(prefix)}:*"):
             await client.delete(key)  # one by one: a cluster refuses cross-slot DEL
     finally:
         await client.aclose()

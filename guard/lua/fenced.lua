@@ -1,6 +1,6 @@
 -- fenced.lua: the steps of a fenced write, shared by write.lua, write_many.lua and
--- write_batch.lua (prepended after decimal.lua, see fencing._redis.load_lua). Keys are a
--- resource's (layout in fencing._redis); tokens and fences are decimal strings.
+-- write_batch.lua (prepended after decimal.lua, see serving.redis_db.load_lua). Keys are a
+-- resource's (layout in serving.redis_db); tokens and fences are decimal strings.
 
 -- True if a write with `token` passes the fence rule in `mode` (guard.fence.admit):
 -- every mode but 'off' rejects token < fence.

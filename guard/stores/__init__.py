@@ -1,5 +1,5 @@
 """Fenced stores, chosen by URL: ``memory://``, ``sqlite:///path``,
-``postgres://``/``postgresql://`` (see :mod:`fencing.pg` for the URL's parameters),
+``postgres://``/``postgresql://`` (see :mod:`serving.postgres_db` for the URL's parameters),
 ``redis://`` (and ``rediss://``, ``redis+cluster://``). See :mod:`guard.stores.base`
 for the Protocol."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from fencing._sqlite import sqlite_path
 from fencing.errors import InvalidArgumentError
 from guard.stores.base import GuardStore, WriteResult
+from serving.sqlite_db import sqlite_path
 
 
 def open_store(url: str) -> GuardStore:

@@ -21,7 +21,7 @@ Two more shapes of write, both one transaction:
   coalesce concurrent writes (:mod:`guard.commit`); strict mode is never batched.
 
 Optional, and expected of every networked store: ``async def healthy(self) -> bool``
-(:class:`fencing._storage.HealthProbe`); see :mod:`lease_server.backends.base` for
+(:class:`serving.storage.HealthProbe`); see :mod:`lease_server.backends.base` for
 what the server does with it and for the deadline on every other call.
 """
 

@@ -1,6 +1,6 @@
 """PostgreSQL fenced store (``postgres://``): fences and data in the lease backend's schema.
 
-Tables ``fences``, ``data`` and ``idempotency`` (:mod:`fencing.migrations`,
+Tables ``fences``, ``data`` and ``idempotency`` (:mod:`serving.migrations`,
 ``0002_guard.sql``, ``0008_guard_fence_rules.sql``). A write is one statement, and so
 one transaction and one round trip, calling ``guard_write``: lock the resource's
 fence row (``SELECT ... FOR UPDATE``, the row inserted first if missing, race-free),
@@ -38,10 +38,10 @@ from datetime import UTC, datetime
 import psycopg
 
 from fencing.errors import InvalidArgumentError, StaleTokenError
-from fencing.pg import PgConfig, PostgresDatabase
 from fencing.types import Op, Put, Record
 from guard.fence import FenceMode
 from guard.stores.base import BatchedWrite, ManyResult, ResourceWrite, Verdict, WriteResult
+from serving.postgres_db import PgConfig, PostgresDatabase
 
 #: Idempotency keys deleted per statement when pruning.
 PRUNE_BATCH = 5000
@@ -113,7 +113,7 @@ class PostgresStore:
         await self._db.close()
 
     async def healthy(self) -> bool:
-        """PostgreSQL answers ``SELECT 1`` (see ``fencing._storage.HealthProbe``)."""
+        """PostgreSQL answers ``SELECT 1`` (see ``serving.storage.HealthProbe``)."""
         return await self._db.healthy()
 
     async def write(

@@ -4,7 +4,7 @@ A write is one Lua script (``guard/lua/write.lua``) that reads the resource's fe
 judges the token (the rule of :func:`guard.fence.admit`), applies every op (passed
 as ARGV), advances the fence and records the idempotency key, or does nothing at
 all. A resource's fence, data and idempotency keys share its hash tag (layout in
-:mod:`fencing._redis`), so the same script runs on a Redis Cluster in one slot.
+:mod:`serving.redis_db`), so the same script runs on a Redis Cluster in one slot.
 
 **Strict mode** (``supports_strict``): the write script also reads the lease hash
 the Redis lease backend keeps for the resource (same slot) and requires the token
@@ -50,24 +50,24 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 
-from fencing import _redis
-from fencing._redis import Client, RedisTarget, ResourceKeys, driver_errors, text
 from fencing.errors import InvalidArgumentError, LeaseLost, StaleTokenError
 from fencing.types import Op, Put, Record
 from guard.fence import FenceMode, not_live
 from guard.stores.base import BatchedWrite, ManyResult, ResourceWrite, Verdict, WriteResult
+from serving import redis_db
+from serving.redis_db import Client, RedisTarget, ResourceKeys, driver_errors, text
 
 log = logging.getLogger(__name__)
 
 _LUA = "guard.lua"
-WRITE_LUA = _redis.load_lua(_LUA, "write", helpers=("fenced",))
-WRITE_MANY_LUA = _redis.load_lua(_LUA, "write_many", helpers=("fenced",))
-WRITE_BATCH_LUA = _redis.load_lua(_LUA, "write_batch", helpers=("fenced",))
+WRITE_LUA = redis_db.load_lua(_LUA, "write", helpers=("fenced",))
+WRITE_MANY_LUA = redis_db.load_lua(_LUA, "write_many", helpers=("fenced",))
+WRITE_BATCH_LUA = redis_db.load_lua(_LUA, "write_batch", helpers=("fenced",))
 #: Writes per write_batch.lua call: bounds how long one call keeps Redis busy.
 BATCH_CHUNK = 256
-FENCE_LUA = _redis.load_lua(_LUA, "fence")
-RESET_FENCE_LUA = _redis.load_lua(_LUA, "reset_fence")
-PRUNE_LUA = _redis.load_lua(_LUA, "prune")
+FENCE_LUA = redis_db.load_lua(_LUA, "fence")
+RESET_FENCE_LUA = redis_db.load_lua(_LUA, "reset_fence")
+PRUNE_LUA = redis_db.load_lua(_LUA, "prune")
 
 DEFAULT_IDEMPOTENCY_TTL_S = 24 * 3600
 
@@ -151,9 +151,9 @@ class RedisStore:
         idempotency_ttl_s: float | None = None,
         require_durable: bool | None = None,
     ) -> None:
-        target = _redis.parse_url(url, own=("idempotency_ttl",))
+        target = redis_db.parse_url(url, own=("idempotency_ttl",))
         self.target: RedisTarget = target
-        self.prefix = _redis.check_prefix(prefix) if prefix is not None else target.prefix
+        self.prefix = redis_db.check_prefix(prefix) if prefix is not None else target.prefix
         if idempotency_ttl_s is None:
             idempotency_ttl_s = float(
                 target.options.get("idempotency_ttl", DEFAULT_IDEMPOTENCY_TTL_S)
@@ -166,7 +166,7 @@ class RedisStore:
         self.require_durable = (
             target.require_durable if require_durable is None else require_durable
         )
-        self._health = _redis.Health(
+        self._health = redis_db.Health(
             dataclasses.replace(target, require_durable=self.require_durable), "redis guard store"
         )
         self.cluster = False
@@ -177,8 +177,8 @@ class RedisStore:
         if self._client is not None:
             return
         target = dataclasses.replace(self.target, require_durable=self.require_durable)
-        client, warning = await _redis.open_client(target, "redis guard store")
-        self._health = _redis.Health(target, "redis guard store", warning)
+        client, warning = await redis_db.open_client(target, "redis guard store")
+        self._health = redis_db.Health(target, "redis guard store", warning)
         self.cluster = isinstance(client, RedisCluster)
         self._client = client
         self._scripts = {
@@ -196,7 +196,7 @@ class RedisStore:
             await client.aclose()
 
     async def healthy(self) -> bool:
-        """Redis answers PING and is still as durable as it was (``_redis.Health``)."""
+        """Redis answers PING and is still as durable as it was (``redis_db.Health``)."""
         return await self._health.healthy(self._client)
 
     @property
@@ -394,8 +394,8 @@ class RedisStore:
         """
         if older_than_ms <= time.time_ns() // 1_000_000 - self.idempotency_ttl_ms:
             return 0
-        pattern = f"{_redis.glob_escape(self.prefix)}:{{*}}:idem:*"
+        pattern = f"{redis_db.glob_escape(self.prefix)}:{{*}}:idem:*"
         pruned = 0
-        for key in await _redis.scan_keys(self.client, pattern):
+        for key in await redis_db.scan_keys(self.client, pattern):
             pruned += int(await self._run("prune", [text(key)], [str(max(0, older_than_ms))]))
         return pruned

@@ -16,12 +16,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from fencing._sqlite import SQLiteDatabase
 from fencing.errors import LeaseLost, StaleTokenError
 from fencing.types import Op, Put, Record
 from guard import fence as fence_rule
 from guard.fence import FenceMode, Recorded
 from guard.stores.base import BatchedWrite, ManyResult, ResourceWrite, Verdict, WriteResult
+from serving.sqlite_db import SQLiteDatabase
 
 MIGRATIONS = [
     """

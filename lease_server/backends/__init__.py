@@ -1,5 +1,5 @@
 """Lease backends, chosen by URL: ``memory://``, ``sqlite:///path``,
-``postgres://``/``postgresql://`` (see :mod:`fencing.pg` for the URL's parameters),
+``postgres://``/``postgresql://`` (see :mod:`serving.postgres_db` for the URL's parameters),
 ``redis://`` (and ``rediss://``, ``redis+cluster://``). See
 :mod:`lease_server.backends.base` for the Protocol."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from fencing._sqlite import sqlite_path
 from fencing.errors import InvalidArgumentError
 from lease_server.backends.base import LeaseBackend
 from lease_server.clock import Clock
+from serving.sqlite_db import sqlite_path
 
 
 def open_backend(url: str, clock: Clock | None = None) -> LeaseBackend:

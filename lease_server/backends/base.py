@@ -7,7 +7,7 @@ cause chained. Waiting, validation and the wire live above it, in the service.
 To add a backend, add a file beside this one and a branch in ``open_backend``.
 
 Optional, and expected of every networked backend: ``async def healthy(self) ->
-bool`` (:class:`fencing._storage.HealthProbe`), one cheap round trip to the database.
+bool`` (:class:`serving.storage.HealthProbe`), one cheap round trip to the database.
 The server calls it every ``--health-interval`` seconds and reports NOT_SERVING on
 ``grpc.health.v1`` while it says False. Every other coroutine method is called with
 a deadline (``--backend-timeout``) that ends it with ``BackendUnavailableError``;
@@ -59,7 +59,7 @@ checks them, and skips backends without a log):
 
 A queue backend that shares the backend's database appends the events of job
 claims to the same log under the same rules (``LeaseEvent.job_id`` set; see
-:mod:`lease_server.queues.base` and :func:`lease_server.jobs.transitions`).
+:mod:`lease_server.queue.backends.base` and :func:`lease_server.queue.jobs.transitions`).
 
 A backend that cannot keep one log for all resources (a Redis Cluster, where a
 script reaches one hash slot and each resource's keys have their own) may keep

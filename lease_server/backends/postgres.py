@@ -1,14 +1,14 @@
 """PostgreSQL lease backend: many lease-server processes, one database (``postgres://``).
 
 Each operation is one statement, and so one short transaction, calling a function
-installed by :mod:`fencing.migrations` (``0001_leases.sql``, where the SQL and its
+installed by :mod:`serving.migrations` (``0001_leases.sql``, where the SQL and its
 reasoning live): ``lease_acquire`` raises the resource's counter with
 ``INSERT ... ON CONFLICT DO UPDATE ... WHERE free or expired RETURNING`` and the
 token reaches the caller only after that commit (G1; counters are never deleted,
 no sequence is involved). Expiry is decided by the database's clock alone, read
 with ``clock_timestamp()`` under the row lock (G7), so any number of servers on
 any hosts agree (G2). URL parameters (``schema``, ``timeout``, ``pool_max``) are
-described in :mod:`fencing.pg`; every call is bounded by ``timeout`` and fails
+described in :mod:`serving.postgres_db`; every call is bounded by ``timeout`` and fails
 with ``BackendUnavailableError`` when the database is unreachable.
 
 **Token floor** (``?token_floor=clock``, ``0010_token_floor.sql``). A database that
@@ -18,7 +18,7 @@ the floor every grant, leases and job claims alike, takes ``max(counter + 1, the
 database's clock_timestamp() in microseconds)`` instead, as on Redis: larger than every
 earlier token unless the database's clock steps back by more than the time between
 the last grant before the loss and the first after it. It is a session setting
-(``fencing.token_floor``, set on every pooled connection by :mod:`fencing.pg`), so
+(``fencing.token_floor``, set on every pooled connection by :mod:`serving.postgres_db`), so
 it holds for every path that grants; tokens become sparse (about 1.8e15).
 Synchronous replication makes it unnecessary.
 
@@ -62,13 +62,6 @@ import psycopg
 from psycopg import sql
 
 from fencing.errors import FencingError, LeaseLost
-from fencing.pg import (
-    DEFAULT_SCHEMA,
-    LEASE_HELD_SQLSTATE,
-    PgConfig,
-    PostgresDatabase,
-    migrate,
-)
 from lease_server.leases import (
     EventKind,
     EventPage,
@@ -79,6 +72,13 @@ from lease_server.leases import (
     ReleaseItem,
     RenewItem,
     Scope,
+)
+from serving.postgres_db import (
+    DEFAULT_SCHEMA,
+    LEASE_HELD_SQLSTATE,
+    PgConfig,
+    PostgresDatabase,
+    migrate,
 )
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ class PostgresBackend:
         await self._db.close()
 
     async def healthy(self) -> bool:
-        """PostgreSQL answers ``SELECT 1`` (see ``fencing._storage.HealthProbe``)."""
+        """PostgreSQL answers ``SELECT 1`` (see ``serving.storage.HealthProbe``)."""
         return await self._db.healthy()
 
     async def acquire(

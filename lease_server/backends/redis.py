@@ -3,7 +3,7 @@
 Acquire, renew, release and describe are each one Lua script
 (``lease_server/lua/*.lua``, registered once per client), so each is one atomic
 step on one Redis, by Redis's clock: a lease is a hash that Redis expires itself
-(``PEXPIRE``). Keys, URL options, retries and error mapping: :mod:`fencing._redis`.
+(``PEXPIRE``). Keys, URL options, retries and error mapping: :mod:`serving.redis_db`.
 Every key of a resource shares its hash tag, so the same code runs on a Redis
 Cluster, one slot per resource.
 
@@ -111,15 +111,6 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 
-from fencing import _redis
-from fencing._redis import (
-    Client,
-    EventLogKeys,
-    RedisTarget,
-    ResourceKeys,
-    driver_errors,
-    text,
-)
 from fencing.errors import InvalidArgumentError, LeaseLost
 from lease_server.leases import (
     EventKind,
@@ -132,22 +123,31 @@ from lease_server.leases import (
     RenewItem,
     Scope,
 )
+from serving import redis_db
+from serving.redis_db import (
+    Client,
+    EventLogKeys,
+    RedisTarget,
+    ResourceKeys,
+    driver_errors,
+    text,
+)
 
 log = logging.getLogger(__name__)
 
 _LUA = "lease_server.lua"
 _LOG = ("eventlog",)
-ACQUIRE_LUA = _redis.load_lua(_LUA, "acquire", helpers=(*_LOG, "lease"))
-ACQUIRE_MANY_LUA = _redis.load_lua(_LUA, "acquire_many", helpers=(*_LOG, "lease"))
+ACQUIRE_LUA = redis_db.load_lua(_LUA, "acquire", helpers=(*_LOG, "lease"))
+ACQUIRE_MANY_LUA = redis_db.load_lua(_LUA, "acquire_many", helpers=(*_LOG, "lease"))
 #: Renewals or releases per pipeline: each is its own script (and its own events).
 PIPELINE_CHUNK = 1000
-RENEW_LUA = _redis.load_lua(_LUA, "renew", helpers=_LOG)
-RELEASE_LUA = _redis.load_lua(_LUA, "release", helpers=_LOG)
-DESCRIBE_LUA = _redis.load_lua(_LUA, "describe")
-EXPIRE_LUA = _redis.load_lua(_LUA, "expire", helpers=_LOG)
-EVENTS_LUA = _redis.load_lua(_LUA, "events")
-PRUNE_LUA = _redis.load_lua(_LUA, "prune")
-RESOURCE_EVENTS_LUA = _redis.load_lua(_LUA, "resource_events", helpers=_LOG)
+RENEW_LUA = redis_db.load_lua(_LUA, "renew", helpers=_LOG)
+RELEASE_LUA = redis_db.load_lua(_LUA, "release", helpers=_LOG)
+DESCRIBE_LUA = redis_db.load_lua(_LUA, "describe")
+EXPIRE_LUA = redis_db.load_lua(_LUA, "expire", helpers=_LOG)
+EVENTS_LUA = redis_db.load_lua(_LUA, "events")
+PRUNE_LUA = redis_db.load_lua(_LUA, "prune")
+RESOURCE_EVENTS_LUA = redis_db.load_lua(_LUA, "resource_events", helpers=_LOG)
 
 #: Events of the shared log one ``events_after`` examines at most (bounds the script
 #: when a narrow scope matches few of many events; the page then ends where it stopped).
@@ -166,7 +166,7 @@ LISTEN_PING_INTERVAL = 5.0
 class RedisBackend:
     """Lease state in Redis or a Redis Cluster.
 
-    ``url``: see :mod:`fencing._redis`. ``prefix`` overrides the URL's key prefix
+    ``url``: see :mod:`serving.redis_db`. ``prefix`` overrides the URL's key prefix
     (several independent lease spaces can share one Redis). ``require_durable``
     (also ``?require_durable=1``) makes :meth:`open` raise ``InvalidArgumentError``
     when the Redis persistence settings do not make counters durable.
@@ -191,19 +191,19 @@ class RedisBackend:
         clock_floor: bool = True,
         events_per_resource: int = EVENTS_PER_RESOURCE,
     ) -> None:
-        target = _redis.parse_url(url)
+        target = redis_db.parse_url(url)
         self.target: RedisTarget = target
-        self.prefix = _redis.check_prefix(prefix) if prefix is not None else target.prefix
+        self.prefix = redis_db.check_prefix(prefix) if prefix is not None else target.prefix
         self.require_durable = (
             target.require_durable if require_durable is None else require_durable
         )
         self.clock_floor = clock_floor
-        self._health = _redis.Health(
+        self._health = redis_db.Health(
             dataclasses.replace(target, require_durable=self.require_durable), "redis lease backend"
         )
         self.cluster = False
-        self.channel = _redis.release_channel(self.prefix)
-        self.events_channel = _redis.events_channel(self.prefix)
+        self.channel = redis_db.release_channel(self.prefix)
+        self.events_channel = redis_db.events_channel(self.prefix)
         self.events_per_resource = max(1, events_per_resource)
         self._shared_log = EventLogKeys.shared(self.prefix)
         #: The one log's identity (rule 5 of the event log): lost with the log when Redis
@@ -224,8 +224,8 @@ class RedisBackend:
         if self._client is not None:
             return
         target = dataclasses.replace(self.target, require_durable=self.require_durable)
-        client, warning = await _redis.open_client(target, "redis lease backend")
-        self._health = _redis.Health(target, "redis lease backend", warning)
+        client, warning = await redis_db.open_client(target, "redis lease backend")
+        self._health = redis_db.Health(target, "redis lease backend", warning)
         if not self.clock_floor:
             log.warning(
                 "redis lease backend: clock floor OFF: tokens restart at 1 if Redis forgets"
@@ -257,7 +257,7 @@ class RedisBackend:
                 await client.aclose()
 
     async def healthy(self) -> bool:
-        """Redis answers PING and is still as durable as it was (``_redis.Health``)."""
+        """Redis answers PING and is still as durable as it was (``redis_db.Health``)."""
         return await self._health.healthy(self._client)
 
     @property
@@ -630,8 +630,8 @@ class RedisBackend:
             # through one node; after a failure, the next one.
             nodes = self._client.get_nodes()
             node = nodes[attempt % len(nodes)]
-            own = _redis.standalone_client(
-                _redis.url_for_node(self.target.url, node.host, int(node.port))
+            own = redis_db.standalone_client(
+                redis_db.url_for_node(self.target.url, node.host, int(node.port))
             )
             return own.pubsub(), own
         return self._client.pubsub(), None

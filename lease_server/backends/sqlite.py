@@ -18,7 +18,6 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from fencing._sqlite import SQLiteDatabase
 from fencing.errors import LeaseLost
 from lease_server import leases
 from lease_server.clock import Clock, SystemClock
@@ -35,6 +34,7 @@ from lease_server.leases import (
     Scope,
     Transition,
 )
+from serving.sqlite_db import SQLiteDatabase
 
 MIGRATIONS = [
     # 1: one row per resource; counter never decreases and the row is never deleted.
@@ -77,7 +77,7 @@ MIGRATIONS = [
     INSERT INTO event_log_identity (id, log_id) VALUES (1, lower(hex(randomblob(16))))
     """,
     # 4: events of job claims, appended by the SQLite queue backend in its own transaction
-    # (lease_server/queues/sqlite.py attaches this file): the job's id and queue.
+    # (lease_server/queue/backends/sqlite.py attaches this file): the job's id and queue.
     """
     ALTER TABLE events ADD COLUMN job_id INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE events ADD COLUMN queue TEXT NOT NULL DEFAULT ''

@@ -1,5 +1,5 @@
 -- eventlog.lua: the event log, prepended to the scripts that change a lease
--- (fencing._redis.load_lua(..., helpers=('eventlog',))).
+-- (serving.redis_db.load_lua(..., helpers=('eventlog',))).
 --
 -- The log's keys come after each script's own keys (lease_server/backends/redis.py
 -- names them). On one Redis there is one log for every resource; on a Redis Cluster

@@ -1,5 +1,5 @@
 -- lease.lua: the steps of a grant, shared by acquire.lua and acquire_many.lua (prepended
--- after decimal.lua and eventlog.lua, see fencing._redis.load_lua). Keys are a
+-- after decimal.lua and eventlog.lua, see serving.redis_db.load_lua). Keys are a
 -- resource's lease hash and counter and the event log's (eventlog.lua).
 
 -- The resource's live lease as this request sees it: nil when free (no hash: Redis

@@ -18,7 +18,7 @@ from chaos.scenarios import (
     available_modes,
     keeps_event_log,
 )
-from fencing.cli import main
+from fencingctl import main
 
 
 def test_list_names_every_scenario(capsys: pytest.CaptureFixture[str]) -> None:

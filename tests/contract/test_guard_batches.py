@@ -19,12 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from fencing._redis import ResourceKeys
 from fencing.errors import InvalidArgumentError, StaleTokenError
 from fencing.types import Delete, Op, Put, Record
 from guard.fence import FenceMode
 from guard.stores.base import BatchedWrite, GuardStore, ResourceWrite, WriteResult
 from guard.stores.memory import MemoryStore
+from serving.redis_db import ResourceKeys
 
 
 def co_located(store: GuardStore, count: int, base: str = "m") -> list[str]:

@@ -1,14 +1,14 @@
-"""The optional ``healthy()`` probe (fencing._storage.HealthProbe), on every implementation."""
+"""The optional ``healthy()`` probe (serving.storage.HealthProbe), on every implementation."""
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
 
-from fencing._storage import healthy
 from guard.stores.base import GuardStore
 from lease_server.backends.base import LeaseBackend
 from lease_server.backends.sqlite import SQLiteBackend
+from serving.storage import healthy
 from tests.backends import TimeControl
 
 

@@ -1,4 +1,4 @@
-"""Job claims in the lease event log: the rule of ``lease_server.jobs.transitions``.
+"""Job claims in the lease event log: the rule of ``lease_server.queue.jobs.transitions``.
 
 Runs on every queue backend of tests/backends.py ``JOB_LOGS``, each linked to the lease
 backend whose log it shares (memory; SQLite's two files; one PostgreSQL schema). Every
@@ -18,10 +18,10 @@ from typing import Any, cast
 import pytest
 
 from lease_server.backends.base import EventLog, LeaseBackend
-from lease_server.jobs import REAPED_ERROR, JobRecord, JobRef, JobState, NewJob
 from lease_server.leases import EventKind, Grant, LeaseEvent, Scope
-from lease_server.queues.base import QueueBackend
-from lease_server.queues.sqlite import SQLiteQueue
+from lease_server.queue.backends.base import QueueBackend
+from lease_server.queue.backends.sqlite import SQLiteQueue
+from lease_server.queue.jobs import REAPED_ERROR, JobRecord, JobRef, JobState, NewJob
 from tests.backends import JOB_LOGS, JobLog, TimeControl
 
 A, L, X = EventKind.ACQUIRED, EventKind.RELEASED, EventKind.EXPIRED

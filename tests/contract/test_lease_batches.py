@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.crc import key_slot
 
-from fencing._redis import ResourceKeys
 from fencing.errors import InvalidArgumentError, LeaseLost
 from lease_server.backends.base import (
     LeaseBackend,
@@ -23,6 +22,7 @@ from lease_server.backends.memory import MemoryBackend
 from lease_server.batches import OneByOne, batches_of
 from lease_server.clock import ManualClock
 from lease_server.leases import EventKind, Grant, Held, ReleaseItem, RenewItem, Scope
+from serving.redis_db import ResourceKeys
 from tests.backends import TimeControl
 
 Pair = tuple[LeaseBackend, TimeControl]

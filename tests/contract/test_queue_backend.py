@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from fencing.errors import LeaseLost
-from lease_server.jobs import REAPED_ERROR, JobRecord, JobRef, JobState, NewJob
-from lease_server.queues.base import QueueBackend
+from lease_server.queue.backends.base import QueueBackend
+from lease_server.queue.jobs import REAPED_ERROR, JobRecord, JobRef, JobState, NewJob
 from tests.backends import TimeControl
 
 Pair = tuple[QueueBackend, TimeControl]

@@ -83,7 +83,7 @@ def process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[tuple[s
 def healthcheck(service: dict[str, Any], address: str) -> subprocess.CompletedProcess[str]:
     test = service["healthcheck"]["test"]
     assert test[:3] == ["CMD", "fencing", "healthcheck"]
-    argv = [sys.executable, "-m", "fencing", "healthcheck", address, *test[4:]]
+    argv = [sys.executable, "-m", "fencingctl", "healthcheck", address, *test[4:]]
     return subprocess.run(argv, capture_output=True, text=True, timeout=HANG_GUARD, check=False)
 
 

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.e2e
 
 def run_demo(*extra: str) -> tuple[int, str, dict[str, object]]:
     proc = subprocess.run(
-        [sys.executable, "-m", "fencing", "demo", "--json", *extra],
+        [sys.executable, "-m", "fencingctl", "demo", "--json", *extra],
         capture_output=True,
         text=True,
         timeout=90,
@@ -71,7 +71,7 @@ def test_the_readme_shows_the_demo_as_it_prints() -> None:
     opening = after.index("\n```\n", after.index("```\n")) + len("\n```\n")
     sample = after[opening : after.index("\n```", opening)]
     proc = subprocess.run(
-        [sys.executable, "-m", "fencing", "demo"], capture_output=True, text=True, timeout=90
+        [sys.executable, "-m", "fencingctl", "demo"], capture_output=True, text=True, timeout=90
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _story(sample) == _story(proc.stdout)

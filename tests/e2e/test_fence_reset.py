@@ -31,9 +31,9 @@ from fencing import (
     Put,
     StaleTokenError,
 )
-from fencing._server import ServerOptions
-from fencing.auth import AuthPolicy
 from fencing.testing import RunningServers, running_servers
+from serving.auth import AuthPolicy
+from serving.server import ServerOptions
 
 pytestmark = pytest.mark.e2e
 
@@ -73,7 +73,7 @@ def _cli(servers: RunningServers, *args: str) -> subprocess.CompletedProcess[str
         [
             sys.executable,
             "-m",
-            "fencing",
+            "fencingctl",
             *args,
             "--lease-addr",
             servers.lease_address,

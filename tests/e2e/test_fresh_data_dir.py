@@ -69,7 +69,7 @@ def test_the_help_names_exactly_the_files_serve_keeps(tmp_path: Path) -> None:
     import sys
 
     help_text = subprocess.run(
-        [sys.executable, "-m", "fencing", "serve", "--help"],
+        [sys.executable, "-m", "fencingctl", "serve", "--help"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -145,7 +145,7 @@ def test_quickstart_works_verbatim_right_after_the_cli_step(
     argv = sh_line(README.read_text(encoding="utf-8"), "fencing lease acquire")
     assert argv[:3] == ["fencing", "lease", "acquire"]
     cli = subprocess.run(
-        [sys.executable, "-m", "fencing", *argv[1:], "--lease-addr", servers.lease_address],
+        [sys.executable, "-m", "fencingctl", *argv[1:], "--lease-addr", servers.lease_address],
         capture_output=True,
         text=True,
         timeout=60,

@@ -22,7 +22,7 @@ def serve(data: Path) -> Iterator[tuple[subprocess.Popen[str], str, str]]:
         [
             sys.executable,
             "-m",
-            "fencing",
+            "fencingctl",
             "serve",
             "--data-dir",
             str(data),

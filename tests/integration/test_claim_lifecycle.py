@@ -15,7 +15,7 @@ from fencing import AsyncQueueClient, Job, QueueClient
 from fencing._backoff import Backoff
 from fencing.testing import RunningServers, running_servers
 from fencing.worker import AsyncWorker, Worker
-from lease_server.queue_service import QueueOptions
+from lease_server.queue.service import QueueOptions
 
 FAST = QueueOptions(
     retry=Backoff(base=50, cap=100, jitter=0.0), reap_interval_s=0.05, poll_interval_s=0.05

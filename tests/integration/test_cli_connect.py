@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import trustme
 
-from fencing._server import ServerOptions
-from fencing.auth import AuthPolicy
-from fencing.cli import main
 from fencing.testing import running_servers
 from fencing.tls import TLSConfig
+from fencingctl import main
 from lease_server.backends.memory import MemoryBackend
+from serving.auth import AuthPolicy
+from serving.server import ServerOptions
 from tests.waiting import HANG_GUARD
 
 

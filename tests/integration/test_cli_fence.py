@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fencing import Claim, GuardClient, LeaseClient, Put
-from fencing.cli import main
 from fencing.testing import RunningServers
+from fencingctl import main
 
 
 def run(servers: RunningServers, capsys: pytest.CaptureFixture[str], *args: str) -> str:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from fencing.pg import migrations
+from serving.postgres_db import migrations
 from tests.pg import fresh_schema, with_schema
 
 pytestmark = pytest.mark.postgres
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.postgres
 
 def fencing(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fencing", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "fencingctl", *args], capture_output=True, text=True, timeout=60
     )
 
 

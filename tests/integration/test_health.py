@@ -11,13 +11,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fencing import _status
-from fencing._server import ServerOptions
 from fencing.errors import BackendUnavailableError
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from guard.server import start_guard
 from guard.stores.memory import MemoryStore
 from lease_server.backends.memory import MemoryBackend
 from lease_server.server import start_lease_server
+from serving.server import ServerOptions
 from tests.waiting import HANG_GUARD, eventually
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -13,13 +13,13 @@ import grpc.aio
 import pytest
 
 from fencing import _status
-from fencing._server import ServerOptions, Service, build_server
-from fencing.auth import AuthPolicy
 from fencing.errors import BackendUnavailableError, InvalidArgumentError, ResourceExhaustedError
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from lease_server.backends.memory import MemoryBackend
 from lease_server.server import SERVICE_NAME, LeaseServer, start_lease_server
 from lease_server.service import LeaseService
+from serving.auth import AuthPolicy
+from serving.server import ServerOptions, Service, build_server
 from tests.waiting import HANG_GUARD, eventually
 
 #: Channels in one process share connections unless told not to; a client without
@@ -265,7 +265,7 @@ BAD_FRAMES = _bad_frames()
 async def both_servers(tmp_path: Path) -> AsyncIterator[tuple[str, str]]:
     from guard.server import start_guard
     from guard.stores.memory import MemoryStore
-    from lease_server.queues.memory import MemoryQueue
+    from lease_server.queue.backends.memory import MemoryQueue
 
     lease = await start_lease_server(MemoryBackend(), "127.0.0.1:0", queue=MemoryQueue())
     guard = await start_guard(MemoryStore(), "127.0.0.1:0")

@@ -26,7 +26,7 @@ from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.parser import text_string_to_metric_families
 
 from fencing import GuardClient, LeaseClient, QueueClient
-from fencing.metrics import Metrics
+from serving.metrics import Metrics
 from tests.pg import free_port
 
 NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")

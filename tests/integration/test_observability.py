@@ -20,10 +20,10 @@ from fencing import (
     StaleTokenError,
     UnauthenticatedError,
 )
-from fencing._server import JsonFormatter, ServerOptions
-from fencing.auth import AuthPolicy
-from fencing.metrics import Metrics
 from fencing.testing import running_servers
+from serving.auth import AuthPolicy
+from serving.metrics import Metrics
+from serving.server import JsonFormatter, ServerOptions
 
 
 def sample(text: str, name: str, **labels: str) -> float | None:

@@ -190,7 +190,7 @@ def test_fencing_outbox_run_publishes_until_sigterm(
         [
             sys.executable,
             "-m",
-            "fencing",
+            "fencingctl",
             "outbox",
             "run",
             "--addr",

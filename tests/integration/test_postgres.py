@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from fencing import GuardClient, LeaseClient, pg
+from fencing import GuardClient, LeaseClient
 from fencing.errors import (
     BackendUnavailableError,
     LeaseLost,
@@ -28,6 +28,7 @@ from guard.server import start_guard
 from guard.stores.postgres import PostgresStore
 from lease_server.backends.postgres import PostgresBackend
 from lease_server.leases import Grant, Held
+from serving import postgres_db
 from tests import pg as testpg
 
 pytestmark = pytest.mark.postgres
@@ -76,17 +77,17 @@ async def _query(dsn: str, query: sql.Composed) -> list[tuple[object, ...]]:
 
 async def test_migrate_is_idempotent_and_safe_to_race(schema: tuple[str, str]) -> None:
     dsn, name = schema
-    results = await asyncio.gather(*(pg.migrate(dsn, name) for _ in range(4)))
-    everything = [m.version for m in pg.migrations()]
+    results = await asyncio.gather(*(postgres_db.migrate(dsn, name) for _ in range(4)))
+    everything = [m.version for m in postgres_db.migrations()]
     assert sorted(map(tuple, results)) == [(), (), (), tuple(everything)]
-    assert await pg.migrate(testpg.with_schema(dsn, name)) == []
+    assert await postgres_db.migrate(testpg.with_schema(dsn, name)) == []
     rows = await _query(
         dsn,
         sql.SQL("SELECT version, name FROM {}.schema_migrations ORDER BY version").format(
             sql.Identifier(name)
         ),
     )
-    assert [(v, n) for v, n in rows] == [(m.version, m.name) for m in pg.migrations()]
+    assert [(v, n) for v, n in rows] == [(m.version, m.name) for m in postgres_db.migrations()]
 
 
 async def test_servers_need_no_ddl_rights_once_migrated(schema: tuple[str, str]) -> None:
@@ -94,7 +95,7 @@ async def test_servers_need_no_ddl_rights_once_migrated(schema: tuple[str, str])
     dsn, name = schema
     role = f"fencing_app_{secrets.token_hex(4)}"
     s, r = sql.Identifier(name), sql.Identifier(role)
-    await pg.migrate(dsn, name)
+    await postgres_db.migrate(dsn, name)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
         await admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(r))
         try:
@@ -185,8 +186,8 @@ async def test_a_fault_is_not_dressed_up_as_an_outage(
         await admin.execute(sql.SQL("DROP FUNCTION {}.lease_describe").format(sql.Identifier(name)))
     with pytest.raises(psycopg.errors.UndefinedFunction):
         await backend.describe("r")
-    assert pg.driver_error(psycopg.OperationalError("down"), "x") is not None
-    assert pg.driver_error(psycopg.errors.UndefinedFunction("bug"), "x") is None
+    assert postgres_db.driver_error(psycopg.OperationalError("down"), "x") is not None
+    assert postgres_db.driver_error(psycopg.errors.UndefinedFunction("bug"), "x") is None
 
 
 # -- wake-ups --------------------------------------------------------------------------------
@@ -352,8 +353,8 @@ async def test_user_transactions_fence_their_own_writes(
     await fenced_insert(2, 5)  # equal tokens pass: one holder writes many times
     with pytest.raises(psycopg.Error) as raised:
         await fenced_insert(3, 4)
-    assert raised.value.sqlstate == pg.STALE_TOKEN_SQLSTATE
-    error = pg.fencing_error(raised.value)
+    assert raised.value.sqlstate == postgres_db.STALE_TOKEN_SQLSTATE
+    error = postgres_db.fencing_error(raised.value)
     assert isinstance(error, StaleTokenError)
     assert (error.resource, error.token, error.current_token) == ("orders", 4, 5)
     # The guard and your transactions share one fence per resource.
@@ -378,15 +379,15 @@ async def test_check_live_lease_needs_the_current_unexpired_lease(
         await asyncio.sleep(0.4)
         with pytest.raises(psycopg.Error) as raised:
             await conn.execute(check, ("job", grant.token))
-        assert raised.value.sqlstate == pg.LEASE_NOT_LIVE_SQLSTATE
-        error = pg.fencing_error(raised.value)
+        assert raised.value.sqlstate == postgres_db.LEASE_NOT_LIVE_SQLSTATE
+        error = postgres_db.fencing_error(raised.value)
         # Not below the fence but not live: LeaseLost, told apart from a stale token.
         assert isinstance(error, LeaseLost) and "not the live lease" in str(error)
         assert (error.resource, error.token) == ("job", grant.token)
         with pytest.raises(psycopg.Error) as unknown:
             await conn.execute(check, ("never-leased", 1))
-        assert unknown.value.sqlstate == pg.LEASE_NOT_LIVE_SQLSTATE
-    assert pg.fencing_error(ValueError("not ours")) is None
+        assert unknown.value.sqlstate == postgres_db.LEASE_NOT_LIVE_SQLSTATE
+    assert postgres_db.fencing_error(ValueError("not ours")) is None
 
 
 async def test_prune_deletes_in_batches(

@@ -12,9 +12,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from fencing import pg
 from lease_server.backends.postgres import PostgresBackend
 from lease_server.leases import EventKind, Grant, LeaseEvent, Scope
+from serving import postgres_db
 from tests import pg as testpg
 
 pytestmark = pytest.mark.postgres
@@ -144,9 +144,9 @@ async def test_an_upgrade_logs_the_end_of_leases_granted_before_it(
     """A schema at 0001-0002 (the code before the log) with a live and an expiring lease;
     after 0005 their ends are logged once like any other."""
     dsn, name = schema
-    before = [m for m in pg.migrations() if m.version <= 2]
+    before = [m for m in postgres_db.migrations() if m.version <= 2]
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        assert await pg._apply_migrations(conn, name, before) == [1, 2]
+        assert await postgres_db._apply_migrations(conn, name, before) == [1, 2]
         s = sql.Identifier(name)
         for resource, ttl in (("live", 5000), ("dying", 100)):
             await conn.execute(
@@ -167,8 +167,8 @@ async def test_an_upgrade_logs_the_end_of_leases_granted_before_it(
         await backend.close()
 
 
-def _fake(version: int) -> pg.Migration:
-    return pg.Migration(
+def _fake(version: int) -> postgres_db.Migration:
+    return postgres_db.Migration(
         version,
         f"fake{version}",
         f"-- {version:04d}_fake{version}: test\nCREATE TABLE fake{version} (id integer);\n",
@@ -180,12 +180,16 @@ async def test_migrations_apply_across_gaps_and_fill_them_later(schema: tuple[st
     version is applied, in order, whenever it arrives; none is required to be contiguous."""
     dsn, name = schema
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        assert await pg._apply_migrations(conn, name, [_fake(1), _fake(2), _fake(5)]) == [1, 2, 5]
-        assert await pg._apply_migrations(conn, name, [_fake(1), _fake(2), _fake(5)]) == []
+        assert await postgres_db._apply_migrations(conn, name, [_fake(1), _fake(2), _fake(5)]) == [
+            1,
+            2,
+            5,
+        ]
+        assert await postgres_db._apply_migrations(conn, name, [_fake(1), _fake(2), _fake(5)]) == []
         later = [_fake(4), _fake(1), _fake(3), _fake(2), _fake(5)]
-        assert await pg._apply_migrations(conn, name, later) == [3, 4]
+        assert await postgres_db._apply_migrations(conn, name, later) == [3, 4]
         # Code that knows fewer versions than the schema has: nothing to do, no error.
-        assert await pg._apply_migrations(conn, name, [_fake(1)]) == []
+        assert await postgres_db._apply_migrations(conn, name, [_fake(1)]) == []
     rows = await _sql(
         dsn,
         sql.SQL(
@@ -206,10 +210,10 @@ async def test_migrations_apply_across_gaps_and_fill_them_later(schema: tuple[st
 
 def test_migration_numbers_must_be_unique_and_positive() -> None:
     with pytest.raises(RuntimeError, match="unique"):
-        pg.ordered([_fake(1), _fake(3), _fake(3)])
+        postgres_db.ordered([_fake(1), _fake(3), _fake(3)])
     with pytest.raises(RuntimeError, match="positive"):
-        pg.ordered([_fake(0), _fake(1)])
-    assert [m.version for m in pg.ordered([_fake(5), _fake(1), _fake(2)])] == [1, 2, 5]
+        postgres_db.ordered([_fake(0), _fake(1)])
+    assert [m.version for m in postgres_db.ordered([_fake(5), _fake(1), _fake(2)])] == [1, 2, 5]
 
 
 def _events(page_events: tuple[LeaseEvent, ...]) -> list[tuple[EventKind, str]]:

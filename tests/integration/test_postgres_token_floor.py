@@ -20,13 +20,13 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from fencing.errors import InvalidArgumentError, StaleTokenError
-from fencing.pg import PgConfig
 from fencing.types import Put
 from guard.stores.postgres import PostgresStore
 from lease_server.backends.postgres import PostgresBackend
-from lease_server.jobs import JobRef, NewJob
 from lease_server.leases import Grant
-from lease_server.queues.postgres import PostgresQueue
+from lease_server.queue.backends.postgres import PostgresQueue
+from lease_server.queue.jobs import JobRef, NewJob
+from serving.postgres_db import PgConfig
 from tests import pg as testpg
 
 pytestmark = pytest.mark.postgres

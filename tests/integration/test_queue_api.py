@@ -15,13 +15,13 @@ from grpc_status import rpc_status
 
 from fencing import GuardClient, Job, LeaseLost, QueueClient, StaleTokenError
 from fencing._backoff import Backoff
-from fencing._server import ServerOptions
-from fencing.auth import AuthPolicy
 from fencing.errors import InvalidArgumentError, PermissionDeniedError
 from fencing.testing import RunningServers, running_servers
 from fencing.types import Put
 from fencing.v1 import queue_pb2, queue_pb2_grpc
-from lease_server.queue_service import QueueOptions
+from lease_server.queue.service import QueueOptions
+from serving.auth import AuthPolicy
+from serving.server import ServerOptions
 
 RETRY = Backoff(base=100, cap=400, factor=2.0, jitter=0.2)
 
@@ -322,7 +322,7 @@ def test_the_queue_cli_enqueues_and_reports(servers: RunningServers) -> None:
 
     def fencing(*args: str) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "fencing", "queue", *args, "--addr", servers.queue_address],
+            [sys.executable, "-m", "fencingctl", "queue", *args, "--addr", servers.queue_address],
             capture_output=True,
             text=True,
             timeout=60,

@@ -12,8 +12,8 @@ import pytest
 from psycopg import sql
 
 from fencing.errors import LeaseLost
-from lease_server.jobs import JobRef, JobState, NewJob
-from lease_server.queues.postgres import PostgresQueue
+from lease_server.queue.backends.postgres import PostgresQueue
+from lease_server.queue.jobs import JobRef, JobState, NewJob
 from tests import pg as testpg
 
 pytestmark = pytest.mark.postgres
@@ -156,7 +156,7 @@ def test_a_drained_queue_reports_no_oldest_job_age_in_the_metric() -> None:
 
     from fencing import QueueClient
     from fencing.testing import running_servers
-    from lease_server.queue_service import QueueOptions
+    from lease_server.queue.service import QueueOptions
 
     dsn, name = testpg.test_dsn(), f"{testpg.SCHEMA_PREFIX}{secrets.token_hex(6)}"
     options = QueueOptions(stats_interval_s=0.05, reap_interval_s=0.05, poll_interval_s=0.05)

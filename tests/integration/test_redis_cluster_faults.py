@@ -16,10 +16,10 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from fencing import _redis
 from fencing.errors import BackendUnavailableError
 from lease_server.backends.redis import RedisBackend
 from lease_server.leases import Grant
+from serving import redis_db
 from tests.redis_server import REDIS_CLI, REDIS_SERVER, RedisCluster3, unavailable
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -43,7 +43,7 @@ async def test_a_master_restart_is_unavailable_then_recovers_with_larger_tokens(
         assert isinstance(first, Grant) and backend.cluster
         client = backend._client
         assert isinstance(client, RedisCluster)
-        slot = key_slot(_redis.ResourceKeys("faults", "r").lease.encode())
+        slot = key_slot(redis_db.ResourceKeys("faults", "r").lease.encode())
         owner = client.nodes_manager.get_node_from_slot(slot)
         victim = next(n for n in private_cluster.nodes if n.port == owner.port)
 

@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from fencing._redis import EventLogKeys, ResourceKeys, connect, parse_url
 from fencing.errors import BackendUnavailableError
 from lease_server.backends import redis as redis_backend
 from lease_server.backends.redis import RedisBackend
 from lease_server.leases import EventKind, Grant, Scope
+from serving.redis_db import EventLogKeys, ResourceKeys, connect, parse_url
 from tests.redis_server import RedisProcess, drop_prefix, unique_prefix
 
 pytestmark = pytest.mark.redis

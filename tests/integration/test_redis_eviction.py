@@ -91,7 +91,7 @@ async def test_eviction_is_judged_at_open_and_refused_with_require_durable(
     redis_with: RedisProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
     policy = redis_with.extra[-1]
-    caplog.set_level(logging.WARNING, logger="fencing._redis")
+    caplog.set_level(logging.WARNING, logger="serving.redis_db")
     for make in (RedisBackend, RedisStore):
         lenient = make(redis_with.url)
         await lenient.open()
@@ -183,7 +183,7 @@ async def test_volatile_eviction_loses_a_lease_and_grants_a_second_holder(
 async def test_the_health_probe_reads_the_policy_again(
     make: type[RedisBackend] | type[RedisStore], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="fencing._redis")
+    caplog.set_level(logging.WARNING, logger="serving.redis_db")
     with durable_redis("noeviction") as server:
         lenient, strict = make(server.url), make(server.url + "?require_durable=1")
         await lenient.open()
@@ -241,8 +241,8 @@ async def test_a_require_durable_guard_stops_serving_when_redis_may_evict() -> N
     import grpc.aio
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from fencing._server import ServerOptions
     from guard.server import start_guard
+    from serving.server import ServerOptions
     from tests.waiting import HANG_GUARD, eventually
 
     with durable_redis("noeviction") as server:

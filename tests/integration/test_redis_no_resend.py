@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from fencing._redis import EventLogKeys, events_channel, url_for_node
 from fencing.errors import BackendUnavailableError
 from lease_server.backends.redis import ACQUIRE_LUA, RedisBackend
+from serving.redis_db import EventLogKeys, events_channel, url_for_node
 from tests.redis_server import drop_prefix, unique_prefix
 
 pytestmark = pytest.mark.redis

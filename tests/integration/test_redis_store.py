@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from fencing import _redis
 from fencing.errors import InvalidArgumentError, LeaseLost, StaleTokenError
 from fencing.types import Put, Record
 from guard.fence import FenceMode
 from guard.stores.redis import RedisStore
 from lease_server.backends.redis import RedisBackend
 from lease_server.leases import Grant
+from serving import redis_db
 from tests.redis_server import SERVERS, drop_prefix, unique_prefix
 
 pytestmark = pytest.mark.redis
@@ -144,7 +144,7 @@ async def test_resource_names_with_braces_are_distinct_and_single_slot(pair: Pai
         record = await store.read(name, "i")
         assert record is not None and record.value == str(i).encode()
         assert (await backend.describe(name)).held
-        keys = _redis.ResourceKeys(store.prefix, name)
+        keys = redis_db.ResourceKeys(store.prefix, name)
         slots = {_slot(k) for k in (keys.lease, keys.counter, keys.fence, keys.data)}
         assert len(slots) == 1
 
@@ -157,11 +157,11 @@ def _slot(key: str) -> int:
 
 async def test_keys_land_in_the_slot_redis_computes(redis_cluster_url: str) -> None:
     """Our hash-tag reasoning agrees with the cluster's own CLUSTER KEYSLOT."""
-    target = _redis.parse_url(redis_cluster_url)
+    target = redis_db.parse_url(redis_cluster_url)
     node = Redis.from_url(target.url)
     try:
         for name in NAMES:
-            keys = _redis.ResourceKeys("fencing", name)
+            keys = redis_db.ResourceKeys("fencing", name)
             slots = {await node.cluster("KEYSLOT", k) for k in (keys.lease, keys.idempotency("{"))}
             assert slots == {_slot(keys.fence)}
     finally:
@@ -172,7 +172,7 @@ async def test_keys_recorded_in_the_older_format_still_replay(pair: Pair) -> Non
     """Records written before the token was kept ('<fence>:<recorded_at_ms>'): the fence
     stands in for the token (equal in every mode but off), and prune still reads them."""
     _, store = pair
-    keys = _redis.ResourceKeys(store.prefix, "old")
+    keys = redis_db.ResourceKeys(store.prefix, "old")
     await store.client.set(keys.idempotency("op"), "4:1700000000000", px=60_000)
     again = await store.write("old", 4, [Put("k", b"x")], "op")
     assert again.replayed and again.replayed_by_token == 4 and again.fence == 4

@@ -24,11 +24,11 @@ from fencing import (
     TLSConfig,
     UnauthenticatedError,
 )
-from fencing._server import ServerOptions
-from fencing.auth import AuthPolicy
 from fencing.testing import RunningServers, running_servers
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from lease_server.server import start_lease_server
+from serving.auth import AuthPolicy
+from serving.server import ServerOptions
 
 POLICY = """
 [principals.alice]

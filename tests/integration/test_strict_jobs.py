@@ -16,13 +16,13 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from fencing import pg
 from fencing.errors import LeaseLost, StaleTokenError
 from fencing.types import Put, Record
 from guard.fence import FenceMode
 from guard.stores.postgres import PostgresStore
-from lease_server.jobs import JobRecord, JobRef, NewJob
-from lease_server.queues.postgres import PostgresQueue
+from lease_server.queue.backends.postgres import PostgresQueue
+from lease_server.queue.jobs import JobRecord, JobRef, NewJob
+from serving import postgres_db
 from tests import pg as testpg
 
 pytestmark = pytest.mark.postgres
@@ -135,8 +135,8 @@ async def test_check_live_lease_in_your_own_sql_knows_job_claims(
         await asyncio.sleep(0.4)
         with pytest.raises(psycopg.Error) as raised:
             await conn.execute(check, ("outbox/1", job.token))
-    assert raised.value.sqlstate == pg.LEASE_NOT_LIVE_SQLSTATE
-    error = pg.fencing_error(raised.value)
+    assert raised.value.sqlstate == postgres_db.LEASE_NOT_LIVE_SQLSTATE
+    error = postgres_db.fencing_error(raised.value)
     assert isinstance(error, LeaseLost) and error.token == job.token
 
 
@@ -166,9 +166,9 @@ async def test_keys_recorded_before_the_upgrade_replay_and_refuse_by_their_fence
     """A schema at 0001-0007 has idempotency keys without the token that applied them:
     after 0008 the fence they recorded (= that token in every mode but off) stands in."""
     dsn, name = schema
-    before = [m for m in pg.migrations() if m.version <= 7]
+    before = [m for m in postgres_db.migrations() if m.version <= 7]
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await pg._apply_migrations(conn, name, before)
+        await postgres_db._apply_migrations(conn, name, before)
         await conn.execute(
             sql.SQL(
                 "SELECT * FROM {}.guard_write("

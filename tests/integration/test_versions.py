@@ -22,7 +22,7 @@ INSTALLED = metadata.version("fencing-guard")
 
 @pytest.mark.parametrize(
     ("module", "prog"),
-    [("fencing", "fencing"), ("lease_server", "lease-server"), ("guard", "fencing-guard")],
+    [("fencingctl", "fencing"), ("lease_server", "lease-server"), ("guard", "fencing-guard")],
 )
 def test_every_command_prints_the_installed_version(module: str, prog: str) -> None:
     done = subprocess.run(

@@ -18,7 +18,7 @@ from fencing.client._queue import QueueStats
 from fencing.testing import RunningServers, running_servers
 from fencing.v1 import queue_pb2
 from fencing.worker import AsyncWorker, Discard, Retry, Worker
-from lease_server.queue_service import QueueOptions
+from lease_server.queue.service import QueueOptions
 
 FAST = QueueOptions(
     retry=Backoff(base=50, cap=100, jitter=0.0), reap_interval_s=0.05, poll_interval_s=0.05

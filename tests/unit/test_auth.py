@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fencing.auth import (
+from fencing.v1 import guard_pb2, lease_pb2
+from serving.auth import (
     ALL_ACTIONS,
     METHOD_ACTIONS,
     Action,
@@ -17,7 +18,6 @@ from fencing.auth import (
     certificate_identities,
     scope_of,
 )
-from fencing.v1 import guard_pb2, lease_pb2
 
 POLICY = f"""
 [principals.billing]

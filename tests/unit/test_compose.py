@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fencing.cli import healthcheck
-from fencing.cli import parser as fencing_parser
+from fencingctl import healthcheck
+from fencingctl import parser as fencing_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())

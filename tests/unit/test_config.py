@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import trustme
 
-from fencing import config
 from lease_server import __main__ as lease_main
+from serving import config
 
 ROOT = Path(__file__).resolve().parents[2]
 

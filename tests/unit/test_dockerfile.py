@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from fencing.cli import healthcheck, serve
-from fencing.cli import parser as fencing_parser
+from fencingctl import healthcheck, serve
+from fencingctl import parser as fencing_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -209,3 +209,18 @@ def test_expose_is_exactly_what_the_default_command_serves() -> None:
         assert args.metrics_host == "0.0.0.0", "metrics must be reachable from outside"
     exposed = {w for ins in FINAL if ins.keyword == "EXPOSE" for w in ins.words}
     assert exposed == served
+
+
+def test_the_image_copies_every_package_the_wheel_installs() -> None:
+    """The build stage copies each top-level package pyproject installs, so every console
+    script (and each ``fencing`` subcommand) imports in the image as it does in a checkout."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    patterns = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    wanted = {p.split(".")[0].rstrip("*") for p in patterns}
+    build = build_stage(parse_dockerfile((ROOT / "Dockerfile").read_text()))
+    copied = {w for ins in build if ins.keyword == "COPY" for w in ins.words[:-1]}
+    assert wanted <= copied, f"not copied into the image: {sorted(wanted - copied)}"
+    assert "bench" not in wanted, "bench/ runs from a checkout; the wheel does not install it"
+    assert all((ROOT / name / "__init__.py").is_file() for name in wanted)

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from fencing import limits
 from fencing._backoff import Backoff
 from fencing.errors import InvalidArgumentError, LeaseLost
-from lease_server import jobs
-from lease_server.jobs import JobRecord, JobRef, JobState, NewJob
+from lease_server.queue import jobs
+from lease_server.queue.jobs import JobRecord, JobRef, JobState, NewJob
 
 
 def ready(**kw: object) -> JobRecord:

@@ -7,11 +7,11 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from fencing._storage import healthy, with_deadline
 from fencing.errors import BackendUnavailableError
-from fencing.metrics import GrpcMetrics, Metrics, PrefixLabels
 from guard.metrics import GuardMetrics
 from lease_server.metrics import LeaseMetrics
+from serving.metrics import GrpcMetrics, Metrics, PrefixLabels
+from serving.storage import healthy, with_deadline
 
 
 def test_prefix_is_the_first_segment_and_cardinality_is_bounded() -> None:

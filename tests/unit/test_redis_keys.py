@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 from redis import exceptions as rexc
 from redis.crc import key_slot
 
-from fencing import _redis
-from fencing._redis import (
+from fencing.errors import BackendUnavailableError, InvalidArgumentError
+from serving import redis_db
+from serving.redis_db import (
     ResourceKeys,
     escape_tag,
     judge_durability,
@@ -17,7 +18,6 @@ from fencing._redis import (
     parse_url,
     unescape_tag,
 )
-from fencing.errors import BackendUnavailableError, InvalidArgumentError
 
 RESOURCES = st.text(
     alphabet=st.sampled_from("ab{}%7BD:*?[]\\ é"), min_size=1, max_size=12
@@ -69,7 +69,7 @@ def test_parse_url_splits_our_options_from_redis_pys() -> None:
     assert t.options == {"idempotency_ttl": "60"}
     c = parse_url("rediss+cluster://h:7000?require_durable=1")
     assert c.url == "rediss://h:7000" and c.cluster and c.require_durable
-    assert c.prefix == _redis.DEFAULT_PREFIX
+    assert c.prefix == redis_db.DEFAULT_PREFIX
     assert parse_url("redis://h?cluster=yes").cluster
     for bad in ("http://h", "redis://h?prefix=a{b", "redis://h?prefix="):
         with pytest.raises(InvalidArgumentError):
@@ -77,14 +77,16 @@ def test_parse_url_splits_our_options_from_redis_pys() -> None:
 
 
 def test_urls_for_other_nodes_keep_credentials_and_logs_hide_them() -> None:
-    assert _redis.url_for_node("redis://u:pw@h:1/0?x=1", "n2", 7002) == "redis://u:pw@n2:7002/0?x=1"
-    assert _redis.url_for_node("redis://h:1", "::1", 7) == "redis://[::1]:7"
-    assert _redis.redact("redis://u:pw@h:1/0") == "redis://u:***@h:1/0"
-    assert _redis.redact("redis://h:1/0") == "redis://h:1/0"
+    assert (
+        redis_db.url_for_node("redis://u:pw@h:1/0?x=1", "n2", 7002) == "redis://u:pw@n2:7002/0?x=1"
+    )
+    assert redis_db.url_for_node("redis://h:1", "::1", 7) == "redis://[::1]:7"
+    assert redis_db.redact("redis://u:pw@h:1/0") == "redis://u:***@h:1/0"
+    assert redis_db.redact("redis://h:1/0") == "redis://h:1/0"
 
 
 def test_glob_escape_makes_a_prefix_literal() -> None:
-    assert _redis.glob_escape("a*b?[c]\\") == "a\\*b\\?\\[c\\]\\\\"
+    assert redis_db.glob_escape("a*b?[c]\\") == "a\\*b\\?\\[c\\]\\\\"
 
 
 @pytest.mark.parametrize(
@@ -127,8 +129,8 @@ def test_eviction_is_unsafe_with_a_limit_and_any_policy_but_noeviction(
 
 
 def test_clients_never_retry_a_command() -> None:
-    assert _redis.standalone_client("redis://127.0.0.1:1").get_retry().get_retries() == 0  # type: ignore[union-attr]
-    cluster = _redis.cluster_client("redis://127.0.0.1:1")
+    assert redis_db.standalone_client("redis://127.0.0.1:1").get_retry().get_retries() == 0  # type: ignore[union-attr]
+    cluster = redis_db.cluster_client("redis://127.0.0.1:1")
     assert cluster.retry.get_retries() == 0
 
 
@@ -146,7 +148,7 @@ def test_clients_never_retry_a_command() -> None:
     ],
 )
 def test_unavailable_errors_become_backend_unavailable(error: Exception) -> None:
-    with pytest.raises(BackendUnavailableError) as caught, _redis.driver_errors("acquire"):
+    with pytest.raises(BackendUnavailableError) as caught, redis_db.driver_errors("acquire"):
         raise error
     assert caught.value.__cause__ is error
     assert "acquire" in str(caught.value)
@@ -154,7 +156,7 @@ def test_unavailable_errors_become_backend_unavailable(error: Exception) -> None
 
 def test_other_redis_errors_and_ours_pass_through() -> None:
     bug = rexc.ResponseError("ERR user_script:1: Script attempted to access nonexistent global")
-    with pytest.raises(rexc.ResponseError), _redis.driver_errors("acquire"):
+    with pytest.raises(rexc.ResponseError), redis_db.driver_errors("acquire"):
         raise bug
-    with pytest.raises(InvalidArgumentError), _redis.driver_errors("acquire"):
+    with pytest.raises(InvalidArgumentError), redis_db.driver_errors("acquire"):
         raise InvalidArgumentError("ours", field="x")

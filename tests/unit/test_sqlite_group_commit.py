@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fencing._sqlite import SQLiteDatabase
 from fencing.errors import BackendUnavailableError, LeaseLost
+from serving.sqlite_db import SQLiteDatabase
 
 MIGRATIONS = ["CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER NOT NULL)"]
 

@@ -1,0 +1,260 @@
+"""Operator commands: ``fencing lease acquire|renew|release|describe``, ``put``, ``get``, ``fence``.
+
+Each prints one line of ``key=value`` pairs (or JSON with ``--json``) and exits 0,
+or prints ``error: REASON: message`` to stderr and exits 1.
+
+``fencing fence reset RESOURCE`` is the recovery from a fence a token nobody was
+granted wedged: it asks the lease server for the resource's ``last_token`` (the
+highest token it ever granted) and sets the guard's fence to exactly that, so the
+next holder can write and every former holder stays fenced. The guard needs the
+caller to hold the ``reset_fence`` permission and logs the reset at WARNING.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from fencing.client import GuardClient, LeaseClient
+from fencing.errors import FencingError, InvalidArgumentError
+from fencing.types import Claim, Put
+from fencingctl import connect
+
+LEASE_ADDR = os.environ.get("FENCING_LEASE_ADDR", "127.0.0.1:50051")
+GUARD_ADDR = os.environ.get("FENCING_GUARD_ADDR", "127.0.0.1:50052")
+
+
+def _emit(args: argparse.Namespace, fields: dict[str, Any]) -> None:
+    if args.json:
+        print(json.dumps(fields))
+    else:
+        print(" ".join(f"{k}={v}" for k, v in fields.items()))
+
+
+def _guarded(
+    fn: Callable[[argparse.Namespace], dict[str, Any]],
+) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            _emit(args, fn(args))
+        except FencingError as exc:
+            print(f"error: {exc.reason}: {exc}", file=sys.stderr)
+            return 1
+        except ValueError as exc:  # unreadable certificate files
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+
+    return run
+
+
+def _lease_client(args: argparse.Namespace) -> LeaseClient:
+    return LeaseClient(
+        args.lease_addr,
+        holder=getattr(args, "holder", None) or None,
+        tls=connect.tls_of(args),
+        token=args.auth_token,
+    )
+
+
+def _guard_client(args: argparse.Namespace) -> GuardClient:
+    return GuardClient(args.guard_addr, tls=connect.tls_of(args), token=args.auth_token)
+
+
+@_guarded
+def _acquire(args: argparse.Namespace) -> dict[str, Any]:
+    with _lease_client(args) as client:
+        if args.wait > 0:
+            lease = client.acquire(args.resource, args.ttl, timeout=args.wait)
+        else:
+            lease = client.acquire_nowait(args.resource, args.ttl)
+        return {
+            "resource": lease.resource,
+            "token": lease.token,
+            "holder": lease.holder,
+            "ttl_ms": lease.ttl_ms,
+        }
+
+
+@_guarded
+def _renew(args: argparse.Namespace) -> dict[str, Any]:
+    with _lease_client(args) as client:
+        ttl_ms = client.renew(args.resource, args.token, args.ttl)
+        return {"resource": args.resource, "token": args.token, "ttl_ms": ttl_ms}
+
+
+@_guarded
+def _release(args: argparse.Namespace) -> dict[str, Any]:
+    with _lease_client(args) as client:
+        client.release(args.resource, args.token)
+        return {"resource": args.resource, "token": args.token, "released": True}
+
+
+@_guarded
+def _describe(args: argparse.Namespace) -> dict[str, Any]:
+    with _lease_client(args) as client:
+        s = client.describe(args.resource)
+        return {
+            "resource": s.resource,
+            "held": s.held,
+            "holder": s.holder,
+            "token": s.token,
+            "remaining_ms": s.remaining_ms,
+            "last_token": s.last_token,
+        }
+
+
+@_guarded
+def _put(args: argparse.Namespace) -> dict[str, Any]:
+    with _guard_client(args) as guard:
+        result = guard.write(
+            Claim(args.resource, args.token),
+            Put(args.key, args.value.encode()),
+            idempotency_key=args.idempotency_key,
+        )
+        return {
+            "resource": args.resource,
+            "key": args.key,
+            "fence": result.fence,
+            "replayed": result.replayed,
+        }
+
+
+@_guarded
+def _get(args: argparse.Namespace) -> dict[str, Any]:
+    with _guard_client(args) as guard:
+        record = guard.read(args.resource, args.key)
+        if record is None:
+            return {"resource": args.resource, "key": args.key, "found": False}
+        return {
+            "resource": args.resource,
+            "key": args.key,
+            "found": True,
+            "value": record.value.decode(errors="backslashreplace"),
+            "written_by_token": record.written_by_token,
+        }
+
+
+@_guarded
+def _fence(args: argparse.Namespace) -> dict[str, Any]:
+    resource, token = args.resource, args.token
+    # "fence reset RESOURCE" (or "fence RESOURCE --reset"); "fence reset 5" still fences
+    # a resource named "reset" to 5.
+    if resource == "reset" and token is not None and not token.isdigit():
+        resource, token, args.reset = token, None, True
+    if args.reset:
+        if token is not None:
+            raise InvalidArgumentError(
+                "a reset takes no token: it uses the lease server's last_token", field="token"
+            )
+        return _reset(args, resource)
+    with _guard_client(args) as guard:
+        if token is None:
+            return {"resource": resource, "fence": guard.describe_fence(resource)}
+        if not token.isdigit():
+            raise InvalidArgumentError(f"token must be a number, not {token!r}", field="token")
+        return {"resource": resource, "fence": guard.fence(Claim(resource, int(token)))}
+
+
+def _reset(args: argparse.Namespace, resource: str) -> dict[str, Any]:
+    with _lease_client(args) as leases:
+        last_token = leases.describe(resource).last_token
+    with _guard_client(args) as guard:
+        reset = guard.reset_fence(resource, last_token)
+    return {
+        "resource": resource,
+        "previous_fence": reset.previous_fence,
+        "fence": reset.fence,
+        "last_token": last_token,
+    }
+
+
+def _common(p: argparse.ArgumentParser, *, lease: bool) -> None:
+    if lease:
+        p.add_argument(
+            "--lease-addr",
+            default=LEASE_ADDR,
+            help="lease server (env FENCING_LEASE_ADDR; default %(default)s)",
+        )
+    else:
+        p.add_argument(
+            "--guard-addr",
+            default=GUARD_ADDR,
+            help="guard (env FENCING_GUARD_ADDR; default %(default)s)",
+        )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    connect.add_options(p)
+
+
+def register(sub: Any) -> None:
+    lease = sub.add_parser("lease", help="acquire, renew, release or describe a lease")
+    lsub = lease.add_subparsers(dest="lease_command", required=True, metavar="ACTION")
+
+    p = lsub.add_parser("acquire", help="acquire a lease and print its token")
+    p.add_argument("resource")
+    p.add_argument("--ttl", type=float, default=10.0, help="seconds (default %(default)s)")
+    p.add_argument("--wait", type=float, default=0.0, help="seconds to wait if held")
+    p.add_argument("--holder", default="", help="holder name (default host-pid-random)")
+    _common(p, lease=True)
+    p.set_defaults(run=_acquire)
+
+    p = lsub.add_parser("renew", help="renew a lease by its token")
+    p.add_argument("resource")
+    p.add_argument("token", type=int)
+    p.add_argument("--ttl", type=float, default=10.0, help="seconds (default %(default)s)")
+    _common(p, lease=True)
+    p.set_defaults(run=_renew)
+
+    p = lsub.add_parser("release", help="release a lease by its token")
+    p.add_argument("resource")
+    p.add_argument("token", type=int)
+    _common(p, lease=True)
+    p.set_defaults(run=_release)
+
+    p = lsub.add_parser("describe", help="who holds a resource, with which token")
+    p.add_argument("resource")
+    _common(p, lease=True)
+    p.set_defaults(run=_describe)
+
+    p = sub.add_parser("put", help="guarded write of one key with a token")
+    p.add_argument("resource")
+    p.add_argument("key")
+    p.add_argument("value")
+    p.add_argument("--token", type=int, required=True, help="the writer's fencing token")
+    p.add_argument("--idempotency-key", default="", help="apply at most once per key")
+    _common(p, lease=False)
+    p.set_defaults(run=_put)
+
+    p = sub.add_parser("get", help="read one key and the token that wrote it")
+    p.add_argument("resource")
+    p.add_argument("key")
+    _common(p, lease=False)
+    p.set_defaults(run=_get)
+
+    p = sub.add_parser(
+        "fence",
+        help="advance a resource's fence to TOKEN, show it, or reset it ('fence reset RESOURCE')",
+        description="fencing fence RESOURCE [TOKEN]: show the fence, or advance it to TOKEN. "
+        "fencing fence reset RESOURCE (or RESOURCE --reset): set the fence to the lease "
+        "server's last_token for RESOURCE, lowering a fence a token nobody was granted "
+        "wedged; needs the reset_fence permission, and the guard audits it.",
+    )
+    p.add_argument("resource")
+    p.add_argument("token", nargs="?", default=None)
+    p.add_argument(
+        "--reset",
+        action="store_true",
+        help="reset the fence to the lease server's last_token for RESOURCE",
+    )
+    p.add_argument(
+        "--lease-addr",
+        default=LEASE_ADDR,
+        help="lease server asked for last_token by a reset (env FENCING_LEASE_ADDR; "
+        "default %(default)s)",
+    )
+    _common(p, lease=False)
+    p.set_defaults(run=_fence)

@@ -1,0 +1,129 @@
+"""``fencing queue stats|enqueue``: look at queues and add jobs from a shell.
+
+``stats`` prints one line per queue (ready, scheduled, waiting, running, expired
+leases, succeeded, dead, oldest ready age, retrying jobs, retry rate), or JSON with
+``--json``; ``enqueue`` adds one job and prints its id. Errors print
+``error: REASON: message`` to stderr and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import Any
+
+from fencing.client.queue import QueueClient
+from fencing.errors import FencingError
+from fencingctl import connect
+
+QUEUE_ADDR = os.environ.get("FENCING_QUEUE_ADDR") or os.environ.get(
+    "FENCING_LEASE_ADDR", "127.0.0.1:50051"
+)
+
+COLUMNS = (
+    ("queue", "queue"),
+    ("ready", "ready"),
+    ("scheduled", "sched"),
+    ("waiting", "waiting"),
+    ("running", "running"),
+    ("expired", "expired"),
+    ("succeeded", "succeeded"),
+    ("dead", "dead"),
+    ("oldest_ready_age", "oldest_s"),
+    ("retrying", "retrying"),
+    ("retry_rate", "retry_rate"),
+)
+
+
+def _client(args: argparse.Namespace) -> QueueClient:
+    return QueueClient(args.addr, tls=connect.tls_of(args), token=args.auth_token)
+
+
+def _stats(args: argparse.Namespace) -> int:
+    try:
+        with _client(args) as client:
+            stats = client.stats(args.queue or "", window=args.window)
+    except FencingError as exc:
+        print(f"error: {exc.reason}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([dataclasses.asdict(s) for s in stats]))
+        return 0
+    rows: list[list[str]] = [[title for _, title in COLUMNS]]
+    for s in stats:
+        row = []
+        for attr, _ in COLUMNS:
+            value: Any = getattr(s, attr)
+            row.append(f"{value:.3f}" if isinstance(value, float) else str(value))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    for r in rows:
+        cells = [
+            r[0].ljust(widths[0]),
+            *(c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)),
+        ]
+        print("  ".join(cells))
+    if not stats:
+        print(f"(no jobs{' in ' + repr(args.queue) if args.queue else ''})")
+    return 0
+
+
+def _enqueue(args: argparse.Namespace) -> int:
+    payload = sys.stdin.buffer.read() if args.payload == "-" else args.payload.encode()
+    try:
+        with _client(args) as client:
+            job = client.enqueue(
+                args.queue,
+                payload,
+                idempotency_key=args.idempotency_key,
+                ordering_key=args.ordering_key,
+                priority=args.priority,
+                max_attempts=args.max_attempts,
+                delay=args.delay,
+                resource=args.resource,
+            )
+    except FencingError as exc:
+        print(f"error: {exc.reason}: {exc}", file=sys.stderr)
+        return 1
+    fields = {"queue": args.queue, "id": job.id, "created": job.created, "state": job.state}
+    print(json.dumps(fields) if args.json else " ".join(f"{k}={v}" for k, v in fields.items()))
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--addr",
+        default=QUEUE_ADDR,
+        help="the lease server hosting the queues (env FENCING_QUEUE_ADDR or "
+        "FENCING_LEASE_ADDR; default %(default)s)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    connect.add_options(p)
+
+
+def register(sub: Any) -> None:
+    queue = sub.add_parser("queue", help="queue stats, enqueue a job")
+    qsub = queue.add_subparsers(dest="queue_command", required=True, metavar="ACTION")
+
+    p = qsub.add_parser("stats", help="ready, running, expired, dead, oldest ready age per queue")
+    p.add_argument("queue", nargs="?", default="", help="one queue (default: all)")
+    p.add_argument(
+        "--window", type=float, default=0.0, help="seconds of history for retry_rate (default 300)"
+    )
+    _common(p)
+    p.set_defaults(run=_stats)
+
+    p = qsub.add_parser("enqueue", help="add one job; PAYLOAD '-' reads stdin")
+    p.add_argument("queue")
+    p.add_argument("payload")
+    p.add_argument("--idempotency-key", default="", help="a second enqueue returns the first job")
+    p.add_argument("--ordering-key", default="", help="jobs of one key run one at a time, in order")
+    p.add_argument("--priority", type=int, default=0, help="higher first (-1000..1000)")
+    p.add_argument("--max-attempts", type=int, default=0, help="default: the server's (5)")
+    p.add_argument("--delay", type=float, default=0.0, help="seconds before it is due")
+    p.add_argument("--resource", default="", help="guard resource its token fences")
+    _common(p)
+    p.set_defaults(run=_enqueue)

@@ -1,0 +1,160 @@
+"""``fencing serve``: the lease server and the guard in one process on the embedded default.
+
+Both servers share the process's settings (TLS, auth, caps, one metrics endpoint);
+settings come from flags, ``FENCING_*`` variables and an optional TOML file, in that
+order of precedence (see :mod:`serving.config` and docs/configuration.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+from guard.fence import FenceMode
+from guard.server import start_guard
+from lease_server.queue.service import QUEUE_OPTIONS, QueueOptions
+from lease_server.server import start_lease_server
+from serving import config
+from serving.server import ServerOptions, configure_logging, serve_until_signal
+
+COMMAND = "fencing serve"
+#: The files whose absence makes a data directory new (nothing was ever granted there).
+DATA_FILES = ("leases.db", "guard.db")
+
+log = logging.getLogger(__name__)
+
+OPTIONS: tuple[config.Option, ...] = (
+    config.Option(
+        "data_dir",
+        "FENCING_DATA_DIR",
+        "./fencing-data",
+        "where leases.db, queue.db and guard.db live",
+        metavar="PATH",
+    ),
+    config.Option(
+        "lease_addr",
+        "FENCING_LEASE_ADDR",
+        "127.0.0.1:50051",
+        "lease server address; port 0 picks one",
+        check=config.address,
+        metavar="HOST:PORT",
+    ),
+    config.Option(
+        "guard_addr",
+        "FENCING_GUARD_ADDR",
+        "127.0.0.1:50052",
+        "guard address; port 0 picks one",
+        check=config.address,
+        metavar="HOST:PORT",
+    ),
+    config.Option(
+        "fence_mode",
+        "FENCING_FENCE_MODE",
+        FenceMode.MONOTONIC.value,
+        "monotonic; watch: the guard also follows the lease server's events (docs/modes.md); "
+        "off disables fencing (demo/chaos control only)",
+        choices=(FenceMode.MONOTONIC.value, FenceMode.WATCH.value, FenceMode.OFF.value),
+    ),
+    # The queue's default here is a file of its own in the data directory, not the
+    # standalone lease server's sibling of the lease file.
+    *(
+        dataclasses.replace(
+            o,
+            help="queue backend URL (memory://, sqlite:PATH, postgresql://...); unset: "
+            "queue.db in the data directory; off: no queue service",
+        )
+        if o.key == "queue"
+        else o
+        for o in QUEUE_OPTIONS
+    ),
+    *config.LEASE_LIMIT_OPTIONS,
+    # Quieter by default than the standalone servers: this is the interactive command.
+    *(
+        dataclasses.replace(o, default="WARNING") if o is config.LOG_LEVEL else o
+        for o in config.SERVER_OPTIONS
+    ),
+)
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve",
+        help="run the lease server and the guard (SQLite, nothing else needed)",
+        description="Run the lease server and the guard in one process, state in --data-dir.",
+    )
+    config.add_options(p, OPTIONS)
+    p.set_defaults(run=run, parser=p)
+
+
+async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
+    data: Path = args.data_path
+    leases = await start_lease_server(
+        f"sqlite:{data / 'leases.db'}",
+        args.lease_addr,
+        reflection=args.reflection,
+        options=options,
+        require_durable=args.require_durable,
+        queue=args.queue or f"sqlite:{data / 'queue.db'}",
+        queue_options=QueueOptions.from_args(args),
+    )
+    try:
+        guard = await start_guard(
+            f"sqlite:{data / 'guard.db'}",
+            args.guard_addr,
+            mode=FenceMode(args.fence_mode),
+            reflection=args.reflection,
+            options=options,
+            require_durable=args.require_durable,
+            # In watch mode the guard follows the lease server next to it.
+            lease_server=leases.address if args.fence_mode == FenceMode.WATCH.value else "",
+        )
+    except BaseException:
+        await leases.stop(0)
+        raise
+    print(f"lease server listening on {leases.address}", flush=True)
+    print(f"guard listening on {guard.address} (fence mode {args.fence_mode})", flush=True)
+    if leases.queue is not None:
+        print(f"queue service on {leases.address} ({leases.queue.name})", flush=True)
+    print(f"data in {data}; stop with Ctrl-C or SIGTERM", flush=True)
+    signal_name = await serve_until_signal(
+        [guard, leases],
+        grace=args.grace,
+        metrics=options.metrics,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+    )
+    print(f"{signal_name}: stopped", flush=True)
+
+
+def warn_if_new(data: Path) -> bool:
+    """Log a WARNING if ``data`` holds no earlier state: a fresh start, which must be
+    visible in the logs, since a server whose data was lost (a container replaced
+    without its volume) also starts fresh, with every counter back at 1."""
+    if any((data / name).exists() for name in DATA_FILES):
+        return False
+    log.warning(
+        "data directory %s is new: no earlier leases, counters or fences; tokens start "
+        "at 1. If this server ran before, its data was lost (a container without a "
+        "volume?) and tokens will repeat",
+        data,
+        extra={"data_dir": str(data)},
+    )
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    settled = config.settle(
+        args.parser, args, OPTIONS, ["lease_addr", "guard_addr"], lambda a: Path(a.data_dir)
+    )
+    if args.check_config:
+        return settled.report(COMMAND)
+    configure_logging(args.log_level, args.log_format)
+    args.data_path = settled.extra.resolve()
+    warn_if_new(args.data_path)
+    args.data_path.mkdir(parents=True, exist_ok=True)
+    asyncio.run(_serve(args, settled.server))
+    return 0

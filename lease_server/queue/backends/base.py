@@ -1,0 +1,114 @@
+"""The seam between the queue service and storage: one small Protocol.
+
+A queue backend makes each call one transaction on its own clock: claim takes
+every token from one counter that only grows (so a job's tokens grow across
+claims, restarts and pruning), and every call that names claimed jobs checks
+their tokens in the same transaction as its change (all named jobs or none).
+It applies the rules of :mod:`lease_server.queue.jobs` (in Python or in SQL) and wraps
+its driver's errors once into ``BackendUnavailableError`` with the cause chained.
+Validation, waiting for work, backoff policy and the wire live above it, in the
+service.
+
+A queue backend that shares a database with the lease backend also appends every
+change of a claim to the lease backend's event log (``jobs.transitions``), in the same
+transaction as the change, so ``Watch`` streams and guards in ``watch`` mode see
+claims, rescues and their ends as they see leases (:class:`LogsJobEvents`). To add a
+backend, add a file beside this one and a branch in
+:func:`lease_server.queue.backends.open_queue`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+from lease_server.backends.base import LeaseBackend
+from lease_server.queue.jobs import Enqueued, Failed, JobRecord, JobRef, NewJob, QueueCounts
+
+#: Maps the attempts a failed job has used to the delay (ms) before it is due again.
+RetryDelay = Callable[[int], int]
+
+
+class QueueBackend(Protocol):
+    """Durable jobs for many named queues."""
+
+    #: Short name for logs and metrics ("memory", "sqlite", "postgres").
+    name: str
+
+    async def open(self) -> None:
+        """Connect and create or upgrade the schema. Idempotent."""
+
+    async def close(self) -> None:
+        """Release connections. Idempotent."""
+
+    async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[Enqueued]:
+        """Add ``jobs`` in order, in one transaction.
+
+        A job whose non-empty idempotency key already names a job of ``queue`` (or an
+        earlier job of the same batch) is not added: that job is returned with
+        ``created=False``. A job whose ordering key has a live job starts ``waiting``.
+        """
+
+    async def claim(self, queue: str, worker: str, limit: int, ttl_ms: int) -> list[JobRecord]:
+        """Claim up to ``limit`` claimable jobs of ``queue`` (see ``jobs.claim_order``),
+        each with a fresh token and a lease until now + ``ttl_ms``; in one transaction."""
+
+    async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int, queue: str = "") -> None:
+        """Extend every named claim to now + ``ttl_ms``, or raise ``LeaseLost`` (naming the
+        first stale one) and change nothing. With ``queue``, a job of another queue is
+        stale too (so is it for complete, fail and release)."""
+
+    async def complete(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
+        """Mark every named claim succeeded (repeats are no-ops), or raise ``LeaseLost``
+        and change nothing. The next job of a finished job's ordering key becomes ready:
+        returns the queues where that happened."""
+
+    async def fail(
+        self,
+        ref: JobRef,
+        error: str,
+        retry_delay: RetryDelay,
+        *,
+        final: bool = False,
+        queue: str = "",
+    ) -> Failed:
+        """Record a failed attempt (``jobs.fail``), or raise ``LeaseLost``."""
+
+    async def release(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
+        """Give every named claim back, due now, or raise ``LeaseLost`` and change nothing.
+        Returns the queues of the released jobs."""
+
+    async def reap(self, limit: int) -> int:
+        """Move up to ``limit`` running jobs whose final attempt's lease expired to dead;
+        return how many."""
+
+    async def prune(
+        self, succeeded_older_than_ms: int | None, dead_older_than_ms: int | None, limit: int
+    ) -> int:
+        """Delete up to ``limit`` jobs finished longer ago than their state's retention
+        (None: keep forever); return how many."""
+
+    async def stats(self, queue: str, window_ms: int) -> list[QueueCounts]:
+        """Counts per queue (only ``queue`` if non-empty), sorted by queue name."""
+
+    async def get(self, job_id: int) -> JobRecord | None:
+        """One job as stored (for operators and tests)."""
+
+    async def last_claim_token(self, resource: str) -> int:
+        """The highest token a claim of a job fencing ``resource`` got (0: none), so the
+        lease service's Describe can report job claims in ``last_token``: a job named by
+        its default resource, and every job enqueued with ``resource``. Pruned jobs are
+        forgotten."""
+
+
+@runtime_checkable
+class LogsJobEvents(Protocol):
+    """A queue backend that can append its job events to a lease backend's event log."""
+
+    def log_events_to(self, backend: LeaseBackend) -> bool:
+        """From :meth:`QueueBackend.open` on, append the events of every claim change to
+        ``backend``'s event log in the same transaction as the change; call before open.
+
+        False (and no job events) when this queue cannot reach that log in its own
+        transactions: another kind of backend, another database or schema, or none.
+        """

@@ -1,0 +1,191 @@
+"""In-memory queue backend: the honest fake for unit tests (no durability).
+
+Every call is atomic because it never awaits inside; the rules are the pure ones
+of :mod:`lease_server.queue.jobs`, and the contract suite holds this fake to the same
+behaviour as the durable backends. Linked to a :class:`MemoryBackend`
+(:meth:`MemoryQueue.log_events_to`), it appends its job events to that backend's log
+in the same atomic step as each change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lease_server.backends.base import LeaseBackend
+from lease_server.backends.memory import MemoryBackend
+from lease_server.clock import Clock, SystemClock
+from lease_server.queue import jobs
+from lease_server.queue.backends.base import RetryDelay
+from lease_server.queue.jobs import (
+    Enqueued,
+    Failed,
+    JobRecord,
+    JobRef,
+    JobState,
+    NewJob,
+    QueueCounts,
+)
+
+
+class MemoryQueue:
+    name = "memory"
+    #: Read by ``--require-durable`` (see ``serving.server.require_durability``).
+    durability_warning = "in-memory jobs are lost on restart"
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._clock = clock or SystemClock()
+        self._jobs: dict[int, JobRecord] = {}
+        self._keys: dict[tuple[str, str], int] = {}
+        self._last_id = 0
+        self._last_token = 0
+        self._log: MemoryBackend | None = None
+
+    def log_events_to(self, backend: LeaseBackend) -> bool:
+        if isinstance(backend, MemoryBackend):
+            self._log = backend
+            return True
+        return False
+
+    def _put(self, records: Sequence[JobRecord], now_ms: int) -> None:
+        """Store ``records`` and log what changed, in one step (nothing awaits)."""
+        changes = []
+        for record in records:
+            changes += jobs.transitions(self._jobs.get(record.id), record, now_ms)
+            self._jobs[record.id] = record
+        if changes and self._log is not None:
+            self._log.append(changes)
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def _live_of_key(self, queue: str, key: str) -> list[JobRecord]:
+        return sorted(
+            (
+                r
+                for r in self._jobs.values()
+                if r.queue == queue and r.ordering_key == key and r.state in jobs.LIVE_STATES
+            ),
+            key=lambda r: r.id,
+        )
+
+    def _promote(self, queue: str, key: str) -> bool:
+        if not key:
+            return False
+        live = self._live_of_key(queue, key)
+        if live and live[0].state is JobState.WAITING:
+            self._jobs[live[0].id] = jobs.promote(live[0])
+            return True
+        return False
+
+    async def enqueue(self, queue: str, specs: Sequence[NewJob]) -> list[Enqueued]:
+        now = self._clock.now_ms()
+        out: list[Enqueued] = []
+        for spec in specs:
+            if spec.idempotency_key:
+                existing = self._keys.get((queue, spec.idempotency_key))
+                if existing is not None:
+                    out.append(Enqueued(existing, False, self._jobs[existing].state))
+                    continue
+            blocked = bool(spec.ordering_key) and bool(self._live_of_key(queue, spec.ordering_key))
+            self._last_id += 1
+            record = jobs.new_job(self._last_id, queue, spec, blocked, now)
+            self._jobs[record.id] = record
+            if spec.idempotency_key:
+                self._keys[(queue, spec.idempotency_key)] = record.id
+            out.append(Enqueued(record.id, True, record.state))
+        return out
+
+    async def claim(self, queue: str, worker: str, limit: int, ttl_ms: int) -> list[JobRecord]:
+        now = self._clock.now_ms()
+        candidates = sorted(
+            (r for r in self._jobs.values() if r.queue == queue and jobs.claimable(r, now)),
+            key=jobs.claim_order,
+        )[:limit]
+        claimed = []
+        for record in candidates:
+            self._last_token += 1
+            claimed.append(jobs.claim(record, worker, ttl_ms, self._last_token, now))
+        self._put(claimed, now)
+        return claimed
+
+    async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int, queue: str = "") -> None:
+        now = self._clock.now_ms()
+        updated = [jobs.heartbeat(self._jobs.get(ref.id), ref, ttl_ms, now, queue) for ref in refs]
+        for record in updated:
+            self._jobs[record.id] = record
+
+    async def complete(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
+        now = self._clock.now_ms()
+        updated = [jobs.complete(self._jobs.get(ref.id), ref, now, queue) for ref in refs]
+        self._put(updated, now)
+        return {r.queue for r in updated if self._promote(r.queue, r.ordering_key)}
+
+    async def fail(
+        self,
+        ref: JobRef,
+        error: str,
+        retry_delay: RetryDelay,
+        *,
+        final: bool = False,
+        queue: str = "",
+    ) -> Failed:
+        now = self._clock.now_ms()
+        record = self._jobs.get(ref.id)
+        delay = retry_delay(record.attempts) if record is not None else 0
+        new, outcome = jobs.fail(record, ref, error, delay, now, final=final, queue=queue)
+        self._put([new], now)
+        if new.state is JobState.DEAD:
+            self._promote(new.queue, new.ordering_key)
+        return outcome
+
+    async def release(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
+        now = self._clock.now_ms()
+        updated = [jobs.release(self._jobs.get(ref.id), ref, now, queue) for ref in refs]
+        self._put(updated, now)
+        return {r.queue for r in updated}
+
+    async def reap(self, limit: int) -> int:
+        now = self._clock.now_ms()
+        victims = sorted(
+            (r for r in self._jobs.values() if jobs.reapable(r, now)), key=lambda r: r.id
+        )[:limit]
+        for record in victims:
+            self._put([jobs.reap(record, now)], now)
+            self._promote(record.queue, record.ordering_key)
+        return len(victims)
+
+    async def prune(
+        self, succeeded_older_than_ms: int | None, dead_older_than_ms: int | None, limit: int
+    ) -> int:
+        now = self._clock.now_ms()
+        succeeded_before = (
+            None if succeeded_older_than_ms is None else now - succeeded_older_than_ms
+        )
+        dead_before = None if dead_older_than_ms is None else now - dead_older_than_ms
+        victims = [
+            r for r in self._jobs.values() if jobs.prunable(r, succeeded_before, dead_before)
+        ][:limit]
+        for record in victims:
+            del self._jobs[record.id]
+            if record.idempotency_key:
+                self._keys.pop((record.queue, record.idempotency_key), None)
+        return len(victims)
+
+    async def stats(self, queue: str, window_ms: int) -> list[QueueCounts]:
+        now = self._clock.now_ms()
+        names = sorted({r.queue for r in self._jobs.values() if not queue or r.queue == queue})
+        return [
+            jobs.count(name, [r for r in self._jobs.values() if r.queue == name], now, window_ms)
+            for name in names
+        ]
+
+    async def get(self, job_id: int) -> JobRecord | None:
+        return self._jobs.get(job_id)
+
+    async def last_claim_token(self, resource: str) -> int:
+        return max(
+            (r.token for r in self._jobs.values() if r.fenced_resource == resource), default=0
+        )

@@ -1,0 +1,274 @@
+"""PostgreSQL queue backend: many lease-server processes, one database (``postgres://``).
+
+Jobs live in the lease backend's schema (the same URL: ``?schema=``, ``timeout``,
+``pool_max`` as in :mod:`serving.postgres_db`), created by ``serving/migrations/0003_queue.sql``,
+where the SQL and its reasoning live. Every call but Fail is one statement calling a
+function of that migration: Claim is a single ``UPDATE ... FROM (SELECT ... FOR UPDATE
+SKIP LOCKED)`` taking each token from a sequence (with ``?token_floor=clock``, the
+clock floor of :mod:`lease_server.backends.postgres`, per job); Heartbeat, Complete
+and Release lock the named rows in id order, judge every token, and change nothing if
+one is stale.
+Fail runs the pure rule of :mod:`lease_server.queue.jobs` in a transaction (the retry delay
+depends on the attempts used, read under the row lock). Expiry and due times are the
+database's clock. Outages become ``BackendUnavailableError`` (bounded by ``timeout``).
+
+Job events: a trigger on ``jobs`` (``0011_job_events.sql``) appends every change of a
+claim to the schema's lease event log in the transaction that makes it, whichever path
+made it (these functions, Fail, your own SQL). A lease backend on the same schema serves
+them to ``Watch`` and prunes them; a queue in a schema no lease server follows still
+appends them, unread and unpruned, so the lease server warns about such a setup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from fencing.errors import LeaseLost
+from lease_server.backends.base import LeaseBackend
+from lease_server.queue import jobs
+from lease_server.queue.backends.base import RetryDelay
+from lease_server.queue.jobs import (
+    Enqueued,
+    Failed,
+    JobRecord,
+    JobRef,
+    JobState,
+    NewJob,
+    QueueCounts,
+)
+from serving.postgres_db import PgConfig, PostgresDatabase
+
+
+def _record(row: Sequence[Any]) -> JobRecord:
+    return JobRecord(
+        id=int(row[0]),
+        queue=row[1],
+        payload=bytes(row[2]),
+        state=JobState(row[3]),
+        resource=row[4],
+        ordering_key=row[5],
+        idempotency_key=row[6] or "",
+        priority=int(row[7]),
+        attempts=int(row[8]),
+        max_attempts=int(row[9]),
+        token=int(row[10]),
+        available_at_ms=int(row[11]),
+        lease_owner=row[12],
+        lease_until_ms=int(row[13]),
+        last_error=row[14],
+        created_at_ms=int(row[15]),
+        finished_at_ms=int(row[16]),
+    )
+
+
+def _ids_tokens(refs: Sequence[JobRef]) -> tuple[list[int], list[int]]:
+    return [r.id for r in refs], [r.token for r in refs]
+
+
+def _stale(row: Sequence[Any] | None) -> LeaseLost | None:
+    if row is None or row[0] is None:
+        return None
+    job_id, token, resource = int(row[0]), int(row[1]), str(row[2])
+    message = (
+        f"job {job_id}: token {token} is not its current claim"
+        if resource
+        else f"job {job_id} does not exist"
+    )
+    return LeaseLost(message, resource=resource, token=token)
+
+
+class PostgresQueue:
+    """Jobs in one schema of a PostgreSQL database, shared by any number of servers."""
+
+    name = "postgres"
+
+    def __init__(self, url: str, schema: str | None = None) -> None:
+        # The lease backend's URL: with ?token_floor=clock claims take the floor too.
+        self._db = PostgresDatabase(PgConfig.from_url(url, schema), "fencing-queue")
+        q = self._db.qualified
+        self._enqueue_sql = q(
+            "SELECT * FROM {schema}.job_enqueue_many(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        )
+        self._claim_sql = q("SELECT * FROM {schema}.job_claim(%s, %s, %s, %s)")
+        self._heartbeat_sql = q("SELECT * FROM {schema}.job_heartbeat(%s, %s, %s, %s)")
+        self._complete_sql = q("SELECT * FROM {schema}.job_complete(%s, %s, %s)")
+        self._release_sql = q("SELECT * FROM {schema}.job_release(%s, %s, %s)")
+        self._reap_sql = q("SELECT {schema}.job_reap(%s)")
+        self._prune_sql = q("SELECT {schema}.job_prune(%s, %s, %s)")
+        self._stats_sql = q("SELECT * FROM {schema}.job_stats(%s, %s)")
+        self._get_sql = q("SELECT * FROM {schema}.job_rows WHERE id = %s")
+        self._lock_sql = q(
+            "SELECT r.*, {schema}.job_ms(now()) FROM {schema}.job_rows AS r"
+            " WHERE r.id = %s FOR UPDATE"
+        )
+        self._store_sql = q(
+            "UPDATE {schema}.jobs SET state = %s, attempts = %s,"
+            " available_at = to_timestamp(%s / 1000.0), lease_owner = %s,"
+            " lease_until = CASE WHEN %s = 'running' THEN lease_until END,"
+            " last_error = %s,"
+            " finished_at = CASE WHEN %s > 0 THEN to_timestamp(%s / 1000.0) END"
+            " WHERE id = %s"
+        )
+        self._promote_sql = q("SELECT {schema}.job_promote(%s, %s)")
+        self._last_token_sql = q(
+            "SELECT greatest("
+            "(SELECT max(j.token) FROM {schema}.jobs AS j"
+            " WHERE j.resource = %s AND j.resource <> ''),"
+            "(SELECT j.token FROM {schema}.jobs AS j"
+            " WHERE j.id = %s AND j.queue = %s AND j.resource = ''), 0)"
+        )
+
+    @property
+    def schema(self) -> str:
+        return self._db.config.schema
+
+    @property
+    def token_floor(self) -> str:
+        """``off`` or ``clock``: the floor this queue's claims take (``?token_floor=``)."""
+        return self._db.config.token_floor
+
+    def log_events_to(self, backend: LeaseBackend) -> bool:
+        # The trigger logs into this schema's log whatever is linked: only say whether
+        # that log is the one the lease backend serves.
+        return getattr(backend, "name", "") == "postgres" and (
+            getattr(backend, "schema", None) == self.schema
+        )
+
+    async def open(self) -> None:
+        await self._db.open()
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    async def enqueue(self, queue: str, specs: Sequence[NewJob]) -> list[Enqueued]:
+        params = (
+            queue,
+            [s.payload for s in specs],
+            [s.idempotency_key or None for s in specs],
+            [s.ordering_key for s in specs],
+            [s.priority for s in specs],
+            [s.max_attempts for s in specs],
+            [s.delay_ms for s in specs],
+            [_timestamp(s.run_at_ms) for s in specs],
+            [s.resource for s in specs],
+        )
+        async with self._db.connection() as conn:
+            cur = await conn.execute(self._enqueue_sql, params)
+            rows = await cur.fetchall()
+        return [Enqueued(int(r[0]), bool(r[1]), JobState(r[2])) for r in rows]
+
+    async def claim(self, queue: str, worker: str, limit: int, ttl_ms: int) -> list[JobRecord]:
+        async with self._db.connection() as conn:
+            cur = await conn.execute(self._claim_sql, (queue, worker, limit, ttl_ms))
+            rows = await cur.fetchall()
+        return [_record(r) for r in rows]  # job_claim returns them in claim order
+
+    async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int, queue: str = "") -> None:
+        ids, tokens = _ids_tokens(refs)
+        row = await self._db.fetchone(self._heartbeat_sql, (ids, tokens, ttl_ms, queue))
+        lost = _stale(row)
+        if lost is not None:
+            raise lost
+
+    async def complete(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
+        ids, tokens = _ids_tokens(refs)
+        row = await self._db.fetchone(self._complete_sql, (ids, tokens, queue))
+        lost = _stale(row)
+        if lost is not None:
+            raise lost
+        assert row is not None
+        return set(row[3] or ())
+
+    async def fail(
+        self,
+        ref: JobRef,
+        error: str,
+        retry_delay: RetryDelay,
+        *,
+        final: bool = False,
+        queue: str = "",
+    ) -> Failed:
+        async with self._db.connection() as conn, conn.transaction():
+            cur = await conn.execute(self._lock_sql, (ref.id,))
+            row = await cur.fetchone()
+            record = _record(row) if row is not None else None
+            now = int(row[17]) if row is not None else 0
+            delay = retry_delay(record.attempts) if record is not None else 0
+            new, outcome = jobs.fail(record, ref, error, delay, now, final=final, queue=queue)
+            if new is not record:
+                await conn.execute(
+                    self._store_sql,
+                    (
+                        new.state.value,
+                        new.attempts,
+                        new.available_at_ms,
+                        new.lease_owner,
+                        new.state.value,
+                        new.last_error,
+                        new.finished_at_ms,
+                        new.finished_at_ms,
+                        new.id,
+                    ),
+                )
+                if new.state is JobState.DEAD and new.ordering_key:
+                    await conn.execute(self._promote_sql, (new.queue, new.ordering_key))
+        return outcome
+
+    async def release(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
+        ids, tokens = _ids_tokens(refs)
+        row = await self._db.fetchone(self._release_sql, (ids, tokens, queue))
+        lost = _stale(row)
+        if lost is not None:
+            raise lost
+        assert row is not None
+        return set(row[3] or ())
+
+    async def reap(self, limit: int) -> int:
+        row = await self._db.fetchone(self._reap_sql, (limit,))
+        return int(row[0]) if row is not None else 0
+
+    async def prune(
+        self, succeeded_older_than_ms: int | None, dead_older_than_ms: int | None, limit: int
+    ) -> int:
+        row = await self._db.fetchone(
+            self._prune_sql, (succeeded_older_than_ms, dead_older_than_ms, limit)
+        )
+        return int(row[0]) if row is not None else 0
+
+    async def stats(self, queue: str, window_ms: int) -> list[QueueCounts]:
+        async with self._db.connection() as conn:
+            cur = await conn.execute(self._stats_sql, (queue, window_ms))
+            rows = await cur.fetchall()
+        return [
+            QueueCounts(
+                queue=r[0],
+                ready=int(r[1]),
+                scheduled=int(r[2]),
+                waiting=int(r[3]),
+                running=int(r[4]),
+                expired=int(r[5]),
+                succeeded=int(r[6]),
+                dead=int(r[7]),
+                oldest_ready_age_ms=max(0, int(r[8])),
+                retrying=int(r[9]),
+                finished_in_window=int(r[10]),
+                attempts_in_window=int(r[11]),
+                window_ms=window_ms,
+            )
+            for r in rows
+        ]
+
+    async def get(self, job_id: int) -> JobRecord | None:
+        row = await self._db.fetchone(self._get_sql, (job_id,))
+        return _record(row) if row is not None else None
+
+    async def last_claim_token(self, resource: str) -> int:
+        queue, job_id = jobs.parse_default_resource(resource) or ("", 0)
+        row = await self._db.fetchone(self._last_token_sql, (resource, job_id, queue))
+        return int(row[0]) if row is not None and row[0] is not None else 0
+
+
+def _timestamp(ms: int) -> datetime | None:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC) if ms > 0 else None

@@ -1,0 +1,186 @@
+-- The SQLite queue backend's statements (lease_server/queue/backends/sqlite.py).
+--
+-- Every call runs inside one BEGIN IMMEDIATE transaction (the database-wide write
+-- lock stands in for FOR UPDATE SKIP LOCKED: claims serialise, and nothing can
+-- change a row between the SELECT that picks it and the UPDATE that writes it).
+-- Times are integer milliseconds on the server's clock. Columns of a job, in the
+-- order every SELECT returns them (JOB_COLUMNS in sqlite.py):
+--   id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
+--   attempts, max_attempts, token, available_at_ms, lease_owner, lease_until_ms,
+--   last_error, created_at_ms, finished_at_ms
+
+-- name: migration_1
+-- Schema v1. jobs: one row per job, ids never reused (AUTOINCREMENT), so a pruned
+-- job's resource name is never handed to another job. counters: the token counter,
+-- never reset, so every claim's token exceeds every earlier claim's. Partial
+-- indexes keep claims off finished rows however large the table grows.
+-- (No semicolons inside these comments: the migration runner splits on them.)
+CREATE TABLE jobs (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    queue           TEXT NOT NULL,
+    payload         BLOB NOT NULL,
+    state           TEXT NOT NULL
+                    CHECK (state IN ('waiting', 'ready', 'running', 'succeeded', 'dead')),
+    resource        TEXT NOT NULL DEFAULT '',
+    ordering_key    TEXT NOT NULL DEFAULT '',
+    idempotency_key TEXT,
+    priority        INTEGER NOT NULL DEFAULT 0,
+    attempts        INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    max_attempts    INTEGER NOT NULL CHECK (max_attempts > 0),
+    token           INTEGER NOT NULL DEFAULT 0,
+    available_at_ms INTEGER NOT NULL,
+    lease_owner     TEXT NOT NULL DEFAULT '',
+    lease_until_ms  INTEGER NOT NULL DEFAULT 0,
+    last_error      TEXT NOT NULL DEFAULT '',
+    created_at_ms   INTEGER NOT NULL,
+    finished_at_ms  INTEGER NOT NULL DEFAULT 0
+);
+CREATE UNIQUE INDEX jobs_idempotency_key ON jobs (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX jobs_ready ON jobs (queue, priority DESC, available_at_ms, id)
+    WHERE state = 'ready';
+CREATE INDEX jobs_running ON jobs (queue, lease_until_ms)
+    WHERE state = 'running';
+CREATE INDEX jobs_live_by_key ON jobs (queue, ordering_key, id)
+    WHERE ordering_key <> '' AND state IN ('waiting', 'ready', 'running');
+CREATE UNIQUE INDEX jobs_one_running_per_key ON jobs (queue, ordering_key)
+    WHERE ordering_key <> '' AND state = 'running';
+CREATE INDEX jobs_finished ON jobs (state, finished_at_ms)
+    WHERE state IN ('succeeded', 'dead');
+CREATE TABLE counters (
+    name  TEXT PRIMARY KEY,
+    value INTEGER NOT NULL CHECK (value >= 0)
+) WITHOUT ROWID;
+INSERT INTO counters (name, value) VALUES ('token', 0)
+
+-- name: migration_2
+-- Schema v2: jobs by their own guard resource, for the lease service's Describe.
+CREATE INDEX jobs_by_resource ON jobs (resource) WHERE resource <> ''
+
+-- name: select_job
+-- One job by id. Takes id.
+SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
+       attempts, max_attempts, token, available_at_ms, lease_owner, lease_until_ms,
+       last_error, created_at_ms, finished_at_ms
+FROM jobs WHERE id = ?
+
+-- name: select_by_idempotency_key
+-- The job of a queue with an idempotency key, if any. Takes queue, idempotency_key.
+-- Returns id, state.
+SELECT id, state FROM jobs WHERE queue = ? AND idempotency_key = ?
+
+-- name: select_head_of_key
+-- The earliest live job of an ordering key (its head), if any. Takes queue, key.
+SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
+       attempts, max_attempts, token, available_at_ms, lease_owner, lease_until_ms,
+       last_error, created_at_ms, finished_at_ms
+FROM jobs
+WHERE queue = ? AND ordering_key = ? AND state IN ('waiting', 'ready', 'running')
+ORDER BY id LIMIT 1
+
+-- name: insert_job
+-- A new job. Takes queue, payload, state, resource, ordering_key, idempotency_key
+-- (NULL for none), priority, max_attempts, available_at_ms, created_at_ms.
+-- Returns id.
+INSERT INTO jobs (queue, payload, state, resource, ordering_key, idempotency_key,
+                  priority, max_attempts, available_at_ms, created_at_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+RETURNING id
+
+-- name: take_tokens
+-- Reserve n tokens. Takes n. Returns the last one reserved (the first is last - n + 1).
+UPDATE counters SET value = value + ? WHERE name = 'token' RETURNING value
+
+-- name: select_rescuable
+-- Running jobs of a queue whose lease expired with attempts left, oldest expiry
+-- first. Takes queue, now_ms, limit.
+SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
+       attempts, max_attempts, token, available_at_ms, lease_owner, lease_until_ms,
+       last_error, created_at_ms, finished_at_ms
+FROM jobs
+WHERE queue = ? AND state = 'running' AND lease_until_ms <= ? AND attempts < max_attempts
+ORDER BY lease_until_ms, id
+LIMIT ?
+
+-- name: select_ready
+-- Ready, due jobs of a queue in claim order (jobs_ready index). Takes queue, now_ms, limit.
+SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
+       attempts, max_attempts, token, available_at_ms, lease_owner, lease_until_ms,
+       last_error, created_at_ms, finished_at_ms
+FROM jobs
+WHERE queue = ? AND state = 'ready' AND available_at_ms <= ?
+ORDER BY priority DESC, available_at_ms, id
+LIMIT ?
+
+-- name: update_job
+-- Write back the mutable columns of one job. Takes state, attempts, token,
+-- available_at_ms, lease_owner, lease_until_ms, last_error, finished_at_ms, id.
+UPDATE jobs
+SET state = ?, attempts = ?, token = ?, available_at_ms = ?, lease_owner = ?,
+    lease_until_ms = ?, last_error = ?, finished_at_ms = ?
+WHERE id = ?
+
+-- name: select_reapable
+-- Running jobs whose final attempt's lease expired (any queue). Takes now_ms, limit.
+SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
+       attempts, max_attempts, token, available_at_ms, lease_owner, lease_until_ms,
+       last_error, created_at_ms, finished_at_ms
+FROM jobs
+WHERE state = 'running' AND lease_until_ms <= ? AND attempts >= max_attempts
+ORDER BY id
+LIMIT ?
+
+-- name: prune
+-- Delete up to limit jobs in a finished state that finished before a cutoff.
+-- Takes state, before_ms, limit. Row count = deleted.
+DELETE FROM jobs WHERE id IN (
+    SELECT id FROM jobs WHERE state = ? AND finished_at_ms < ? LIMIT ?
+)
+
+-- name: stats
+-- Counts per queue. Takes :now, :since (now - window), :queue ('' for all).
+-- Returns queue, ready, scheduled, waiting, running, expired, succeeded, dead,
+-- oldest ready available_at_ms (NULL if none), retrying, finished in window,
+-- attempts of those.
+SELECT queue,
+       sum(state = 'ready' AND available_at_ms <= :now),
+       sum(state = 'ready' AND available_at_ms > :now),
+       sum(state = 'waiting'),
+       sum(state = 'running'),
+       sum(state = 'running' AND lease_until_ms <= :now),
+       sum(state = 'succeeded'),
+       sum(state = 'dead'),
+       min(CASE WHEN state = 'ready' AND available_at_ms <= :now THEN available_at_ms END),
+       sum(state IN ('ready', 'waiting') AND attempts > 0),
+       sum(state IN ('succeeded', 'dead') AND finished_at_ms >= :since),
+       sum(CASE WHEN state IN ('succeeded', 'dead') AND finished_at_ms >= :since
+                THEN attempts ELSE 0 END)
+FROM jobs
+WHERE :queue = '' OR queue = :queue
+GROUP BY queue
+ORDER BY queue
+
+-- name: log_head
+-- The head of the attached lease database's event log (lease_server/backends/sqlite.py),
+-- read inside the write transaction that appends after it. Returns head.
+SELECT head FROM lease_log.event_log WHERE id = 1
+
+-- name: log_append
+-- One job event in the attached lease log. Takes revision, kind, resource, token, holder,
+-- ttl_ms, job_id, queue.
+INSERT INTO lease_log.events (revision, kind, resource, token, holder, ttl_ms, job_id, queue)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: log_set_head
+-- Move the attached lease log's head to the last revision appended. Takes head.
+UPDATE lease_log.event_log SET head = ? WHERE id = 1
+
+-- name: last_token_of_resource
+-- The highest token of the jobs enqueued with a guard resource. Takes resource.
+-- Returns max(token) (NULL if none).
+SELECT max(token) FROM jobs WHERE resource = ? AND resource <> ''
+
+-- name: token_of_default_resource
+-- The token of a job whose guard resource is its default (job/<queue>/<id>).
+-- Takes id, queue. Returns token.
+SELECT token FROM jobs WHERE id = ? AND queue = ? AND resource = ''

@@ -1,0 +1,380 @@
+"""SQLite queue backend: the embedded default, durable on one host.
+
+Jobs live in their own file (beside the lease database: ``leases.db`` ->
+``leases-queue.db``), so queue traffic does not contend with leases for SQLite's
+single write lock. Each call is one ``BEGIN IMMEDIATE`` transaction that selects
+rows with the named statements of ``sql/sqlite.sql``, applies the pure rules of
+:mod:`lease_server.queue.jobs`, and writes the rows back; tokens come from a counter row
+that is never reset. Time is this host's wall clock in milliseconds (expiries are
+stored, and must mean the same after a restart).
+
+Linked to the SQLite lease backend (:meth:`SQLiteQueue.log_events_to`, as the lease
+server does), the queue attaches the lease database file and appends the events of
+every claim change (``jobs.transitions``) to its event log in the same transaction as
+the change: ``BEGIN IMMEDIATE`` then takes the write lock of both files, so queue
+calls and lease calls commit one at a time. In WAL mode SQLite commits a transaction
+over two files atomically in each file, not across both: only a crash of the host in
+the middle of such a commit can keep a claim without its event (a guard in ``watch``
+mode then learns of that rescue at the job's next event or the rescuer's first write).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from lease_server.backends.base import LeaseBackend
+from lease_server.backends.sqlite import SQLiteBackend
+from lease_server.clock import Clock, SystemClock
+from lease_server.leases import Transition
+from lease_server.queue import jobs
+from lease_server.queue.backends.base import RetryDelay
+from lease_server.queue.backends.sql import load
+from lease_server.queue.jobs import (
+    Enqueued,
+    Failed,
+    JobRecord,
+    JobRef,
+    JobState,
+    NewJob,
+    QueueCounts,
+)
+from serving.sqlite_db import SQLiteDatabase
+
+T = TypeVar("T")
+
+SQL = load("sqlite.sql")
+MIGRATIONS = [SQL["migration_1"], SQL["migration_2"]]
+#: The name the lease database is attached under, when job events are logged.
+LOG_SCHEMA = "lease_log"
+
+
+def _record(row: Sequence[Any]) -> JobRecord:
+    return JobRecord(
+        id=int(row[0]),
+        queue=row[1],
+        payload=bytes(row[2]),
+        state=JobState(row[3]),
+        resource=row[4],
+        ordering_key=row[5],
+        idempotency_key=row[6] or "",
+        priority=int(row[7]),
+        attempts=int(row[8]),
+        max_attempts=int(row[9]),
+        token=int(row[10]),
+        available_at_ms=int(row[11]),
+        lease_owner=row[12],
+        lease_until_ms=int(row[13]),
+        last_error=row[14],
+        created_at_ms=int(row[15]),
+        finished_at_ms=int(row[16]),
+    )
+
+
+def _load(conn: sqlite3.Connection, job_id: int) -> JobRecord | None:
+    row = conn.execute(SQL["select_job"], (job_id,)).fetchone()
+    return _record(row) if row else None
+
+
+def _store(conn: sqlite3.Connection, r: JobRecord) -> None:
+    conn.execute(
+        SQL["update_job"],
+        (
+            r.state.value,
+            r.attempts,
+            r.token,
+            r.available_at_ms,
+            r.lease_owner,
+            r.lease_until_ms,
+            r.last_error,
+            r.finished_at_ms,
+            r.id,
+        ),
+    )
+
+
+def _change(
+    conn: sqlite3.Connection,
+    changes: list[Transition],
+    old: JobRecord | None,
+    new: JobRecord,
+    now_ms: int,
+) -> None:
+    """Store ``new`` in place of ``old`` and collect its events for the log."""
+    _store(conn, new)
+    changes += jobs.transitions(old, new, now_ms)
+
+
+def _append_events(conn: sqlite3.Connection, changes: Sequence[Transition]) -> int:
+    """Number ``changes`` from the attached lease log's head and insert them, inside the
+    caller's write transaction (which holds that file's write lock: revisions commit in
+    order, as the lease backend's own appends do). Returns the new head (0: none)."""
+    if not changes:
+        return 0
+    (head,) = conn.execute(SQL["log_head"]).fetchone()
+    events = [change.numbered(int(head) + i) for i, change in enumerate(changes, start=1)]
+    conn.executemany(
+        SQL["log_append"],
+        [
+            (e.revision, e.kind.value, e.resource, e.token, e.holder, e.ttl_ms, e.job_id, e.queue)
+            for e in events
+        ],
+    )
+    conn.execute(SQL["log_set_head"], (events[-1].revision,))
+    return events[-1].revision
+
+
+def _promote(conn: sqlite3.Connection, queue: str, key: str) -> bool:
+    """Make the head of ``key`` ready if it is waiting (after a job of the key finished)."""
+    if not key:
+        return False
+    row = conn.execute(SQL["select_head_of_key"], (queue, key)).fetchone()
+    if row is not None and row[3] == JobState.WAITING.value:
+        _store(conn, jobs.promote(_record(row)))
+        return True
+    return False
+
+
+class SQLiteQueue:
+    """Jobs in one SQLite file (``sqlite:///path/to/queue.db``)."""
+
+    name = "sqlite"
+
+    def __init__(self, path: str | Path, clock: Clock | None = None) -> None:
+        self._db = SQLiteDatabase(path, MIGRATIONS)
+        self._clock = clock or SystemClock()
+        self._log: SQLiteBackend | None = None
+
+    @property
+    def path(self) -> str:
+        return self._db.path
+
+    def log_events_to(self, backend: LeaseBackend) -> bool:
+        if not isinstance(backend, SQLiteBackend) or ":memory:" in (backend.path, self.path):
+            return False  # a private in-memory database cannot be attached
+        self._log = backend
+        return True
+
+    async def open(self) -> None:
+        await self._db.open()
+        if self._log is not None:
+            path = self._log.path
+
+            def attach(conn: sqlite3.Connection) -> None:
+                names = {row[1] for row in conn.execute("PRAGMA database_list")}
+                if LOG_SCHEMA not in names:
+                    conn.execute(f"ATTACH DATABASE ? AS {LOG_SCHEMA}", (path,))
+
+            await self._db.query(attach)
+
+    async def _logged(self, fn: Callable[[sqlite3.Connection, list[Transition]], T]) -> T:
+        """Run ``fn(conn, changes)`` in a write transaction that also appends the events
+        ``fn`` collected in ``changes`` to the lease log (when linked); tell its listeners."""
+        log = self._log
+
+        def tx(conn: sqlite3.Connection) -> tuple[T, int]:
+            changes: list[Transition] = []
+            result = fn(conn, changes)
+            return result, _append_events(conn, changes) if log is not None else 0
+
+        result, head = await self._db.transaction(tx)
+        if head and log is not None:
+            log.appended(head)
+        return result
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    async def enqueue(self, queue: str, specs: Sequence[NewJob]) -> list[Enqueued]:
+        def tx(conn: sqlite3.Connection) -> list[Enqueued]:
+            now = self._clock.now_ms()
+            out: list[Enqueued] = []
+            for spec in specs:
+                if spec.idempotency_key:
+                    row = conn.execute(
+                        SQL["select_by_idempotency_key"], (queue, spec.idempotency_key)
+                    ).fetchone()
+                    if row is not None:
+                        out.append(Enqueued(int(row[0]), False, JobState(row[1])))
+                        continue
+                blocked = bool(spec.ordering_key) and (
+                    conn.execute(SQL["select_head_of_key"], (queue, spec.ordering_key)).fetchone()
+                    is not None
+                )
+                record = jobs.new_job(0, queue, spec, blocked, now)
+                (job_id,) = conn.execute(
+                    SQL["insert_job"],
+                    (
+                        queue,
+                        record.payload,
+                        record.state.value,
+                        record.resource,
+                        record.ordering_key,
+                        record.idempotency_key or None,
+                        record.priority,
+                        record.max_attempts,
+                        record.available_at_ms,
+                        record.created_at_ms,
+                    ),
+                ).fetchone()
+                out.append(Enqueued(int(job_id), True, record.state))
+            return out
+
+        return await self._db.transaction(tx)
+
+    async def claim(self, queue: str, worker: str, limit: int, ttl_ms: int) -> list[JobRecord]:
+        def tx(conn: sqlite3.Connection, changes: list[Transition]) -> list[JobRecord]:
+            now = self._clock.now_ms()
+            picked = [
+                _record(row)
+                for row in conn.execute(SQL["select_rescuable"], (queue, now, limit)).fetchall()
+            ]
+            if len(picked) < limit:
+                picked += [
+                    _record(row)
+                    for row in conn.execute(
+                        SQL["select_ready"], (queue, now, limit - len(picked))
+                    ).fetchall()
+                ]
+            if not picked:
+                return []
+            (last,) = conn.execute(SQL["take_tokens"], (len(picked),)).fetchone()
+            first = int(last) - len(picked) + 1
+            claimed = []
+            for offset, record in enumerate(picked):
+                new = jobs.claim(record, worker, ttl_ms, first + offset, now)
+                _change(conn, changes, record, new, now)
+                claimed.append(new)
+            return claimed
+
+        return await self._logged(tx)
+
+    async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int, queue: str = "") -> None:
+        def tx(conn: sqlite3.Connection) -> None:
+            now = self._clock.now_ms()
+            # Judge every ref before writing any: all or nothing (the rollback covers us too).
+            updated = [jobs.heartbeat(_load(conn, ref.id), ref, ttl_ms, now, queue) for ref in refs]
+            for record in updated:
+                _store(conn, record)
+
+        await self._db.transaction(tx)
+
+    async def complete(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
+        def tx(conn: sqlite3.Connection, changes: list[Transition]) -> set[str]:
+            now = self._clock.now_ms()
+            updated = [jobs.complete(_load(conn, ref.id), ref, now, queue) for ref in refs]
+            for record in updated:
+                # Against the row as stored now (a job named twice changes once).
+                _change(conn, changes, _load(conn, record.id), record, now)
+            return {r.queue for r in updated if _promote(conn, r.queue, r.ordering_key)}
+
+        return await self._logged(tx)
+
+    async def fail(
+        self,
+        ref: JobRef,
+        error: str,
+        retry_delay: RetryDelay,
+        *,
+        final: bool = False,
+        queue: str = "",
+    ) -> Failed:
+        def tx(conn: sqlite3.Connection, changes: list[Transition]) -> Failed:
+            now = self._clock.now_ms()
+            record = _load(conn, ref.id)
+            delay = retry_delay(record.attempts) if record is not None else 0
+            new, outcome = jobs.fail(record, ref, error, delay, now, final=final, queue=queue)
+            if new is not record:
+                _change(conn, changes, record, new, now)
+                if new.state is JobState.DEAD:
+                    _promote(conn, new.queue, new.ordering_key)
+            return outcome
+
+        return await self._logged(tx)
+
+    async def release(self, refs: Sequence[JobRef], queue: str = "") -> set[str]:
+        def tx(conn: sqlite3.Connection, changes: list[Transition]) -> set[str]:
+            now = self._clock.now_ms()
+            updated = [jobs.release(_load(conn, ref.id), ref, now, queue) for ref in refs]
+            for record in updated:
+                _change(conn, changes, _load(conn, record.id), record, now)
+            return {r.queue for r in updated}
+
+        return await self._logged(tx)
+
+    async def reap(self, limit: int) -> int:
+        def tx(conn: sqlite3.Connection, changes: list[Transition]) -> int:
+            now = self._clock.now_ms()
+            victims = [_record(row) for row in conn.execute(SQL["select_reapable"], (now, limit))]
+            for record in victims:
+                _change(conn, changes, record, jobs.reap(record, now), now)
+                _promote(conn, record.queue, record.ordering_key)
+            return len(victims)
+
+        return await self._logged(tx)
+
+    async def prune(
+        self, succeeded_older_than_ms: int | None, dead_older_than_ms: int | None, limit: int
+    ) -> int:
+        def tx(conn: sqlite3.Connection) -> int:
+            now = self._clock.now_ms()
+            deleted = 0
+            for state, older_than in (
+                (JobState.SUCCEEDED, succeeded_older_than_ms),
+                (JobState.DEAD, dead_older_than_ms),
+            ):
+                if older_than is not None and deleted < limit:
+                    cur = conn.execute(
+                        SQL["prune"], (state.value, now - older_than, limit - deleted)
+                    )
+                    deleted += int(cur.rowcount)
+            return deleted
+
+        return await self._db.transaction(tx)
+
+    async def stats(self, queue: str, window_ms: int) -> list[QueueCounts]:
+        def q(conn: sqlite3.Connection) -> list[QueueCounts]:
+            now = self._clock.now_ms()
+            rows = conn.execute(
+                SQL["stats"], {"now": now, "since": now - window_ms, "queue": queue}
+            ).fetchall()
+            return [
+                jobs.QueueCounts(
+                    queue=row[0],
+                    ready=int(row[1] or 0),
+                    scheduled=int(row[2] or 0),
+                    waiting=int(row[3] or 0),
+                    running=int(row[4] or 0),
+                    expired=int(row[5] or 0),
+                    succeeded=int(row[6] or 0),
+                    dead=int(row[7] or 0),
+                    oldest_ready_age_ms=0 if row[8] is None else max(0, now - int(row[8])),
+                    retrying=int(row[9] or 0),
+                    finished_in_window=int(row[10] or 0),
+                    attempts_in_window=int(row[11] or 0),
+                    window_ms=window_ms,
+                )
+                for row in rows
+            ]
+
+        return await self._db.query(q)
+
+    async def get(self, job_id: int) -> JobRecord | None:
+        return await self._db.query(lambda conn: _load(conn, job_id))
+
+    async def last_claim_token(self, resource: str) -> int:
+        named = jobs.parse_default_resource(resource)
+
+        def q(conn: sqlite3.Connection) -> int:
+            (own,) = conn.execute(SQL["last_token_of_resource"], (resource,)).fetchone()
+            by_id = 0
+            if named is not None:
+                row = conn.execute(
+                    SQL["token_of_default_resource"], (named[1], named[0])
+                ).fetchone()
+                by_id = int(row[0]) if row else 0
+            return max(int(own or 0), by_id)
+
+        return await self._db.query(q)

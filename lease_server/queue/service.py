@@ -1,0 +1,411 @@
+"""``fencing.v1.QueueService`` over a :class:`~lease_server.queue.backends.base.QueueBackend`.
+
+Validates every request at the edge (:mod:`fencing.limits`), decides retry delays
+with the server's backoff policy (:class:`QueueOptions`), lets an empty Claim wait
+for work (woken by enqueues and give-backs through this process, and re-asking at
+least every ``poll_interval``), and logs each refusal, retry and death with queue,
+job id, attempt and token, never payloads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc.aio
+from prometheus_client import CollectorRegistry
+
+from fencing import limits
+from fencing._backoff import Backoff
+from fencing.errors import InvalidArgumentError, LeaseLost
+from fencing.v1 import queue_pb2, queue_pb2_grpc
+from lease_server.queue import jobs
+from lease_server.queue.backends.base import QueueBackend
+from lease_server.queue.jobs import DEFAULT_RETRY_BACKOFF, JobRecord, JobRef, JobState, NewJob
+from lease_server.queue.metrics import QueueMetrics
+from serving import config
+from serving.server import rpc
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+DAY_S = 24 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOptions:
+    """How the server runs its queues.
+
+    ``retry`` is in milliseconds. Retention: succeeded jobs are deleted
+    ``succeeded_retention_s`` after they finished, dead ones ``dead_retention_s``
+    after (None: kept forever); a job's idempotency key is remembered as long as
+    its row. The reaper runs every ``reap_interval_s`` and handles at most
+    ``reap_batch`` jobs per step.
+    """
+
+    retry: Backoff = DEFAULT_RETRY_BACKOFF
+    succeeded_retention_s: float | None = 7 * DAY_S
+    dead_retention_s: float | None = 30 * DAY_S
+    reap_interval_s: float = 1.0
+    reap_batch: int = 1000
+    poll_interval_s: float = 0.25
+    #: Seconds between refreshes of the backlog gauges (a Stats query).
+    stats_interval_s: float = 15.0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> QueueOptions:
+        """From the resolved settings of :data:`QUEUE_OPTIONS` (negative retention: forever)."""
+        if args.queue_retry_base > args.queue_retry_cap:
+            raise InvalidArgumentError(
+                "queue_retry_base must not exceed queue_retry_cap", field="queue_retry_base"
+            )
+        return cls(
+            retry=Backoff(
+                base=args.queue_retry_base * 1000,
+                cap=args.queue_retry_cap * 1000,
+                factor=DEFAULT_RETRY_BACKOFF.factor,
+                jitter=DEFAULT_RETRY_BACKOFF.jitter,
+            ),
+            succeeded_retention_s=_forever_if_negative(args.queue_succeeded_retention),
+            dead_retention_s=_forever_if_negative(args.queue_dead_retention),
+        )
+
+
+def _forever_if_negative(seconds: float) -> float | None:
+    return None if seconds < 0 else seconds
+
+
+#: The queue service's settings, for ``lease-server`` and ``fencing serve``.
+QUEUE_OPTIONS: tuple[config.Option, ...] = (
+    config.Option(
+        "queue",
+        "FENCING_QUEUE",
+        None,
+        "queue backend URL (memory://, sqlite:PATH, postgresql://...); unset: beside the "
+        "lease backend (leases.db -> leases-queue.db, the same PostgreSQL schema); "
+        "off: no queue service",
+        metavar="URL",
+    ),
+    config.Option(
+        "queue_succeeded_retention",
+        "FENCING_QUEUE_SUCCEEDED_RETENTION",
+        float(7 * DAY_S),
+        "seconds a succeeded job (and so its idempotency key) is kept before the reaper "
+        "deletes it; negative: forever",
+        float,
+        metavar="SECONDS",
+    ),
+    config.Option(
+        "queue_dead_retention",
+        "FENCING_QUEUE_DEAD_RETENTION",
+        float(30 * DAY_S),
+        "seconds a dead job is kept before the reaper deletes it; negative: forever",
+        float,
+        metavar="SECONDS",
+    ),
+    config.Option(
+        "queue_retry_base",
+        "FENCING_QUEUE_RETRY_BASE",
+        DEFAULT_RETRY_BACKOFF.base / 1000,
+        "seconds before a failed job's first retry; doubles with each attempt, jittered",
+        float,
+        check=config.positive,
+        metavar="SECONDS",
+    ),
+    config.Option(
+        "queue_retry_cap",
+        "FENCING_QUEUE_RETRY_CAP",
+        DEFAULT_RETRY_BACKOFF.cap / 1000,
+        "longest retry delay of a failed job, in seconds",
+        float,
+        check=config.positive,
+        metavar="SECONDS",
+    ),
+)
+
+
+class _Wakeups:
+    """One event per queue, set when work may have become claimable through this process."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, asyncio.Event] = {}
+
+    def event(self, queue: str) -> asyncio.Event:
+        return self._events.setdefault(queue, asyncio.Event())
+
+    def notify(self, queue: str) -> None:
+        event = self._events.get(queue)
+        if event is not None:
+            event.set()
+
+
+def new_job_from_proto(msg: queue_pb2.NewJob, field: str, now_ms: int) -> NewJob:
+    """Validate one ``NewJob``; the error names ``field`` (e.g. ``jobs[3].payload``)."""
+    run_at = msg.run_at_ms
+    if run_at < 0 or run_at > now_ms + limits.MAX_DELAY_MS:
+        raise InvalidArgumentError(
+            f"{field}.run_at_ms must be a Unix time in ms at most 365 days ahead",
+            field=f"{field}.run_at_ms",
+        )
+    resource = limits.check_job_resource(msg.resource, f"{field}.resource")
+    return NewJob(
+        payload=limits.check_payload(msg.payload, f"{field}.payload"),
+        idempotency_key=limits.check_idempotency_key(
+            msg.idempotency_key, f"{field}.idempotency_key"
+        ),
+        max_attempts=limits.check_max_attempts(msg.max_attempts, f"{field}.max_attempts"),
+        delay_ms=limits.check_delay_ms(msg.delay_ms, f"{field}.delay_ms"),
+        run_at_ms=run_at,
+        ordering_key=limits.check_ordering_key(msg.ordering_key, f"{field}.ordering_key"),
+        priority=limits.check_priority(msg.priority, f"{field}.priority"),
+        resource=resource,
+    )
+
+
+def refs_from_proto(refs: Sequence[queue_pb2.JobRef], field: str = "jobs") -> list[JobRef]:
+    limits.check_batch(len(refs), field)
+    out = []
+    for i, ref in enumerate(refs):
+        limits.check_range(f"{field}[{i}].id", ref.id, 1, limits.MAX_TOKEN)
+        limits.check_token(ref.token, f"{field}[{i}].token")
+        out.append(JobRef(ref.id, ref.token))
+    return out
+
+
+def job_to_proto(record: JobRecord, ttl_ms: int) -> queue_pb2.Job:
+    return queue_pb2.Job(
+        id=record.id,
+        queue=record.queue,
+        payload=record.payload,
+        token=record.token,
+        attempt=record.attempts,
+        max_attempts=record.max_attempts,
+        resource=record.fenced_resource,
+        ordering_key=record.ordering_key,
+        priority=record.priority,
+        idempotency_key=record.idempotency_key,
+        last_error=record.last_error,
+        ttl_ms=ttl_ms,
+        enqueued_at_ms=record.created_at_ms,
+    )
+
+
+def stats_to_proto(c: jobs.QueueCounts) -> queue_pb2.QueueStats:
+    return queue_pb2.QueueStats(
+        queue=c.queue,
+        ready=c.ready,
+        scheduled=c.scheduled,
+        waiting=c.waiting,
+        running=c.running,
+        expired=c.expired,
+        succeeded=c.succeeded,
+        dead=c.dead,
+        oldest_ready_age_ms=c.oldest_ready_age_ms,
+        retrying=c.retrying,
+        retry_rate=c.retry_rate,
+        finished_in_window=c.finished_in_window,
+        window_ms=c.window_ms,
+    )
+
+
+def _optional_queue(value: str) -> str:
+    return limits.check_name("queue", value, limits.MAX_QUEUE_BYTES, required=False)
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class QueueService(queue_pb2_grpc.QueueServiceServicer):
+    """The queue service's RPC handlers."""
+
+    def __init__(
+        self,
+        backend: QueueBackend,
+        options: QueueOptions | None = None,
+        *,
+        metrics: QueueMetrics | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.backend = backend
+        self.options = options or QueueOptions()
+        self.metrics = metrics or QueueMetrics(CollectorRegistry())
+        self._rand = rand
+        self._wakeups = _Wakeups()
+        self.lost_rejections = 0
+
+    def _lost(self, exc: LeaseLost, call: str) -> LeaseLost:
+        self.lost_rejections += 1
+        self.metrics.lost.inc()
+        log.warning("%s refused: %s", call, exc)
+        return exc
+
+    async def refresh_gauges_forever(self) -> None:
+        """Every ``stats_interval_s``, set the backlog gauges from Stats (a server task)."""
+        while True:
+            try:
+                counts = await self.backend.stats("", limits.DEFAULT_WINDOW_MS)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the gauges go stale; the next tick tries again
+                log.warning("queue stats for the gauges failed: %s", exc)
+            else:
+                self.metrics.observe(counts)
+            await asyncio.sleep(self.options.stats_interval_s)
+
+    @rpc
+    async def Enqueue(
+        self, request: queue_pb2.EnqueueRequest, context: Context
+    ) -> queue_pb2.EnqueueResponse:
+        queue = limits.check_queue(request.queue)
+        limits.check_batch(len(request.jobs), "jobs")
+        now = _wall_ms()
+        specs = [new_job_from_proto(j, f"jobs[{i}]", now) for i, j in enumerate(request.jobs)]
+        enqueued = await self.backend.enqueue(queue, specs)
+        created = sum(e.created for e in enqueued)
+        if created:
+            self.metrics.jobs.labels("enqueued").inc(created)
+            self._wakeups.notify(queue)
+        log.debug(
+            "enqueued queue=%s jobs=%d created=%d",
+            queue,
+            len(enqueued),
+            sum(e.created for e in enqueued),
+        )
+        return queue_pb2.EnqueueResponse(
+            jobs=[
+                queue_pb2.EnqueuedJob(id=e.id, created=e.created, state=e.state) for e in enqueued
+            ]
+        )
+
+    @rpc
+    async def Claim(
+        self, request: queue_pb2.ClaimRequest, context: Context
+    ) -> queue_pb2.ClaimResponse:
+        queue = limits.check_queue(request.queue)
+        worker = limits.check_worker(request.worker)
+        batch = limits.check_batch(request.batch_size)
+        ttl_ms = limits.check_ttl_ms(request.ttl_ms)
+        wait_ms = limits.check_wait_ms(request.wait_ms)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        event = self._wakeups.event(queue)
+        arrived = loop.time()
+        while True:
+            event.clear()
+            # Read before each attempt: the jobs' ttl counts from no earlier than this.
+            before_claim = loop.time()
+            claimed = await self.backend.claim(queue, worker, batch, ttl_ms)
+            left = deadline - loop.time()
+            if claimed or left <= 0:
+                break
+            try:
+                async with asyncio.timeout(min(left, self.options.poll_interval_s)):
+                    await event.wait()
+            except TimeoutError:
+                pass
+        rescued = sum(r.last_error.startswith(jobs.EXPIRED_PREFIX) for r in claimed)
+        self.metrics.jobs.labels("claimed").inc(len(claimed))
+        self.metrics.jobs.labels("rescued").inc(rescued)
+        for record in claimed:
+            log.debug(
+                "claimed queue=%s job_id=%d attempt=%d token=%d worker=%s",
+                queue,
+                record.id,
+                record.attempts,
+                record.token,
+                worker,
+            )
+        return queue_pb2.ClaimResponse(
+            jobs=[job_to_proto(r, ttl_ms) for r in claimed],
+            waited_ms=max(0, int((before_claim - arrived) * 1000)),
+        )
+
+    @rpc
+    async def Heartbeat(
+        self, request: queue_pb2.HeartbeatRequest, context: Context
+    ) -> queue_pb2.HeartbeatResponse:
+        refs = refs_from_proto(request.jobs)
+        ttl_ms = limits.check_ttl_ms(request.ttl_ms)
+        queue = _optional_queue(request.queue)
+        try:
+            await self.backend.heartbeat(refs, ttl_ms, queue)
+        except LeaseLost as exc:
+            raise self._lost(exc, "heartbeat") from None
+        return queue_pb2.HeartbeatResponse(ttl_ms=ttl_ms)
+
+    @rpc
+    async def Complete(
+        self, request: queue_pb2.CompleteRequest, context: Context
+    ) -> queue_pb2.CompleteResponse:
+        refs = refs_from_proto(request.jobs)
+        queue = _optional_queue(request.queue)
+        try:
+            woken = await self.backend.complete(refs, queue)
+        except LeaseLost as exc:
+            raise self._lost(exc, "complete") from None
+        self.metrics.jobs.labels("completed").inc(len(refs))
+        for woke in woken:  # the next job of an ordering key became ready
+            self._wakeups.notify(woke)
+        return queue_pb2.CompleteResponse()
+
+    @rpc
+    async def Fail(
+        self, request: queue_pb2.FailRequest, context: Context
+    ) -> queue_pb2.FailResponse:
+        (ref,) = refs_from_proto([request.job], "job")
+        queue = _optional_queue(request.queue)
+        retry_in_ms = limits.check_delay_ms(request.retry_in_ms, "retry_in_ms")
+        error = limits.truncate_error(request.error)
+        policy = self.options.retry
+
+        def delay(attempts: int) -> int:
+            return jobs.retry_delay_ms(attempts, policy, self._rand(), retry_in_ms)
+
+        try:
+            outcome = await self.backend.fail(ref, error, delay, final=request.final, queue=queue)
+        except LeaseLost as exc:
+            raise self._lost(exc, "fail") from None
+        self.metrics.jobs.labels("dead" if outcome.state is JobState.DEAD else "retried").inc()
+        if outcome.state is JobState.DEAD:
+            log.warning("job dead job_id=%d token=%d error=%r", ref.id, ref.token, error[:200])
+        else:
+            log.info(
+                "job failed, retry in %d ms job_id=%d token=%d",
+                outcome.retry_in_ms,
+                ref.id,
+                ref.token,
+            )
+        return queue_pb2.FailResponse(state=outcome.state, retry_in_ms=outcome.retry_in_ms)
+
+    @rpc
+    async def Release(
+        self, request: queue_pb2.ReleaseJobsRequest, context: Context
+    ) -> queue_pb2.ReleaseJobsResponse:
+        refs = refs_from_proto(request.jobs)
+        queue = _optional_queue(request.queue)
+        try:
+            woken = await self.backend.release(refs, queue)
+        except LeaseLost as exc:
+            raise self._lost(exc, "release") from None
+        self.metrics.jobs.labels("released").inc(len(refs))
+        for woke in woken:
+            self._wakeups.notify(woke)
+        log.info("released jobs=%s", ",".join(str(r.id) for r in refs))
+        return queue_pb2.ReleaseJobsResponse()
+
+    @rpc
+    async def Stats(
+        self, request: queue_pb2.QueueStatsRequest, context: Context
+    ) -> queue_pb2.QueueStatsResponse:
+        queue = _optional_queue(request.queue)
+        window_ms = limits.check_window_ms(request.window_ms)
+        counts = await self.backend.stats(queue, window_ms)
+        return queue_pb2.QueueStatsResponse(queues=[stats_to_proto(c) for c in counts])

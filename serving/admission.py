@@ -1,0 +1,274 @@
+"""The server's edge: who is calling, may they, and how much at once. One interceptor.
+
+Every call of every service passes :class:`AdmissionInterceptor` (health and
+reflection are exempt). With authentication on it:
+
+1. names the caller's principal from a bearer token or the mTLS client certificate
+   (:mod:`serving.auth`), or ends the call ``UNAUTHENTICATED``;
+2. finds the call's action (:data:`serving.auth.METHOD_ACTIONS`) and scope (the
+   request's ``resource``, ``queue`` or ``prefix``) and ends it ``PERMISSION_DENIED``
+   unless a grant of the principal covers both;
+3. binds the request's ``holder`` to the principal, so a lease is held by the
+   principal that acquired it and only that principal can renew or release it, even
+   knowing its token (the backend checks the holder; a mismatch is ``LEASE_LOST``).
+
+With or without authentication it then applies per-client caps: a *client* is the
+principal, or the peer address (one connection) without authentication. A client
+may have at most ``max_waiters`` Acquire calls with ``wait_ms > 0`` and at most
+``max_watch_streams`` Watch streams in flight; beyond that a call ends at once with
+``RESOURCE_EXHAUSTED`` (reason ``RESOURCE_EXHAUSTED``, metadata ``limit``), so one
+client flooding the server cannot take every waiter slot from the others.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import ExitStack, asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from fencing import _status
+from fencing.errors import (
+    FencingError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    UnauthenticatedError,
+)
+from serving import handlers
+from serving.auth import (
+    EXEMPT_PREFIXES,
+    METHOD_ACTIONS,
+    PER_ITEM_METHODS,
+    Action,
+    AuthPolicy,
+    Scope,
+    bearer_token,
+    bind_holder,
+    certificate_identities,
+    scopes_of,
+)
+
+log = logging.getLogger(__name__)
+
+#: Default caps per client.
+DEFAULT_MAX_WAITERS = 64
+DEFAULT_MAX_WATCH_STREAMS = 16
+
+_principal: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "fencing_principal", default=None
+)
+
+
+def current_principal() -> str | None:
+    """The authenticated principal of the call being handled (None with auth off)."""
+    return _principal.get()
+
+
+_item_check: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "fencing_item_check", default=None
+)
+
+
+def authorize_item(resource: str) -> None:
+    """Inside a call of a :data:`~serving.auth.PER_ITEM_METHODS` method: raise
+    ``PermissionDeniedError`` unless the caller's grants cover ``resource`` for the
+    call's action. Does nothing with authentication off."""
+    check = _item_check.get()
+    if check is not None:
+        check(resource)
+
+
+class EdgeMetrics:
+    """Refusals at the edge, and the streams it admitted."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.auth_failures = Counter(
+            "fencing_auth_failures_total",
+            "Calls refused by authentication or authorization.",
+            ("reason",),
+            registry=registry,
+        )
+        self.limit_rejections = Counter(
+            "fencing_client_limit_rejections_total",
+            "Calls refused because the client hit a per-client cap.",
+            ("limit",),
+            registry=registry,
+        )
+        self.watch_streams = Gauge(
+            "fencing_lease_watch_streams",
+            "Watch streams open on this server.",
+            registry=registry,
+        )
+
+
+class ClientSlots:
+    """At most ``cap`` concurrent calls of one kind per client."""
+
+    def __init__(self, limit: str, cap: int) -> None:
+        self.limit = limit
+        self.cap = cap
+        self._held: dict[str, int] = {}
+
+    @contextmanager
+    def hold(self, client: str) -> Iterator[None]:
+        count = self._held.get(client, 0)
+        if count >= self.cap:
+            raise ResourceExhaustedError(
+                f"this client already has {count} {self.limit.replace('_', ' ')} in flight; "
+                f"the limit is {self.cap} per client: wait for some to finish",
+                limit=self.limit,
+            )
+        self._held[client] = count + 1
+        try:
+            yield
+        finally:
+            left = self._held[client] - 1
+            if left:
+                self._held[client] = left
+            else:
+                del self._held[client]
+
+
+@dataclass
+class Admission:
+    """The edge's settings: the auth policy (None = auth off) and the per-client caps."""
+
+    policy: AuthPolicy | None = None
+    max_waiters: int = DEFAULT_MAX_WAITERS
+    max_watch_streams: int = DEFAULT_MAX_WATCH_STREAMS
+
+    def __post_init__(self) -> None:
+        self.waiters = ClientSlots("waiters", self.max_waiters)
+        self.watch_streams = ClientSlots("watch_streams", self.max_watch_streams)
+
+    def authenticate(self, context: handlers.Context) -> str:
+        """The caller's principal; ``UnauthenticatedError`` if there is none."""
+        assert self.policy is not None
+        token = bearer_token(context.invocation_metadata() or ())
+        if token is not None:
+            if not token:
+                raise UnauthenticatedError(
+                    "malformed authorization metadata: expected 'Bearer <token>'"
+                )
+            principal = self.policy.by_token(token)
+            if principal is None:
+                raise UnauthenticatedError("unknown bearer token")
+            return principal
+        identities = certificate_identities(context.auth_context())
+        if not identities:
+            raise UnauthenticatedError(
+                "no credentials: send a bearer token or present a client certificate"
+            )
+        principal = self.policy.by_identities(identities)
+        if principal is None:
+            raise UnauthenticatedError(
+                f"certificate identity {identities[0]!r} is not a principal of the auth policy"
+            )
+        return principal
+
+    def authorize(self, principal: str, method: str, action: Action | None, request: Any) -> None:
+        """``PermissionDeniedError`` unless a grant covers the call; binds ``holder``."""
+        assert self.policy is not None
+        if action is None:
+            raise PermissionDeniedError(f"{method} is not covered by the auth policy")
+        if method in PER_ITEM_METHODS:
+            policy = self.policy
+
+            def check(resource: str) -> None:
+                if not policy.allows(principal, action, Scope(resource)):
+                    raise PermissionDeniedError(
+                        f"principal {principal!r} may not {action} {Scope(resource)}"
+                    )
+
+            _item_check.set(check)
+            return
+        scopes = scopes_of(request) if request is not None else [Scope("", is_prefix=True)]
+        for scope in scopes:
+            if not self.policy.allows(principal, action, scope):
+                raise PermissionDeniedError(f"principal {principal!r} may not {action} {scope}")
+        if request is not None:
+            bind_holder(request, principal)
+
+    def slots_for(self, action: Action | None, request: Any) -> ClientSlots | None:
+        if action is Action.ACQUIRE and request is not None and request.wait_ms > 0:
+            return self.waiters
+        if action is Action.WATCH:
+            return self.watch_streams
+        return None
+
+
+class AdmissionInterceptor(grpc.aio.ServerInterceptor):
+    """Applies an :class:`Admission` to every call (see the module docstring)."""
+
+    def __init__(self, admission: Admission, metrics: EdgeMetrics) -> None:
+        self.admission = admission
+        self.metrics = metrics
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.startswith(EXEMPT_PREFIXES):
+            return handler
+        admission = self.admission
+        metrics = self.metrics
+        action = METHOD_ACTIONS.get(method)
+
+        @asynccontextmanager
+        async def admit(request: Any, context: handlers.Context) -> AsyncIterator[None]:
+            with ExitStack() as stack:
+                try:
+                    if admission.policy is not None:
+                        client = admission.authenticate(context)
+                        admission.authorize(client, method, action, request)
+                        _principal.set(client)
+                    else:
+                        client = context.peer()
+                    slots = admission.slots_for(action, request)
+                    if slots is not None:
+                        stack.enter_context(slots.hold(client))
+                except FencingError as exc:
+                    # A flooding client is routine (INFO); a credential problem is not.
+                    level = logging.WARNING
+                    if isinstance(exc, ResourceExhaustedError):
+                        metrics.limit_rejections.labels(exc.limit).inc()
+                        level = logging.INFO
+                    else:
+                        metrics.auth_failures.labels(exc.reason.lower()).inc()
+                    log.log(
+                        level,
+                        "refused %s from %s: %s",
+                        method,
+                        context.peer(),
+                        exc,
+                        extra={"method": method, "peer": context.peer(), "reason": exc.reason},
+                    )
+                    await _status.abort(context, exc)
+                if slots is admission.watch_streams:
+                    stack.enter_context(metrics.watch_streams.track_inprogress())
+                yield
+
+        return handlers.around(handler, admit)
+
+
+__all__ = [
+    "DEFAULT_MAX_WAITERS",
+    "DEFAULT_MAX_WATCH_STREAMS",
+    "Admission",
+    "AdmissionInterceptor",
+    "ClientSlots",
+    "EdgeMetrics",
+    "authorize_item",
+    "current_principal",
+]

@@ -1,0 +1,381 @@
+"""What every server process shares: error mapping for handlers, and building a grpc.aio server.
+
+Servers are asyncio only. A handler raises :class:`~fencing.errors.FencingError`
+subclasses; :func:`rpc` turns them into statuses through the one registry in
+:mod:`fencing._status`. ``build_server`` binds (port 0 in tests), adds the standard
+health service (one entry per service, plus the overall "") and, on request,
+server reflection; ``serve`` is separate, as in grpc's own examples.
+
+Every server built here gets the same edge from its :class:`ServerOptions`: TLS or
+mTLS (plaintext only on loopback unless ``insecure``), one interceptor for gRPC
+metrics and one for authentication, authorization and per-client caps
+(:mod:`serving.admission`). ``BuiltServer.probe_storage`` flips health to
+NOT_SERVING while the backend is unreachable; ``BuiltServer.enter_shutdown`` flips
+it for good before a drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from fencing import _status
+from fencing.errors import FencingError
+from fencing.limits import MAX_MESSAGE_BYTES
+from fencing.tls import TLSConfig, check_transport, split_address
+from serving import handlers, storage
+from serving.admission import (
+    DEFAULT_MAX_WAITERS,
+    DEFAULT_MAX_WATCH_STREAMS,
+    Admission,
+    AdmissionInterceptor,
+    EdgeMetrics,
+)
+from serving.auth import AuthPolicy
+from serving.metrics import GrpcMetrics, Metrics, MetricsInterceptor
+
+log = logging.getLogger(__name__)
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Self_ = TypeVar("Self_")
+
+Handler = Callable[[Self_, Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]]
+
+
+def rpc(fn: Handler[Self_, Req, Resp]) -> Handler[Self_, Req, Resp]:
+    """Decorate an async unary handler: ``FencingError`` -> its status with ErrorInfo."""
+
+    @functools.wraps(fn)
+    async def wrapper(
+        self: Self_, request: Req, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Resp:
+        try:
+            return await fn(self, request, context)
+        except FencingError as exc:
+            await _status.abort(context, exc)
+
+    return wrapper
+
+
+class DecodeInterceptor(grpc.aio.ServerInterceptor):
+    """Answers a request that cannot be decoded with ``INVALID_ARGUMENT`` naming the
+    field (:func:`serving.handlers.decoding`), for every method of the server. It sits
+    inside the metrics interceptor (the refusal is counted) and outside admission
+    (which reads the request's names to authorize it)."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        return handlers.decoding(handler, handler_call_details.method)
+
+
+#: Registers a servicer on a server, e.g. ``lease_pb2_grpc.add_LeaseServiceServicer_to_server``.
+Registrar = Callable[[Any, grpc.aio.Server], None]
+
+
+@dataclass
+class Service:
+    """One gRPC service to host: its full name, servicer, and generated registrar."""
+
+    name: str
+    servicer: object
+    register: Registrar
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How a server is hosted, beyond its address and services.
+
+    ``tls``: serve TLS (mTLS when it has a ``ca``); without it the address must be
+    loopback unless ``insecure``. ``auth``: the policy naming principals and their
+    grants; None means authentication is off, except that mTLS alone turns it on
+    with every certificate the CA signed allowed everything. ``max_waiters`` and
+    ``max_watch_streams``: per-client caps. ``metrics``: the process's metrics (a
+    private registry when None). ``backend_timeout``: the deadline of every backend
+    or store call. ``health_interval``: seconds between backend health probes.
+    ``reuse_port``: share the port with sibling worker processes.
+    """
+
+    tls: TLSConfig | None = None
+    insecure: bool = False
+    auth: AuthPolicy | None = None
+    max_waiters: int = DEFAULT_MAX_WAITERS
+    max_watch_streams: int = DEFAULT_MAX_WATCH_STREAMS
+    metrics: Metrics | None = None
+    backend_timeout: float = storage.DEFAULT_BACKEND_TIMEOUT
+    health_interval: float = storage.DEFAULT_HEALTH_INTERVAL
+    #: Bind with ``SO_REUSEPORT``: one of the processes of ``--workers N`` (serving.supervisor).
+    reuse_port: bool = False
+
+    def with_metrics(self) -> tuple[ServerOptions, Metrics]:
+        """These options with ``metrics`` set (a fresh private registry if it was None)."""
+        if self.metrics is not None:
+            return self, self.metrics
+        metrics = Metrics()
+        return dataclasses.replace(self, metrics=metrics), metrics
+
+    @property
+    def auth_policy(self) -> AuthPolicy | None:
+        if self.auth is not None:
+            return self.auth
+        if self.tls is not None and self.tls.mutual:
+            return AuthPolicy.mtls_only()
+        return None
+
+
+@dataclass
+class BuiltServer:
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    service_names: Sequence[str] = ()
+    metrics: Metrics = field(default_factory=Metrics)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in self.service_names:
+            await self.health.set(name, status)
+
+    def spawn(self, coro: Awaitable[None]) -> None:
+        """Run ``coro`` for the server's lifetime; cancelled by :meth:`enter_shutdown`."""
+        self.tasks.append(asyncio.ensure_future(coro))
+
+    def probe_storage(self, backend: object, role: str, timeout: float, interval: float) -> None:
+        """Every ``interval`` s ask ``backend.healthy()``; NOT_SERVING while it says no."""
+        up = self.metrics.group(storage.StorageMetrics).up.labels(role)
+        up.set(1)
+
+        async def probe_forever() -> None:
+            serving = True
+            while True:
+                await asyncio.sleep(interval)
+                ok = await storage.healthy(backend, timeout)
+                up.set(1 if ok else 0)
+                if ok != serving:
+                    serving = ok
+                    if ok:
+                        log.warning("%s backend passes its health probe again: SERVING", role)
+                    else:
+                        # Unreachable, or (a Redis under require_durable) no longer
+                        # durable: the backend's own log line says which.
+                        log.error(
+                            "%s backend fails its health probe (unreachable, or not durable "
+                            "under --require-durable): NOT_SERVING",
+                            role,
+                        )
+                    await self.set_serving(ok)
+
+        self.spawn(probe_forever())
+
+    async def enter_shutdown(self) -> None:
+        """Stop background tasks and report NOT_SERVING for good (before draining)."""
+        tasks, self.tasks = self.tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.health.enter_graceful_shutdown()
+
+
+def server_options(reuse_port: bool = False) -> list[tuple[str, int]]:
+    """Channel options of every server. ``SO_REUSEPORT`` stays off (a second server on a
+    port in use must fail to bind) except for the workers of ``--workers N``."""
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
+    ]
+
+
+async def build_server(
+    address: str,
+    services: Sequence[Service],
+    *,
+    reflection_enabled: bool = False,
+    options: ServerOptions | None = None,
+) -> BuiltServer:
+    """Create a grpc.aio server with ``services`` and health, bound to ``address``.
+
+    Returns it with the bound port, so ``127.0.0.1:0`` works in tests. Not started.
+    Raises ``ValueError`` for plaintext on a non-loopback address without ``insecure``.
+    """
+    options = options or ServerOptions()
+    check_transport(address, options.tls, options.insecure)
+    metrics = options.metrics or Metrics()
+    admission = Admission(
+        options.auth_policy,
+        max_waiters=options.max_waiters,
+        max_watch_streams=options.max_watch_streams,
+    )
+    srv = grpc.aio.server(
+        interceptors=[
+            MetricsInterceptor(metrics.group(GrpcMetrics)),
+            DecodeInterceptor(),
+            AdmissionInterceptor(admission, metrics.group(EdgeMetrics)),
+        ],
+        options=server_options(options.reuse_port),
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, srv)
+    names = [s.name for s in services]
+    for svc in services:
+        svc.register(svc.servicer, srv)
+    if reflection_enabled:
+        reflection.enable_server_reflection(
+            [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], srv
+        )
+    if options.tls is not None:
+        port = srv.add_secure_port(address, options.tls.server_credentials())
+    else:
+        port = srv.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot bind {address}")
+    built = BuiltServer(srv, port, health_servicer, ["", *names], metrics=metrics)
+    await built.set_serving(True)
+    return built
+
+
+def require_durability(component: object, what: str, require: bool) -> str | None:
+    """Log (and with ``require``, refuse) a backend or store that may forget what it acked.
+
+    A component says so through an optional ``durability_warning`` attribute (set by
+    ``open()``; None when tokens and fences survive a crash). Returns the warning.
+    """
+    warning: str | None = getattr(component, "durability_warning", None)
+    if warning:
+        log.warning("%s is not durable: %s", what, warning)
+        if require:
+            from fencing.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(
+                f"--require-durable: {what} is not durable: {warning}", field="require_durable"
+            )
+    return warning
+
+
+def host_of(address: str) -> str:
+    """``127.0.0.1:50051`` -> ``127.0.0.1``; ``[::1]:1`` -> ``::1``."""
+    return split_address(address)[0]
+
+
+class Stoppable(Protocol):
+    async def stop(self, grace: float = ...) -> None: ...
+
+
+async def serve_until_signal(
+    servers: Sequence[Stoppable],
+    *,
+    grace: float,
+    metrics: Metrics | None = None,
+    metrics_port: int = 0,
+    metrics_host: str = "127.0.0.1",
+) -> str:
+    """Serve ``/metrics`` (unless port 0), wait for SIGTERM/SIGINT, then stop ``servers``.
+
+    Each server reports NOT_SERVING, stops accepting and drains its calls for up to
+    ``grace`` seconds, then closes its backend. Returns the signal's name.
+    """
+    endpoint = None
+    if metrics is not None and metrics_port:
+        endpoint = metrics.serve_http(metrics_port, metrics_host)
+        print(f"metrics on http://{metrics_host}:{endpoint.port}/metrics", flush=True)
+    try:
+        name = await wait_for_signal()
+        log.warning("%s: draining for up to %g s", name, grace)
+        await asyncio.gather(*(server.stop(grace) for server in servers))
+        log.warning("stopped")
+        return name
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+
+
+async def wait_for_signal() -> str:
+    """Block until SIGTERM or SIGINT arrives; return its name."""
+    import signal
+
+    loop = asyncio.get_running_loop()
+    received: asyncio.Future[str] = loop.create_future()
+
+    def _on_signal(sig: signal.Signals) -> None:
+        if not received.done():
+            received.set_result(sig.name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _on_signal, sig)
+    try:
+        return await received
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+#: LogRecord attributes that are not structured fields of ours.
+_RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+#: Extra fields never written, whoever passes them: payloads and secrets stay out of logs.
+REDACTED_FIELDS = frozenset(
+    {"value", "values", "ops", "payload", "authorization", "bearer", "password", "secret"}
+)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, and the record's ``extra`` fields.
+
+    Services log ``extra={"resource": ..., "token": ..., "holder": ...}``; values,
+    payloads and credentials are never passed, and :data:`REDACTED_FIELDS` are
+    dropped should they be.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _RECORD_ATTRS and key not in REDACTED_FIELDS and key not in line:
+                line[key] = value if isinstance(value, str | int | float | bool) else str(value)
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line)
+
+
+def configure_logging(level: str = "INFO", fmt: str = "console") -> None:
+    """Process-wide logging for server entry points (library code only logs)."""
+    if fmt == "json":
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter())
+        logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    else:
+        logging.basicConfig(
+            level=level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            force=True,
+        )
