@@ -9,6 +9,7 @@ import pytest
 from guard.stores.base import GuardStore
 from lease_server.backends.base import LeaseBackend
 from lease_server.queue.backends.base import QueueBackend
+from tests import thorough
 from tests.backends import GUARD_STORES, LEASE_BACKENDS, MARKS, QUEUE_BACKENDS, TimeControl
 from tests.redis_server import (  # noqa: F401  (fixtures)
     redis_cluster_url,
@@ -20,6 +21,13 @@ from tests.redis_server import (  # noqa: F401  (fixtures)
 #: Every test under these folders carries the folder's mark, so the default loop
 #: (``-m "not e2e and not chaos"`` in pyproject.toml) leaves whole suites out.
 FOLDER_MARKS = {"e2e": "e2e", "chaos": "chaos"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The full run (no mark expression: ``-m ""``) searches as hard as each property
+    test asks; the default loop runs a fifth (tests/thorough.py)."""
+    if config.getoption("markexpr") == "":
+        thorough.full = True
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

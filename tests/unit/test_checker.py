@@ -34,6 +34,7 @@ from chaos.history import (
     pair_operations,
     read_history,
 )
+from tests.thorough import examples
 
 MS = 1_000_000
 STEP_NS = 1_000  # model steps are 1 µs apart, so mutations can slot events in between
@@ -42,9 +43,11 @@ KEYS = ("k0", "k1")
 EFFECT_KEY = "effect/e"
 ALL_MODES = ("monotonic", "promise", "watch", "strict")
 
-GEN = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+GEN = settings(
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 MUT = settings(
-    max_examples=80,
+    max_examples=examples(80),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )

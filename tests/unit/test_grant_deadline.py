@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fencing._renewal import RenewalPolicy, RenewalSchedule
+from tests.thorough import examples
 
 POLICY = RenewalPolicy()  # margin_ratio 0.05: the rate skew it absorbs
 
@@ -66,13 +67,13 @@ timelines = st.builds(
 )
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(2000), deadline=None)
 @given(timelines)
 def test_the_local_deadline_never_outlives_the_servers_expiry(tl: Timeline) -> None:
     assert tl.real(tl.schedule().deadline) <= tl.expiry + 1e-9
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(timelines)
 def test_the_first_renewal_is_due_no_later_than_a_third_of_the_ttl_after_the_grant(
     tl: Timeline,
