@@ -73,6 +73,7 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 
 from fencing.errors import BackendUnavailableError, InvalidArgumentError
+from serving import urls
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +112,10 @@ def parse_url(url: str, *, own: tuple[str, ...] = ()) -> RedisTarget:
     """
     parts = urlsplit(url)
     scheme = parts.scheme
+    if urls.SCHEMES.get(scheme) != urls.REDIS:
+        raise InvalidArgumentError(f"not a redis URL: {url!r}", field="url")
     cluster = scheme.endswith("+cluster")
     base = scheme.removesuffix("+cluster")
-    if base not in ("redis", "rediss"):
-        raise InvalidArgumentError(f"not a redis URL: {url!r}", field="url")
     ours = {"prefix", "require_durable", "cluster", *own}
     query = parse_qsl(parts.query, keep_blank_values=True)
     mine = {k: v for k, v in query if k in ours}
