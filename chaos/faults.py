@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 from chaos.proxy import Direction, ThreadedFaultProxy
+from serving.ports import free_port
 
 REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 """The checkout the harness runs from; child processes import the same code."""
@@ -84,14 +85,6 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for servers without port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool:
