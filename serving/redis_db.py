@@ -536,6 +536,24 @@ class Health:
         return warning is None or not self.target.require_durable
 
 
+class Probed:
+    """``healthy`` and ``durability_warning`` for a Redis lease backend or guard store,
+    from its :class:`Health` and its client (None until ``open``)."""
+
+    _health: Health
+    _client: Client | None
+
+    async def healthy(self) -> bool:
+        """Redis answers PING and is still as durable as it was (:class:`Health`)."""
+        return await self._health.healthy(self._client)
+
+    @property
+    def durability_warning(self) -> str | None:
+        """None, or why tokens and fences in this Redis may be forgotten (read at
+        ``open`` and on every health probe)."""
+        return self._health.warning
+
+
 def url_for_node(url: str, host: str, port: int) -> str:
     """``url`` (credentials, TLS, options kept) pointed at another node ``host:port``."""
     parts = urlsplit(url)

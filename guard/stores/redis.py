@@ -128,7 +128,7 @@ async def _chains(script: AsyncScript, chains: list[list[int]], calls: list[_Cal
     return replies
 
 
-class RedisStore:
+class RedisStore(redis_db.Probed):
     """Fences and data in Redis or a Redis Cluster.
 
     ``url`` and ``prefix`` as for :class:`~lease_server.backends.redis.RedisBackend`;
@@ -194,16 +194,6 @@ class RedisStore:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
-
-    async def healthy(self) -> bool:
-        """Redis answers PING and is still as durable as it was (``redis_db.Health``)."""
-        return await self._health.healthy(self._client)
-
-    @property
-    def durability_warning(self) -> str | None:
-        """None, or why tokens and fences in this Redis may be forgotten (read at
-        :meth:`open` and on every health probe)."""
-        return self._health.warning
 
     @property
     def client(self) -> Client:

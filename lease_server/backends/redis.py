@@ -163,7 +163,7 @@ LISTEN_BACKOFF = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 LISTEN_PING_INTERVAL = 5.0
 
 
-class RedisBackend:
+class RedisBackend(redis_db.Probed):
     """Lease state in Redis or a Redis Cluster.
 
     ``url``: see :mod:`serving.redis_db`. ``prefix`` overrides the URL's key prefix
@@ -255,16 +255,6 @@ class RedisBackend:
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.aclose()
-
-    async def healthy(self) -> bool:
-        """Redis answers PING and is still as durable as it was (``redis_db.Health``)."""
-        return await self._health.healthy(self._client)
-
-    @property
-    def durability_warning(self) -> str | None:
-        """None, or why tokens and fences in this Redis may be forgotten (read at
-        :meth:`open` and on every health probe)."""
-        return self._health.warning
 
     async def _run(self, script: str, what: str, keys: list[str], args: list[Any]) -> Any:
         if self._client is None:
