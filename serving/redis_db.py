@@ -57,6 +57,7 @@ once (:func:`driver_errors`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -537,11 +538,35 @@ class Health:
 
 
 class Probed:
-    """``healthy`` and ``durability_warning`` for a Redis lease backend or guard store,
-    from its :class:`Health` and its client (None until ``open``)."""
+    """The client and health probe of a Redis lease backend or guard store.
 
+    The subclass sets ``target`` and ``require_durable`` and calls :meth:`_probe` in
+    its ``__init__``, and opens its client with :meth:`_connect`; ``healthy`` and
+    ``durability_warning`` come from here.
+    """
+
+    target: RedisTarget
+    require_durable: bool
+    _what: str
     _health: Health
     _client: Client | None
+
+    def _probe(self, what: str) -> None:
+        """Start unopened: ``what`` names the component in log lines."""
+        self._what = what
+        self._health = Health(self._durable_target(), what)
+        self._client = None
+
+    def _durable_target(self) -> RedisTarget:
+        return dataclasses.replace(self.target, require_durable=self.require_durable)
+
+    async def _connect(self) -> Client:
+        """A client of the target (:func:`open_client`), refused unless durable with
+        ``require_durable``; probed from now on with the durability it had."""
+        target = self._durable_target()
+        client, warning = await open_client(target, self._what)
+        self._health = Health(target, self._what, warning)
+        return client
 
     async def healthy(self) -> bool:
         """Redis answers PING and is still as durable as it was (:class:`Health`)."""

@@ -166,19 +166,14 @@ class RedisStore(redis_db.Probed):
         self.require_durable = (
             target.require_durable if require_durable is None else require_durable
         )
-        self._health = redis_db.Health(
-            dataclasses.replace(target, require_durable=self.require_durable), "redis guard store"
-        )
+        self._probe("redis guard store")
         self.cluster = False
-        self._client: Client | None = None
         self._scripts: dict[str, AsyncScript] = {}
 
     async def open(self) -> None:
         if self._client is not None:
             return
-        target = dataclasses.replace(self.target, require_durable=self.require_durable)
-        client, warning = await redis_db.open_client(target, "redis guard store")
-        self._health = redis_db.Health(target, "redis guard store", warning)
+        client = await self._connect()
         self.cluster = isinstance(client, RedisCluster)
         self._client = client
         self._scripts = {
