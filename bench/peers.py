@@ -45,6 +45,7 @@ from bench import postgres as pg_bench
 from bench import redis as redis_bench
 from bench.harness import Result, measure, progress, server
 from fencing.v1 import lease_pb2, lease_pb2_grpc
+from serving.ports import free_port
 
 ETCD = "etcd lock+unlock (lease per client)"
 ADVISORY = "postgres advisory lock+unlock"
@@ -61,19 +62,13 @@ NOTES = {
 # -- etcd ----------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def etcd_server() -> Iterator[tuple[str, int]]:
     """A one-member etcd on loopback in a temporary directory; yields (host, client port)."""
     binary = shutil.which("etcd")
     if binary is None:
         raise RuntimeError("etcd is not installed (apt-get install etcd-server)")
-    client, peer = _free_port(), _free_port()
+    client, peer = free_port(), free_port()
     with tempfile.TemporaryDirectory(prefix="fencing-etcd-") as tmp:
         proc = subprocess.Popen(
             [

@@ -21,6 +21,10 @@ Modules, one noun each:
   loopback that adds latency, partitions (blackhole), resets, refusals and
   half-open links, and its thread-hosted twin :class:`~chaos.proxy.ThreadedFaultProxy`.
 
+- :mod:`chaos.processes` (a child process in its own session), :mod:`chaos.servers`
+  (the lease server, the guard, throwaway PostgreSQL and Redis) and
+  :mod:`chaos.cluster` (the topology of one run, started and stopped as a whole).
+
 Process faults (SIGSTOP/SIGCONT pauses, SIGKILL crashes, restarts), workloads,
 scenarios, reports and :mod:`chaos.matrix` (every scenario x backend x mode) are
 built on top of these.

@@ -61,7 +61,8 @@ from typing import Final
 
 from chaos import faults
 from chaos.checker import CheckResult, ViolationKind, check
-from chaos.faults import ClientNode, Cluster, FaultLog, FaultWindow, Topology
+from chaos.cluster import ClientNode, Cluster, Topology
+from chaos.faults import FaultLog, FaultWindow
 from chaos.history import Event, HistoryWriter, Recorder, read_history
 from chaos.workload import (
     COUNTER_KEY,

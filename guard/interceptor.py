@@ -34,10 +34,10 @@ is judged, as on the lease server and the guard.
 
 from __future__ import annotations
 
-import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
-from typing import Any, TypeVar, cast
+from collections.abc import AsyncIterator, Collection, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -51,16 +51,9 @@ from serving import handlers
 log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
-Req = TypeVar("Req")
-Resp = TypeVar("Resp")
 
 
-async def _finish(result: Any) -> Any:
-    """A handler's outcome, whether it was written as a coroutine or a plain function."""
-    return await result if inspect.isawaitable(result) else result
-
-
-class FenceInterceptor(grpc.aio.ServerInterceptor):
+class FenceInterceptor(handlers.HandlerInterceptor):
     """Check and advance the fence of the caller's (resource, token) before each handler."""
 
     def __init__(
@@ -81,7 +74,7 @@ class FenceInterceptor(grpc.aio.ServerInterceptor):
         return not method.startswith("/grpc.")
 
     async def admit(
-        self, metadata: Sequence[tuple[str, str | bytes]] | None, context: Context
+        self, metadata: Iterable[tuple[str, str | bytes]] | None, context: Context
     ) -> Claim | None:
         """Check and advance the fence for the call's claim; abort the call if refused."""
         try:
@@ -108,98 +101,24 @@ class FenceInterceptor(grpc.aio.ServerInterceptor):
             await _status.abort(context, exc)
         return claim
 
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Req, Resp] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Req, Resp] | None:
-        handler = await continuation(handler_call_details)
-        if handler is None or not self.fences(handler_call_details.method):
-            return handler
-        metadata = handler_call_details.invocation_metadata
-        fenced = _wrap(handler, lambda context: self.admit(metadata, context))
+    def applies(self, method: str) -> bool:
+        return self.fences(method)
+
+    def wrap(self, handler: handlers.Handler, method: str) -> handlers.Handler:
+        """``handler`` with the claim admitted first and current while it runs."""
+
+        @asynccontextmanager
+        async def admitted(request: Any, context: Context) -> AsyncIterator[None]:
+            claim = await self.admit(context.invocation_metadata(), context)
+            token = propagation.set_current(claim)
+            try:
+                yield
+            finally:
+                propagation.reset_current(token)
+
         # Outermost: a request that cannot be decoded is refused (INVALID_ARGUMENT
         # naming the field) before its claim is judged, so it never moves a fence.
-        decoded = handlers.decoding(fenced, handler_call_details.method)
-        return cast("grpc.RpcMethodHandler[Req, Resp]", decoded)
-
-
-Admit = Callable[[Context], Awaitable[Claim | None]]
-
-
-def _wrap(
-    handler: grpc.RpcMethodHandler[Req, Resp], admit: Admit
-) -> grpc.RpcMethodHandler[Req, Resp]:
-    """The same handler, with ``admit`` run first and the claim current while it runs.
-
-    On a grpc.aio server a behaviour may be a coroutine function, an async
-    generator, or a plain function; the wrapper is always async and handles each.
-    """
-    kwargs: dict[str, Any] = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.unary_unary is not None:
-        inner_uu: Callable[..., Any] = handler.unary_unary
-
-        async def unary_unary(request: Any, context: Context) -> Any:
-            claim = await admit(context)
-            token = propagation.set_current(claim)
-            try:
-                return await _finish(inner_uu(request, context))
-            finally:
-                propagation.reset_current(token)
-
-        return cast(
-            "grpc.RpcMethodHandler[Req, Resp]",
-            grpc.unary_unary_rpc_method_handler(unary_unary, **kwargs),
-        )
-    if handler.stream_unary is not None:
-        inner_su: Callable[..., Any] = handler.stream_unary
-
-        async def stream_unary(requests: Any, context: Context) -> Any:
-            claim = await admit(context)
-            token = propagation.set_current(claim)
-            try:
-                return await _finish(inner_su(requests, context))
-            finally:
-                propagation.reset_current(token)
-
-        return cast(
-            "grpc.RpcMethodHandler[Req, Resp]",
-            grpc.stream_unary_rpc_method_handler(stream_unary, **kwargs),
-        )
-
-    inner_stream: Callable[..., Any] | None = handler.unary_stream or handler.stream_stream
-    assert inner_stream is not None
-
-    async def streaming(request_or_requests: Any, context: Context) -> AsyncIterator[Any]:
-        claim = await admit(context)
-        token = propagation.set_current(claim)
-        try:
-            result = inner_stream(request_or_requests, context)
-            if hasattr(result, "__aiter__"):
-                async for response in result:
-                    yield response
-            elif hasattr(result, "__iter__"):
-                for response in result:
-                    yield response
-            else:  # a coroutine that writes with context.write()
-                await _finish(result)
-        finally:
-            propagation.reset_current(token)
-
-    if handler.unary_stream is not None:
-        return cast(
-            "grpc.RpcMethodHandler[Req, Resp]",
-            grpc.unary_stream_rpc_method_handler(streaming, **kwargs),
-        )
-    return cast(
-        "grpc.RpcMethodHandler[Req, Resp]",
-        grpc.stream_stream_rpc_method_handler(streaming, **kwargs),
-    )
+        return handlers.decoding(handlers.around(handler, admitted), method)
 
 
 __all__ = ["FenceInterceptor"]

@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -50,6 +50,7 @@ from serving.server import rpc
 log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
+T = TypeVar("T")
 
 
 def _lease(grant: Grant, waited_ms: int = 0) -> lease_pb2.Lease:
@@ -198,17 +199,14 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         request_id = limits.check_request_id(request.request_id)
         waited = _Waited()
         try:
-            outcome = await self._acquire(resource, holder, ttl_ms, wait_ms, request_id, waited)
+            outcome = await self._acquire(
+                lambda: self.backend.acquire(resource, holder, ttl_ms, request_id), wait_ms, waited
+            )
         except FencingError:
             self.metrics.acquires.labels("error").inc()
             raise
         fields = {"resource": resource, "holder": holder}
         if isinstance(outcome, Held):
-            if self.waiters.closed:
-                self.metrics.acquires.labels("error").inc()
-                raise BackendUnavailableError(
-                    "the lease server is shutting down; retry (with the same request_id)"
-                )
             log.info(
                 "acquire refused resource=%s holder=%s held_by=%s token=%d",
                 resource,
@@ -234,34 +232,41 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         return _lease(outcome, waited.ms)
 
     async def _acquire(
-        self,
-        resource: str,
-        holder: str,
-        ttl_ms: int,
-        wait_ms: int,
-        request_id: str,
-        waited: _Waited,
-    ) -> Grant | Held:
-        """Try once; if held and ``wait_ms`` > 0, wait in line until granted or out of time."""
+        self, attempt: Callable[[], Awaitable[T | Held]], wait_ms: int, waited: _Waited
+    ) -> T | Held:
+        """Try once; while held and ``wait_ms`` lasts, wait in the held resource's line
+        (woken by its release or expiry), then try again. For many resources the whole
+        set is tried again: never holding some while waiting for others is what keeps
+        two such callers from deadlocking. Still held once the server is shutting down
+        raises ``BackendUnavailableError`` (retryable with the same request id)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
-        outcome = await self.backend.acquire(resource, holder, ttl_ms, request_id)
-        if isinstance(outcome, Held) and wait_ms > 0:
-            with self.metrics.waiters.track_inprogress(), self.waiters.join(resource) as ticket:
-                while isinstance(outcome, Held):
+        outcome = await attempt()
+        while isinstance(outcome, Held) and wait_ms > 0:
+            held = outcome.resource
+            with self.metrics.waiters.track_inprogress(), self.waiters.join(held) as ticket:
+                while isinstance(outcome, Held) and outcome.resource == held:
                     left = deadline - loop.time()
                     if left <= 0 or not await self.waiters.wait_turn(ticket, left):
-                        break
+                        return self._unless_closing(outcome)
                     waited.attempt()
-                    outcome = await self.backend.acquire(resource, holder, ttl_ms, request_id)
-                    if isinstance(outcome, Held):
+                    outcome = await attempt()
+                    if isinstance(outcome, Held) and outcome.resource == held:
                         left = deadline - loop.time()
                         if left <= 0:
-                            break
+                            return self._unless_closing(outcome)
                         # Re-ask just after the expiry, or earlier if nudged by a release.
                         await self.waiters.nap(
                             ticket, min(left, outcome.remaining_ms / 1000 + 0.001)
                         )
+        return self._unless_closing(outcome)
+
+    def _unless_closing(self, outcome: T | Held) -> T | Held:
+        """``outcome``, but a refusal while shutting down is the server's, not the holder's."""
+        if isinstance(outcome, Held) and self.waiters.closed:
+            raise BackendUnavailableError(
+                "the lease server is shutting down; retry (with the same request_id)"
+            )
         return outcome
 
     @rpc
@@ -337,18 +342,16 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         request_id = limits.check_request_id(request.request_id)
         waited = _Waited()
         try:
-            outcome = await self._acquire_many(
-                sorted(resources), holder, ttl_ms, wait_ms, request_id, waited
+            outcome = await self._acquire(
+                lambda: self.batches.acquire_many(sorted(resources), holder, ttl_ms, request_id),
+                wait_ms,
+                waited,
             )
         except FencingError:
             self.metrics.acquires.labels("error").inc(len(resources))
             raise
         fields = {"holder": holder, "count": len(resources)}
         if isinstance(outcome, Held):
-            if self.waiters.closed:
-                raise BackendUnavailableError(
-                    "the lease server is shutting down; retry (with the same request_id)"
-                )
             log.info(
                 "acquire of %d resources refused holder=%s: %s held by %s token=%d",
                 len(resources),
@@ -380,39 +383,6 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         return lease_pb2.AcquireManyResponse(
             leases=[_lease(by_resource[r], waited.ms) for r in resources]
         )
-
-    async def _acquire_many(
-        self,
-        resources: list[str],
-        holder: str,
-        ttl_ms: int,
-        wait_ms: int,
-        request_id: str,
-        waited: _Waited,
-    ) -> list[Grant] | Held:
-        """Try once; while one is held and ``wait_ms`` lasts, wait in that resource's line
-        (woken by its release or expiry), then try the whole set again. Never holding
-        some while waiting for others is what keeps two such callers from deadlocking."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_ms / 1000
-        outcome = await self.batches.acquire_many(resources, holder, ttl_ms, request_id)
-        while isinstance(outcome, Held) and wait_ms > 0:
-            held = outcome.resource
-            with self.metrics.waiters.track_inprogress(), self.waiters.join(held) as ticket:
-                while isinstance(outcome, Held) and outcome.resource == held:
-                    left = deadline - loop.time()
-                    if left <= 0 or not await self.waiters.wait_turn(ticket, left):
-                        return outcome
-                    waited.attempt()
-                    outcome = await self.batches.acquire_many(resources, holder, ttl_ms, request_id)
-                    if isinstance(outcome, Held) and outcome.resource == held:
-                        left = deadline - loop.time()
-                        if left <= 0:
-                            return outcome
-                        await self.waiters.nap(
-                            ticket, min(left, outcome.remaining_ms / 1000 + 0.001)
-                        )
-        return outcome
 
     @rpc
     async def RenewMany(

@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-import grpc.aio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fencing import _status
@@ -203,24 +201,17 @@ class Admission:
         return None
 
 
-class AdmissionInterceptor(grpc.aio.ServerInterceptor):
+class AdmissionInterceptor(handlers.HandlerInterceptor):
     """Applies an :class:`Admission` to every call (see the module docstring)."""
 
     def __init__(self, admission: Admission, metrics: EdgeMetrics) -> None:
         self.admission = admission
         self.metrics = metrics
 
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or method.startswith(EXEMPT_PREFIXES):
-            return handler
+    def applies(self, method: str) -> bool:
+        return not method.startswith(EXEMPT_PREFIXES)
+
+    def wrap(self, handler: handlers.Handler, method: str) -> handlers.Handler:
         admission = self.admission
         metrics = self.metrics
         action = METHOD_ACTIONS.get(method)

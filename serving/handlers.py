@@ -4,7 +4,8 @@ A grpc.aio interceptor only sees the method name and metadata; to see the reques
 the status and the time a call took it must wrap the handler's behavior. ``around``
 does that for every kind of RPC with one async context manager, entered before the
 behavior runs (with the request, or None for client-streaming calls) and exited
-with whatever the behavior raised.
+with whatever the behavior raised. :class:`HandlerInterceptor` is the interceptor
+around it: a subclass says which methods it applies to and how it wraps a handler.
 
 ``decoding`` makes a request that cannot be decoded (a string field that is not
 UTF-8, a truncated frame) an ``INVALID_ARGUMENT`` naming the field, logged as one
@@ -16,9 +17,9 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, TypeAlias
 
 import grpc
 import grpc.aio
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
 #: ``around(request, context)``: entered before the behavior, exited after it.
 Around = Callable[[Any, Context], AbstractAsyncContextManager[None]]
+#: ``requests(stream, context)``: the request stream a streaming behavior reads instead.
+Requests = Callable[[AsyncIterator[Any], Context], AsyncIterator[Any]]
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 
 def rpc_type(handler: grpc.RpcMethodHandler[Any, Any]) -> str:
@@ -67,19 +71,34 @@ async def _outcome(result: Any) -> Any:
 
 
 def around(
-    handler: grpc.RpcMethodHandler[Any, Any], wrap: Around
-) -> grpc.RpcMethodHandler[Any, Any]:
-    """The same handler with every call run inside ``wrap(request, context)``."""
+    handler: Handler,
+    wrap: Around,
+    *,
+    requests: Requests | None = None,
+    request_deserializer: Callable[[bytes], Any] | None = None,
+) -> Handler:
+    """The same handler with every call run inside ``wrap(request, context)``.
+
+    ``requests`` replaces the request stream a client- or bidi-streaming behavior
+    reads (see :func:`decoding`); ``request_deserializer`` replaces the handler's own.
+    A behavior may be a coroutine function, an async generator, a plain function or
+    iterator, or a coroutine that writes with ``context.write``: the wrapper is
+    always async and handles each.
+    """
     common = {
-        "request_deserializer": handler.request_deserializer,
+        "request_deserializer": request_deserializer or handler.request_deserializer,
         "response_serializer": handler.response_serializer,
     }
+
+    def stream_of(incoming: Any, context: Context) -> Any:
+        return incoming if requests is None else requests(incoming, context)
+
     if handler.unary_unary is not None:
         uu: Any = handler.unary_unary
 
         async def unary_unary(request: Any, context: Context) -> Any:
             async with wrap(request, context):
-                return await uu(request, context)
+                return await _outcome(uu(request, context))
 
         return grpc.unary_unary_rpc_method_handler(unary_unary, **common)
     if handler.unary_stream is not None:
@@ -94,20 +113,48 @@ def around(
     if handler.stream_unary is not None:
         su: Any = handler.stream_unary
 
-        async def stream_unary(requests: Any, context: Context) -> Any:
+        async def stream_unary(incoming: Any, context: Context) -> Any:
             async with wrap(None, context):
-                return await su(requests, context)
+                return await _outcome(su(stream_of(incoming, context), context))
 
         return grpc.stream_unary_rpc_method_handler(stream_unary, **common)
     ss: Any = handler.stream_stream
     assert ss is not None
 
-    async def stream_stream(requests: Any, context: Context) -> AsyncIterator[Any]:
+    async def stream_stream(incoming: Any, context: Context) -> AsyncIterator[Any]:
         async with wrap(None, context):
-            async for item in _items(ss(requests, context)):
+            async for item in _items(ss(stream_of(incoming, context), context)):
                 yield item
 
     return grpc.stream_stream_rpc_method_handler(stream_stream, **common)
+
+
+class HandlerInterceptor(grpc.aio.ServerInterceptor):
+    """A server interceptor that rewraps the handler of every method it applies to.
+
+    Subclasses override :meth:`wrap` (usually ``around(handler, ...)``) and, to leave
+    some methods alone, :meth:`applies`. An unknown method (no handler) is passed on
+    untouched: gRPC answers it UNIMPLEMENTED itself.
+    """
+
+    def applies(self, method: str) -> bool:
+        """Whether calls of ``method`` (``/package.Service/Method``) are wrapped."""
+        return True
+
+    def wrap(self, handler: Handler, method: str) -> Handler:
+        """``handler`` of ``method``, rewrapped."""
+        raise NotImplementedError
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or not self.applies(method):
+            return handler
+        return self.wrap(handler, method)
 
 
 def split_method(method: str) -> tuple[str, str]:
@@ -200,9 +247,7 @@ def _safe(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]
     return decode
 
 
-def decoding(
-    handler: grpc.RpcMethodHandler[Any, Any], method: str
-) -> grpc.RpcMethodHandler[Any, Any]:
+def decoding(handler: Handler, method: str) -> Handler:
     """``handler`` answering a request (or a streamed message) it cannot decode with
     ``INVALID_ARGUMENT`` (see :class:`UndecodableRequestError`), logged as one line."""
 
@@ -216,10 +261,7 @@ def decoding(
         )
         return error
 
-    async def refuse(error: UndecodableRequestError, context: Context) -> Any:
-        await _status.abort(context, note(error, context))
-
-    async def checked(requests: Any, context: Context) -> AsyncIterator[Any]:
+    async def checked(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
         # Raised inside the servicer's own loop: a servicer that turns our errors
         # into statuses itself (WriteStream does) answers with it; otherwise the
         # wrapper below does.
@@ -228,47 +270,18 @@ def decoding(
                 raise note(request.error, context)
             yield request
 
-    common = {
-        "request_deserializer": _safe(handler.request_deserializer),
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.unary_unary is not None:
-        uu: Any = handler.unary_unary
-
-        async def unary_unary(request: Any, context: Context) -> Any:
-            if isinstance(request, _Undecodable):
-                await refuse(request.error, context)
-            return await _outcome(uu(request, context))
-
-        return grpc.unary_unary_rpc_method_handler(unary_unary, **common)
-    if handler.unary_stream is not None:
-        us: Any = handler.unary_stream
-
-        async def unary_stream(request: Any, context: Context) -> AsyncIterator[Any]:
-            if isinstance(request, _Undecodable):
-                await refuse(request.error, context)
-            async for item in _items(us(request, context)):
-                yield item
-
-        return grpc.unary_stream_rpc_method_handler(unary_stream, **common)
-    if handler.stream_unary is not None:
-        su: Any = handler.stream_unary
-
-        async def stream_unary(requests: Any, context: Context) -> Any:
-            try:
-                return await _outcome(su(checked(requests, context), context))
-            except UndecodableRequestError as exc:
-                await _status.abort(context, exc)
-
-        return grpc.stream_unary_rpc_method_handler(stream_unary, **common)
-    ss: Any = handler.stream_stream
-    assert ss is not None
-
-    async def stream_stream(requests: Any, context: Context) -> AsyncIterator[Any]:
+    @asynccontextmanager
+    async def refusing(request: Any, context: Context) -> AsyncIterator[None]:
+        if isinstance(request, _Undecodable):
+            await _status.abort(context, note(request.error, context))
         try:
-            async for item in _items(ss(checked(requests, context), context)):
-                yield item
+            yield
         except UndecodableRequestError as exc:
             await _status.abort(context, exc)
 
-    return grpc.stream_stream_rpc_method_handler(stream_stream, **common)
+    return around(
+        handler,
+        refusing,
+        requests=checked,
+        request_deserializer=_safe(handler.request_deserializer),
+    )

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -160,24 +160,15 @@ def _code(context: handlers.Context, exc: BaseException | None) -> str:
     return "UNKNOWN"
 
 
-class MetricsInterceptor(grpc.aio.ServerInterceptor):
+class MetricsInterceptor(handlers.HandlerInterceptor):
     """Counts and times every RPC of every service on the server it is installed on."""
 
     def __init__(self, metrics: GrpcMetrics) -> None:
         self.metrics = metrics
 
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        if handler is None:  # unknown method: gRPC answers UNIMPLEMENTED itself
-            return handler
-        service, method = handlers.split_method(handler_call_details.method)
-        labels = (handlers.rpc_type(handler), service, method)
+    def wrap(self, handler: handlers.Handler, method: str) -> handlers.Handler:
+        service, name = handlers.split_method(method)
+        labels = (handlers.rpc_type(handler), service, name)
         started = self.metrics.started.labels(*labels)
         handling = self.metrics.handling.labels(*labels)
         handled = self.metrics.handled

@@ -56,6 +56,7 @@ from fencing.pg import (
     STALE_TOKEN_SQLSTATE,
     fencing_error,
 )
+from serving import urls
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class PgConfig:
         params: dict[str, str] = {}
         conninfo = url
         parts = urlsplit(url)
-        if parts.scheme in ("postgres", "postgresql"):
+        if urls.SCHEMES.get(parts.scheme) == urls.POSTGRES:
             query = parse_qsl(parts.query, keep_blank_values=True)
             params = {k: v for k, v in query if k in _OUR_PARAMS}
             # quote, not quote_plus: libpq decodes %20 in a URL, but keeps '+' as is.

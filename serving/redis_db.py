@@ -57,6 +57,7 @@ once (:func:`driver_errors`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -73,6 +74,7 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 
 from fencing.errors import BackendUnavailableError, InvalidArgumentError
+from serving import urls
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +113,10 @@ def parse_url(url: str, *, own: tuple[str, ...] = ()) -> RedisTarget:
     """
     parts = urlsplit(url)
     scheme = parts.scheme
+    if urls.SCHEMES.get(scheme) != urls.REDIS:
+        raise InvalidArgumentError(f"not a redis URL: {url!r}", field="url")
     cluster = scheme.endswith("+cluster")
     base = scheme.removesuffix("+cluster")
-    if base not in ("redis", "rediss"):
-        raise InvalidArgumentError(f"not a redis URL: {url!r}", field="url")
     ours = {"prefix", "require_durable", "cluster", *own}
     query = parse_qsl(parts.query, keep_blank_values=True)
     mine = {k: v for k, v in query if k in ours}
@@ -533,6 +535,48 @@ class Health:
                     " (require_durable: NOT_SERVING)" if self.target.require_durable else "",
                 )
         return warning is None or not self.target.require_durable
+
+
+class Probed:
+    """The client and health probe of a Redis lease backend or guard store.
+
+    The subclass sets ``target`` and ``require_durable`` and calls :meth:`_probe` in
+    its ``__init__``, and opens its client with :meth:`_connect`; ``healthy`` and
+    ``durability_warning`` come from here.
+    """
+
+    target: RedisTarget
+    require_durable: bool
+    _what: str
+    _health: Health
+    _client: Client | None
+
+    def _probe(self, what: str) -> None:
+        """Start unopened: ``what`` names the component in log lines."""
+        self._what = what
+        self._health = Health(self._durable_target(), what)
+        self._client = None
+
+    def _durable_target(self) -> RedisTarget:
+        return dataclasses.replace(self.target, require_durable=self.require_durable)
+
+    async def _connect(self) -> Client:
+        """A client of the target (:func:`open_client`), refused unless durable with
+        ``require_durable``; probed from now on with the durability it had."""
+        target = self._durable_target()
+        client, warning = await open_client(target, self._what)
+        self._health = Health(target, self._what, warning)
+        return client
+
+    async def healthy(self) -> bool:
+        """Redis answers PING and is still as durable as it was (:class:`Health`)."""
+        return await self._health.healthy(self._client)
+
+    @property
+    def durability_warning(self) -> str | None:
+        """None, or why tokens and fences in this Redis may be forgotten (read at
+        ``open`` and on every health probe)."""
+        return self._health.warning
 
 
 def url_for_node(url: str, host: str, port: int) -> str:

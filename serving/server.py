@@ -70,23 +70,14 @@ def rpc(fn: Handler[Self_, Req, Resp]) -> Handler[Self_, Req, Resp]:
     return wrapper
 
 
-class DecodeInterceptor(grpc.aio.ServerInterceptor):
+class DecodeInterceptor(handlers.HandlerInterceptor):
     """Answers a request that cannot be decoded with ``INVALID_ARGUMENT`` naming the
     field (:func:`serving.handlers.decoding`), for every method of the server. It sits
     inside the metrics interceptor (the refusal is counted) and outside admission
     (which reads the request's names to authorize it)."""
 
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        return handlers.decoding(handler, handler_call_details.method)
+    def wrap(self, handler: handlers.Handler, method: str) -> handlers.Handler:
+        return handlers.decoding(handler, method)
 
 
 #: Registers a servicer on a server, e.g. ``lease_pb2_grpc.add_LeaseServiceServicer_to_server``.

@@ -27,7 +27,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -37,6 +36,8 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
+
+from serving.ports import free_port
 
 ENV_DSN = "FENCING_TEST_POSTGRES_DSN"
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -51,12 +52,6 @@ def _find_binary(name: str) -> str | None:
         if candidate.exists():
             return str(candidate)
     return shutil.which(name)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def reachable(dsn: str, timeout: int = 2) -> bool:

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from serving.ports import REDIS_CLUSTER_BUS_OFFSET, free_port
+
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
@@ -58,25 +60,6 @@ def _ping(host: str, port: int, timeout: float = 0.5) -> bool:
     return reply.startswith((b"+PONG", b"-NOAUTH"))
 
 
-def free_port(*, cluster: bool = False) -> int:
-    """A loopback port free right now (and its cluster bus port +10000 if ``cluster``)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if not cluster:
-            return port
-        if port + 10000 >= 65536:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair found")
-
-
 def unique_prefix() -> str:
     """A key prefix no other test uses."""
     return f"t{uuid.uuid4().hex[:12]}"
@@ -96,7 +79,7 @@ class RedisProcess:
         cluster: bool = False,
         extra: tuple[str, ...] = (),
     ) -> None:
-        self.port = port or free_port(cluster=cluster)
+        self.port = port or free_port(also_offset=REDIS_CLUSTER_BUS_OFFSET if cluster else 0)
         self.cluster = cluster
         self.extra = extra
         self.dir = Path(tempfile.mkdtemp(prefix=f"redis-{self.port}-"))

@@ -5,37 +5,29 @@ for the Protocol."""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
-from fencing.errors import InvalidArgumentError
 from guard.stores.base import GuardStore, WriteResult
+from serving import urls
 from serving.sqlite_db import sqlite_path
 
 
 def open_store(url: str) -> GuardStore:
-    """Build (not yet open) the store a URL names."""
-    scheme = urlsplit(url).scheme
-    if scheme == "memory":
+    """Build (not yet open) the store a URL names (schemes: :mod:`serving.urls`)."""
+    kind = urls.kind_of(url, what="guard store", field="store")
+    if kind == urls.MEMORY:
         from guard.stores.memory import MemoryStore
 
         return MemoryStore()
-    if scheme == "sqlite":
+    if kind == urls.SQLITE:
         from guard.stores.sqlite import SQLiteStore
 
         return SQLiteStore(sqlite_path(url))
-    if scheme in ("postgres", "postgresql"):
+    if kind == urls.POSTGRES:
         from guard.stores.postgres import PostgresStore
 
         return PostgresStore(url)
-    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
-        from guard.stores.redis import RedisStore
+    from guard.stores.redis import RedisStore
 
-        return RedisStore(url)
-    raise InvalidArgumentError(
-        f"unsupported guard store {scheme + '://' if scheme else url!r}: use memory://, "
-        "sqlite:///path, postgresql://... or redis://...",
-        field="store",
-    )
+    return RedisStore(url)
 
 
 __all__ = ["GuardStore", "WriteResult", "open_store"]

@@ -128,7 +128,7 @@ async def _chains(script: AsyncScript, chains: list[list[int]], calls: list[_Cal
     return replies
 
 
-class RedisStore:
+class RedisStore(redis_db.Probed):
     """Fences and data in Redis or a Redis Cluster.
 
     ``url`` and ``prefix`` as for :class:`~lease_server.backends.redis.RedisBackend`;
@@ -166,19 +166,14 @@ class RedisStore:
         self.require_durable = (
             target.require_durable if require_durable is None else require_durable
         )
-        self._health = redis_db.Health(
-            dataclasses.replace(target, require_durable=self.require_durable), "redis guard store"
-        )
+        self._probe("redis guard store")
         self.cluster = False
-        self._client: Client | None = None
         self._scripts: dict[str, AsyncScript] = {}
 
     async def open(self) -> None:
         if self._client is not None:
             return
-        target = dataclasses.replace(self.target, require_durable=self.require_durable)
-        client, warning = await redis_db.open_client(target, "redis guard store")
-        self._health = redis_db.Health(target, "redis guard store", warning)
+        client = await self._connect()
         self.cluster = isinstance(client, RedisCluster)
         self._client = client
         self._scripts = {
@@ -194,16 +189,6 @@ class RedisStore:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
-
-    async def healthy(self) -> bool:
-        """Redis answers PING and is still as durable as it was (``redis_db.Health``)."""
-        return await self._health.healthy(self._client)
-
-    @property
-    def durability_warning(self) -> str | None:
-        """None, or why tokens and fences in this Redis may be forgotten (read at
-        :meth:`open` and on every health probe)."""
-        return self._health.warning
 
     @property
     def client(self) -> Client:

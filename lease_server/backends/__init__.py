@@ -5,42 +5,34 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
-from fencing.errors import InvalidArgumentError
 from lease_server.backends.base import LeaseBackend
 from lease_server.clock import Clock
+from serving import urls
 from serving.sqlite_db import sqlite_path
 
 
 def open_backend(url: str, clock: Clock | None = None) -> LeaseBackend:
-    """Build (not yet open) the backend a URL names.
+    """Build (not yet open) the backend a URL names (schemes: :mod:`serving.urls`).
 
     ``clock`` drives the embedded backends; PostgreSQL and Redis use their own clocks.
     """
-    scheme = urlsplit(url).scheme
-    if scheme == "memory":
+    kind = urls.kind_of(url, what="lease backend", field="backend")
+    if kind == urls.MEMORY:
         from lease_server.backends.memory import MemoryBackend
 
         return MemoryBackend(clock)
-    if scheme == "sqlite":
+    if kind == urls.SQLITE:
         from lease_server.backends.sqlite import SQLiteBackend
 
         return SQLiteBackend(sqlite_path(url), clock)
-    if scheme in ("postgres", "postgresql"):
+    if kind == urls.POSTGRES:
         from lease_server.backends.postgres import PostgresBackend
 
         return PostgresBackend(url)
-    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
-        # Redis decides expiry by its own clock: ``clock`` does not apply.
-        from lease_server.backends.redis import RedisBackend
+    # Redis decides expiry by its own clock: ``clock`` does not apply.
+    from lease_server.backends.redis import RedisBackend
 
-        return RedisBackend(url)
-    raise InvalidArgumentError(
-        f"unsupported lease backend {scheme + '://' if scheme else url!r}: use memory://, "
-        "sqlite:///path, postgresql://... or redis://...",
-        field="backend",
-    )
+    return RedisBackend(url)
 
 
 __all__ = ["LeaseBackend", "open_backend", "sqlite_path"]

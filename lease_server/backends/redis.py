@@ -98,7 +98,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import uuid
@@ -125,7 +124,6 @@ from lease_server.leases import (
 )
 from serving import redis_db
 from serving.redis_db import (
-    Client,
     EventLogKeys,
     RedisTarget,
     ResourceKeys,
@@ -163,7 +161,7 @@ LISTEN_BACKOFF = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 LISTEN_PING_INTERVAL = 5.0
 
 
-class RedisBackend:
+class RedisBackend(redis_db.Probed):
     """Lease state in Redis or a Redis Cluster.
 
     ``url``: see :mod:`serving.redis_db`. ``prefix`` overrides the URL's key prefix
@@ -198,9 +196,7 @@ class RedisBackend:
             target.require_durable if require_durable is None else require_durable
         )
         self.clock_floor = clock_floor
-        self._health = redis_db.Health(
-            dataclasses.replace(target, require_durable=self.require_durable), "redis lease backend"
-        )
+        self._probe("redis lease backend")
         self.cluster = False
         self.channel = redis_db.release_channel(self.prefix)
         self.events_channel = redis_db.events_channel(self.prefix)
@@ -209,7 +205,6 @@ class RedisBackend:
         #: The one log's identity (rule 5 of the event log): lost with the log when Redis
         #: forgets, so the log that starts over draws a new one.
         self._log_id_key = f"{self.prefix}:events:id"
-        self._client: Client | None = None
         self._scripts: dict[str, AsyncScript] = {}
         self._callbacks: list[Callable[[str], None]] = []
         self._event_callbacks: list[Callable[[int], None]] = []
@@ -223,9 +218,7 @@ class RedisBackend:
     async def open(self) -> None:
         if self._client is not None:
             return
-        target = dataclasses.replace(self.target, require_durable=self.require_durable)
-        client, warning = await redis_db.open_client(target, "redis lease backend")
-        self._health = redis_db.Health(target, "redis lease backend", warning)
+        client = await self._connect()
         if not self.clock_floor:
             log.warning(
                 "redis lease backend: clock floor OFF: tokens restart at 1 if Redis forgets"
@@ -255,16 +248,6 @@ class RedisBackend:
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.aclose()
-
-    async def healthy(self) -> bool:
-        """Redis answers PING and is still as durable as it was (``redis_db.Health``)."""
-        return await self._health.healthy(self._client)
-
-    @property
-    def durability_warning(self) -> str | None:
-        """None, or why tokens and fences in this Redis may be forgotten (read at
-        :meth:`open` and on every health probe)."""
-        return self._health.warning
 
     async def _run(self, script: str, what: str, keys: list[str], args: list[Any]) -> Any:
         if self._client is None:

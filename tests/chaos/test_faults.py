@@ -11,24 +11,20 @@ from pathlib import Path
 
 import pytest
 
+from chaos.cluster import Cluster, Topology
 from chaos.faults import (
-    Cluster,
     FaultLog,
-    Postgres,
-    Proc,
-    ProcessError,
-    Redis,
-    Topology,
     crashed,
     crashed_together,
     half_open,
-    lease_server,
     partitioned,
     paused,
     read_faults,
     reset_link,
 )
+from chaos.processes import Proc, ProcessError
 from chaos.proxy import ThreadedFaultProxy
+from chaos.servers import Postgres, Redis, lease_server
 from fencing import BackendUnavailableError, DeadlineExceededError, LeaseClient
 
 pytestmark = pytest.mark.timeout(120)

@@ -29,8 +29,9 @@ import pytest
 import yaml
 
 from fencing import Claim, GuardClient, LeaseClient, StaleTokenError
+from serving.ports import free_port
 from tests import pg
-from tests.redis_server import REDIS_SERVER, RedisProcess, free_port, unavailable, unique_prefix
+from tests.redis_server import REDIS_SERVER, RedisProcess, unavailable, unique_prefix
 
 pytestmark = pytest.mark.e2e
 

@@ -5,7 +5,6 @@ No lease is lost and no token is issued twice."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,17 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fencing import BackendUnavailableError, LeaseClient, _status
 from fencing.v1 import lease_pb2, lease_pb2_grpc
+from serving.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
 HANG_GUARD = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextmanager

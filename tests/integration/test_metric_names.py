@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fencing import GuardClient, LeaseClient, QueueClient
 from serving.metrics import Metrics
-from tests.pg import free_port
+from serving.ports import free_port
 
 NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 SNAKE = re.compile(r"[a-z_][a-z0-9_]*\Z")

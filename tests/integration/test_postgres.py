@@ -29,6 +29,7 @@ from guard.stores.postgres import PostgresStore
 from lease_server.backends.postgres import PostgresBackend
 from lease_server.leases import Grant, Held
 from serving import postgres_db
+from serving.ports import free_port
 from tests import pg as testpg
 
 pytestmark = pytest.mark.postgres
@@ -170,7 +171,7 @@ async def test_a_blocked_call_fails_within_its_timeout(schema: tuple[str, str]) 
 
 
 async def test_an_unreachable_database_is_backend_unavailable() -> None:
-    backend = PostgresBackend(f"postgresql://postgres@127.0.0.1:{testpg.free_port()}/x")
+    backend = PostgresBackend(f"postgresql://postgres@127.0.0.1:{free_port()}/x")
     with pytest.raises(BackendUnavailableError):
         await backend.open()
     with pytest.raises(BackendUnavailableError):

@@ -4,7 +4,6 @@ claim (lost event / task cancelled), graceful stop, backoff while the server is 
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ from fencing.testing import RunningServers, running_servers
 from fencing.v1 import queue_pb2
 from fencing.worker import AsyncWorker, Discard, Retry, Worker
 from lease_server.queue.service import QueueOptions
+from serving.ports import free_port
 
 FAST = QueueOptions(
     retry=Backoff(base=50, cap=100, jitter=0.0), reap_interval_s=0.05, poll_interval_s=0.05
@@ -174,9 +174,7 @@ def test_graceful_stop_releases_what_is_still_running(
 
 
 def test_worker_backs_off_while_the_server_is_unreachable() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there
     client = QueueClient(f"127.0.0.1:{port}", rpc_timeout=0.2)
     worker = Worker(client, "w", lambda job: None, poll=0.1, handle_signals=False)
     t = in_thread(worker)

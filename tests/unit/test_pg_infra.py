@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from serving.ports import free_port
 from tests import pg
 
 
 def test_missing_postgres_skips_locally_and_fails_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(pg.ENV_DSN, raising=False)
-    monkeypatch.setattr(pg, "LOCAL_DSN", f"postgresql://postgres@127.0.0.1:{pg.free_port()}/x")
+    monkeypatch.setattr(pg, "LOCAL_DSN", f"postgresql://postgres@127.0.0.1:{free_port()}/x")
     monkeypatch.setattr(pg.Cluster, "missing", staticmethod(lambda: "no binaries here"))
 
     monkeypatch.setattr(pg, "_resolved", None)
@@ -25,7 +26,7 @@ def test_missing_postgres_skips_locally_and_fails_in_ci(monkeypatch: pytest.Monk
 
 def test_an_explicit_dsn_that_does_not_answer_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pg, "_resolved", None)
-    monkeypatch.setenv(pg.ENV_DSN, f"postgresql://postgres@127.0.0.1:{pg.free_port()}/x")
+    monkeypatch.setenv(pg.ENV_DSN, f"postgresql://postgres@127.0.0.1:{free_port()}/x")
     with pytest.raises(pytest.fail.Exception, match=pg.ENV_DSN):
         pg.test_dsn()
 

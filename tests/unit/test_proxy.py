@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from chaos.proxy import FaultProxy, ThreadedFaultProxy
+from serving.ports import free_port
 
 QUIET_S = 0.3  # how long "nothing arrives" is watched for
 
@@ -220,9 +221,7 @@ async def test_half_open_downstream_forwards_replies_but_not_requests(
 
 
 async def test_unreachable_upstream_resets_the_client() -> None:
-    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there
     async with FaultProxy("127.0.0.1", port) as proxy:
         assert await refused(proxy)
 

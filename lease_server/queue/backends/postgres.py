@@ -29,6 +29,7 @@ from fencing.errors import LeaseLost
 from lease_server.backends.base import LeaseBackend
 from lease_server.queue import jobs
 from lease_server.queue.backends.base import RetryDelay
+from lease_server.queue.backends.sql import job_record
 from lease_server.queue.jobs import (
     Enqueued,
     Failed,
@@ -39,28 +40,6 @@ from lease_server.queue.jobs import (
     QueueCounts,
 )
 from serving.postgres_db import PgConfig, PostgresDatabase
-
-
-def _record(row: Sequence[Any]) -> JobRecord:
-    return JobRecord(
-        id=int(row[0]),
-        queue=row[1],
-        payload=bytes(row[2]),
-        state=JobState(row[3]),
-        resource=row[4],
-        ordering_key=row[5],
-        idempotency_key=row[6] or "",
-        priority=int(row[7]),
-        attempts=int(row[8]),
-        max_attempts=int(row[9]),
-        token=int(row[10]),
-        available_at_ms=int(row[11]),
-        lease_owner=row[12],
-        lease_until_ms=int(row[13]),
-        last_error=row[14],
-        created_at_ms=int(row[15]),
-        finished_at_ms=int(row[16]),
-    )
 
 
 def _ids_tokens(refs: Sequence[JobRef]) -> tuple[list[int], list[int]]:
@@ -163,7 +142,7 @@ class PostgresQueue:
         async with self._db.connection() as conn:
             cur = await conn.execute(self._claim_sql, (queue, worker, limit, ttl_ms))
             rows = await cur.fetchall()
-        return [_record(r) for r in rows]  # job_claim returns them in claim order
+        return [job_record(r) for r in rows]  # job_claim returns them in claim order
 
     async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int, queue: str = "") -> None:
         ids, tokens = _ids_tokens(refs)
@@ -193,7 +172,7 @@ class PostgresQueue:
         async with self._db.connection() as conn, conn.transaction():
             cur = await conn.execute(self._lock_sql, (ref.id,))
             row = await cur.fetchone()
-            record = _record(row) if row is not None else None
+            record = job_record(row) if row is not None else None
             now = int(row[17]) if row is not None else 0
             delay = retry_delay(record.attempts) if record is not None else 0
             new, outcome = jobs.fail(record, ref, error, delay, now, final=final, queue=queue)
@@ -262,7 +241,7 @@ class PostgresQueue:
 
     async def get(self, job_id: int) -> JobRecord | None:
         row = await self._db.fetchone(self._get_sql, (job_id,))
-        return _record(row) if row is not None else None
+        return job_record(row) if row is not None else None
 
     async def last_claim_token(self, resource: str) -> int:
         queue, job_id = jobs.parse_default_resource(resource) or ("", 0)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from lease_server.backends.base import LeaseBackend
 from lease_server.backends.sqlite import SQLiteBackend
@@ -31,7 +31,7 @@ from lease_server.clock import Clock, SystemClock
 from lease_server.leases import Transition
 from lease_server.queue import jobs
 from lease_server.queue.backends.base import RetryDelay
-from lease_server.queue.backends.sql import load
+from lease_server.queue.backends.sql import job_record, load
 from lease_server.queue.jobs import (
     Enqueued,
     Failed,
@@ -51,31 +51,9 @@ MIGRATIONS = [SQL["migration_1"], SQL["migration_2"]]
 LOG_SCHEMA = "lease_log"
 
 
-def _record(row: Sequence[Any]) -> JobRecord:
-    return JobRecord(
-        id=int(row[0]),
-        queue=row[1],
-        payload=bytes(row[2]),
-        state=JobState(row[3]),
-        resource=row[4],
-        ordering_key=row[5],
-        idempotency_key=row[6] or "",
-        priority=int(row[7]),
-        attempts=int(row[8]),
-        max_attempts=int(row[9]),
-        token=int(row[10]),
-        available_at_ms=int(row[11]),
-        lease_owner=row[12],
-        lease_until_ms=int(row[13]),
-        last_error=row[14],
-        created_at_ms=int(row[15]),
-        finished_at_ms=int(row[16]),
-    )
-
-
 def _load(conn: sqlite3.Connection, job_id: int) -> JobRecord | None:
     row = conn.execute(SQL["select_job"], (job_id,)).fetchone()
-    return _record(row) if row else None
+    return job_record(row) if row else None
 
 
 def _store(conn: sqlite3.Connection, r: JobRecord) -> None:
@@ -132,7 +110,7 @@ def _promote(conn: sqlite3.Connection, queue: str, key: str) -> bool:
         return False
     row = conn.execute(SQL["select_head_of_key"], (queue, key)).fetchone()
     if row is not None and row[3] == JobState.WAITING.value:
-        _store(conn, jobs.promote(_record(row)))
+        _store(conn, jobs.promote(job_record(row)))
         return True
     return False
 
@@ -228,12 +206,12 @@ class SQLiteQueue:
         def tx(conn: sqlite3.Connection, changes: list[Transition]) -> list[JobRecord]:
             now = self._clock.now_ms()
             picked = [
-                _record(row)
+                job_record(row)
                 for row in conn.execute(SQL["select_rescuable"], (queue, now, limit)).fetchall()
             ]
             if len(picked) < limit:
                 picked += [
-                    _record(row)
+                    job_record(row)
                     for row in conn.execute(
                         SQL["select_ready"], (queue, now, limit - len(picked))
                     ).fetchall()
@@ -307,7 +285,9 @@ class SQLiteQueue:
     async def reap(self, limit: int) -> int:
         def tx(conn: sqlite3.Connection, changes: list[Transition]) -> int:
             now = self._clock.now_ms()
-            victims = [_record(row) for row in conn.execute(SQL["select_reapable"], (now, limit))]
+            victims = [
+                job_record(row) for row in conn.execute(SQL["select_reapable"], (now, limit))
+            ]
             for record in victims:
                 _change(conn, changes, record, jobs.reap(record, now), now)
                 _promote(conn, record.queue, record.ordering_key)

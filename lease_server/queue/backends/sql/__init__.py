@@ -10,14 +10,19 @@ header comment saying what the statement takes and returns (procrastinate's
 
 :func:`load` returns ``{name: statement}`` with the comments kept (SQLite and
 PostgreSQL ignore them), so a statement seen in a log or ``pg_stat_statements``
-still says what it is.
+still says what it is. :func:`job_record` reads a job row as both SQL backends
+select it.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from importlib import resources
+from typing import Any
+
+from lease_server.queue.jobs import JobRecord, JobState
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -33,3 +38,27 @@ def load(file: str) -> dict[str, str]:
             raise RuntimeError(f"{file}: query {name} is defined twice")
         queries[name] = body.strip()
     return queries
+
+
+def job_record(row: Sequence[Any]) -> JobRecord:
+    """A job row as SQLite's ``select_job`` and PostgreSQL's ``job_rows`` view give it:
+    the columns of :class:`~lease_server.queue.jobs.JobRecord`, in order, times in ms."""
+    return JobRecord(
+        id=int(row[0]),
+        queue=row[1],
+        payload=bytes(row[2]),
+        state=JobState(row[3]),
+        resource=row[4],
+        ordering_key=row[5],
+        idempotency_key=row[6] or "",
+        priority=int(row[7]),
+        attempts=int(row[8]),
+        max_attempts=int(row[9]),
+        token=int(row[10]),
+        available_at_ms=int(row[11]),
+        lease_owner=row[12],
+        lease_until_ms=int(row[13]),
+        last_error=row[14],
+        created_at_ms=int(row[15]),
+        finished_at_ms=int(row[16]),
+    )
