@@ -108,11 +108,34 @@ def _describe(args: argparse.Namespace) -> dict[str, Any]:
         }
 
 
+def token_of(args: argparse.Namespace) -> int:
+    """The writer's token: ``--token``, else ``FENCING_TOKEN`` (set by ``fencing lock`` and
+    ``fencing elect`` for their command), which must then be for this resource."""
+    if args.token is not None:
+        return int(args.token)
+    raw = os.environ.get("FENCING_TOKEN", "")
+    if not raw:
+        raise InvalidArgumentError(
+            "no token: give --token, or run inside 'fencing lock' (FENCING_TOKEN)", field="token"
+        )
+    if not raw.isdigit():
+        raise InvalidArgumentError(f"FENCING_TOKEN must be a number, not {raw!r}", field="token")
+    held = os.environ.get("FENCING_RESOURCE", "")
+    if held and held != args.resource:
+        # A token means something only for its own resource: writing it to another
+        # would raise that resource's fence to a number nobody was granted there.
+        raise InvalidArgumentError(
+            f"FENCING_TOKEN is a token of {held!r}, not of {args.resource!r}: give --token",
+            field="token",
+        )
+    return int(raw)
+
+
 @_guarded
 def _put(args: argparse.Namespace) -> dict[str, Any]:
     with _guard_client(args) as guard:
         result = guard.write(
-            Claim(args.resource, args.token),
+            Claim(args.resource, token_of(args)),
             Put(args.key, args.value.encode()),
             idempotency_key=args.idempotency_key,
         )
@@ -224,7 +247,12 @@ def register(sub: Any) -> None:
     p.add_argument("resource")
     p.add_argument("key")
     p.add_argument("value")
-    p.add_argument("--token", type=int, required=True, help="the writer's fencing token")
+    p.add_argument(
+        "--token",
+        type=int,
+        default=None,
+        help="the writer's fencing token (default: env FENCING_TOKEN, as 'fencing lock' sets)",
+    )
     p.add_argument("--idempotency-key", default="", help="apply at most once per key")
     _common(p, lease=False)
     p.set_defaults(run=_put)
