@@ -42,6 +42,8 @@ from fencing.errors import AcquireTimeoutError, FencingError, LeaseLost
 from fencingctl import connect
 from fencingctl.ops import GUARD_ADDR, LEASE_ADDR
 
+__all__ = ["EXIT_LOST", "EXIT_NOT_ACQUIRED", "GUARD_ADDR", "LEASE_ADDR", "run_while_held"]
+
 #: Exit code when the lease was not acquired within ``--timeout``.
 EXIT_NOT_ACQUIRED = 75
 #: Exit code when the lease was lost while CMD ran.
@@ -239,8 +241,12 @@ def add_addresses(p: argparse.ArgumentParser) -> None:
     connect.add_options(p)
 
 
-def add_run_options(p: argparse.ArgumentParser) -> None:
-    """Options of a command that runs CMD under a lease (``lock``, ``elect``)."""
+def add_run_options(
+    p: argparse.ArgumentParser,
+    addresses: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> None:
+    """Options of a command that runs CMD under a lease (``lock``, ``elect``), with
+    ``addresses`` adding its connection options (default: :func:`add_addresses`)."""
     p.add_argument(
         "--grace",
         type=float,
@@ -248,7 +254,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         help="seconds between SIGTERM and SIGKILL once the lease is lost (default %(default)s)",
     )
     p.add_argument("--holder", default="", help="holder name (default host-pid-random)")
-    add_addresses(p)
+    (addresses or add_addresses)(p)
 
 
 def runner_parser(
