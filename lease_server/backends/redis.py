@@ -130,7 +130,9 @@ from serving.redis_db import (
     RedisTarget,
     ResourceKeys,
     driver_errors,
+    glob_escape,
     text,
+    unescape_tag,
 )
 
 log = logging.getLogger(__name__)
@@ -467,6 +469,39 @@ class RedisBackend:
             remaining_ms=max(0, int(ms)) if held else 0,
             last_token=int(last),
         )
+
+    async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseInfo]:
+        """Redis keeps no index of resources (one would be a key outside every resource's
+        slot, which a cluster's scripts cannot update with the lease): each page SCANs
+        the lease hashes (every node of a cluster), sorts the names past ``after``, and
+        reads them with ``describe`` until ``limit`` are held. O(keys) per page: an
+        operator's call, not a hot path."""
+        if self._client is None:
+            raise RuntimeError("RedisBackend is not open")
+        head = f"{self.prefix}:{{"
+        tail = "}:lease"
+        names: set[str] = set()
+        with driver_errors("list"):
+            async for raw in self._client.scan_iter(
+                match=f"{glob_escape(head)}*{glob_escape(tail)}", count=1000
+            ):
+                key = text(raw)
+                tag = key[len(head) : -len(tail)]
+                if "{" in tag or "}" in tag:  # another key of a resource (idem:...)
+                    continue
+                resource = unescape_tag(tag)
+                if resource.startswith(prefix) and resource > after:
+                    names.add(resource)
+        held: list[LeaseInfo] = []
+        ordered = sorted(names)
+        for start in range(0, len(ordered), limit):
+            infos = await asyncio.gather(
+                *(self.describe(r) for r in ordered[start : start + limit])
+            )
+            held += [info for info in infos if info.held]
+            if len(held) >= limit:
+                break
+        return held[:limit]
 
     # -- the event log: one Redis (EventLog) ------------------------------------------------
 
