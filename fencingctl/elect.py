@@ -27,12 +27,8 @@ from fencingctl import connect, lock
 
 
 def _clients(args: argparse.Namespace, stack: ExitStack) -> tuple[LeaseClient, GuardClient]:
-    options: dict[str, Any] = {"tls": connect.tls_of(args), "token": args.auth_token}
-    leases = LeaseClient(args.lease_addr, holder=getattr(args, "holder", "") or None, **options)
-    stack.enter_context(leases)
-    guard = GuardClient(args.guard_addr, **options)
-    stack.enter_context(guard)
-    return leases, guard
+    leases = stack.enter_context(connect.lease_client(args, holder=getattr(args, "holder", "")))
+    return leases, stack.enter_context(connect.guard_client(args))
 
 
 def _elect(args: argparse.Namespace) -> int:
@@ -105,17 +101,8 @@ def _leader(args: argparse.Namespace) -> int:
 
 
 def _addresses(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--lease-addr",
-        default=lock.LEASE_ADDR,
-        help="lease server (env FENCING_LEASE_ADDR; default %(default)s)",
-    )
-    p.add_argument(
-        "--guard-addr",
-        default=lock.GUARD_ADDR,
-        help="guard holding the proclaimed value and fencing the terms "
-        "(env FENCING_GUARD_ADDR; default %(default)s)",
-    )
+    connect.add_lease_address(p, "the lease server the election's lease is on")
+    connect.add_guard_address(p, "the guard holding the proclaimed value and fencing the terms")
     connect.add_options(p)
 
 

@@ -37,12 +37,9 @@ from contextlib import ExitStack, contextmanager
 from types import FrameType
 from typing import Any
 
-from fencing.client import GuardClient, Lease, LeaseClient
+from fencing.client import GuardClient, Lease
 from fencing.errors import AcquireTimeoutError, FencingError, LeaseLost
 from fencingctl import connect
-from fencingctl.ops import GUARD_ADDR, LEASE_ADDR
-
-__all__ = ["EXIT_LOST", "EXIT_NOT_ACQUIRED", "GUARD_ADDR", "LEASE_ADDR", "run_while_held"]
 
 #: Exit code when the lease was not acquired within ``--timeout``.
 EXIT_NOT_ACQUIRED = 75
@@ -65,9 +62,9 @@ def child_env(
         FENCING_RESOURCE=lease.resource,
         FENCING_TOKEN=str(lease.token),
         FENCING_HOLDER=lease.holder,
-        FENCING_LEASE_ADDR=args.lease_addr,
     )
-    env["FENCING_GUARD_ADDR"] = args.guard_addr
+    env[connect.LEASE_ADDR_ENV] = args.lease_addr
+    env[connect.GUARD_ADDR_ENV] = args.guard_addr
     for flag, var in (
         ("tls_ca", "FENCING_TLS_CA"),
         ("tls_cert", "FENCING_TLS_CERT"),
@@ -164,8 +161,7 @@ def guard_of(args: argparse.Namespace, stack: ExitStack) -> list[GuardClient]:
     """The guards to promise a new token to: the one ``--guard-addr`` names, if any."""
     if args.no_fence:
         return []
-    guard = GuardClient(args.guard_addr, tls=connect.tls_of(args), token=args.auth_token)
-    stack.enter_context(guard)
+    guard = stack.enter_context(connect.guard_client(args))
     return [guard]
 
 
@@ -193,14 +189,7 @@ def _run(args: argparse.Namespace) -> int:
     command = command_of(args)
     try:
         with ExitStack() as stack:
-            leases = stack.enter_context(
-                LeaseClient(
-                    args.lease_addr,
-                    holder=args.holder or None,
-                    tls=connect.tls_of(args),
-                    token=args.auth_token,
-                )
-            )
+            leases = stack.enter_context(connect.lease_client(args, holder=args.holder))
             fence = guard_of(args, stack)
             code = 0
             try:
@@ -222,16 +211,11 @@ def _run(args: argparse.Namespace) -> int:
 
 def add_addresses(p: argparse.ArgumentParser) -> None:
     """The lease server to hold on, and the guard to promise each new token to."""
-    p.add_argument(
-        "--lease-addr",
-        default=LEASE_ADDR,
-        help="lease server (env FENCING_LEASE_ADDR; default %(default)s)",
-    )
-    p.add_argument(
-        "--guard-addr",
-        default=GUARD_ADDR,
-        help="guard the new token is promised to before CMD starts, and that CMD's "
-        "'fencing put' writes to (env FENCING_GUARD_ADDR; default %(default)s)",
+    connect.add_lease_address(p, "the lease server to hold the lease on")
+    connect.add_guard_address(
+        p,
+        "the guard the new token is promised to before CMD starts, and that CMD's "
+        "'fencing put' writes to",
     )
     p.add_argument(
         "--no-fence",
