@@ -23,11 +23,12 @@ from fencingctl import (
     outbox,
     queue,
     serve,
+    watch,
 )
 
 Command = Callable[[argparse.Namespace], int]
 
-MODULES = [serve, ops, lock, elect, queue, outbox, migrate, healthcheck, demo, chaos]
+MODULES = [serve, ops, lock, elect, watch, queue, outbox, migrate, healthcheck, demo, chaos]
 
 
 def parser() -> argparse.ArgumentParser:
