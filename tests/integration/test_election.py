@@ -176,3 +176,37 @@ async def test_async_loss_cancels_the_campaigning_task(servers: RunningServers) 
             async with leadership:
                 await asyncio.sleep(HANG_GUARD)  # cancelled by the loss, not this sleep
         assert lost == [leadership.term]
+
+
+async def async_deposed_history(servers: RunningServers) -> tuple[list[str], bytes]:
+    """The deposed-leader history of :func:`deposed_history`, through the asyncio twin."""
+    async with (
+        AsyncLeaseClient(servers.lease_address, holder="a") as la,
+        AsyncGuardClient(servers.guard_address) as ga,
+        AsyncLeaseClient(servers.lease_address, holder="b") as lb,
+        AsyncGuardClient(servers.guard_address) as gb,
+    ):
+        old = await AsyncElection(la, ga, "sched", ttl=30).campaign("addr-A")
+        await lb.release("sched", old.term)  # what an expiry during a pause does
+        new = await AsyncElection(lb, gb, "sched", ttl=30).campaign("addr-B")
+        refused: list[str] = []
+        try:
+            await ga.put(old, LEADER_KEY, b"addr-A-late")
+        except StaleTokenError as exc:
+            refused.append(exc.reason)
+        record = await gb.read("sched", LEADER_KEY)
+        assert record is not None
+        await new.resign()
+        await old.resign()
+    return refused, record.value
+
+
+async def test_async_a_deposed_leaders_write_is_refused(servers: RunningServers) -> None:
+    refused, value = await async_deposed_history(servers)
+    assert refused == ["STALE_TOKEN"] and value == b"addr-B"
+
+
+async def test_async_control_fencing_off_lets_a_deposed_leader_overwrite() -> None:
+    with running_servers(mode=FenceMode.OFF) as off:
+        refused, value = await async_deposed_history(off)
+    assert refused == [] and value == b"addr-A-late"
