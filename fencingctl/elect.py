@@ -23,7 +23,7 @@ from typing import Any
 from fencing.client import GuardClient, LeaseClient
 from fencing.election import Election, Leader
 from fencing.errors import AcquireTimeoutError, FencingError, LeaseLost
-from fencingctl import connect, lock
+from fencingctl import connect, lock, ops
 
 
 def _clients(args: argparse.Namespace, stack: ExitStack) -> tuple[LeaseClient, GuardClient]:
@@ -50,12 +50,8 @@ def _elect(args: argparse.Namespace) -> int:
     except AcquireTimeoutError as exc:
         print(f"fencing elect: not elected: {exc}", file=sys.stderr)
         return lock.EXIT_NOT_ACQUIRED
-    except FencingError as exc:
-        print(f"error: {exc.reason}: {exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
+        return ops.failure(exc)
 
 
 def leader_fields(name: str, leader: Leader | None) -> dict[str, Any]:
@@ -91,12 +87,8 @@ def _leader(args: argparse.Namespace) -> int:
                 _print(args, leader_fields(args.name, leader))
     except KeyboardInterrupt:
         return 130
-    except FencingError as exc:
-        print(f"error: {exc.reason}: {exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
+        return ops.failure(exc)
     return 0
 
 

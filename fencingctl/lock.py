@@ -39,7 +39,7 @@ from typing import Any
 
 from fencing.client import GuardClient, Lease
 from fencing.errors import AcquireTimeoutError, FencingError, LeaseLost
-from fencingctl import connect
+from fencingctl import connect, ops
 
 #: Exit code when the lease was not acquired within ``--timeout``.
 EXIT_NOT_ACQUIRED = 75
@@ -201,12 +201,8 @@ def _run(args: argparse.Namespace) -> int:
     except AcquireTimeoutError as exc:
         print(f"fencing lock: not acquired: {exc}", file=sys.stderr)
         return EXIT_NOT_ACQUIRED
-    except FencingError as exc:
-        print(f"error: {exc.reason}: {exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:  # unreadable certificate files, a bad ttl
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
+        return ops.failure(exc)
 
 
 def add_addresses(p: argparse.ArgumentParser) -> None:

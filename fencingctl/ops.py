@@ -51,6 +51,19 @@ def _guarded(
     return run
 
 
+def failure(exc: FencingError | ValueError) -> int:
+    """Report a client command's failure on stderr and return its exit code, as
+    :func:`_guarded` does: 1 for an error the server or the SDK raised, 2 for
+    unusable settings (an unreadable certificate file). Used by the commands that
+    print more than one line (``lease list``, ``watch``, ``leader --watch``) and by
+    those that run a command (``lock``, ``elect``)."""
+    if isinstance(exc, FencingError):
+        print(f"error: {exc.reason}: {exc}", file=sys.stderr)
+        return 1
+    print(f"error: {exc}", file=sys.stderr)
+    return 2
+
+
 def _lease_client(args: argparse.Namespace) -> LeaseClient:
     return connect.lease_client(args, holder=getattr(args, "holder", None))
 
@@ -89,12 +102,8 @@ def _list(args: argparse.Namespace) -> int:
                         "last_token": s.last_token,
                     },
                 )
-    except FencingError as exc:
-        print(f"error: {exc.reason}: {exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:  # unreadable certificate files
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (FencingError, ValueError) as exc:
+        return failure(exc)
     return 0
 
 

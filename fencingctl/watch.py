@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from fencing.client import LeaseEvent
 from fencing.errors import FencingError, InvalidArgumentError
-from fencingctl import connect
+from fencingctl import connect, ops
 
 
 def event_fields(event: LeaseEvent) -> dict[str, Any]:
@@ -54,12 +53,8 @@ def _run(args: argparse.Namespace) -> int:
                     print(" ".join(f"{k}={v}" for k, v in fields.items()), flush=True)
     except KeyboardInterrupt:
         return 130
-    except FencingError as exc:
-        print(f"error: {exc.reason}: {exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:  # unreadable certificate files
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
+        return ops.failure(exc)
     return 0
 
 
