@@ -207,3 +207,32 @@ def test_control_fencing_off_lets_the_late_put_through(tmp_path: Path) -> None:
     # The damage: the paused former holder overwrote the new holder's value.
     assert record is not None and record.value == b"from-A"
     assert record.written_by_token == int((tmp_path / "a.token").read_text())
+
+
+@pytest.mark.parametrize("ignores_term", [False, True], ids=["stops-on-term", "needs-kill"])
+def test_a_lost_lease_stops_the_command(
+    servers: RunningServers, tmp_path: Path, ignores_term: bool
+) -> None:
+    # exec: the command is the process fencing lock signals (an ignored SIGTERM stays
+    # ignored across exec), so SIGKILL is what ends it.
+    trap = "trap '' TERM; " if ignores_term else ""
+    script = f"{trap}echo $FENCING_TOKEN > token; exec sleep {HANG_GUARD * 2:g}"
+    holder = subprocess.Popen(
+        [*lock_argv(servers, "cron", "--ttl", "1", "--grace", "0.2"), "--", "sh", "-c", script],
+        env=env(),
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(tmp_path / "token")
+        token = int((tmp_path / "token").read_text())
+        with LeaseClient(servers.lease_address) as leases:
+            leases.release("cron", token)  # taken away: the next renewal is refused
+        _, err = holder.communicate(timeout=HANG_GUARD)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert holder.returncode == EXIT_LOST
+    assert "SIGTERM" in err
+    assert ("SIGKILL" in err) is ignores_term
