@@ -7,6 +7,9 @@ order, after a cursor, at most ``limit``.
 
 from __future__ import annotations
 
+import asyncio
+
+from fencing.limits import MAX_PAGE_SIZE
 from lease_server.backends.base import LeaseBackend
 from lease_server.leases import Grant, LeaseInfo
 from tests.backends import TimeControl
@@ -70,3 +73,14 @@ async def test_the_prefix_has_no_wildcards(lease_backend: Pair) -> None:
     assert names(await backend.list_held("a*", "", 10)) == ["a*b"]
     assert names(await backend.list_held("a{", "", 10)) == ["a{b}"]
     assert names(await backend.list_held("a[", "", 10)) == ["a[b"]
+
+
+async def test_a_full_page_of_the_largest_size(lease_backend: Pair) -> None:
+    """The service asks for MAX_PAGE_SIZE + 1 (to know whether a page follows): a backend
+    reads that many in one call without running out of connections."""
+    backend, _ = lease_backend
+    resources = [f"big/{i:04d}" for i in range(MAX_PAGE_SIZE)]
+    for start in range(0, len(resources), 50):  # one by one: a cluster's slots differ
+        chunk = resources[start : start + 50]
+        await asyncio.gather(*(backend.acquire(r, "h", 30_000, "") for r in chunk))
+    assert names(await backend.list_held("big/", "", MAX_PAGE_SIZE + 1)) == resources
