@@ -52,6 +52,8 @@ def _elect(args: argparse.Namespace) -> int:
         return lock.EXIT_NOT_ACQUIRED
     except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
         return ops.failure(exc)
+    except KeyboardInterrupt:  # while waiting for the lease: nothing was started
+        return 130
 
 
 def leader_fields(name: str, leader: Leader | None) -> dict[str, Any]:

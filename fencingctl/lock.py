@@ -20,7 +20,8 @@ Exit codes of its own (CMD's status otherwise; a CMD killed by signal N gives 12
 75 (``EXIT_NOT_ACQUIRED``) when the timeout ran out with the lease still held by
 another, 76 (``EXIT_LOST``) when the lease was lost while CMD ran (whatever CMD
 then returned), 1 for another error (server unreachable, refused), 127 when CMD
-cannot be started.
+cannot be started, 130 when interrupted (Ctrl-C) while still waiting for the lease.
+Once CMD runs, SIGINT and SIGTERM are passed on to it, and it decides.
 
 """
 
@@ -203,6 +204,8 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_NOT_ACQUIRED
     except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
         return ops.failure(exc)
+    except KeyboardInterrupt:  # while waiting for the lease: nothing was started
+        return 130
 
 
 def add_addresses(p: argparse.ArgumentParser) -> None:
