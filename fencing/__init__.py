@@ -12,10 +12,12 @@ a paused former owner that wakes up after a takeover changes nothing::
 
 The asyncio twins (``AsyncLeaseClient``, ``AsyncGuardClient``) have the same methods,
 and cancel the body of ``async with leases.hold(...)`` when the lease is lost.
+Leader election fenced by its term: :class:`Election` / :class:`AsyncElection`.
 Errors: see :mod:`fencing.errors`.
 """
 
 from fencing import _version
+from fencing.async_election import AsyncElection, AsyncLeadership
 from fencing.client import (
     AsyncGuardClient,
     AsyncLease,
@@ -30,6 +32,7 @@ from fencing.client import (
     QueueClient,
     WriteResult,
 )
+from fencing.election import Election, Leader, Leadership
 from fencing.errors import (
     AcquireTimeoutError,
     BackendUnavailableError,
@@ -50,7 +53,9 @@ __version__ = _version.VERSION
 
 __all__ = [
     "AcquireTimeoutError",
+    "AsyncElection",
     "AsyncGuardClient",
+    "AsyncLeadership",
     "AsyncLease",
     "AsyncLeaseClient",
     "AsyncQueueClient",
@@ -58,11 +63,14 @@ __all__ = [
     "Claim",
     "DeadlineExceededError",
     "Delete",
+    "Election",
     "Fenced",
     "FencingError",
     "GuardClient",
     "InvalidArgumentError",
     "Job",
+    "Leader",
+    "Leadership",
     "Lease",
     "LeaseClient",
     "LeaseEvent",

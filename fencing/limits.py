@@ -24,6 +24,8 @@ renewals           1 .. 10,000 per RenewMany (and releases per ReleaseMany),
                    each resource named once
 idempotency_key    0-256 bytes of UTF-8, no control characters
 prefix             0-256 bytes of UTF-8, no control characters
+page_size          0 (default 100) or 1 .. 1,000 leases per List page
+page_token         0-256 bytes (a previous List page's next_page_token)
 queue              1-128 bytes of UTF-8, no control characters
 worker             1-128 bytes of UTF-8, no control characters (like holder)
 payload            at most 1 MiB (1,048,576 bytes) per job
@@ -64,6 +66,8 @@ MAX_STREAM_WRITES = 1000
 MAX_ACQUIRE_MANY = 1000
 MAX_RENEW_MANY = 10_000
 MAX_PREFIX_BYTES = 256
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
 MAX_QUEUE_BYTES = 128
 MAX_WORKER_BYTES = 128
 MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -136,6 +140,18 @@ def check_idempotency_key(value: str, field: str = "idempotency_key") -> str:
 
 def check_prefix(value: str, field: str = "prefix") -> str:
     return check_name(field, value, MAX_PREFIX_BYTES, required=False)
+
+
+def check_page_size(value: int, field: str = "page_size") -> int:
+    """A List page's size: 0 means :data:`DEFAULT_PAGE_SIZE`; at most :data:`MAX_PAGE_SIZE`."""
+    if value == 0:
+        return DEFAULT_PAGE_SIZE
+    return check_range(field, value, 1, MAX_PAGE_SIZE)
+
+
+def check_page_token(value: str, field: str = "page_token") -> str:
+    """A List cursor: empty (the first page) or a token the server handed out."""
+    return check_name(field, value, MAX_RESOURCE_BYTES, required=False)
 
 
 def check_key(value: str, field: str = "key") -> str:

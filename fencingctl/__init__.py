@@ -12,11 +12,23 @@ import argparse
 from collections.abc import Callable, Sequence
 
 from fencing._version import VERSION
-from fencingctl import chaos, demo, healthcheck, migrate, ops, outbox, queue, serve
+from fencingctl import (
+    chaos,
+    demo,
+    elect,
+    healthcheck,
+    lock,
+    migrate,
+    ops,
+    outbox,
+    queue,
+    serve,
+    watch,
+)
 
 Command = Callable[[argparse.Namespace], int]
 
-MODULES = [serve, ops, queue, outbox, migrate, healthcheck, demo, chaos]
+MODULES = [serve, ops, lock, elect, watch, queue, outbox, migrate, healthcheck, demo, chaos]
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,6 +1,8 @@
-"""Operator commands: ``fencing lease acquire|renew|release|describe``, ``put``, ``get``, ``fence``.
+"""Operator commands: ``fencing lease acquire|renew|release|describe|list``, ``put``, ``get``,
+``fence``.
 
-Each prints one line of ``key=value`` pairs (or JSON with ``--json``) and exits 0,
+Each prints one line of ``key=value`` pairs (or JSON with ``--json``; ``lease list`` a
+line per lease) and exits 0,
 or prints ``error: REASON: message`` to stderr and exits 1.
 
 ``fencing fence reset RESOURCE`` is the recovery from a fence a token nobody was
@@ -23,9 +25,6 @@ from fencing.client import GuardClient, LeaseClient
 from fencing.errors import FencingError, InvalidArgumentError
 from fencing.types import Claim, Put
 from fencingctl import connect
-
-LEASE_ADDR = os.environ.get("FENCING_LEASE_ADDR", "127.0.0.1:50051")
-GUARD_ADDR = os.environ.get("FENCING_GUARD_ADDR", "127.0.0.1:50052")
 
 
 def _emit(args: argparse.Namespace, fields: dict[str, Any]) -> None:
@@ -52,17 +51,25 @@ def _guarded(
     return run
 
 
+def failure(exc: FencingError | ValueError) -> int:
+    """Report a client command's failure on stderr and return its exit code, as
+    :func:`_guarded` does: 1 for an error the server or the SDK raised, 2 for
+    unusable settings (an unreadable certificate file). Used by the commands that
+    print more than one line (``lease list``, ``watch``, ``leader --watch``) and by
+    those that run a command (``lock``, ``elect``)."""
+    if isinstance(exc, FencingError):
+        print(f"error: {exc.reason}: {exc}", file=sys.stderr)
+        return 1
+    print(f"error: {exc}", file=sys.stderr)
+    return 2
+
+
 def _lease_client(args: argparse.Namespace) -> LeaseClient:
-    return LeaseClient(
-        args.lease_addr,
-        holder=getattr(args, "holder", None) or None,
-        tls=connect.tls_of(args),
-        token=args.auth_token,
-    )
+    return connect.lease_client(args, holder=getattr(args, "holder", None))
 
 
 def _guard_client(args: argparse.Namespace) -> GuardClient:
-    return GuardClient(args.guard_addr, tls=connect.tls_of(args), token=args.auth_token)
+    return connect.guard_client(args)
 
 
 @_guarded
@@ -78,6 +85,26 @@ def _acquire(args: argparse.Namespace) -> dict[str, Any]:
             "holder": lease.holder,
             "ttl_ms": lease.ttl_ms,
         }
+
+
+def _list(args: argparse.Namespace) -> int:
+    """``fencing lease list``: one line (or JSON object) per held lease, in resource order."""
+    try:
+        with _lease_client(args) as client:
+            for s in client.list_held(args.prefix, page_size=args.page_size):
+                _emit(
+                    args,
+                    {
+                        "resource": s.resource,
+                        "holder": s.holder,
+                        "token": s.token,
+                        "remaining_ms": s.remaining_ms,
+                        "last_token": s.last_token,
+                    },
+                )
+    except (FencingError, ValueError) as exc:
+        return failure(exc)
+    return 0
 
 
 @_guarded
@@ -108,11 +135,34 @@ def _describe(args: argparse.Namespace) -> dict[str, Any]:
         }
 
 
+def token_of(args: argparse.Namespace) -> int:
+    """The writer's token: ``--token``, else ``FENCING_TOKEN`` (set by ``fencing lock`` and
+    ``fencing elect`` for their command), which must then be for this resource."""
+    if args.token is not None:
+        return int(args.token)
+    raw = os.environ.get("FENCING_TOKEN", "")
+    if not raw:
+        raise InvalidArgumentError(
+            "no token: give --token, or run inside 'fencing lock' (FENCING_TOKEN)", field="token"
+        )
+    if not raw.isdigit():
+        raise InvalidArgumentError(f"FENCING_TOKEN must be a number, not {raw!r}", field="token")
+    held = os.environ.get("FENCING_RESOURCE", "")
+    if held and held != args.resource:
+        # A token means something only for its own resource: writing it to another
+        # would raise that resource's fence to a number nobody was granted there.
+        raise InvalidArgumentError(
+            f"FENCING_TOKEN is a token of {held!r}, not of {args.resource!r}: give --token",
+            field="token",
+        )
+    return int(raw)
+
+
 @_guarded
 def _put(args: argparse.Namespace) -> dict[str, Any]:
     with _guard_client(args) as guard:
         result = guard.write(
-            Claim(args.resource, args.token),
+            Claim(args.resource, token_of(args)),
             Put(args.key, args.value.encode()),
             idempotency_key=args.idempotency_key,
         )
@@ -175,23 +225,15 @@ def _reset(args: argparse.Namespace, resource: str) -> dict[str, Any]:
 
 def _common(p: argparse.ArgumentParser, *, lease: bool) -> None:
     if lease:
-        p.add_argument(
-            "--lease-addr",
-            default=LEASE_ADDR,
-            help="lease server (env FENCING_LEASE_ADDR; default %(default)s)",
-        )
+        connect.add_lease_address(p)
     else:
-        p.add_argument(
-            "--guard-addr",
-            default=GUARD_ADDR,
-            help="guard (env FENCING_GUARD_ADDR; default %(default)s)",
-        )
+        connect.add_guard_address(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     connect.add_options(p)
 
 
 def register(sub: Any) -> None:
-    lease = sub.add_parser("lease", help="acquire, renew, release or describe a lease")
+    lease = sub.add_parser("lease", help="acquire, renew, release, describe or list leases")
     lsub = lease.add_subparsers(dest="lease_command", required=True, metavar="ACTION")
 
     p = lsub.add_parser("acquire", help="acquire a lease and print its token")
@@ -215,6 +257,23 @@ def register(sub: Any) -> None:
     _common(p, lease=True)
     p.set_defaults(run=_release)
 
+    p = lsub.add_parser(
+        "list",
+        help="the held leases, one line each, in resource order",
+        description="List the held (unexpired) leases whose resource starts with --prefix, "
+        "one line each (JSON lines with --json), in resource order; the lease server is "
+        "asked a page at a time. Needs the describe permission on the prefix.",
+    )
+    p.add_argument("--prefix", default="", help="only resources starting with it")
+    p.add_argument(
+        "--page-size",
+        type=int,
+        default=0,
+        help="leases per call to the server (1-1000; default the server's, 100)",
+    )
+    _common(p, lease=True)
+    p.set_defaults(run=_list)
+
     p = lsub.add_parser("describe", help="who holds a resource, with which token")
     p.add_argument("resource")
     _common(p, lease=True)
@@ -224,7 +283,12 @@ def register(sub: Any) -> None:
     p.add_argument("resource")
     p.add_argument("key")
     p.add_argument("value")
-    p.add_argument("--token", type=int, required=True, help="the writer's fencing token")
+    p.add_argument(
+        "--token",
+        type=int,
+        default=None,
+        help="the writer's fencing token (default: env FENCING_TOKEN, as 'fencing lock' sets)",
+    )
     p.add_argument("--idempotency-key", default="", help="apply at most once per key")
     _common(p, lease=False)
     p.set_defaults(run=_put)
@@ -250,11 +314,6 @@ def register(sub: Any) -> None:
         action="store_true",
         help="reset the fence to the lease server's last_token for RESOURCE",
     )
-    p.add_argument(
-        "--lease-addr",
-        default=LEASE_ADDR,
-        help="lease server asked for last_token by a reset (env FENCING_LEASE_ADDR; "
-        "default %(default)s)",
-    )
+    connect.add_lease_address(p, "the lease server a reset asks for last_token")
     _common(p, lease=False)
     p.set_defaults(run=_fence)

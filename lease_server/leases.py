@@ -15,7 +15,8 @@ Time is milliseconds on the backend's clock; nothing here reads a clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -175,6 +176,19 @@ def describe(record: LeaseRecord, now_ms: int) -> LeaseInfo:
         remaining_ms=record.remaining_ms(now_ms),
         last_token=record.counter,
     )
+
+
+def list_held(
+    records: Iterable[LeaseRecord], prefix: str, after: str, limit: int, now_ms: int
+) -> list[LeaseInfo]:
+    """The rule of ``LeaseBackend.list_held`` over records (any order): the live ones
+    under ``prefix`` past ``after``, in resource (code point) order, at most ``limit``."""
+    picked = sorted(
+        (r for r in records if r.resource.startswith(prefix) and r.resource > after),
+        key=lambda r: r.resource,
+    )
+    held = (describe(r, now_ms) for r in picked if r.live(now_ms))
+    return list(itertools.islice(held, limit))
 
 
 # -- the event log ---------------------------------------------------------------------------

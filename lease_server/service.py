@@ -325,6 +325,35 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
             last_token=last_token,
         )
 
+    @rpc
+    async def List(
+        self, request: lease_pb2.ListRequest, context: Context
+    ) -> lease_pb2.ListResponse:
+        """A page of the held leases under a prefix, in resource order.
+
+        Asks the backend for one more than the page, so a full page says whether another
+        follows; the cursor is the page's last resource (each page starts after it).
+        """
+        prefix = limits.check_prefix(request.prefix)
+        size = limits.check_page_size(request.page_size)
+        after = limits.check_page_token(request.page_token)
+        infos = await self.backend.list_held(prefix, after, size + 1)
+        page, more = infos[:size], len(infos) > size
+        return lease_pb2.ListResponse(
+            leases=[
+                lease_pb2.LeaseState(
+                    resource=i.resource,
+                    held=i.held,
+                    holder=i.holder,
+                    token=i.token,
+                    remaining_ms=i.remaining_ms,
+                    last_token=i.last_token,
+                )
+                for i in page
+            ],
+            next_page_token=page[-1].resource if more else "",
+        )
+
     # -- many leases per call: AcquireMany, and sessions (RenewMany, ReleaseMany) -------------
 
     @rpc

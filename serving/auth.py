@@ -36,7 +36,9 @@ action                        methods
 ============================  =========================================
 ``acquire`` ``renew``         LeaseService Acquire, Renew; AcquireMany, RenewMany (every
                               resource they name)
-``release`` ``describe``      LeaseService Release, ReleaseMany; Describe
+``release`` ``describe``      LeaseService Release, ReleaseMany; Describe, and List (a
+                              ``prefix``: it needs a grant whose prefix is a prefix of
+                              the requested one)
 ``watch``                     LeaseService Watch (a ``prefix`` request needs a grant
                               whose prefix is a prefix of the requested one)
 ``write`` ``read`` ``fence``  GuardService Write, WriteMany (every resource of it),
@@ -98,6 +100,7 @@ METHOD_ACTIONS: dict[str, Action] = {
     _LEASE + "Release": Action.RELEASE,
     _LEASE + "Describe": Action.DESCRIBE,
     _LEASE + "Watch": Action.WATCH,
+    _LEASE + "List": Action.DESCRIBE,
     _LEASE + "AcquireMany": Action.ACQUIRE,
     _LEASE + "RenewMany": Action.RENEW,
     _LEASE + "ReleaseMany": Action.RELEASE,

@@ -207,6 +207,10 @@ def describe_request(resource: str) -> lease_pb2.DescribeRequest:
     return lease_pb2.DescribeRequest(resource=resource)
 
 
+def list_request(prefix: str, page_size: int, page_token: str) -> lease_pb2.ListRequest:
+    return lease_pb2.ListRequest(prefix=prefix, page_size=page_size, page_token=page_token)
+
+
 def watch_request(resource: str, prefix: str, after_revision: int) -> lease_pb2.WatchRequest:
     return lease_pb2.WatchRequest(resource=resource, prefix=prefix, after_revision=after_revision)
 

@@ -640,6 +640,21 @@ class AsyncLeaseClient:
         msg = await self._call(self._stub.Describe, _core.describe_request(resource))
         return _core.lease_state(msg)
 
+    async def list_held(
+        self, prefix: str = "", *, page_size: int = 0
+    ) -> AsyncGenerator[LeaseState, None]:
+        """Yield the held leases under ``prefix``, a page at a time; see
+        ``LeaseClient.list_held``."""
+        page_token = ""
+        while True:
+            request = _core.list_request(prefix, page_size, page_token)
+            page = await self._call(self._stub.List, request)
+            for msg in page.leases:
+                yield _core.lease_state(msg)
+            page_token = page.next_page_token
+            if not page_token:
+                return
+
     async def renew(self, resource: str, token: int, ttl: float) -> int:
         """Renew by (resource, token) without a handle; returns the granted ttl in ms."""
         request = _core.renew_request(resource, token, _core.ttl_ms_of(ttl))

@@ -558,6 +558,23 @@ class LeaseClient:
         """Who holds ``resource`` now, with which token, and the last token ever issued."""
         return _core.lease_state(self._call(self._stub.Describe, _core.describe_request(resource)))
 
+    def list_held(self, prefix: str = "", *, page_size: int = 0) -> Iterator[LeaseState]:
+        """Yield the held leases whose resource starts with ``prefix``, in resource order.
+
+        Asks for one page at a time (``page_size`` leases, at most 1,000; 0: the
+        server's default, 100) as the iteration goes on. Each page is read on its own:
+        a lease taken or released meanwhile may or may not appear, none twice.
+        """
+        page_token = ""
+        while True:
+            request = _core.list_request(prefix, page_size, page_token)
+            page = self._call(self._stub.List, request)
+            for msg in page.leases:
+                yield _core.lease_state(msg)
+            page_token = page.next_page_token
+            if not page_token:
+                return
+
     def renew(self, resource: str, token: int, ttl: float) -> int:
         """Renew by (resource, token) without a handle; returns the granted ttl in ms."""
         request = _core.renew_request(resource, token, _core.ttl_ms_of(ttl))

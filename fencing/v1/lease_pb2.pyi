@@ -501,3 +501,57 @@ class ReleaseManyResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReleaseManyResponse: _TypeAlias = ReleaseManyResponse  # noqa: Y015
+
+@_typing.final
+class ListRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREFIX_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    prefix: _builtins.str
+    """Every resource starting with it (empty: all)."""
+    page_size: _builtins.int
+    """1 to 1,000; 0: the default, 100."""
+    page_token: _builtins.str
+    """Empty for the first page; else a response's next_page_token (opaque)."""
+    def __init__(
+        self,
+        *,
+        prefix: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "prefix", b"prefix"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRequest: _TypeAlias = ListRequest  # noqa: Y015
+
+@_typing.final
+class ListResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Set when more leases may follow: the page_token of the next page."""
+    @_builtins.property
+    def leases(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaseState]:
+        """Held leases, in resource order; last_token is the resource's highest token."""
+
+    def __init__(
+        self,
+        *,
+        leases: _abc.Iterable[Global___LeaseState] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leases", b"leases", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListResponse: _TypeAlias = ListResponse  # noqa: Y015

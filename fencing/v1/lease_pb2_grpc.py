@@ -74,6 +74,11 @@ class LeaseServiceStub:
                 request_serializer=fencing_dot_v1_dot_lease__pb2.ReleaseManyRequest.SerializeToString,
                 response_deserializer=fencing_dot_v1_dot_lease__pb2.ReleaseManyResponse.FromString,
                 _registered_method=True)
+        self.List = channel.unary_unary(
+                '/fencing.v1.LeaseService/List',
+                request_serializer=fencing_dot_v1_dot_lease__pb2.ListRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_lease__pb2.ListResponse.FromString,
+                _registered_method=True)
 
 
 class LeaseServiceServicer:
@@ -146,6 +151,17 @@ class LeaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def List(self, request, context):
+        """The held (unexpired) leases whose resource starts with prefix, in resource
+        order (by Unicode code point), a page at a time: at most page_size of them
+        (1 to 1,000; 0: 100). A response with next_page_token set has more: ask again
+        with it as page_token. Each page is read on its own: a lease taken or released
+        between pages may or may not appear, but none is listed twice.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LeaseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -188,6 +204,11 @@ def add_LeaseServiceServicer_to_server(servicer, server):
                     servicer.ReleaseMany,
                     request_deserializer=fencing_dot_v1_dot_lease__pb2.ReleaseManyRequest.FromString,
                     response_serializer=fencing_dot_v1_dot_lease__pb2.ReleaseManyResponse.SerializeToString,
+            ),
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=fencing_dot_v1_dot_lease__pb2.ListRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_lease__pb2.ListResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -406,6 +427,33 @@ class LeaseService:
             '/fencing.v1.LeaseService/ReleaseMany',
             fencing_dot_v1_dot_lease__pb2.ReleaseManyRequest.SerializeToString,
             fencing_dot_v1_dot_lease__pb2.ReleaseManyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.LeaseService/List',
+            fencing_dot_v1_dot_lease__pb2.ListRequest.SerializeToString,
+            fencing_dot_v1_dot_lease__pb2.ListResponse.FromString,
             options,
             channel_credentials,
             insecure,

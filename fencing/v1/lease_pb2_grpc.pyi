@@ -68,6 +68,13 @@ class LeaseServiceStub:
     """
     ReleaseMany: _grpc.UnaryUnaryMultiCallable[_lease_pb2.ReleaseManyRequest, _lease_pb2.ReleaseManyResponse]
     """Release many leases in one backend transaction: one result per release, in order."""
+    List: _grpc.UnaryUnaryMultiCallable[_lease_pb2.ListRequest, _lease_pb2.ListResponse]
+    """The held (unexpired) leases whose resource starts with prefix, in resource
+    order (by Unicode code point), a page at a time: at most page_size of them
+    (1 to 1,000; 0: 100). A response with next_page_token set has more: ask again
+    with it as page_token. Each page is read on its own: a lease taken or released
+    between pages may or may not appear, but none is listed twice.
+    """
 
 @_typing.type_check_only
 class LeaseServiceAsyncStub(LeaseServiceStub):
@@ -103,6 +110,13 @@ class LeaseServiceAsyncStub(LeaseServiceStub):
     """
     ReleaseMany: _aio.UnaryUnaryMultiCallable[_lease_pb2.ReleaseManyRequest, _lease_pb2.ReleaseManyResponse]  # type: ignore[assignment]
     """Release many leases in one backend transaction: one result per release, in order."""
+    List: _aio.UnaryUnaryMultiCallable[_lease_pb2.ListRequest, _lease_pb2.ListResponse]  # type: ignore[assignment]
+    """The held (unexpired) leases whose resource starts with prefix, in resource
+    order (by Unicode code point), a page at a time: at most page_size of them
+    (1 to 1,000; 0: 100). A response with next_page_token set has more: ask again
+    with it as page_token. Each page is read on its own: a lease taken or released
+    between pages may or may not appear, but none is listed twice.
+    """
 
 class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -183,5 +197,18 @@ class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_lease_pb2.ReleaseManyResponse, _abc.Awaitable[_lease_pb2.ReleaseManyResponse]]:
         """Release many leases in one backend transaction: one result per release, in order."""
+
+    @_abc_1.abstractmethod
+    def List(
+        self,
+        request: _lease_pb2.ListRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lease_pb2.ListResponse, _abc.Awaitable[_lease_pb2.ListResponse]]:
+        """The held (unexpired) leases whose resource starts with prefix, in resource
+        order (by Unicode code point), a page at a time: at most page_size of them
+        (1 to 1,000; 0: 100). A response with next_page_token set has more: ask again
+        with it as page_token. Each page is read on its own: a lease taken or released
+        between pages may or may not appear, but none is listed twice.
+        """
 
 def add_LeaseServiceServicer_to_server(servicer: LeaseServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

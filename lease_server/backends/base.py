@@ -125,6 +125,15 @@ class LeaseBackend(Protocol):
     async def describe(self, resource: str) -> LeaseInfo:
         """Current state; an unknown resource is free with ``last_token == 0``."""
 
+    async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseInfo]:
+        """The held (unexpired, by the backend's clock) leases whose resource starts with
+        ``prefix`` (byte-wise, no wildcards) and sorts after ``after`` (empty: from the
+        start), in resource order by code point, at most ``limit`` (>= 1) of them.
+
+        One read; a lease changing under it is listed as it was or as it is, never
+        twice across pages (each page starts after the previous page's last resource).
+        """
+
     def on_release(self, callback: Callable[[str], None]) -> None:
         """Register ``callback(resource)`` for releases made through *other* processes.
 

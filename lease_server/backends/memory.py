@@ -102,6 +102,10 @@ class MemoryBackend:
     async def describe(self, resource: str) -> LeaseInfo:
         return leases.describe(self._get(resource), self._clock.now_ms())
 
+    async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseInfo]:
+        now = self._clock.now_ms()
+        return leases.list_held(self._records.values(), prefix, after, limit, now)
+
     # -- many at once (no await inside: each is one atomic step) ----------------------------
 
     async def acquire_many(

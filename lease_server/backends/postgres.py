@@ -106,6 +106,16 @@ class PostgresBackend:
         self._renew_sql = q("SELECT * FROM {schema}.lease_renew_logged(%s, %s, %s, %s)")
         self._release_sql = q("SELECT * FROM {schema}.lease_release_logged(%s, %s, %s)")
         self._describe_sql = q("SELECT * FROM {schema}.lease_describe(%s)")
+        # Code point order (COLLATE "C" on UTF-8), whatever the database's collation, so
+        # the cursor and the order agree; the database's clock decides what is held.
+        self._list_sql = q(
+            "SELECT resource, holder, token,"
+            " ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint,"
+            " counter FROM {schema}.leases"
+            ' WHERE starts_with(resource, %s) AND resource COLLATE "C" > %s'
+            " AND token != 0 AND expires_at > clock_timestamp()"
+            ' ORDER BY resource COLLATE "C" LIMIT %s'
+        )
         self._acquire_many_sql = q(
             "SELECT * FROM {schema}.lease_acquire_many(%s::text[], %s, %s, %s)"
         )
@@ -186,6 +196,13 @@ class PostgresBackend:
         assert row is not None  # lease_describe always returns one row
         held, holder, token, remaining_ms, last_token = row
         return LeaseInfo(resource, held, holder, token, remaining_ms, last_token)
+
+    async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseInfo]:
+        rows = await self._db.fetchall(self._list_sql, (prefix, after, limit))
+        return [
+            LeaseInfo(resource, True, holder, int(token), max(1, int(ms)), int(counter))
+            for resource, holder, token, ms, counter in rows
+        ]
 
     # -- many at once (0007_lease_batches.sql): one statement each, events appended -----------
 

@@ -128,7 +128,9 @@ from serving.redis_db import (
     RedisTarget,
     ResourceKeys,
     driver_errors,
+    glob_escape,
     text,
+    unescape_tag,
 )
 
 log = logging.getLogger(__name__)
@@ -139,6 +141,8 @@ ACQUIRE_LUA = redis_db.load_lua(_LUA, "acquire", helpers=(*_LOG, "lease"))
 ACQUIRE_MANY_LUA = redis_db.load_lua(_LUA, "acquire_many", helpers=(*_LOG, "lease"))
 #: Renewals or releases per pipeline: each is its own script (and its own events).
 PIPELINE_CHUNK = 1000
+#: Scripts in flight at once where a pipeline cannot carry them (a cluster's slots).
+CLUSTER_CONCURRENCY = 32
 RENEW_LUA = redis_db.load_lua(_LUA, "renew", helpers=_LOG)
 RELEASE_LUA = redis_db.load_lua(_LUA, "release", helpers=_LOG)
 DESCRIBE_LUA = redis_db.load_lua(_LUA, "describe")
@@ -438,18 +442,63 @@ class RedisBackend(redis_db.Probed):
 
     async def describe(self, resource: str) -> LeaseInfo:
         keys = ResourceKeys(self.prefix, resource)
-        who, token, ms, last = await self._run(
-            "describe", "describe", [keys.lease, keys.counter], []
-        )
-        held = int(token) != 0
-        return LeaseInfo(
-            resource=resource,
-            held=held,
-            holder=text(who) if held else "",
-            token=int(token),
-            remaining_ms=max(0, int(ms)) if held else 0,
-            last_token=int(last),
-        )
+        reply = await self._run("describe", "describe", [keys.lease, keys.counter], [])
+        return _described(resource, reply)
+
+    async def _describe_many(self, resources: Sequence[str]) -> list[LeaseInfo]:
+        """``describe`` of each resource, pipelined (one Redis) or a bounded number at a
+        time (a cluster), so a long list never takes more connections than the pool has."""
+        if self._client is None:
+            raise RuntimeError("RedisBackend is not open")
+        registered = self._scripts["describe"]
+        keys = [ResourceKeys(self.prefix, r) for r in resources]
+        replies: list[Any] = []
+        step = CLUSTER_CONCURRENCY if self.cluster else PIPELINE_CHUNK
+        with driver_errors("list"):
+            for start in range(0, len(keys), step):
+                chunk = keys[start : start + step]
+                if self.cluster:
+                    replies += await asyncio.gather(
+                        *(registered(keys=[k.lease, k.counter], args=[]) for k in chunk)
+                    )
+                    continue
+                # AsyncScript takes a pipeline at run time (typed for clients only).
+                pipe: Any = self._client.pipeline(transaction=False)
+                for k in chunk:
+                    await registered(keys=[k.lease, k.counter], args=[], client=pipe)
+                replies += await pipe.execute()
+        return [_described(r, reply) for r, reply in zip(resources, replies, strict=True)]
+
+    async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseInfo]:
+        """Redis keeps no index of resources (one would be a key outside every resource's
+        slot, which a cluster's scripts cannot update with the lease): each page SCANs
+        the lease hashes (every node of a cluster), sorts the names past ``after``, and
+        reads them with ``describe`` until ``limit`` are held. O(keys) per page: an
+        operator's call, not a hot path."""
+        if self._client is None:
+            raise RuntimeError("RedisBackend is not open")
+        head = f"{self.prefix}:{{"
+        tail = "}:lease"
+        names: set[str] = set()
+        with driver_errors("list"):
+            async for raw in self._client.scan_iter(
+                match=f"{glob_escape(head)}*{glob_escape(tail)}", count=1000
+            ):
+                key = text(raw)
+                tag = key[len(head) : -len(tail)]
+                if "{" in tag or "}" in tag:  # another key of a resource (idem:...)
+                    continue
+                resource = unescape_tag(tag)
+                if resource.startswith(prefix) and resource > after:
+                    names.add(resource)
+        held: list[LeaseInfo] = []
+        ordered = sorted(names)
+        for start in range(0, len(ordered), limit):
+            infos = await self._describe_many(ordered[start : start + limit])
+            held += [info for info in infos if info.held]
+            if len(held) >= limit:
+                break
+        return held[:limit]
 
     # -- the event log: one Redis (EventLog) ------------------------------------------------
 
@@ -670,6 +719,20 @@ class RedisBackend(redis_db.Probed):
                 if own is not None:
                     with contextlib.suppress(Exception):
                         await own.aclose()
+
+
+def _described(resource: str, reply: list[Any]) -> LeaseInfo:
+    """A ``describe.lua`` reply as the lease's state."""
+    who, token, ms, last = reply
+    held = int(token) != 0
+    return LeaseInfo(
+        resource=resource,
+        held=held,
+        holder=text(who) if held else "",
+        token=int(token),
+        remaining_ms=max(0, int(ms)) if held else 0,
+        last_token=int(last),
+    )
 
 
 def _event(row: list[Any]) -> LeaseEvent:

@@ -113,6 +113,14 @@ def _store(conn: sqlite3.Connection, record: LeaseRecord) -> None:
     )
 
 
+# Byte-wise (BINARY collation: UTF-8 bytes, so code point order); the primary key
+# serves the range from the prefix on.
+_LIST_HELD = (
+    "SELECT resource, counter, holder, token, expires_at_ms, request_id FROM leases "
+    "WHERE resource >= ? AND resource > ? AND substr(resource, 1, length(?)) = ? "
+    "AND token != 0 AND expires_at_ms > ? ORDER BY resource LIMIT ?"
+)
+
 _DUE = (
     "SELECT resource, counter, holder, token, expires_at_ms, request_id FROM leases "
     "WHERE token != 0 AND expires_at_ms <= ? ORDER BY expires_at_ms, resource LIMIT ?"
@@ -241,6 +249,14 @@ class SQLiteBackend:
     async def describe(self, resource: str) -> LeaseInfo:
         def q(conn: sqlite3.Connection) -> LeaseInfo:
             return leases.describe(_load(conn, resource), self._clock.now_ms())
+
+        return await self._db.query(q)
+
+    async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseInfo]:
+        def q(conn: sqlite3.Connection) -> list[LeaseInfo]:
+            now = self._clock.now_ms()
+            rows = conn.execute(_LIST_HELD, (prefix, after, prefix, prefix, now, limit))
+            return [leases.describe(LeaseRecord(*row), now) for row in rows]
 
         return await self._db.query(q)
 

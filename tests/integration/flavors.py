@@ -224,6 +224,17 @@ class SyncLeaseClient:
         finally:
             self._portal.call(stream.aclose())
 
+    def list_held(self, prefix: str = "", *, page_size: int = 0) -> Iterator[LeaseState]:
+        stream = self.client.list_held(prefix, page_size=page_size)
+        try:
+            while True:
+                try:
+                    yield self._portal.call(anext(stream))
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._portal.call(stream.aclose())
+
     @contextmanager
     def hold(
         self,

@@ -213,6 +213,7 @@ class NoLog:
         self.open, self.close = self._inner.open, self._inner.close
         self.acquire, self.renew = self._inner.acquire, self._inner.renew
         self.release, self.describe = self._inner.release, self._inner.describe
+        self.list_held = self._inner.list_held
         self.on_release = self._inner.on_release
 
 

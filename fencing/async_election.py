@@ -1,0 +1,167 @@
+"""Leader election on a lease, fenced by its term: the asyncio twin of
+:mod:`fencing.election` (same names, ``Async`` prefixed, coroutines for the calls)::
+
+    election = AsyncElection(leases, guard, "scheduler", ttl=10)
+    async with await election.campaign("10.0.0.7:8080") as leader:
+        await guard.put(leader, "plan", b"...")          # fenced by leader.term
+
+    async for leader in election.observe():              # current at once, then changes
+        ...
+
+As ``AsyncLeaseClient.hold`` does, a lost leadership cancels the task that
+campaigned (it is where the leadership's body runs), and ``async with`` then ends
+with :class:`~fencing.errors.LeaseLost` instead of the ``CancelledError``. Where the
+value is stored, and why: see :mod:`fencing.election`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, Callable
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from fencing.client import _core
+from fencing.client.async_guard import AsyncGuardClient
+from fencing.client.async_lease import AsyncHold, AsyncLease, AsyncLeaseClient
+from fencing.election import LEADER_KEY, Leader, leader_of
+from fencing.errors import LeaseLost
+
+
+class AsyncLeadership:
+    """A won election (asyncio): see :class:`fencing.election.Leadership`."""
+
+    def __init__(self, election: AsyncElection, lease: AsyncLease, hold: AsyncHold) -> None:
+        self.election = election
+        self.lease = lease
+        self._hold: AsyncHold | None = hold
+
+    @property
+    def resource(self) -> str:
+        return self.lease.resource
+
+    @property
+    def token(self) -> int:
+        return self.lease.token
+
+    @property
+    def term(self) -> int:
+        """This leadership's term: the lease's fencing token."""
+        return self.lease.token
+
+    @property
+    def lost(self) -> Any:
+        """Set once the leadership is lost (an :class:`asyncio.Event`)."""
+        return self.lease.lost
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if the leadership is lost, resigned, or past its
+        local deadline."""
+        self.lease.check()
+
+    async def proclaim(self, value: str) -> None:
+        """Publish ``value`` as this term's, fenced by the term; see
+        :meth:`fencing.election.Leadership.proclaim`."""
+        self.lease.check()
+        await self.election.guard.put(self, LEADER_KEY, value.encode())
+        await self.lease.renew()
+
+    async def resign(self) -> None:
+        """Give the leadership up now. Never raises ``LeaseLost``."""
+        with contextlib.suppress(LeaseLost):
+            await self._exit(None, None, None)
+
+    async def _exit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            await hold.__aexit__(exc_type, exc, tb)
+
+    async def __aenter__(self) -> AsyncLeadership:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Resign; a block ended by the loss (or left normally after one) raises
+        ``LeaseLost``."""
+        await self._exit(exc_type, exc, tb)
+
+    def __repr__(self) -> str:
+        return f"<AsyncLeadership {self.resource!r} term={self.term} {self.lease!r}>"
+
+
+class AsyncElection:
+    """Leader election on the lease named ``name`` (asyncio); see
+    :class:`fencing.election.Election`."""
+
+    def __init__(
+        self, leases: AsyncLeaseClient, guard: AsyncGuardClient, name: str, *, ttl: float = 10.0
+    ) -> None:
+        self.leases = leases
+        self.guard = guard
+        self.name = name
+        self.ttl = ttl
+
+    async def campaign(
+        self,
+        value: str | None = None,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the server waits it (twin's signature)
+        on_lost: Callable[[AsyncLeadership], object] | None = None,
+    ) -> AsyncLeadership:
+        """Wait until this client leads (up to ``timeout``; then
+        :class:`AcquireTimeoutError`), then proclaim ``value`` if given; see
+        :meth:`fencing.election.Election.campaign`."""
+        hold = self.leases.hold(self.name, self.ttl, timeout=timeout, fence=[self.guard])
+        lease = await hold.__aenter__()
+        leadership = AsyncLeadership(self, lease, hold)
+        try:
+            if on_lost is not None:
+                lease.on_lost(lambda _lease: on_lost(leadership))
+            if value is not None:
+                await leadership.proclaim(value)
+        except BaseException as exc:
+            await leadership._exit(type(exc), exc, exc.__traceback__)
+            raise
+        return leadership
+
+    async def leader(self) -> Leader | None:
+        """The current leader, or None if nobody leads."""
+        state = await self.leases.describe(self.name)
+        if not state.held:
+            return None
+        return leader_of(self.name, state, await self.guard.read(self.name, LEADER_KEY))
+
+    async def observe(self) -> AsyncGenerator[Leader | None, None]:
+        """Yield the current leader at once, then each change; see
+        :meth:`fencing.election.Election.observe`."""
+        call = self.leases._stub.Watch(_core.watch_request(self.name, "", 0))
+        try:
+            # Sent once the stream is positioned at the head: no change is missed.
+            await call.initial_metadata()
+            last = await self.leader()
+            yield last
+            async for msg in call:
+                if _core.lease_event(msg) is None:
+                    continue
+                now = await self.leader()
+                if now != last:
+                    last = now
+                    yield now
+        except grpc.RpcError as err:
+            raise _core.translate(err) from err
+        finally:
+            call.cancel()
+
+
+__all__ = ["AsyncElection", "AsyncLeadership"]
