@@ -45,5 +45,5 @@ EXPOSE 50051 50052 9100
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
     CMD ["fencing", "healthcheck", "127.0.0.1:50051", "127.0.0.1:50052"]
-CMD ["fencing", "serve", "--lease-addr", "0.0.0.0:50051", "--guard-addr", "0.0.0.0:50052", \
+CMD ["fencing", "serve", "--lease-listen", "0.0.0.0:50051", "--guard-listen", "0.0.0.0:50052", \
      "--metrics-port", "9100", "--metrics-host", "0.0.0.0", "--insecure"]

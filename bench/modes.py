@@ -93,7 +93,7 @@ async def run(clients: Sequence[int], duration: float) -> list[Result]:
         ):
             for n in clients:
                 results += await _rows(la, ga, None, n, duration)
-            watch = ("--fence-mode", "watch", "--lease-server", la)
+            watch = ("--fence-mode", "watch", "--lease-addr", la)
             with server_process("guard", "--store", f"sqlite:{data / 'watch.db'}", *watch) as wa:
                 for n in clients:
                     results += await _rows(la, ga, wa, n, duration)

@@ -1,6 +1,25 @@
-"""How the client commands connect: TLS and bearer-token options shared by every command.
+"""How the client commands connect: the server addresses, TLS and bearer-token options.
 
-The variables mean what they mean for a server (``FENCING_TLS_CERT``/``KEY``: this
+One name per thing, in every command that connects somewhere:
+
+=================  ======================  ===============================================
+flag               variable                meaning
+=================  ======================  ===============================================
+``--lease-addr``   ``FENCING_LEASE_ADDR``  the lease server to connect to (it also hosts
+                                           the queues); default ``127.0.0.1:50051``
+``--guard-addr``   ``FENCING_GUARD_ADDR``  the guard to connect to; default
+                                           ``127.0.0.1:50052``
+=================  ======================  ===============================================
+
+The servers *bind* with ``--listen`` (``lease-server``, ``fencing-guard``) or
+``--lease-listen`` / ``--guard-listen`` (``fencing serve``), read from
+``FENCING_LEASE_LISTEN`` / ``FENCING_GUARD_LISTEN``: a ``*_ADDR`` variable is always
+where a client connects, a ``*_LISTEN`` one where a server binds.
+
+The former names (``--addr`` and ``FENCING_QUEUE_ADDR`` of the queue commands) still
+work for one release, with a deprecation warning on stderr.
+
+The TLS variables mean what they mean for a server (``FENCING_TLS_CERT``/``KEY``: this
 process's own certificate, ``FENCING_TLS_CA``: the CA of the peer's), so a command run
 inside a server's container (``fencing healthcheck``) can reuse the server's settings
 when one CA signs both sides.
@@ -10,11 +29,102 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+from fencing.client import GuardClient, LeaseClient
+from fencing.client.queue import QueueClient
 from fencing.tls import TLSConfig
+from serving.config import DeprecatedFlag, warn_deprecated
+
+LEASE_ADDR_ENV = "FENCING_LEASE_ADDR"
+GUARD_ADDR_ENV = "FENCING_GUARD_ADDR"
+DEFAULT_LEASE_ADDR = "127.0.0.1:50051"
+DEFAULT_GUARD_ADDR = "127.0.0.1:50052"
+
+
+def _address(
+    env: str, default: str, old_envs: Sequence[str], environ: Mapping[str, str] | None = None
+) -> Callable[[str], str]:
+    """An argparse ``type`` that turns the flag's unset marker ("") into the variable's
+    value (or a former variable's, with a warning), else ``default``.
+
+    argparse converts a string default through ``type`` only when the flag was not
+    given, and only for the subcommand being run, so a deprecated variable warns
+    exactly when it is what the command uses.
+    """
+
+    def convert(text: str) -> str:
+        if text.strip():
+            return text.strip()
+        source = os.environ if environ is None else environ
+        value = source.get(env, "").strip()
+        if value:
+            return value
+        for old in old_envs:
+            value = source.get(old, "").strip()
+            if value:
+                warn_deprecated(old, env)
+                return value
+        return default
+
+    convert.__name__ = "address"
+    return convert
+
+
+def _add_address(
+    p: argparse.ArgumentParser,
+    flag: str,
+    env: str,
+    default: str,
+    help: str,
+    old_flags: Sequence[str],
+    old_envs: Sequence[str],
+) -> None:
+    dest = flag.removeprefix("--").replace("-", "_")
+    formerly = ", ".join((*old_flags, *old_envs))
+    p.add_argument(
+        flag,
+        dest=dest,
+        default="",
+        type=_address(env, default, old_envs),
+        metavar="HOST:PORT",
+        help=f"{help} (env {env}; default {default}"
+        + (f"; formerly {formerly}, deprecated)" if formerly else ")"),
+    )
+    for old in old_flags:
+        p.add_argument(old, dest=dest, metavar="HOST:PORT", action=DeprecatedFlag, new=flag)
+
+
+def add_lease_address(
+    p: argparse.ArgumentParser,
+    help: str = "the lease server to connect to",
+    *,
+    old_flags: Sequence[str] = (),
+    old_envs: Sequence[str] = (),
+) -> None:
+    """Add ``--lease-addr HOST:PORT`` (``args.lease_addr``; env ``FENCING_LEASE_ADDR``).
+
+    ``old_flags`` / ``old_envs``: a command's former names for it, accepted with a
+    deprecation warning.
+    """
+    _add_address(p, "--lease-addr", LEASE_ADDR_ENV, DEFAULT_LEASE_ADDR, help, old_flags, old_envs)
+
+
+def add_guard_address(
+    p: argparse.ArgumentParser,
+    help: str = "the guard to connect to",
+    *,
+    old_flags: Sequence[str] = (),
+    old_envs: Sequence[str] = (),
+) -> None:
+    """Add ``--guard-addr HOST:PORT`` (``args.guard_addr``; env ``FENCING_GUARD_ADDR``)."""
+    _add_address(p, "--guard-addr", GUARD_ADDR_ENV, DEFAULT_GUARD_ADDR, help, old_flags, old_envs)
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
+    """Add the TLS and bearer-token options (``--tls-ca``, ``--tls-cert``, ``--tls-key``,
+    ``--tls-server-name``, ``--auth-token``)."""
     env = os.environ.get
     p.add_argument(
         "--tls-ca",
@@ -57,3 +167,23 @@ def tls_of(args: argparse.Namespace) -> TLSConfig | None:
     return TLSConfig(
         cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca, server_name=args.tls_server_name
     )
+
+
+def client_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``tls=`` and ``token=`` for any client constructor (sync or asyncio)."""
+    return {"tls": tls_of(args), "token": args.auth_token}
+
+
+def lease_client(args: argparse.Namespace, holder: str | None = None) -> LeaseClient:
+    """A :class:`LeaseClient` to ``--lease-addr`` with the TLS and token options."""
+    return LeaseClient(args.lease_addr, holder=holder or None, **client_options(args))
+
+
+def guard_client(args: argparse.Namespace) -> GuardClient:
+    """A :class:`GuardClient` to ``--guard-addr`` with the TLS and token options."""
+    return GuardClient(args.guard_addr, **client_options(args))
+
+
+def queue_client(args: argparse.Namespace) -> QueueClient:
+    """A :class:`QueueClient` to the lease server at ``--lease-addr``."""
+    return QueueClient(args.lease_addr, **client_options(args))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -23,9 +22,6 @@ from fencing.client import GuardClient, LeaseClient
 from fencing.errors import FencingError, InvalidArgumentError
 from fencing.types import Claim, Put
 from fencingctl import connect
-
-LEASE_ADDR = os.environ.get("FENCING_LEASE_ADDR", "127.0.0.1:50051")
-GUARD_ADDR = os.environ.get("FENCING_GUARD_ADDR", "127.0.0.1:50052")
 
 
 def _emit(args: argparse.Namespace, fields: dict[str, Any]) -> None:
@@ -53,16 +49,11 @@ def _guarded(
 
 
 def _lease_client(args: argparse.Namespace) -> LeaseClient:
-    return LeaseClient(
-        args.lease_addr,
-        holder=getattr(args, "holder", None) or None,
-        tls=connect.tls_of(args),
-        token=args.auth_token,
-    )
+    return connect.lease_client(args, holder=getattr(args, "holder", None))
 
 
 def _guard_client(args: argparse.Namespace) -> GuardClient:
-    return GuardClient(args.guard_addr, tls=connect.tls_of(args), token=args.auth_token)
+    return connect.guard_client(args)
 
 
 @_guarded
@@ -175,17 +166,9 @@ def _reset(args: argparse.Namespace, resource: str) -> dict[str, Any]:
 
 def _common(p: argparse.ArgumentParser, *, lease: bool) -> None:
     if lease:
-        p.add_argument(
-            "--lease-addr",
-            default=LEASE_ADDR,
-            help="lease server (env FENCING_LEASE_ADDR; default %(default)s)",
-        )
+        connect.add_lease_address(p)
     else:
-        p.add_argument(
-            "--guard-addr",
-            default=GUARD_ADDR,
-            help="guard (env FENCING_GUARD_ADDR; default %(default)s)",
-        )
+        connect.add_guard_address(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     connect.add_options(p)
 
@@ -250,11 +233,6 @@ def register(sub: Any) -> None:
         action="store_true",
         help="reset the fence to the lease server's last_token for RESOURCE",
     )
-    p.add_argument(
-        "--lease-addr",
-        default=LEASE_ADDR,
-        help="lease server asked for last_token by a reset (env FENCING_LEASE_ADDR; "
-        "default %(default)s)",
-    )
+    connect.add_lease_address(p, "the lease server a reset asks for last_token")
     _common(p, lease=False)
     p.set_defaults(run=_fence)

@@ -21,20 +21,15 @@ from fencing.errors import FencingError
 from fencingctl import connect
 from serving.server import configure_logging
 
-QUEUE_ADDR = os.environ.get("FENCING_QUEUE_ADDR") or os.environ.get(
-    "FENCING_LEASE_ADDR", "127.0.0.1:50051"
-)
-GUARD_ADDR = os.environ.get("FENCING_GUARD_ADDR", "127.0.0.1:50052")
-
 
 async def _publish(args: argparse.Namespace) -> int:
     from fencing.client.async_queue import AsyncQueueClient
     from fencing.outbox import GuardSink, OutboxPublisher
 
-    tls, token = connect.tls_of(args), args.auth_token
-    sink = GuardSink(args.guard_addr, key_prefix=args.key_prefix, tls=tls, token=token)
+    options = connect.client_options(args)
+    sink = GuardSink(args.guard_addr, key_prefix=args.key_prefix, **options)
     publisher = OutboxPublisher(
-        AsyncQueueClient(args.addr, tls=tls, token=token),
+        AsyncQueueClient(args.lease_addr, **options),
         sink,
         queue_name=args.queue,
         batch=args.batch,
@@ -42,7 +37,7 @@ async def _publish(args: argparse.Namespace) -> int:
         grace=args.grace,
     )
     print(
-        f"publishing queue {args.queue!r} from {args.addr} to the guard at {args.guard_addr}",
+        f"publishing queue {args.queue!r} from {args.lease_addr} to the guard at {args.guard_addr}",
         flush=True,
     )
     try:
@@ -71,17 +66,13 @@ def register(sub: Any) -> None:
     outbox = sub.add_parser("outbox", help="publish the transactional outbox")
     osub = outbox.add_subparsers(dest="outbox_command", required=True, metavar="ACTION")
     p = osub.add_parser("run", help="deliver outbox events through the guard until SIGTERM")
-    p.add_argument(
-        "--addr",
-        default=QUEUE_ADDR,
-        help="the lease server serving the outbox queue (env FENCING_QUEUE_ADDR or "
-        "FENCING_LEASE_ADDR; default %(default)s)",
+    connect.add_lease_address(
+        p,
+        "the lease server serving the outbox queue",
+        old_flags=["--addr"],
+        old_envs=["FENCING_QUEUE_ADDR"],
     )
-    p.add_argument(
-        "--guard-addr",
-        default=GUARD_ADDR,
-        help="the guard to deliver to (env FENCING_GUARD_ADDR; default %(default)s)",
-    )
+    connect.add_guard_address(p, "the guard to deliver to")
     p.add_argument("--queue", default="outbox", help="queue name (default %(default)s)")
     p.add_argument("--batch", type=int, default=100, help="events claimed and in flight at most")
     p.add_argument("--ttl", type=float, default=30.0, help="claim lease in seconds")

@@ -11,17 +11,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 from typing import Any
 
 from fencing.client.queue import QueueClient
 from fencing.errors import FencingError
 from fencingctl import connect
-
-QUEUE_ADDR = os.environ.get("FENCING_QUEUE_ADDR") or os.environ.get(
-    "FENCING_LEASE_ADDR", "127.0.0.1:50051"
-)
 
 COLUMNS = (
     ("queue", "queue"),
@@ -39,7 +34,7 @@ COLUMNS = (
 
 
 def _client(args: argparse.Namespace) -> QueueClient:
-    return QueueClient(args.addr, tls=connect.tls_of(args), token=args.auth_token)
+    return connect.queue_client(args)
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -94,11 +89,11 @@ def _enqueue(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--addr",
-        default=QUEUE_ADDR,
-        help="the lease server hosting the queues (env FENCING_QUEUE_ADDR or "
-        "FENCING_LEASE_ADDR; default %(default)s)",
+    connect.add_lease_address(
+        p,
+        "the lease server hosting the queues",
+        old_flags=["--addr"],
+        old_envs=["FENCING_QUEUE_ADDR"],
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     connect.add_options(p)

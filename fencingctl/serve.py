@@ -36,20 +36,24 @@ OPTIONS: tuple[config.Option, ...] = (
         metavar="PATH",
     ),
     config.Option(
-        "lease_addr",
-        "FENCING_LEASE_ADDR",
+        "lease_listen",
+        "FENCING_LEASE_LISTEN",
         "127.0.0.1:50051",
-        "lease server address; port 0 picks one",
+        "host:port the lease server binds; port 0 picks one",
         check=config.address,
         metavar="HOST:PORT",
+        old_keys=("lease_addr",),
+        old_envs=("FENCING_LEASE_ADDR",),
     ),
     config.Option(
-        "guard_addr",
-        "FENCING_GUARD_ADDR",
+        "guard_listen",
+        "FENCING_GUARD_LISTEN",
         "127.0.0.1:50052",
-        "guard address; port 0 picks one",
+        "host:port the guard binds; port 0 picks one",
         check=config.address,
         metavar="HOST:PORT",
+        old_keys=("guard_addr",),
+        old_envs=("FENCING_GUARD_ADDR",),
     ),
     config.Option(
         "fence_mode",
@@ -94,7 +98,7 @@ async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
     data: Path = args.data_path
     leases = await start_lease_server(
         f"sqlite:{data / 'leases.db'}",
-        args.lease_addr,
+        args.lease_listen,
         reflection=args.reflection,
         options=options,
         require_durable=args.require_durable,
@@ -104,7 +108,7 @@ async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
     try:
         guard = await start_guard(
             f"sqlite:{data / 'guard.db'}",
-            args.guard_addr,
+            args.guard_listen,
             mode=FenceMode(args.fence_mode),
             reflection=args.reflection,
             options=options,
@@ -148,7 +152,7 @@ def warn_if_new(data: Path) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     settled = config.settle(
-        args.parser, args, OPTIONS, ["lease_addr", "guard_addr"], lambda a: Path(a.data_dir)
+        args.parser, args, OPTIONS, ["lease_listen", "guard_listen"], lambda a: Path(a.data_dir)
     )
     if args.check_config:
         return settled.report(COMMAND)

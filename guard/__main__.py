@@ -43,17 +43,19 @@ OPTIONS: tuple[config.Option, ...] = (
         "fence_mode",
         "FENCING_FENCE_MODE",
         FenceMode.MONOTONIC.value,
-        "how writes are judged; watch also follows --lease-server's events (docs/modes.md); "
+        "how writes are judged; watch also follows --lease-addr's events (docs/modes.md); "
         "strict also requires the live lease (a postgres or redis store where the lease "
         "server keeps its leases); off accepts stale tokens: chaos control only",
         choices=tuple(m.value for m in FenceMode),
     ),
     config.Option(
-        "lease_server",
-        "FENCING_LEASE_SERVER",
+        "lease_addr",
+        "FENCING_LEASE_ADDR",
         "",
-        "in watch mode, the lease server whose events the guard follows",
+        "in watch mode, the lease server whose events the guard follows (connects to)",
         metavar="HOST:PORT",
+        old_keys=("lease_server",),
+        old_envs=("FENCING_LEASE_SERVER",),
     ),
     config.Option(
         "watch_prefix",
@@ -86,9 +88,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _store(args: argparse.Namespace) -> GuardStore:
-    if args.fence_mode == FenceMode.WATCH.value and not args.lease_server:
+    if args.fence_mode == FenceMode.WATCH.value and not args.lease_addr:
         raise InvalidArgumentError(
-            "--fence-mode watch needs --lease-server HOST:PORT to follow", field="lease_server"
+            "--fence-mode watch needs --lease-addr HOST:PORT to follow", field="lease_addr"
         )
     store = open_store(args.store)
     check_mode(store, FenceMode(args.fence_mode))
@@ -104,7 +106,7 @@ async def _run(args: argparse.Namespace, store: GuardStore, options: ServerOptio
         reflection=args.reflection,
         require_durable=args.require_durable,
         options=dataclasses.replace(options, reuse_port=args.reuse_port),
-        lease_server=args.lease_server,
+        lease_server=args.lease_addr,
         watch_prefix=args.watch_prefix,
     )
     print(

@@ -1,6 +1,6 @@
 """Watch mode: the guard follows the lease server's event stream and fences by itself (G4).
 
-A :class:`LeaseFollower` runs inside the guard (``--fence-mode watch --lease-server
+A :class:`LeaseFollower` runs inside the guard (``--fence-mode watch --lease-addr
 ADDR``). It keeps one ``Watch`` stream open on a prefix (default: every resource)
 and advances the store's fences through the ordinary ``GuardStore.fence`` (the
 promise; it never lowers a fence):

@@ -26,11 +26,12 @@ COMMAND = "lease-server"
 OPTIONS: tuple[config.Option, ...] = (
     config.Option(
         "listen",
-        "FENCING_LISTEN",
+        "FENCING_LEASE_LISTEN",
         "127.0.0.1:50051",
         "host:port to serve on; port 0 picks one",
         check=config.address,
         metavar="HOST:PORT",
+        old_envs=("FENCING_LISTEN",),
     ),
     config.Option(
         "backend",

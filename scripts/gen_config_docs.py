@@ -57,12 +57,34 @@ Commands: `lease-server` (`python -m lease_server`), `fencing-guard`
 FOOTER = """
 ## Clients
 
-The operator commands (`fencing lease ...`, `put`, `get`, `fence`) and
-`fencing healthcheck` take `--tls-ca`, `--tls-cert`, `--tls-key`,
+Addresses have one name each. A client connects to `--lease-addr`
+(`FENCING_LEASE_ADDR`, default `127.0.0.1:50051`; the lease server also hosts the
+queues) and `--guard-addr` (`FENCING_GUARD_ADDR`, default `127.0.0.1:50052`), in
+every command, the guard's watch mode included; a server binds `--listen`
+(`lease-server`, `fencing-guard`) or `--lease-listen` / `--guard-listen`
+(`fencing serve`), read from `FENCING_LEASE_LISTEN` / `FENCING_GUARD_LISTEN`. A
+`*_ADDR` variable is always where to connect, a `*_LISTEN` one where to bind.
+
+Former names:
+
+- `fencing queue ...`, `fencing outbox run`: `--addr` and `FENCING_QUEUE_ADDR` are
+  now `--lease-addr` and `FENCING_LEASE_ADDR`.
+- `fencing serve`: `--lease-addr` / `--guard-addr`, `FENCING_LEASE_ADDR` /
+  `FENCING_GUARD_ADDR` and the keys `lease_addr` / `guard_addr` are now
+  `--lease-listen` / `--guard-listen`, `FENCING_LEASE_LISTEN` /
+  `FENCING_GUARD_LISTEN`, `lease_listen` / `guard_listen`.
+- `lease-server`: `FENCING_LISTEN` is now `FENCING_LEASE_LISTEN`.
+- `fencing-guard`: `--lease-server`, `FENCING_LEASE_SERVER` and the key
+  `lease_server` are now `--lease-addr`, `FENCING_LEASE_ADDR`, `lease_addr`.
+
+The former names still work for this release, each with a deprecation warning on
+stderr; the next release drops them.
+
+The operator commands (`fencing lease ...`, `put`, `get`, `fence`, `queue`,
+`outbox run`) and `fencing healthcheck` take `--tls-ca`, `--tls-cert`, `--tls-key`,
 `--tls-server-name` and `--auth-token`, defaulting to `FENCING_TLS_CA`,
 `FENCING_TLS_CERT`, `FENCING_TLS_KEY`, `FENCING_TLS_SERVER_NAME` and
-`FENCING_AUTH_TOKEN`; `FENCING_LEASE_ADDR` and `FENCING_GUARD_ADDR` name the
-servers. The TLS variables mean the same on both sides (`CERT`/`KEY`: this
+`FENCING_AUTH_TOKEN`. The TLS variables mean the same on both sides (`CERT`/`KEY`: this
 process's own certificate; `CA`: the authority of the peer's), so a healthcheck run
 inside a server's container reuses the server's settings when one CA signs both.
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -128,10 +129,19 @@ class Option:
     metavar: str | None = None
     #: Applied to a value before it is checked (e.g. ``str.upper`` for log levels).
     normalize: Callable[[Any], Any] | None = None
+    #: Former TOML keys (and so flags) of this setting, still accepted for one release
+    #: with a deprecation warning on stderr.
+    old_keys: tuple[str, ...] = ()
+    #: Former environment variables, read after ``env`` (with a warning) for one release.
+    old_envs: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
-        return "--" + self.key.replace("_", "-")
+        return _flag(self.key)
+
+    @property
+    def old_flags(self) -> tuple[str, ...]:
+        return tuple(_flag(key) for key in self.old_keys)
 
     def parse(self, text: str) -> Any:
         value = _PARSE[self.kind](text)
@@ -147,6 +157,43 @@ class Option:
         if self.check is not None:
             self.check(value)
         return value
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def warn_deprecated(old: str, new: str) -> None:
+    """Say on stderr that ``old`` (a flag, variable or key) is deprecated for ``new``."""
+    print(
+        f"warning: {old} is deprecated and goes in the next release; use {new}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+class DeprecatedFlag(argparse.Action):
+    """A former flag: stores into the new one's ``dest`` and warns on stderr.
+
+    ``new`` (passed to ``add_argument``) names the flag that replaces it. The default
+    is ``argparse.SUPPRESS``, so the new flag's default is the one that stands.
+    """
+
+    def __init__(self, option_strings: Sequence[str], dest: str, new: str, **kwargs: Any):
+        kwargs.setdefault("default", argparse.SUPPRESS)
+        kwargs.setdefault("help", argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        warn_deprecated(option_string or self.option_strings[0], self.new)
+        setattr(namespace, self.dest, values)
 
 
 def _argparse_type(option: Option) -> Callable[[str], Any]:
@@ -176,7 +223,9 @@ def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> N
     for option in options:
         env = f" (env {option.env}"
         default = "" if option.default is None else f"; default {option.default}"
-        help_text = f"{option.help}{env}{default})".replace("%", "%%")
+        formerly = ", ".join((*option.old_flags, *option.old_envs))
+        formerly = f"; formerly {formerly}, deprecated" if formerly else ""
+        help_text = f"{option.help}{env}{default}{formerly})".replace("%", "%%")
         if option.kind is bool:
             parser.add_argument(
                 option.flag,
@@ -185,15 +234,28 @@ def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> N
                 default=None,
                 help=help_text,
             )
-        else:
+            if option.old_keys:
+                raise TypeError(f"{option.key}: a boolean setting with old_keys")
+            continue
+        metavar = option.metavar or (
+            "{" + ",".join(option.choices) + "}" if option.choices else option.key.upper()
+        )
+        parser.add_argument(
+            option.flag,
+            dest=option.key,
+            type=_argparse_type(option),
+            default=None,
+            metavar=metavar,
+            help=help_text,
+        )
+        for old in option.old_flags:
             parser.add_argument(
-                option.flag,
+                old,
                 dest=option.key,
                 type=_argparse_type(option),
-                default=None,
-                metavar=option.metavar
-                or ("{" + ",".join(option.choices) + "}" if option.choices else option.key.upper()),
-                help=help_text,
+                metavar=metavar,
+                action=DeprecatedFlag,
+                new=option.flag,
             )
 
 
@@ -217,16 +279,28 @@ def resolve(
     sources: dict[str, str] = {}
     for option in options:
         flag_value = getattr(args, option.key, None)
-        env_text = environ.get(option.env, "")
+        env_name = option.env
+        env_text = environ.get(env_name, "")
+        for old_env in option.old_envs if not env_text.strip() else ():
+            if environ.get(old_env, "").strip():
+                warn_deprecated(old_env, option.env)
+                env_name, env_text = old_env, environ[old_env]
+                break
+        file_key = option.key
+        for old_key in option.old_keys if option.key not in file_values else ():
+            if old_key in file_values:
+                warn_deprecated(f"{config_path}: {old_key}", option.key)
+                file_key = old_key
+                break
         try:
             if flag_value is not None:
                 value, source = flag_value, f"flag {option.flag}"
             elif env_text.strip():
-                source = f"env {option.env}"
+                source = f"env {env_name}"
                 value = option.parse(env_text)
-            elif option.key in file_values:
-                source = f"{config_path}: {option.key}"
-                value = option.validate(_from_toml(option.kind, file_values[option.key]))
+            elif file_key in file_values:
+                source = f"{config_path}: {file_key}"
+                value = option.validate(_from_toml(option.kind, file_values[file_key]))
             else:
                 value, source = option.default, "default"
         except ValueError as exc:
@@ -247,13 +321,13 @@ def _load_file(path: str, options: Sequence[Option]) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: cannot read: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: not valid TOML: {exc}") from exc
-    known = {option.key for option in options}
+    known = {key for option in options for key in (option.key, *option.old_keys)}
     unknown = [key for key in data if key not in known]
     if unknown:
         raise ConfigError(
             f"config file {path}: unknown key {unknown[0]!r}"
             + (f" (and {', '.join(map(repr, unknown[1:]))})" if unknown[1:] else "")
-            + f"; known keys: {', '.join(sorted(known))}"
+            + f"; known keys: {', '.join(sorted(option.key for option in options))}"
         )
     return data
 
@@ -513,6 +587,9 @@ def markdown_table(commands: Mapping[str, Sequence[Option]]) -> str:
         meaning = option.help
         if option.choices:
             meaning += " (" + " \\| ".join(option.choices) + ")"
+        formerly = [f"`{name}`" for name in (*option.old_flags, *option.old_envs)]
+        if formerly:
+            meaning += f"; formerly {', '.join(formerly)} (deprecated, still read)"
         out.append(
             f"| `{option.key}` | `{option.flag}` | `{option.env}` | {default} | {who} | {meaning} |"
         )
@@ -524,6 +601,7 @@ __all__ = [
     "SERVER_OPTIONS",
     "WORKERS",
     "ConfigError",
+    "DeprecatedFlag",
     "Option",
     "Settled",
     "add_options",
@@ -532,4 +610,5 @@ __all__ = [
     "resolve",
     "server_options",
     "settle",
+    "warn_deprecated",
 ]

@@ -193,7 +193,7 @@ def test_fencing_outbox_run_publishes_until_sigterm(
             "fencingctl",
             "outbox",
             "run",
-            "--addr",
+            "--lease-addr",
             servers.queue_address,
             "--guard-addr",
             servers.guard_address,

@@ -322,7 +322,15 @@ def test_the_queue_cli_enqueues_and_reports(servers: RunningServers) -> None:
 
     def fencing(*args: str) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "fencingctl", "queue", *args, "--addr", servers.queue_address],
+            [
+                sys.executable,
+                "-m",
+                "fencingctl",
+                "queue",
+                *args,
+                "--lease-addr",
+                servers.queue_address,
+            ],
             capture_output=True,
             text=True,
             timeout=60,

@@ -32,12 +32,12 @@ def toml(tmp_path: Path) -> Path:
 
 
 def test_precedence_flag_env_file_default(toml: Path) -> None:
-    env = {"FENCING_METRICS_PORT": "9200", "FENCING_LISTEN": "127.0.0.1:7100"}
+    env = {"FENCING_METRICS_PORT": "9200", "FENCING_LEASE_LISTEN": "127.0.0.1:7100"}
     args, sources = resolve(["--config", str(toml), "--metrics-port", "9100"], env)
     assert args.metrics_port == 9100
     assert sources["metrics_port"] == "flag --metrics-port"
     assert args.listen == "127.0.0.1:7100"
-    assert sources["listen"] == "env FENCING_LISTEN"
+    assert sources["listen"] == "env FENCING_LEASE_LISTEN"
     assert args.log_format == "json"
     assert sources["log_format"] == f"{toml}: log_format"
     assert args.grace == 5.0

@@ -137,7 +137,7 @@ def test_the_healthcheck_asks_both_servers_the_cmd_starts() -> None:
     assert args.run is healthcheck.run
     cmd = next(ins for ins in reversed(FINAL) if ins.keyword == "CMD").words
     ports = [
-        cmd[cmd.index(flag) + 1].rsplit(":", 1)[1] for flag in ("--lease-addr", "--guard-addr")
+        cmd[cmd.index(flag) + 1].rsplit(":", 1)[1] for flag in ("--lease-listen", "--guard-listen")
     ]
     assert args.addresses == [f"127.0.0.1:{port}" for port in ports]
     exposed = {w for ins in FINAL if ins.keyword == "EXPOSE" for w in ins.words}
@@ -203,7 +203,7 @@ def test_expose_is_exactly_what_the_default_command_serves() -> None:
     cmd = next(ins for ins in reversed(FINAL) if ins.keyword == "CMD").words
     assert cmd[:2] == ["fencing", "serve"]
     args = fencing_parser().parse_args(cmd[1:])
-    served = {args.lease_addr.rsplit(":", 1)[1], args.guard_addr.rsplit(":", 1)[1]}
+    served = {args.lease_listen.rsplit(":", 1)[1], args.guard_listen.rsplit(":", 1)[1]}
     if args.metrics_port:
         served.add(str(args.metrics_port))
         assert args.metrics_host == "0.0.0.0", "metrics must be reachable from outside"

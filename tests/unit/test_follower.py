@@ -51,7 +51,7 @@ def test_watch_mode_needs_a_lease_server(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit) as exit_:
         guard_main.main(["--fence-mode", "watch"])
     assert exit_.value.code == 2
-    assert "--lease-server" in capsys.readouterr().err
+    assert "--lease-addr" in capsys.readouterr().err
 
 
 def test_each_log_and_prefix_has_its_own_cursor_name() -> None:
