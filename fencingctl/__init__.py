@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from fencing._version import VERSION
 from fencingctl import chaos, demo, healthcheck, migrate, ops, outbox, queue, serve
+from serving import exits
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -23,6 +24,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fencing",
         description="Fencing tokens for distributed ownership: lease server, guard, tools.",
+        epilog=exits.table_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -1,7 +1,9 @@
 """Operator commands: ``fencing lease acquire|renew|release|describe``, ``put``, ``get``, ``fence``.
 
 Each prints one line of ``key=value`` pairs (or JSON with ``--json``) and exits 0,
-or prints ``error: REASON: message`` to stderr and exits 1.
+or prints ``error: REASON: message`` to stderr (with ``--json`` also an object
+``{reason, message, metadata, exit_code}`` on stdout) and exits with the reason's
+code in :data:`serving.exits.TABLE`.
 
 ``fencing fence reset RESOURCE`` is the recovery from a fence a token nobody was
 granted wedged: it asks the lease server for the resource's ``last_token`` (the
@@ -14,14 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from typing import Any
+
+import grpc
 
 from fencing.client import GuardClient, LeaseClient
 from fencing.errors import FencingError, InvalidArgumentError
 from fencing.types import Claim, Put
 from fencingctl import connect
+from serving import exits
 
 
 def _emit(args: argparse.Namespace, fields: dict[str, Any]) -> None:
@@ -37,13 +41,10 @@ def _guarded(
     def run(args: argparse.Namespace) -> int:
         try:
             _emit(args, fn(args))
-        except FencingError as exc:
-            print(f"error: {exc.reason}: {exc}", file=sys.stderr)
-            return 1
-        except ValueError as exc:  # unreadable certificate files
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        return 0
+        except (FencingError, grpc.RpcError, ValueError) as exc:
+            # ValueError: unreadable certificate files (a usage error).
+            return exits.fail(exc, as_json=args.json)
+        return exits.OK
 
     return run
 

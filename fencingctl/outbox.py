@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 from typing import Any
 
 from fencing.errors import FencingError
 from fencingctl import connect
+from serving import exits
 from serving.server import configure_logging
 
 
@@ -57,9 +57,8 @@ def _run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
     try:
         return asyncio.run(_publish(args))
-    except FencingError as exc:
-        print(f"error: {exc.reason}: {exc}", file=sys.stderr)
-        return 1
+    except (FencingError, ValueError) as exc:
+        return exits.fail(exc)
 
 
 def register(sub: Any) -> None:

@@ -18,7 +18,7 @@ from guard.fence import FenceMode
 from guard.server import start_guard
 from lease_server.queue.service import QUEUE_OPTIONS, QueueOptions
 from lease_server.server import start_lease_server
-from serving import config
+from serving import config, exits
 from serving.server import ServerOptions, configure_logging, serve_until_signal
 
 COMMAND = "fencing serve"
@@ -158,7 +158,23 @@ def run(args: argparse.Namespace) -> int:
         return settled.report(COMMAND)
     configure_logging(args.log_level, args.log_format)
     args.data_path = settled.extra.resolve()
-    warn_if_new(args.data_path)
-    args.data_path.mkdir(parents=True, exist_ok=True)
-    asyncio.run(_serve(args, settled.server))
+    try:
+        warn_if_new(args.data_path)
+        args.data_path.mkdir(parents=True, exist_ok=True)
+        asyncio.run(_serve(args, settled.server))
+    except Exception as exc:
+        return exits.startup_exit(
+            COMMAND,
+            exc,
+            debug=args.log_level == "DEBUG",
+            listen=[
+                exits.Setting("--lease-listen", "FENCING_LEASE_LISTEN", args.lease_listen),
+                exits.Setting("--guard-listen", "FENCING_GUARD_LISTEN", args.guard_listen),
+            ],
+            # Leases and fences are files in the data directory; only a queue URL
+            # names a server to reach.
+            backend=exits.Setting("--queue", "FENCING_QUEUE", args.queue)
+            if args.queue and not args.queue.startswith("sqlite:")
+            else exits.Setting("--data-dir", "FENCING_DATA_DIR", str(args.data_path)),
+        )
     return 0
