@@ -19,7 +19,7 @@ from typing import Any
 from fencing.errors import FencingError
 from fencingctl import connect
 from serving import exits
-from serving.server import configure_logging
+from serving.logs import configure_logging
 
 
 async def _publish(args: argparse.Namespace) -> int:

@@ -19,7 +19,8 @@ from guard.server import start_guard
 from lease_server.queue.service import QUEUE_OPTIONS, QueueOptions
 from lease_server.server import start_lease_server
 from serving import config, exits
-from serving.server import ServerOptions, configure_logging, serve_until_signal
+from serving.logs import banner, configure_logging
+from serving.server import ServerOptions, serve_until_signal
 
 COMMAND = "fencing serve"
 #: The files whose absence makes a data directory new (nothing was ever granted there).
@@ -119,11 +120,19 @@ async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
     except BaseException:
         await leases.stop(0)
         raise
-    print(f"lease server listening on {leases.address}", flush=True)
-    print(f"guard listening on {guard.address} (fence mode {args.fence_mode})", flush=True)
+    banner(f"lease server listening on {leases.address}", address=leases.address)
+    banner(
+        f"guard listening on {guard.address} (fence mode {args.fence_mode})",
+        address=guard.address,
+        fence_mode=args.fence_mode,
+    )
     if leases.queue is not None:
-        print(f"queue service on {leases.address} ({leases.queue.name})", flush=True)
-    print(f"data in {data}; stop with Ctrl-C or SIGTERM", flush=True)
+        banner(
+            f"queue service on {leases.address} ({leases.queue.name})",
+            address=leases.address,
+            queue_backend=leases.queue.name,
+        )
+    banner(f"data in {data}; stop with Ctrl-C or SIGTERM", data_dir=str(data))
     signal_name = await serve_until_signal(
         [guard, leases],
         grace=args.grace,
@@ -131,7 +140,7 @@ async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
     )
-    print(f"{signal_name}: stopped", flush=True)
+    banner(f"{signal_name}: stopped", signal=signal_name)
 
 
 def warn_if_new(data: Path) -> bool:

@@ -17,7 +17,8 @@ from guard.fence import FenceMode
 from guard.server import DEFAULT_IDEMPOTENCY_RETENTION_S, check_mode, start_guard
 from guard.stores import GuardStore, open_store
 from serving import config, exits
-from serving.server import ServerOptions, configure_logging, serve_until_signal
+from serving.logs import banner, configure_logging
+from serving.server import ServerOptions, serve_until_signal
 from serving.supervisor import run_workers
 
 COMMAND = "fencing-guard"
@@ -114,10 +115,12 @@ async def _run(args: argparse.Namespace, store: GuardStore, options: ServerOptio
         lease_server=args.lease_addr,
         watch_prefix=args.watch_prefix,
     )
-    print(
+    banner(
         f"guard listening on {server.address} (store {server.store.name}, "
         f"fence mode {args.fence_mode})",
-        flush=True,
+        address=server.address,
+        store=server.store.name,
+        fence_mode=args.fence_mode,
     )
     await serve_until_signal(
         [server],

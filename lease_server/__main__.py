@@ -18,7 +18,8 @@ from lease_server.queue.backends import queue_url_for
 from lease_server.queue.service import QUEUE_OPTIONS, QueueOptions
 from lease_server.server import QUEUE_OFF, start_lease_server
 from serving import config, exits
-from serving.server import ServerOptions, configure_logging, serve_until_signal
+from serving.logs import banner, configure_logging
+from serving.server import ServerOptions, serve_until_signal
 from serving.supervisor import run_workers
 
 COMMAND = "lease-server"
@@ -84,9 +85,17 @@ async def _run(args: argparse.Namespace, backend: LeaseBackend, options: ServerO
         queue=args.queue or queue_url_for(args.backend) or QUEUE_OFF,
         queue_options=QueueOptions.from_args(args),
     )
-    print(f"lease server listening on {server.address} (backend {server.backend.name})", flush=True)
+    banner(
+        f"lease server listening on {server.address} (backend {server.backend.name})",
+        address=server.address,
+        backend=server.backend.name,
+    )
     if server.queue is not None:
-        print(f"queue service on {server.address} ({server.queue.name})", flush=True)
+        banner(
+            f"queue service on {server.address} ({server.queue.name})",
+            address=server.address,
+            queue_backend=server.queue.name,
+        )
     await serve_until_signal(
         [server],
         grace=args.grace,
