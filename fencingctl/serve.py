@@ -120,25 +120,29 @@ async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
     except BaseException:
         await leases.stop(0)
         raise
-    banner(f"lease server listening on {leases.address}", address=leases.address)
-    banner(
-        f"guard listening on {guard.address} (fence mode {args.fence_mode})",
-        address=guard.address,
-        fence_mode=args.fence_mode,
-    )
-    if leases.queue is not None:
+
+    def ready() -> None:
+        banner(f"lease server listening on {leases.address}", address=leases.address)
         banner(
-            f"queue service on {leases.address} ({leases.queue.name})",
-            address=leases.address,
-            queue_backend=leases.queue.name,
+            f"guard listening on {guard.address} (fence mode {args.fence_mode})",
+            address=guard.address,
+            fence_mode=args.fence_mode,
         )
-    banner(f"data in {data}; stop with Ctrl-C or SIGTERM", data_dir=str(data))
+        if leases.queue is not None:
+            banner(
+                f"queue service on {leases.address} ({leases.queue.name})",
+                address=leases.address,
+                queue_backend=leases.queue.name,
+            )
+        banner(f"data in {data}; stop with Ctrl-C or SIGTERM", data_dir=str(data))
+
     signal_name = await serve_until_signal(
         [guard, leases],
         grace=args.grace,
         metrics=options.metrics,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        on_ready=ready,
     )
     banner(f"{signal_name}: stopped", signal=signal_name)
 

@@ -115,19 +115,23 @@ async def _run(args: argparse.Namespace, store: GuardStore, options: ServerOptio
         lease_server=args.lease_addr,
         watch_prefix=args.watch_prefix,
     )
-    banner(
-        f"guard listening on {server.address} (store {server.store.name}, "
-        f"fence mode {args.fence_mode})",
-        address=server.address,
-        store=server.store.name,
-        fence_mode=args.fence_mode,
-    )
+
+    def ready() -> None:
+        banner(
+            f"guard listening on {server.address} (store {server.store.name}, "
+            f"fence mode {args.fence_mode})",
+            address=server.address,
+            store=server.store.name,
+            fence_mode=args.fence_mode,
+        )
+
     await serve_until_signal(
         [server],
         grace=args.grace,
         metrics=options.metrics,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        on_ready=ready,
     )
 
 

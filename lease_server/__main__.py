@@ -85,23 +85,27 @@ async def _run(args: argparse.Namespace, backend: LeaseBackend, options: ServerO
         queue=args.queue or queue_url_for(args.backend) or QUEUE_OFF,
         queue_options=QueueOptions.from_args(args),
     )
-    banner(
-        f"lease server listening on {server.address} (backend {server.backend.name})",
-        address=server.address,
-        backend=server.backend.name,
-    )
-    if server.queue is not None:
+
+    def ready() -> None:
         banner(
-            f"queue service on {server.address} ({server.queue.name})",
+            f"lease server listening on {server.address} (backend {server.backend.name})",
             address=server.address,
-            queue_backend=server.queue.name,
+            backend=server.backend.name,
         )
+        if server.queue is not None:
+            banner(
+                f"queue service on {server.address} ({server.queue.name})",
+                address=server.address,
+                queue_backend=server.queue.name,
+            )
+
     await serve_until_signal(
         [server],
         grace=args.grace,
         metrics=options.metrics,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        on_ready=ready,
     )
 
 

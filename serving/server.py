@@ -304,19 +304,25 @@ async def serve_until_signal(
     metrics: Metrics | None = None,
     metrics_port: int = 0,
     metrics_host: str = "127.0.0.1",
+    on_ready: Callable[[], None] | None = None,
 ) -> str:
     """Serve ``/metrics`` (unless port 0), wait for SIGTERM/SIGINT, then stop ``servers``.
 
     Each server reports NOT_SERVING, stops accepting and drains its calls for up to
     ``grace`` seconds, then closes its backend. Returns the signal's name.
+    ``on_ready`` (the start banner) runs once the signal handlers are in place, so a
+    SIGTERM sent as soon as the banner is read drains instead of killing the process.
     """
+    signals = SignalWaiter()
     endpoint = None
-    if metrics is not None and metrics_port:
-        endpoint = metrics.serve_http(metrics_port, metrics_host)
-        url = f"http://{metrics_host}:{endpoint.port}/metrics"
-        banner(f"metrics on {url}", metrics_url=url)
     try:
-        name = await wait_for_signal()
+        if on_ready is not None:
+            on_ready()
+        if metrics is not None and metrics_port:
+            endpoint = metrics.serve_http(metrics_port, metrics_host)
+            url = f"http://{metrics_host}:{endpoint.port}/metrics"
+            banner(f"metrics on {url}", metrics_url=url)
+        name = await signals.received
         # A normal stop, so INFO: a WARNING here would page on every deploy.
         log.info(
             "%s: draining for up to %g s", name, grace, extra={"signal": name, "grace_s": grace}
@@ -325,25 +331,39 @@ async def serve_until_signal(
         log.info("stopped", extra={"signal": name})
         return name
     finally:
+        signals.close()
         if endpoint is not None:
             endpoint.close()
 
 
+class SignalWaiter:
+    """SIGTERM and SIGINT handlers on the running loop from construction until
+    :meth:`close`; ``received`` resolves to the first signal's name."""
+
+    SIGNALS = ("SIGTERM", "SIGINT")
+
+    def __init__(self) -> None:
+        import signal
+
+        self._loop = asyncio.get_running_loop()
+        self.received: asyncio.Future[str] = self._loop.create_future()
+        self._signals = [signal.Signals[name] for name in self.SIGNALS]
+        for sig in self._signals:
+            self._loop.add_signal_handler(sig, self._on_signal, sig.name)
+
+    def _on_signal(self, name: str) -> None:
+        if not self.received.done():
+            self.received.set_result(name)
+
+    def close(self) -> None:
+        for sig in self._signals:
+            self._loop.remove_signal_handler(sig)
+
+
 async def wait_for_signal() -> str:
     """Block until SIGTERM or SIGINT arrives; return its name."""
-    import signal
-
-    loop = asyncio.get_running_loop()
-    received: asyncio.Future[str] = loop.create_future()
-
-    def _on_signal(sig: signal.Signals) -> None:
-        if not received.done():
-            received.set_result(sig.name)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _on_signal, sig)
+    signals = SignalWaiter()
     try:
-        return await received
+        return await signals.received
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+        signals.close()
