@@ -297,10 +297,95 @@ def _esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
+# -- label layout ---------------------------------------------------------------------------
+
+#: Advance of one character, in em, of the sans-serif faces browsers pick (a generous
+#: estimate: digits and lower case are about 0.55 em in DejaVu Sans and Arial).
+CHAR_EM: Final = {False: 0.62, True: 0.68}
+FONT: Final = 11
+#: Drawn under every label: a white outline, so grid lines and bars never cut
+#: through the letters.
+HALO: Final = ' stroke="white" stroke-width="3" stroke-linejoin="round" paint-order="stroke"'
+
+
+def text_width(text: str, size: float = FONT, bold: bool = False) -> float:
+    """The estimated width in px of ``text`` at ``size`` px."""
+    return len(text) * CHAR_EM[bold] * size
+
+
+@dataclass(frozen=True)
+class Box:
+    """An axis-aligned rectangle: a label's ink, or a mark the labels must not cover."""
+
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+
+    def overlaps(self, other: Box, pad: float = 1.0) -> bool:
+        return not (
+            self.x1 + pad <= other.x0
+            or other.x1 + pad <= self.x0
+            or self.y1 + pad <= other.y0
+            or other.y1 + pad <= self.y0
+        )
+
+    def inside(self, outer: Box) -> bool:
+        return (
+            self.x0 >= outer.x0 and self.x1 <= outer.x1 and self.y0 >= outer.y0
+            and self.y1 <= outer.y1
+        )  # fmt: skip
+
+
+def text_box(x: float, y: float, text: str, size: float, bold: bool, anchor: str) -> Box:
+    """The box of a ``<text>`` at baseline ``y``: ascent 0.8 em above, descent 0.25 below."""
+    w = text_width(text, size, bold)
+    x0 = x - w if anchor == "end" else x - w / 2 if anchor == "middle" else x
+    return Box(x0, y - 0.8 * size, x0 + w, y + 0.25 * size)
+
+
+@dataclass
+class Labels:
+    """Places labels without overlaps: each takes the first of its candidate positions
+    that stays in its area and clears every label and mark placed before it."""
+
+    taken: list[Box]
+
+    def block(self, box: Box) -> None:
+        self.taken.append(box)
+
+    def place(
+        self,
+        text: str,
+        candidates: Sequence[tuple[float, float, str]],
+        area: Box,
+        *,
+        fill: str = "#222",
+        size: float = FONT,
+        bold: bool = False,
+        own: Box | None = None,
+    ) -> str:
+        """The ``<text>`` at the first free candidate ``(x, baseline, anchor)``, or "".
+
+        ``own``: the shape the label names, which it may cover.
+        """
+        for x, y, anchor in candidates:
+            box = text_box(x, y, text, size, bold, anchor)
+            if box.inside(area) and not any(box.overlaps(t) for t in self.taken if t is not own):
+                self.taken.append(box)
+                weight = ' font-weight="bold"' if bold else ""
+                size_attr = f' font-size="{size:g}"' if size != FONT else ""
+                return (
+                    f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" fill="{fill}"'
+                    f"{weight}{size_attr}{HALO}>{_esc(text)}</text>"
+                )
+        return ""
+
+
 def _write_mark(
-    o: Operation, x: float, y: float, color: str, flagged: bool, t0: float, label: bool
+    o: Operation, x: float, y: float, color: str, flagged: bool, t0: float
 ) -> list[str]:
-    """One write's mark; ``label``: also write what happened next to it."""
+    """One write's mark (its label is laid out by :func:`timeline_svg`)."""
     when = (o.end_ns if not o.pending else o.start_ns) - t0
     tip = (
         f"{o.process} write {o.key}={o.value!r} token {o.token} -> {o.type}"
@@ -326,21 +411,11 @@ def _write_mark(
             f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4.5" fill="white" stroke="{UNKNOWN}" '
             f'stroke-width="2"/>'
         )
-    if o.fail and label:
-        parts.append(
-            f'<text x="{x + 9:.1f}" y="{y + 4:.1f}" fill="{REJECTED}" font-weight="bold">'
-            f"{_esc(o.error or 'rejected')}</text>"
-        )
     if flagged:
         parts.append(
             f'<circle cx="{x:.1f}" cy="{y:.1f}" r="10" fill="none" stroke="{FLAGGED}" '
             f'stroke-width="3"/>'
         )
-        if label:
-            parts.append(
-                f'<text x="{x + 13:.1f}" y="{y + 4:.1f}" fill="{FLAGGED}" '
-                f'font-weight="bold">stale, accepted</text>'
-            )
     parts.append("</g>")
     return parts
 
@@ -374,18 +449,22 @@ def timeline_svg(run: RunOutcome, clients: list[str]) -> str:
     height = y + 24
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height:.0f}" '
-        f'viewBox="0 0 {WIDTH} {height:.0f}" font-family="sans-serif" font-size="11">'
+        f'viewBox="0 0 {WIDTH} {height:.0f}" font-family="sans-serif" font-size="{FONT}">'
     ]
-    # Faults first, under everything, labelled along the top.
-    for i, f in enumerate(run.faults):
+    # Labels are laid out after every shape is known and drawn last, over them: the
+    # fixed ones first (axis, lanes), then the marks they must not cover, then by
+    # importance: faults, the writes that went wrong, the bars.
+    labels = Labels([])
+    texts: list[str] = []
+    page = Box(0, 0, WIDTH, height)
+    # Faults first, under everything.
+    for f in run.faults:
         fx, fw = x(f.start_ns), max(2.0, x(f.end_ns) - x(f.start_ns))
         tip = f"{f.kind} {f.target}: {f.detail} ({(f.end_ns - f.start_ns) / 1e9:.2f} s)"
         out.append(
             f'<g><title>{_esc(tip)}</title><rect x="{fx:.1f}" y="{TOP - 6}" width="{fw:.1f}" '
             f'height="{height - TOP - 18:.0f}" fill="#e15759" fill-opacity="0.13" '
-            f'stroke="#e15759" stroke-opacity="0.5" stroke-dasharray="4 3"/>'
-            f'<text x="{fx + 3:.1f}" y="{12 + (i % 2) * 12}" fill="#b03030" '
-            f'font-weight="bold">{_esc(f.kind + " " + f.target)}</text></g>'
+            f'stroke="#e15759" stroke-opacity="0.5" stroke-dasharray="4 3"/></g>'
         )
     # Time axis.
     span_s = (t1 - t0) / 1e9
@@ -396,24 +475,33 @@ def timeline_svg(run: RunOutcome, clients: list[str]) -> str:
         out.append(
             f'<line x1="{tx:.1f}" y1="{TOP - 6}" x2="{tx:.1f}" y2="{height - 20:.0f}" '
             f'stroke="#ddd" stroke-width="1"/>'
-            f'<text x="{tx:.1f}" y="{height - 6:.0f}" text-anchor="middle" '
-            f'fill="#555">{tick:g}s</text>'
         )
+        texts.append(labels.place(f"{tick:g}s", [(tx, height - 6, "middle")], page, fill="#555"))
         tick += step
     rows_of: dict[tuple[str, str, int], int] = {}
+    placed_bars: list[tuple[Bar, float, float, float, Box]] = []
     for r in resources:
         top, rows = lanes[r]
+        lane = Box(LEFT - 4, top - 4, WIDTH - RIGHT + 4, top + rows * ROW)
         out.append(
             f'<rect x="{LEFT - 4}" y="{top - 4:.1f}" width="{plot_w + 8}" '
             f'height="{rows * ROW + 4}" fill="none" stroke="#999" stroke-width="0.8"/>'
-            f'<text x="{LEFT - 10}" y="{top + ROW * rows / 2 + 4:.1f}" text-anchor="end" '
-            f'font-size="13" font-weight="bold">{_esc(r)}</text>'
+        )
+        texts.append(
+            labels.place(
+                r,
+                [(LEFT - 10, top + ROW * rows / 2 + 4, "end")],
+                Box(0, top - 4, LEFT - 4, top + rows * ROW),
+                size=13,
+                bold=True,
+            )
         )
         for bar in by_resource[r]:
             rows_of[(bar.process, r, bar.token)] = bar.row
             color = _color(bar.process, clients)
             bx, bw = x(bar.start), max(2.0, x(bar.end) - x(bar.start))
             by = top + bar.row * ROW
+            placed_bars.append((bar, bx, bw, by, lane))
             tip = (
                 f"{bar.process} holds {r} with token {bar.token}: "
                 f"{(bar.start - t0) / 1e9:.3f}-{(bar.end - t0) / 1e9:.3f} s, ends {bar.how}"
@@ -424,11 +512,6 @@ def timeline_svg(run: RunOutcome, clients: list[str]) -> str:
                 f'width="{bw:.1f}" height="{ROW - 6}" rx="3" fill="{color}" '
                 f'fill-opacity="0.35" stroke="{color}"{dash}/>'
             )
-            if bw > 46:
-                out.append(
-                    f'<text x="{bx + 4:.1f}" y="{by + ROW - 11:.1f}" fill="#222">'
-                    f"{_esc(bar.process)} t{bar.token}</text>"
-                )
             if bar.tail > bar.end:
                 # Still writing with this token after its lease ended: a thin tail.
                 ty = by + (ROW - 6) / 2
@@ -438,6 +521,8 @@ def timeline_svg(run: RunOutcome, clients: list[str]) -> str:
                     f'stroke-dasharray="2 3"/>'
                 )
             out.append("</g>")
+    # The writes; the ones that went wrong are obstacles no label may cover.
+    said: list[tuple[str, float, float, float, Box]] = []  # (text, x, y, offset, lane)
     labelled: set[tuple[str, int, bool]] = set()  # (resource, row, flagged): said once
     for o in sorted(ops, key=lambda o: o.start_ns if o.pending else o.end_ns):
         if o.op != "write" or o.token is None or o.resource not in lanes:
@@ -447,11 +532,80 @@ def timeline_svg(run: RunOutcome, clients: list[str]) -> str:
         when = float(o.start_ns if o.pending else o.end_ns)
         mx, my = x(when), top + row * ROW + (ROW - 6) / 2
         is_flagged = o.op_id in flagged
-        said = (o.resource, row, is_flagged)
-        label = (o.fail or is_flagged) and said not in labelled
-        if label:
-            labelled.add(said)
-        out += _write_mark(o, mx, my, _color(o.process, clients), is_flagged, t0, label)
+        out += _write_mark(o, mx, my, _color(o.process, clients), is_flagged, t0)
+        if is_flagged or o.fail or not o.ok:
+            radius = 10.0 if is_flagged else 6.0
+            labels.block(Box(mx - radius, my - radius, mx + radius, my + radius))
+        key = (o.resource, row, is_flagged)
+        if (o.fail or is_flagged) and key not in labelled:
+            labelled.add(key)
+            lane = Box(LEFT - 4, top - 4, WIDTH - RIGHT + 4, top + rows * ROW)
+            text = "stale, accepted" if is_flagged else (o.error or "rejected")
+            said.append((text, mx, my, 13.0 if is_flagged else 9.0, lane))
+    # No label lies on a bar but its own: over another it would hide that one's name,
+    # or seem to be it.
+    shapes = {id(bar): Box(bx, by, bx + bw, by + ROW - 6) for bar, bx, bw, by, _ in placed_bars}
+    for shape in shapes.values():
+        labels.block(shape)
+    for i, f in enumerate(run.faults):
+        fx, fw = x(f.start_ns), max(2.0, x(f.end_ns) - x(f.start_ns))
+        first, second = (12, 24) if i % 2 == 0 else (24, 12)
+        texts.append(
+            labels.place(
+                f.kind + " " + f.target,
+                [(fx + 3, first, "start"), (fx + 3, second, "start"),
+                 (fx + fw - 3, first, "end"), (fx + fw - 3, second, "end")],
+                Box(0, 0, WIDTH, TOP - 6),
+                fill="#b03030",
+                bold=True,
+            )
+        )  # fmt: skip
+    for text, mx, my, off, lane in said:
+        fill = FLAGGED if text == "stale, accepted" else REJECTED
+        spots = [
+            (mx + off, my + 4 + dy, anchor)
+            if anchor == "start"
+            else (mx - off, my + 4 + dy, anchor)
+            for dy in (0.0, -ROW, ROW, -2 * ROW, 2 * ROW)
+            for anchor in ("start", "end")
+        ]
+        texts.append(labels.place(text, spots, lane, fill=fill, bold=True))
+    # Every bar is named: inside it if the name fits, else just after or before it, or
+    # in the free space of the row below or above; else by its token alone.
+    for bar, bx, bw, by, lane in placed_bars:
+        rows = lanes[bar.resource][1]
+        shape = shapes[id(bar)]
+        inside = Box(bx + 1, by, bx + bw - 1, by + ROW - 6)
+        baseline = by + ROW - 11
+        drawn = ""
+        near: list[tuple[float, float, str]] = [
+            (bx + bw + 3, baseline, "start"),
+            (bx - 3, baseline, "end"),
+        ]
+        # The free space of a row below or above, nearest first.
+        other_rows: list[tuple[float, float, str]] = [
+            spot
+            for dy in sorted(range(-bar.row, rows - bar.row), key=abs)[1:]
+            for spot in (
+                (bx, baseline + dy * ROW, "start"),
+                (bx + bw, baseline + dy * ROW, "end"),
+            )
+        ]
+        names = (f"{bar.process} t{bar.token}", f"t{bar.token}")
+        within = [(bx + 4, baseline, "start"), (bx + bw / 2, baseline, "middle")]
+        drawn = ""
+        # Closeness first: the name, or the token alone, on or beside the bar; only
+        # then in another row.
+        for tier in (near, other_rows):
+            for text in names:
+                drawn = labels.place(text, within, inside, own=shape) if tier is near else ""
+                drawn = drawn or labels.place(text, tier, lane)
+                if drawn:
+                    break
+            if drawn:
+                break
+        texts.append(drawn)
+    out += [t for t in texts if t]
     out.append("</svg>")
     return "".join(out)
 

@@ -25,6 +25,7 @@ from fencingctl import (
     serve,
     watch,
 )
+from serving import exits
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -35,6 +36,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fencing",
         description="Fencing tokens for distributed ownership: lease server, guard, tools.",
+        epilog=exits.table_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -24,6 +24,7 @@ from fencing.client import GuardClient, LeaseClient
 from fencing.election import Election, Leader
 from fencing.errors import AcquireTimeoutError, FencingError, LeaseLost
 from fencingctl import connect, lock, ops
+from serving import exits
 
 
 def _clients(args: argparse.Namespace, stack: ExitStack) -> tuple[LeaseClient, GuardClient]:
@@ -53,7 +54,7 @@ def _elect(args: argparse.Namespace) -> int:
     except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
         return ops.failure(exc)
     except KeyboardInterrupt:  # while waiting for the lease: nothing was started
-        return 130
+        return exits.CODES["INTERRUPTED"]
 
 
 def leader_fields(name: str, leader: Leader | None) -> dict[str, Any]:
@@ -88,7 +89,7 @@ def _leader(args: argparse.Namespace) -> int:
             for leader in election.observe():
                 _print(args, leader_fields(args.name, leader))
     except KeyboardInterrupt:
-        return 130
+        return exits.CODES["INTERRUPTED"]
     except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
         return ops.failure(exc)
     return 0

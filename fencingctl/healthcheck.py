@@ -1,5 +1,8 @@
 """``fencing healthcheck ADDR...``: exit 0 if every server reports SERVING, 1 otherwise.
 
+Only 0 and 1 (2 for a usage error), whatever the failure, unlike the other commands:
+that is the contract of a container healthcheck (Docker reserves 2).
+
 For container healthchecks (``grpc_health_probe`` without the Go binary): asks the
 standard ``grpc.health.v1.Health/Check`` for ``--service`` (default "", the whole
 server; or ``fencing.v1.LeaseService``, ``fencing.v1.GuardService``). A server reports

@@ -41,13 +41,14 @@ from typing import Any
 from fencing.client import GuardClient, Lease
 from fencing.errors import AcquireTimeoutError, FencingError, LeaseLost
 from fencingctl import connect, ops
+from serving import exits
 
-#: Exit code when the lease was not acquired within ``--timeout``.
-EXIT_NOT_ACQUIRED = 75
+#: Exit code when the lease was not acquired within ``--timeout`` (serving.exits.TABLE).
+EXIT_NOT_ACQUIRED = exits.CODES["NOT_ACQUIRED"]
 #: Exit code when the lease was lost while CMD ran.
-EXIT_LOST = 76
+EXIT_LOST = exits.CODES["LOST_WHILE_RUNNING"]
 #: Exit code when CMD could not be started (as a shell says).
-EXIT_NO_COMMAND = 127
+EXIT_NO_COMMAND = exits.CODES["NO_COMMAND"]
 
 
 def child_env(
@@ -205,7 +206,7 @@ def _run(args: argparse.Namespace) -> int:
     except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
         return ops.failure(exc)
     except KeyboardInterrupt:  # while waiting for the lease: nothing was started
-        return 130
+        return exits.CODES["INTERRUPTED"]
 
 
 def add_addresses(p: argparse.ArgumentParser) -> None:

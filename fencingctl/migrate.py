@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from fencing.errors import FencingError
+from serving import exits
 
 
 def register(sub: Any) -> None:
@@ -41,13 +42,12 @@ def run(args: argparse.Namespace) -> int:
             "(SQLite and Redis need no migration step)",
             file=sys.stderr,
         )
-        return 2
+        return exits.USAGE
     from serving.postgres_db import migrate
 
     try:
         applied = asyncio.run(migrate(args.dsn, args.schema))
-    except FencingError as exc:
-        print(f"error: {exc.reason}: {exc}", file=sys.stderr)
-        return 1
+    except (FencingError, exits.StartupError) as exc:
+        return exits.fail(exc)
     print(f"applied migrations {applied}" if applied else "schema is up to date")
     return 0

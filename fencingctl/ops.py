@@ -2,8 +2,9 @@
 ``fence``.
 
 Each prints one line of ``key=value`` pairs (or JSON with ``--json``; ``lease list`` a
-line per lease) and exits 0,
-or prints ``error: REASON: message`` to stderr and exits 1.
+line per lease) and exits 0, or prints ``error: REASON: message`` to stderr (with
+``--json`` also an object ``{reason, message, metadata, exit_code}`` on stdout) and
+exits with the reason's code in :data:`serving.exits.TABLE`.
 
 ``fencing fence reset RESOURCE`` is the recovery from a fence a token nobody was
 granted wedged: it asks the lease server for the resource's ``last_token`` (the
@@ -17,14 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
+
+import grpc
 
 from fencing.client import GuardClient, LeaseClient
 from fencing.errors import FencingError, InvalidArgumentError
 from fencing.types import Claim, Put
 from fencingctl import connect
+from serving import exits
 
 
 def _emit(args: argparse.Namespace, fields: dict[str, Any]) -> None:
@@ -40,28 +43,20 @@ def _guarded(
     def run(args: argparse.Namespace) -> int:
         try:
             _emit(args, fn(args))
-        except FencingError as exc:
-            print(f"error: {exc.reason}: {exc}", file=sys.stderr)
-            return 1
-        except ValueError as exc:  # unreadable certificate files
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        return 0
+        except (FencingError, grpc.RpcError, ValueError) as exc:
+            # ValueError: unreadable certificate files (a usage error).
+            return exits.fail(exc, as_json=args.json)
+        return exits.OK
 
     return run
 
 
-def failure(exc: FencingError | ValueError) -> int:
-    """Report a client command's failure on stderr and return its exit code, as
-    :func:`_guarded` does: 1 for an error the server or the SDK raised, 2 for
-    unusable settings (an unreadable certificate file). Used by the commands that
-    print more than one line (``lease list``, ``watch``, ``leader --watch``) and by
-    those that run a command (``lock``, ``elect``)."""
-    if isinstance(exc, FencingError):
-        print(f"error: {exc.reason}: {exc}", file=sys.stderr)
-        return 1
-    print(f"error: {exc}", file=sys.stderr)
-    return 2
+def failure(exc: FencingError | ValueError, *, as_json: bool = False) -> int:
+    """Report a client command's failure and return its exit code, as :func:`_guarded`
+    does (:func:`serving.exits.fail`). Used by the commands that print more than one
+    line (``lease list``, ``watch``, ``leader --watch``) and by those that run a command
+    (``lock``, ``elect``)."""
+    return exits.fail(exc, as_json=as_json)
 
 
 def _lease_client(args: argparse.Namespace) -> LeaseClient:

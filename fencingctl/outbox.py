@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 from typing import Any
 
 from fencing.errors import FencingError
 from fencingctl import connect
-from serving.server import configure_logging
+from serving import exits
+from serving.logs import configure_logging
 
 
 async def _publish(args: argparse.Namespace) -> int:
@@ -57,9 +57,8 @@ def _run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
     try:
         return asyncio.run(_publish(args))
-    except FencingError as exc:
-        print(f"error: {exc.reason}: {exc}", file=sys.stderr)
-        return 1
+    except (FencingError, ValueError) as exc:
+        return exits.fail(exc)
 
 
 def register(sub: Any) -> None:

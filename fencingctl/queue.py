@@ -3,7 +3,8 @@
 ``stats`` prints one line per queue (ready, scheduled, waiting, running, expired
 leases, succeeded, dead, oldest ready age, retrying jobs, retry rate), or JSON with
 ``--json``; ``enqueue`` adds one job and prints its id. Errors print
-``error: REASON: message`` to stderr and exit 1.
+``error: REASON: message`` to stderr (and a JSON object on stdout with ``--json``) and
+exit with the reason's code in :data:`serving.exits.TABLE`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ import json
 import sys
 from typing import Any
 
+import grpc
+
 from fencing.client.queue import QueueClient
 from fencing.errors import FencingError
 from fencingctl import connect
+from serving import exits
 
 COLUMNS = (
     ("queue", "queue"),
@@ -41,9 +45,8 @@ def _stats(args: argparse.Namespace) -> int:
     try:
         with _client(args) as client:
             stats = client.stats(args.queue or "", window=args.window)
-    except FencingError as exc:
-        print(f"error: {exc.reason}: {exc}", file=sys.stderr)
-        return 1
+    except (FencingError, grpc.RpcError, ValueError) as exc:
+        return exits.fail(exc, as_json=args.json)
     if args.json:
         print(json.dumps([dataclasses.asdict(s) for s in stats]))
         return 0
@@ -80,9 +83,8 @@ def _enqueue(args: argparse.Namespace) -> int:
                 delay=args.delay,
                 resource=args.resource,
             )
-    except FencingError as exc:
-        print(f"error: {exc.reason}: {exc}", file=sys.stderr)
-        return 1
+    except (FencingError, grpc.RpcError, ValueError) as exc:
+        return exits.fail(exc, as_json=args.json)
     fields = {"queue": args.queue, "id": job.id, "created": job.created, "state": job.state}
     print(json.dumps(fields) if args.json else " ".join(f"{k}={v}" for k, v in fields.items()))
     return 0

@@ -18,8 +18,9 @@ from guard.fence import FenceMode
 from guard.server import start_guard
 from lease_server.queue.service import QUEUE_OPTIONS, QueueOptions
 from lease_server.server import start_lease_server
-from serving import config
-from serving.server import ServerOptions, configure_logging, serve_until_signal
+from serving import config, exits
+from serving.logs import banner, configure_logging
+from serving.server import ServerOptions, serve_until_signal
 
 COMMAND = "fencing serve"
 #: The files whose absence makes a data directory new (nothing was ever granted there).
@@ -119,19 +120,31 @@ async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
     except BaseException:
         await leases.stop(0)
         raise
-    print(f"lease server listening on {leases.address}", flush=True)
-    print(f"guard listening on {guard.address} (fence mode {args.fence_mode})", flush=True)
-    if leases.queue is not None:
-        print(f"queue service on {leases.address} ({leases.queue.name})", flush=True)
-    print(f"data in {data}; stop with Ctrl-C or SIGTERM", flush=True)
+
+    def ready() -> None:
+        banner(f"lease server listening on {leases.address}", address=leases.address)
+        banner(
+            f"guard listening on {guard.address} (fence mode {args.fence_mode})",
+            address=guard.address,
+            fence_mode=args.fence_mode,
+        )
+        if leases.queue is not None:
+            banner(
+                f"queue service on {leases.address} ({leases.queue.name})",
+                address=leases.address,
+                queue_backend=leases.queue.name,
+            )
+        banner(f"data in {data}; stop with Ctrl-C or SIGTERM", data_dir=str(data))
+
     signal_name = await serve_until_signal(
         [guard, leases],
         grace=args.grace,
         metrics=options.metrics,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        on_ready=ready,
     )
-    print(f"{signal_name}: stopped", flush=True)
+    banner(f"{signal_name}: stopped", signal=signal_name)
 
 
 def warn_if_new(data: Path) -> bool:
@@ -158,7 +171,23 @@ def run(args: argparse.Namespace) -> int:
         return settled.report(COMMAND)
     configure_logging(args.log_level, args.log_format)
     args.data_path = settled.extra.resolve()
-    warn_if_new(args.data_path)
-    args.data_path.mkdir(parents=True, exist_ok=True)
-    asyncio.run(_serve(args, settled.server))
+    try:
+        warn_if_new(args.data_path)
+        args.data_path.mkdir(parents=True, exist_ok=True)
+        asyncio.run(_serve(args, settled.server))
+    except Exception as exc:
+        return exits.startup_exit(
+            COMMAND,
+            exc,
+            debug=args.log_level == "DEBUG",
+            listen=[
+                exits.Setting("--lease-listen", "FENCING_LEASE_LISTEN", args.lease_listen),
+                exits.Setting("--guard-listen", "FENCING_GUARD_LISTEN", args.guard_listen),
+            ],
+            # Leases and fences are files in the data directory; only a queue URL
+            # names a server to reach.
+            backend=exits.Setting("--queue", "FENCING_QUEUE", args.queue)
+            if args.queue and not args.queue.startswith("sqlite:")
+            else exits.Setting("--data-dir", "FENCING_DATA_DIR", str(args.data_path)),
+        )
     return 0

@@ -16,8 +16,9 @@ from fencing.errors import InvalidArgumentError
 from guard.fence import FenceMode
 from guard.server import DEFAULT_IDEMPOTENCY_RETENTION_S, check_mode, start_guard
 from guard.stores import GuardStore, open_store
-from serving import config
-from serving.server import ServerOptions, configure_logging, serve_until_signal
+from serving import config, exits
+from serving.logs import banner, configure_logging
+from serving.server import ServerOptions, serve_until_signal
 from serving.supervisor import run_workers
 
 COMMAND = "fencing-guard"
@@ -79,7 +80,12 @@ OPTIONS: tuple[config.Option, ...] = (
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=COMMAND, description="Run the fencing guard.")
+    p = argparse.ArgumentParser(
+        prog=COMMAND,
+        description="Run the fencing guard.",
+        epilog=exits.table_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     config.add_options(p, OPTIONS)
     # Set by the --workers supervisor on the processes it starts (serving.supervisor).
@@ -109,17 +115,23 @@ async def _run(args: argparse.Namespace, store: GuardStore, options: ServerOptio
         lease_server=args.lease_addr,
         watch_prefix=args.watch_prefix,
     )
-    print(
-        f"guard listening on {server.address} (store {server.store.name}, "
-        f"fence mode {args.fence_mode})",
-        flush=True,
-    )
+
+    def ready() -> None:
+        banner(
+            f"guard listening on {server.address} (store {server.store.name}, "
+            f"fence mode {args.fence_mode})",
+            address=server.address,
+            store=server.store.name,
+            fence_mode=args.fence_mode,
+        )
+
     await serve_until_signal(
         [server],
         grace=args.grace,
         metrics=options.metrics,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        on_ready=ready,
     )
 
 
@@ -139,8 +151,18 @@ def main(argv: list[str] | None = None) -> int:
             "guard",
             metrics_port=settled.args.metrics_port,
         )
-    configure_logging(settled.args.log_level, settled.args.log_format)
-    asyncio.run(_run(settled.args, settled.extra, settled.server))
+    args = settled.args
+    configure_logging(args.log_level, args.log_format)
+    try:
+        asyncio.run(_run(args, settled.extra, settled.server))
+    except Exception as exc:
+        return exits.startup_exit(
+            COMMAND,
+            exc,
+            debug=args.log_level == "DEBUG",
+            listen=[exits.Setting("--listen", "FENCING_GUARD_LISTEN", args.listen)],
+            backend=exits.Setting("--store", "FENCING_STORE", args.store),
+        )
     return 0
 
 

@@ -357,7 +357,7 @@ class LeaseFollower:
             fence = exc.current_token  # already past it: fences only go up
         if resource in self._known or len(self._known) < MAX_KNOWN:
             self._known[resource] = fence
-        log.debug("watch fenced resource=%s token=%d fence=%d", resource, token, fence)
+        log.debug("watch fenced", extra={"resource": resource, "token": token, "fence": fence})
 
     def _note_granted(self, resource: str, token: int) -> None:
         if token > self._granted.get(resource, 0) and (

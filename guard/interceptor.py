@@ -91,10 +91,8 @@ class FenceInterceptor(handlers.HandlerInterceptor):
         except StaleTokenError as exc:
             self.stale_rejections += 1
             log.warning(
-                "stale call rejected resource=%s token=%d fence=%d",
-                exc.resource,
-                exc.token,
-                exc.current_token,
+                "stale call rejected",
+                extra={"resource": exc.resource, "token": exc.token, "fence": exc.current_token},
             )
             await _status.abort(context, exc)
         except FencingError as exc:

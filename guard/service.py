@@ -311,10 +311,12 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
             raise
         self.metrics.writes.labels("replayed" if result.replayed else "accepted").inc()
         log.debug(
-            "multi-resource write accepted resources=%s ops=%d%s",
-            ",".join(w.resource for w in writes),
-            total_ops,
-            " (replayed)" if result.replayed else "",
+            "multi-resource write accepted",
+            extra={
+                "resources": ",".join(w.resource for w in writes),
+                "op_count": total_ops,
+                "replayed": result.replayed,
+            },
         )
         return guard_pb2.WriteManyResponse(
             fences=[

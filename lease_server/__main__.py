@@ -17,8 +17,9 @@ from lease_server.expiry import DEFAULT_EVENT_RETENTION
 from lease_server.queue.backends import queue_url_for
 from lease_server.queue.service import QUEUE_OPTIONS, QueueOptions
 from lease_server.server import QUEUE_OFF, start_lease_server
-from serving import config
-from serving.server import ServerOptions, configure_logging, serve_until_signal
+from serving import config, exits
+from serving.logs import banner, configure_logging
+from serving.server import ServerOptions, serve_until_signal
 from serving.supervisor import run_workers
 
 COMMAND = "lease-server"
@@ -59,7 +60,12 @@ OPTIONS: tuple[config.Option, ...] = (
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=COMMAND, description="Run the fencing lease server.")
+    p = argparse.ArgumentParser(
+        prog=COMMAND,
+        description="Run the fencing lease server.",
+        epilog=exits.table_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     config.add_options(p, OPTIONS)
     # Set by the --workers supervisor on the processes it starts (serving.supervisor).
@@ -79,15 +85,27 @@ async def _run(args: argparse.Namespace, backend: LeaseBackend, options: ServerO
         queue=args.queue or queue_url_for(args.backend) or QUEUE_OFF,
         queue_options=QueueOptions.from_args(args),
     )
-    print(f"lease server listening on {server.address} (backend {server.backend.name})", flush=True)
-    if server.queue is not None:
-        print(f"queue service on {server.address} ({server.queue.name})", flush=True)
+
+    def ready() -> None:
+        banner(
+            f"lease server listening on {server.address} (backend {server.backend.name})",
+            address=server.address,
+            backend=server.backend.name,
+        )
+        if server.queue is not None:
+            banner(
+                f"queue service on {server.address} ({server.queue.name})",
+                address=server.address,
+                queue_backend=server.queue.name,
+            )
+
     await serve_until_signal(
         [server],
         grace=args.grace,
         metrics=options.metrics,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        on_ready=ready,
     )
 
 
@@ -109,8 +127,18 @@ def main(argv: list[str] | None = None) -> int:
             "lease server",
             metrics_port=settled.args.metrics_port,
         )
-    configure_logging(settled.args.log_level, settled.args.log_format)
-    asyncio.run(_run(settled.args, settled.extra, settled.server))
+    args = settled.args
+    configure_logging(args.log_level, args.log_format)
+    try:
+        asyncio.run(_run(args, settled.extra, settled.server))
+    except Exception as exc:
+        return exits.startup_exit(
+            COMMAND,
+            exc,
+            debug=args.log_level == "DEBUG",
+            listen=[exits.Setting("--listen", "FENCING_LEASE_LISTEN", args.listen)],
+            backend=exits.Setting("--backend", "FENCING_BACKEND", args.backend),
+        )
     return 0
 
 

@@ -58,11 +58,13 @@ class Sweeper:
             events = await self.backend.expire_due(SWEEP_BATCH)
             for event in events:
                 log.info(
-                    "expired resource=%s holder=%s token=%d revision=%d",
-                    event.resource,
-                    event.holder,
-                    event.token,
-                    event.revision,
+                    "expired",
+                    extra={
+                        "resource": event.resource,
+                        "holder": event.holder,
+                        "token": event.token,
+                        "revision": event.revision,
+                    },
                 )
                 self.on_expired(event.resource)
             count += len(events)

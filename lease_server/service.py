@@ -549,7 +549,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         if log_id:
             headers.append((WATCH_LOG_KEY, log_id))
         await context.send_initial_metadata(tuple(headers))
-        log.debug("watch started %s after=%d log=%s", scope, cursor, log_id)
+        log.debug("watch started %s", scope, extra={"after_revision": cursor, "log_id": log_id})
         if foreign:
             log.info(
                 "watch %s asked to resume after %d of log %s, but this log is %s: resync",

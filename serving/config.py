@@ -489,7 +489,11 @@ def server_options(
             tls = TLSConfig(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
             tls.check(server=True)
         except ValueError as exc:
-            errors.append(str(exc))
+            errors.append(
+                f"{exc} [--tls-cert/--tls-key/--tls-ca or FENCING_TLS_CERT/FENCING_TLS_KEY/"
+                "FENCING_TLS_CA]: name readable PEM files (a certificate chain, its private "
+                "key, the clients' CA)"
+            )
             tls_ok = False
     for listen in addresses if tls_ok else ():
         try:

@@ -57,6 +57,7 @@ from fencing.pg import (
     fencing_error,
 )
 from serving import urls
+from serving.exits import StartupError
 
 log = logging.getLogger(__name__)
 
@@ -258,6 +259,16 @@ async def migrate(dsn: str, schema: str | None = None) -> list[int]:
             applied = await _apply_migrations(conn, config.schema)
     except _OUTAGES as exc:
         raise BackendUnavailableError(f"cannot migrate schema {config.schema!r}: {exc}") from exc
+    except psycopg.Error as exc:
+        # Reached, but refused: a role that may not create objects, a schema someone
+        # else changed. Starting on a half-made schema would fail later and obscurely.
+        raise StartupError(
+            "MIGRATION_FAILED",
+            f"migrating schema {config.schema!r} failed: {exc}",
+            "",
+            "run `fencing migrate URL` as a role that may create objects in the database "
+            "(the schema owner), then start the server again",
+        ) from exc
     if applied:
         log.info("schema %s migrated: applied %s", config.schema, applied)
     return applied

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from serving.admission import (
     EdgeMetrics,
 )
 from serving.auth import AuthPolicy
+from serving.logs import banner
 from serving.metrics import GrpcMetrics, Metrics, MetricsInterceptor
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,15 @@ def rpc(fn: Handler[Self_, Req, Resp]) -> Handler[Self_, Req, Resp]:
             return await fn(self, request, context)
         except FencingError as exc:
             await _status.abort(context, exc)
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            # Logged once, here, with its traceback; the caller gets INTERNAL without
+            # the exception's text, which may name internals.
+            log.error(
+                "%s failed", fn.__qualname__, exc_info=True, extra={"handler": fn.__qualname__}
+            )
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error: see the server's log")
 
     return wrapper
 
@@ -286,87 +295,66 @@ async def serve_until_signal(
     metrics: Metrics | None = None,
     metrics_port: int = 0,
     metrics_host: str = "127.0.0.1",
+    on_ready: Callable[[], None] | None = None,
 ) -> str:
     """Serve ``/metrics`` (unless port 0), wait for SIGTERM/SIGINT, then stop ``servers``.
 
     Each server reports NOT_SERVING, stops accepting and drains its calls for up to
     ``grace`` seconds, then closes its backend. Returns the signal's name.
+    ``on_ready`` (the start banner) runs once the signal handlers are in place, so a
+    SIGTERM sent as soon as the banner is read drains instead of killing the process.
     """
+    signals = SignalWaiter()
     endpoint = None
-    if metrics is not None and metrics_port:
-        endpoint = metrics.serve_http(metrics_port, metrics_host)
-        print(f"metrics on http://{metrics_host}:{endpoint.port}/metrics", flush=True)
     try:
-        name = await wait_for_signal()
-        log.warning("%s: draining for up to %g s", name, grace)
+        if on_ready is not None:
+            on_ready()
+        if metrics is not None and metrics_port:
+            endpoint = metrics.serve_http(metrics_port, metrics_host)
+            url = f"http://{metrics_host}:{endpoint.port}/metrics"
+            banner(f"metrics on {url}", metrics_url=url)
+        name = await signals.received
+        # A normal stop, so INFO: a WARNING here would page on every deploy.
+        log.info(
+            "%s: draining for up to %g s", name, grace, extra={"signal": name, "grace_s": grace}
+        )
         await asyncio.gather(*(server.stop(grace) for server in servers))
-        log.warning("stopped")
+        log.info("stopped", extra={"signal": name})
         return name
     finally:
+        signals.close()
         if endpoint is not None:
             endpoint.close()
 
 
+class SignalWaiter:
+    """SIGTERM and SIGINT handlers on the running loop from construction until
+    :meth:`close`; ``received`` resolves to the first signal's name."""
+
+    SIGNALS = ("SIGTERM", "SIGINT")
+
+    def __init__(self) -> None:
+        import signal
+
+        self._loop = asyncio.get_running_loop()
+        self.received: asyncio.Future[str] = self._loop.create_future()
+        self._signals = [signal.Signals[name] for name in self.SIGNALS]
+        for sig in self._signals:
+            self._loop.add_signal_handler(sig, self._on_signal, sig.name)
+
+    def _on_signal(self, name: str) -> None:
+        if not self.received.done():
+            self.received.set_result(name)
+
+    def close(self) -> None:
+        for sig in self._signals:
+            self._loop.remove_signal_handler(sig)
+
+
 async def wait_for_signal() -> str:
     """Block until SIGTERM or SIGINT arrives; return its name."""
-    import signal
-
-    loop = asyncio.get_running_loop()
-    received: asyncio.Future[str] = loop.create_future()
-
-    def _on_signal(sig: signal.Signals) -> None:
-        if not received.done():
-            received.set_result(sig.name)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _on_signal, sig)
+    signals = SignalWaiter()
     try:
-        return await received
+        return await signals.received
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-
-
-#: LogRecord attributes that are not structured fields of ours.
-_RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
-#: Extra fields never written, whoever passes them: payloads and secrets stay out of logs.
-REDACTED_FIELDS = frozenset(
-    {"value", "values", "ops", "payload", "authorization", "bearer", "password", "secret"}
-)
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg, and the record's ``extra`` fields.
-
-    Services log ``extra={"resource": ..., "token": ..., "holder": ...}``; values,
-    payloads and credentials are never passed, and :data:`REDACTED_FIELDS` are
-    dropped should they be.
-    """
-
-    def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {
-            "ts": self.formatTime(record),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in _RECORD_ATTRS and key not in REDACTED_FIELDS and key not in line:
-                line[key] = value if isinstance(value, str | int | float | bool) else str(value)
-        if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line)
-
-
-def configure_logging(level: str = "INFO", fmt: str = "console") -> None:
-    """Process-wide logging for server entry points (library code only logs)."""
-    if fmt == "json":
-        handler = logging.StreamHandler()
-        handler.setFormatter(JsonFormatter())
-        logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
-    else:
-        logging.basicConfig(
-            level=level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            force=True,
-        )
+        signals.close()

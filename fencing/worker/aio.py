@@ -40,8 +40,9 @@ log = logging.getLogger("fencing.worker")
 AsyncHandler = Callable[[Job], Awaitable[object]]
 
 
-def _fields(job: Job) -> str:
-    return f"queue={job.queue} job_id={job.id} attempt={job.attempt} token={job.token}"
+def _fields(job: Job) -> dict[str, object]:
+    """What a log line about ``job`` is about, as ``extra=`` fields (JSON keys)."""
+    return {"queue": job.queue, "job_id": job.id, "attempt": job.attempt, "token": job.token}
 
 
 class AsyncWorker:
@@ -132,7 +133,7 @@ class AsyncWorker:
             if self._owns_client:
                 await self.client.aclose()
                 self._client = None
-        log.info("worker stopped queue=%s counts=%s", self.queue, self.core.counts)
+        log.info("worker stopped", extra={"queue": self.queue, "counts": self.core.counts})
 
     @contextlib.asynccontextmanager
     async def _signals(self) -> AsyncIterator[None]:
@@ -158,7 +159,7 @@ class AsyncWorker:
     def _begin_stop(self) -> None:
         grace = self.grace if self._stop_grace is None else self._stop_grace
         if self.core.stop(grace):
-            log.info("worker stopping queue=%s grace=%.1fs", self.queue, grace)
+            log.info("worker stopping", extra={"queue": self.queue, "grace_s": grace})
 
     async def _wait_wake(self, seconds: float) -> None:
         assert self._wake is not None
@@ -194,7 +195,9 @@ class AsyncWorker:
                     raise
                 delay = core.unavailable()
                 core.count("unavailable")
-                log.warning("claim failed, retrying in %.2fs queue=%s: %s", delay, self.queue, exc)
+                log.warning(
+                    "claim failed, retrying in %.2fs: %s", delay, exc, extra={"queue": self.queue}
+                )
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await self._stop_requested.wait()
@@ -210,7 +213,7 @@ class AsyncWorker:
                 await self._release(back, "claimed after the stop began")
                 continue
             for job in jobs:
-                log.debug("job claimed %s", _fields(job))
+                log.debug("job claimed", extra=_fields(job))
                 self._tasks[job.id] = asyncio.create_task(self._run_one(job))
             assert self._hb_wake is not None
             self._hb_wake.set()
@@ -225,7 +228,7 @@ class AsyncWorker:
             if self.fence and not await self._promise(job):
                 return
             core.count("started")
-            log.info("job started %s", _fields(job))
+            log.info("job started", extra=_fields(job))
             started = self._clock()
             retry_in: float | None = None
             final = False
@@ -235,7 +238,7 @@ class AsyncWorker:
             except asyncio.CancelledError:
                 if job.id not in self._cancelled_for_loss:
                     raise
-                log.warning("job handler cancelled %s: %s", _fields(job), job.lost_reason)
+                log.warning("job handler cancelled: %s", job.lost_reason, extra=_fields(job))
                 core.settle(job)
                 return
             except Retry as exc:
@@ -244,25 +247,29 @@ class AsyncWorker:
                 error, final = exc, True
             except Exception as exc:
                 error = exc
-                log.warning("job handler raised %s: %s", _fields(job), error_text(exc))
+                log.warning("job handler raised: %s", error_text(exc), extra=_fields(job))
                 log.debug("handler traceback", exc_info=True)
             took = self._clock() - started
             if not core.settle(job):
-                log.warning("job abandoned %s: released at shutdown before it ended", _fields(job))
+                log.warning(
+                    "job abandoned: released at shutdown before it ended", extra=_fields(job)
+                )
                 return
             if error is None:
                 if await self._send(job, self.client.complete(job), "complete") is not None:
-                    log.info("job completed %s took=%.3fs", _fields(job), took)
+                    log.info("job completed", extra={**_fields(job), "took_s": round(took, 3)})
             else:
                 outcome = await self._send(
                     job, self.client.fail(job, error, retry_in=retry_in, final=final), "fail"
                 )
                 if outcome is not None:
                     log.info(
-                        "job failed %s state=%s retry_in=%.2fs",
-                        _fields(job),
-                        outcome.state,
-                        outcome.retry_in,
+                        "job failed",
+                        extra={
+                            **_fields(job),
+                            "state": outcome.state,
+                            "retry_in_s": outcome.retry_in,
+                        },
                     )
                     core.count("dead" if outcome.state == "dead" else "failed")
         finally:
@@ -281,10 +288,10 @@ class AsyncWorker:
             except Exception as exc:
                 self.core.count("unfenced")
                 log.warning(
-                    "job not started %s: fencing guard %s failed: %s",
-                    _fields(job),
+                    "job not started: fencing guard %s failed: %s",
                     guard.target,
                     error_text(exc),
+                    extra=_fields(job),
                 )
                 if self.core.settle(job):
                     await self._release([job], f"guard {guard.target} not fenced")
@@ -299,11 +306,13 @@ class AsyncWorker:
             if job.mark_lost(f"{what} refused"):
                 self.core.count("lost")
             self.core.count("refused")
-            log.warning("job lost %s: %s refused, it was taken over: %s", _fields(job), what, exc)
+            log.warning(
+                "job lost: %s refused, it was taken over: %s", what, exc, extra=_fields(job)
+            )
             return None
         except FencingError as exc:
             self.core.count("lost")
-            log.error("job %s not sent %s: %s", what, _fields(job), exc)
+            log.error("job %s not sent: %s", what, exc, extra=_fields(job))
             return None
         if what == "complete":
             self.core.count("completed")
@@ -318,7 +327,7 @@ class AsyncWorker:
             await self.client.release(jobs)
             self.core.count("released", len(jobs))
             for job in jobs:
-                log.info("job released %s (%s)", _fields(job), why)
+                log.info("job released (%s)", why, extra=_fields(job))
         except FencingError as exc:
             log.warning("release of %d jobs failed (%s): %s", len(jobs), why, exc)
         finally:
@@ -331,7 +340,7 @@ class AsyncWorker:
 
     def _lost(self, job: Job, why: str) -> None:
         self.core.count("lost")
-        log.warning("job lost %s: %s", _fields(job), why)
+        log.warning("job lost: %s", why, extra=_fields(job))
         task = self._tasks.get(job.id)
         if task is not None:
             self._cancelled_for_loss.add(job.id)

@@ -64,8 +64,9 @@ log = logging.getLogger("fencing.worker")
 Handler = Callable[[Job], object]
 
 
-def _fields(job: Job) -> str:
-    return f"queue={job.queue} job_id={job.id} attempt={job.attempt} token={job.token}"
+def _fields(job: Job) -> dict[str, object]:
+    """What a log line about ``job`` is about, as ``extra=`` fields (JSON keys)."""
+    return {"queue": job.queue, "job_id": job.id, "attempt": job.attempt, "token": job.token}
 
 
 class Worker:
@@ -139,7 +140,7 @@ class Worker:
                 self.core.stopped()
                 if self._owns_client:
                     self.client.close()
-        log.info("worker stopped queue=%s counts=%s", self.queue, self.core.counts)
+        log.info("worker stopped", extra={"queue": self.queue, "counts": self.core.counts})
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
@@ -164,7 +165,7 @@ class Worker:
             if self._stop_requested.is_set() and core.phase is Phase.RUNNING:
                 grace = self.grace if self._stop_grace is None else self._stop_grace
                 core.stop(grace)
-                log.info("worker stopping queue=%s grace=%.1fs", self.queue, grace)
+                log.info("worker stopping", extra={"queue": self.queue, "grace_s": grace})
             if core.phase is Phase.STOPPING:
                 if core.drained():
                     return
@@ -186,7 +187,9 @@ class Worker:
                     raise
                 delay = core.unavailable()
                 core.count("unavailable")
-                log.warning("claim failed, retrying in %.2fs queue=%s: %s", delay, self.queue, exc)
+                log.warning(
+                    "claim failed, retrying in %.2fs: %s", delay, exc, extra={"queue": self.queue}
+                )
                 self._stop_requested.wait(delay)
                 continue
             core.reachable()
@@ -200,7 +203,7 @@ class Worker:
                 self._release(back, "claimed after the stop began", started=False)
                 continue
             for job in jobs:
-                log.debug("job claimed %s", _fields(job))
+                log.debug("job claimed", extra=_fields(job))
                 self._work.put(job)
             self._hb_wake.set()
 
@@ -239,7 +242,7 @@ class Worker:
             try:
                 self._run_one(job)
             except Exception:  # the thread must never die silently
-                log.exception("worker crashed on %s", _fields(job))
+                log.exception("worker crashed on a job", extra=_fields(job))
             finally:
                 self._wake.set()
 
@@ -252,7 +255,7 @@ class Worker:
         if self.fence and not self._promise(job):
             return
         core.count("started")
-        log.info("job started %s", _fields(job))
+        log.info("job started", extra=_fields(job))
         started = self._clock()
         retry_in: float | None = None
         final = False
@@ -265,16 +268,16 @@ class Worker:
             error, final = exc, True
         except Exception as exc:
             error = exc
-            log.warning("job handler raised %s: %s", _fields(job), error_text(exc))
+            log.warning("job handler raised: %s", error_text(exc), extra=_fields(job))
             log.debug("handler traceback", exc_info=True)
         took = self._clock() - started
         if not core.settle(job):
-            log.warning("job abandoned %s: released at shutdown before it ended", _fields(job))
+            log.warning("job abandoned: released at shutdown before it ended", extra=_fields(job))
             return
         try:
             if error is None:
                 self._send(job, lambda: self.client.complete(job), "complete")
-                log.info("job completed %s took=%.3fs", _fields(job), took)
+                log.info("job completed", extra={**_fields(job), "took_s": round(took, 3)})
             else:
                 outcome = self._send(
                     job,
@@ -283,10 +286,12 @@ class Worker:
                 )
                 if outcome is not None:
                     log.info(
-                        "job failed %s state=%s retry_in=%.2fs",
-                        _fields(job),
-                        outcome.state,
-                        outcome.retry_in,
+                        "job failed",
+                        extra={
+                            **_fields(job),
+                            "state": outcome.state,
+                            "retry_in_s": outcome.retry_in,
+                        },
                     )
                     core.count("dead" if outcome.state == "dead" else "failed")
         finally:
@@ -301,10 +306,10 @@ class Worker:
             except Exception as exc:
                 self.core.count("unfenced")
                 log.warning(
-                    "job not started %s: fencing guard %s failed: %s",
-                    _fields(job),
+                    "job not started: fencing guard %s failed: %s",
                     guard.target,
                     error_text(exc),
+                    extra=_fields(job),
                 )
                 if self.core.settle(job):
                     self._release([job], f"guard {guard.target} not fenced", started=False)
@@ -323,13 +328,13 @@ class Worker:
                     self.core.count("lost")
                 self.core.count("refused")
                 log.warning(
-                    "job lost %s: %s refused, it was taken over: %s", _fields(job), what, exc
+                    "job lost: %s refused, it was taken over: %s", what, exc, extra=_fields(job)
                 )
                 return None
             except FencingError as exc:
                 if not _core.is_transient(exc) or job.expired():
                     self.core.count("lost")
-                    log.error("job %s not sent %s: %s", what, _fields(job), exc)
+                    log.error("job %s not sent: %s", what, exc, extra=_fields(job))
                     return None
                 delay = min(self.core.backoff.delay(1, self.core.rand()), job.remaining())
                 time.sleep(delay)
@@ -347,7 +352,7 @@ class Worker:
             self.client.release(jobs)
             self.core.count("released", len(jobs))
             for job in jobs:
-                log.info("job released %s (%s)", _fields(job), why)
+                log.info("job released (%s)", why, extra=_fields(job))
         except FencingError as exc:
             # Each claim expires by itself and is rescued; the guard fences late writers.
             log.warning("release of %d jobs failed (%s): %s", len(jobs), why, exc)
@@ -360,7 +365,7 @@ class Worker:
         while not self._hb_stop.is_set():
             for job in core.expire():
                 core.count("lost")
-                log.warning("job lost %s: local deadline passed", _fields(job))
+                log.warning("job lost: local deadline passed", extra=_fields(job))
             due = core.due()
             if due:
                 try:
@@ -374,7 +379,7 @@ class Worker:
                     for job in lost:
                         core.count("lost")
                         log.warning(
-                            "job lost %s: heartbeat refused, it was taken over", _fields(job)
+                            "job lost: heartbeat refused, it was taken over", extra=_fields(job)
                         )
             self._hb_wake.wait(core.next_wakeup(1.0))
             self._hb_wake.clear()

@@ -274,10 +274,12 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
             self.metrics.jobs.labels("enqueued").inc(created)
             self._wakeups.notify(queue)
         log.debug(
-            "enqueued queue=%s jobs=%d created=%d",
-            queue,
-            len(enqueued),
-            sum(e.created for e in enqueued),
+            "enqueued",
+            extra={
+                "queue": queue,
+                "jobs": len(enqueued),
+                "created": sum(e.created for e in enqueued),
+            },
         )
         return queue_pb2.EnqueueResponse(
             jobs=[
@@ -316,12 +318,14 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         self.metrics.jobs.labels("rescued").inc(rescued)
         for record in claimed:
             log.debug(
-                "claimed queue=%s job_id=%d attempt=%d token=%d worker=%s",
-                queue,
-                record.id,
-                record.attempts,
-                record.token,
-                worker,
+                "claimed",
+                extra={
+                    "queue": queue,
+                    "job_id": record.id,
+                    "attempt": record.attempts,
+                    "token": record.token,
+                    "worker": worker,
+                },
             )
         return queue_pb2.ClaimResponse(
             jobs=[job_to_proto(r, ttl_ms) for r in claimed],
@@ -375,13 +379,12 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
             raise self._lost(exc, "fail") from None
         self.metrics.jobs.labels("dead" if outcome.state is JobState.DEAD else "retried").inc()
         if outcome.state is JobState.DEAD:
-            log.warning("job dead job_id=%d token=%d error=%r", ref.id, ref.token, error[:200])
+            log.warning("job dead: %r", error[:200], extra={"job_id": ref.id, "token": ref.token})
         else:
             log.info(
-                "job failed, retry in %d ms job_id=%d token=%d",
+                "job failed, retry in %d ms",
                 outcome.retry_in_ms,
-                ref.id,
-                ref.token,
+                extra={"job_id": ref.id, "token": ref.token},
             )
         return queue_pb2.FailResponse(state=outcome.state, retry_in_ms=outcome.retry_in_ms)
 
@@ -398,7 +401,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         self.metrics.jobs.labels("released").inc(len(refs))
         for woke in woken:
             self._wakeups.notify(woke)
-        log.info("released jobs=%s", ",".join(str(r.id) for r in refs))
+        log.info("released", extra={"job_ids": ",".join(str(r.id) for r in refs)})
         return queue_pb2.ReleaseJobsResponse()
 
     @rpc

@@ -237,3 +237,104 @@ def test_skipped_examples_say_why() -> None:
     assert skipped, "the README has fragments; they must be marked, not silently run"
     for e in skipped:
         assert len(e.skip) > 10, f"README.md:{e.line}: say why the example does not run"
+
+
+@dataclass(frozen=True)
+class ShownRun:
+    """A ``fencing`` command of a README shell block and the output shown under it."""
+
+    line: int
+    argv: list[str]
+    output: list[str]
+
+
+def shown_runs(text: str) -> list[ShownRun]:
+    """Every ``fencing ...`` line of a ```sh block followed by ``# `` lines: the command's
+    output as the README shows it (an inline ``# comment`` is a remark, not output)."""
+    lines = text.splitlines()
+    found: list[ShownRun] = []
+    in_sh = False
+    for n, line in enumerate(lines):
+        if line.strip().startswith("```"):
+            in_sh = line.strip() == "```sh" and not in_sh
+            continue
+        if not in_sh or not line.startswith("fencing "):
+            continue
+        output = []
+        for after in lines[n + 1 :]:
+            if not after.startswith("# "):
+                break
+            output.append(after[2:])
+        if output:
+            found.append(ShownRun(n + 1, shlex.split(line.split("#", 1)[0]), output))
+    return found
+
+
+#: What differs between two honest runs: the holder's host, pid and random part.
+VARIABLE = [(re.compile(r"holder=\S+"), "holder=<host-pid-random>")]
+
+
+def normalized(lines: list[str]) -> list[str]:
+    out = []
+    for line in lines:
+        for pattern, stand_in in VARIABLE:
+            line = pattern.sub(stand_in, line)
+        out.append(line)
+    return out
+
+
+def fencing_cli(argv: list[str], servers: RunningServers) -> subprocess.CompletedProcess[str]:
+    words = [
+        {"LEASE_SERVER": servers.lease_address, "GUARD": servers.guard_address}.get(w, w)
+        for w in argv[1:]
+    ]
+    if "--lease-addr" not in words and words[0] in ("lease", "fence"):
+        words += ["--lease-addr", servers.lease_address]
+    if "--guard-addr" not in words and words[0] in ("put", "get", "fence"):
+        words += ["--guard-addr", servers.guard_address]
+    return subprocess.run(
+        [sys.executable, "-m", "fencingctl", *words],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env(),
+    )
+
+
+SHOWN = shown_runs(README.read_text(encoding="utf-8"))
+
+
+def test_the_readme_shows_outputs_of_the_quickstart_and_the_fence_reset() -> None:
+    commands = {" ".join(r.argv[:3]) for r in SHOWN}
+    assert {"fencing lease acquire", "fencing put orders", "fencing fence reset"} <= commands
+
+
+@pytest.mark.slow
+def test_the_quickstart_outputs_are_a_real_runs(servers: RunningServers) -> None:
+    """The quickstart's CLI lines, run in order on fresh servers, print what the README
+    shows (but for the holder's name, which names the host and process)."""
+    quick = [r for r in SHOWN if r.argv[1] in ("lease", "put", "get")]
+    assert len(quick) == 3
+    for shown in quick:
+        done = fencing_cli(shown.argv, servers)
+        assert done.returncode == 0, done.stderr
+        assert normalized(done.stdout.splitlines()) == normalized(shown.output), shown.line
+
+
+@pytest.mark.slow
+def test_the_fence_reset_output_is_a_real_runs(servers: RunningServers) -> None:
+    """The README's wedged fence: last_token 42, a fence at the largest token; the reset
+    prints exactly the line shown."""
+    from fencing import Claim, Put
+
+    [shown] = [r for r in SHOWN if r.argv[1:3] == ["fence", "reset"]]
+    resource = shown.argv[3]
+    with LeaseClient(servers.lease_address, holder="h") as leases:
+        for _ in range(42):
+            lease = leases.acquire_nowait(resource, 30)
+            leases.release(resource, lease.token)
+    with GuardClient(servers.guard_address) as guard:
+        guard.write(Claim(resource, 2**63 - 1), Put("k", b"wedge"))
+    done = fencing_cli(shown.argv, servers)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == shown.output

@@ -49,7 +49,7 @@ def test_fence_reset_takes_no_token_and_a_token_is_a_number(
     servers: RunningServers, capsys: pytest.CaptureFixture[str]
 ) -> None:
     base = ["--lease-addr", servers.lease_address, "--guard-addr", servers.guard_address]
-    assert main(["fence", "acct", "7", "--reset", *base]) == 1
+    assert main(["fence", "acct", "7", "--reset", *base]) == 7
     assert "INVALID_ARGUMENT" in capsys.readouterr().err
-    assert main(["fence", "acct", "seven", *base]) == 1
+    assert main(["fence", "acct", "seven", *base]) == 7
     assert "token must be a number" in capsys.readouterr().err

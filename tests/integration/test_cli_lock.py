@@ -24,6 +24,7 @@ from fencing import GuardClient, LeaseClient
 from fencing.testing import RunningServers, running_servers
 from fencingctl.lock import EXIT_LOST, EXIT_NOT_ACQUIRED
 from guard.fence import FenceMode
+from serving import exits
 from tests.waiting import HANG_GUARD
 
 FENCING = f"{shlex.quote(sys.executable)} -m fencingctl"
@@ -140,10 +141,16 @@ def test_put_outside_a_lock_needs_a_token(servers: RunningServers, tmp_path: Pat
     base = [sys.executable, "-m", "fencingctl", "put", "orders", "k", "v"]
     base += ["--guard-addr", servers.guard_address]
     done = subprocess.run(base, env=env(), capture_output=True, text=True, timeout=HANG_GUARD)
-    assert done.returncode == 1 and "INVALID_ARGUMENT" in done.stderr and "token" in done.stderr
+    assert (
+        done.returncode == exits.CODES["INVALID_ARGUMENT"]
+        and "INVALID_ARGUMENT" in done.stderr
+        and "token" in done.stderr
+    )
     other = env() | {"FENCING_TOKEN": "4", "FENCING_RESOURCE": "billing"}
     done = subprocess.run(base, env=other, capture_output=True, text=True, timeout=HANG_GUARD)
-    assert done.returncode == 1 and "a token of 'billing'" in done.stderr
+    assert (
+        done.returncode == exits.CODES["INVALID_ARGUMENT"] and "a token of 'billing'" in done.stderr
+    )
 
 
 def test_no_command_is_a_usage_error(servers: RunningServers, tmp_path: Path) -> None:
@@ -190,7 +197,8 @@ def paused_holder_history(servers: RunningServers, tmp: Path) -> tuple[int, str]
 def test_a_paused_holders_late_put_is_refused(servers: RunningServers, tmp_path: Path) -> None:
     code, err = paused_holder_history(servers, tmp_path)
     assert code == EXIT_LOST
-    assert (tmp_path / "a.rc").read_text().strip() == "1"
+    # the late put's own exit: the guard refused it as stale
+    assert (tmp_path / "a.rc").read_text().strip() == str(exits.CODES["STALE_TOKEN"])
     assert "STALE_TOKEN" in err
     with GuardClient(servers.guard_address) as guard:
         record = guard.read("acct", "balance")

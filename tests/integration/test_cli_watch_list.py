@@ -13,6 +13,7 @@ import pytest
 from fencing import LeaseClient
 from fencing.testing import RunningServers, running_servers
 from fencingctl import main
+from serving import exits
 from tests.integration.test_cli_lock import env
 
 FENCING = [sys.executable, "-m", "fencingctl"]
@@ -91,9 +92,9 @@ def test_watch_refuses_a_resource_and_a_prefix(
     servers: RunningServers, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = main(["watch", "a", "--prefix", "b", "--lease-addr", servers.lease_address])
-    assert code == 1 and "not both" in capsys.readouterr().err
+    assert code == exits.CODES["INVALID_ARGUMENT"] and "not both" in capsys.readouterr().err
     code = main(["watch", "a", "--from", "-1", "--lease-addr", servers.lease_address])
-    assert code == 1 and "--from" in capsys.readouterr().err
+    assert code == exits.CODES["INVALID_ARGUMENT"] and "--from" in capsys.readouterr().err
 
 
 def test_lease_list_prints_each_held_lease(
@@ -112,5 +113,5 @@ def test_lease_list_prints_each_held_lease(
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["resource"] for r in rows] == ["q/0", "q/1", "q/2", "z"]
     assert set(rows[0]) == {"resource", "holder", "token", "remaining_ms", "last_token"}
-    assert main([*base, "--page-size", "5000"]) == 1
+    assert main([*base, "--page-size", "5000"]) == exits.CODES["INVALID_ARGUMENT"]
     assert "page_size" in capsys.readouterr().err

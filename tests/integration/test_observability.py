@@ -22,8 +22,9 @@ from fencing import (
 )
 from fencing.testing import running_servers
 from serving.auth import AuthPolicy
+from serving.logs import JsonFormatter
 from serving.metrics import Metrics
-from serving.server import JsonFormatter, ServerOptions
+from serving.server import ServerOptions
 
 
 def sample(text: str, name: str, **labels: str) -> float | None:

@@ -13,12 +13,15 @@ from chaos.history import Event, HistoryWriter, Recorder, pair_operations
 from chaos.report import (
     FLAGGED,
     REJECTED,
+    Box,
     assign_rows,
     lease_bars,
     load_result,
     percentile,
     render_html,
     result_json,
+    text_box,
+    timeline_svg,
     verdict_table,
     write_report,
 )
@@ -199,3 +202,70 @@ def test_report_files_round_trip_through_load_result(tmp_path: Path) -> None:
     again = load_result(tmp_path)
     assert verdict_table(again) == verdict_table(result)
     assert again.fenced.faults == result.fenced.faults
+
+
+def crowded_story() -> list[Event]:
+    """The spot the timeline must keep readable: a paused holder's rejected write in the
+    middle of short leases the others take one after another."""
+    s = Script()
+    s.op("c0", "acquire", 0, 1, token=1)
+    s.op("c0", "write", 2, 3, token=1, key="counter", value="1#c0/1")
+    s.rec("c0").lost("r0", 1)
+    t, token = 1000.0, 2
+    for i in range(14):
+        c = "c1" if i % 2 == 0 else "c2"
+        s.op(c, "acquire", t, t + 2, token=token)
+        s.op(c, "write", t + 8, t + 9, token=token, key="counter", value=f"{token}#{c}/1")
+        s.op(c, "release", t + 30, t + 31, token=token)
+        if i == 5:
+            s.op("c0", "write", t + 45, t + 46, "fail", token=1, key="counter",
+                 value="2#c0/2", error="STALE_TOKEN")  # fmt: skip
+        t, token = t + 60, token + 1
+    return s.events
+
+
+def svg_texts(svg: str) -> list[tuple[Box, str, dict[str, str]]]:
+    """Every ``<text>`` of an SVG with its box (by the report's width estimate)."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(svg)
+    out = []
+    for el in root.iter("{http://www.w3.org/2000/svg}text"):
+        size = float(el.get("font-size", root.get("font-size", "11")))
+        bold = el.get("font-weight") == "bold"
+        text = el.text or ""
+        box = text_box(
+            float(el.get("x", 0)), float(el.get("y", 0)), text, size, bold,
+            el.get("text-anchor", "start"),
+        )  # fmt: skip
+        out.append((box, text, dict(el.attrib)))
+    return out
+
+
+def test_timeline_labels_never_overlap_and_every_bar_is_named() -> None:
+    events = crowded_story()
+    run = outcome("fenced", events, [FaultWindow("pause", "c0", 1_004 * MS, 2_300 * MS, "")])
+    svg = timeline_svg(run, ["c0", "c1", "c2"])
+    texts = svg_texts(svg)
+    for i, (a, text_a, _) in enumerate(texts):
+        for b, text_b, _ in texts[i + 1 :]:
+            assert not a.overlaps(b, pad=0), f"{text_a!r} overlaps {text_b!r}"
+    # The grid never cuts through a letter: every label has its white halo.
+    assert all(attrs.get("paint-order") == "stroke" for _, _, attrs in texts)
+    said = [text for _, text, _ in texts]
+    assert said.count("STALE_TOKEN") == 1 and "pause c0" in said
+    bars = lease_bars(pair_operations(events))
+    assert len(bars) == 15
+    for bar in bars:
+        assert f"{bar.process} t{bar.token}" in said or f"t{bar.token}" in said, bar
+    # No bar label lies on another bar: it would name the wrong lease.
+    import re
+
+    shapes = [
+        Box(float(m[1]), float(m[2]), float(m[1]) + float(m[3]), float(m[2]) + 18)
+        for m in re.finditer(r'<rect x="([\d.]+)" y="([\d.]+)" width="([\d.]+)" height="18"', svg)
+    ]
+    assert len(shapes) == 15
+    for box, text, _ in texts:
+        if re.fullmatch(r"(c\d )?t\d+", text):
+            assert sum(box.overlaps(shape, pad=0) for shape in shapes) <= 1, text
