@@ -34,7 +34,7 @@ class Topology:
     guard's store and the leases are in one database, as ``strict`` needs).
     ``proxy_lease``/``proxy_guard`` put a fault proxy of its own between every client
     and the lease server / the guard. ``watch``: the guard follows the lease
-    server's events (``--lease-server``, directly, not through a proxy).
+    server's events (``--lease-addr``, directly, not through a proxy).
     ``redis_persistence``: see :data:`REDIS_PERSISTENCE`. ``guard_args``: extra
     guard flags.
     """
@@ -132,7 +132,7 @@ class Cluster:
         self.lease.start()
         guard_args = list(self.topology.guard_args)
         if self.topology.watch:
-            guard_args += ["--lease-server", self.lease.target]
+            guard_args += ["--lease-addr", self.lease.target]
         self.guard = guard_server(
             store_url, self.topology.fence_mode, self.workdir, extra_args=guard_args
         )
