@@ -25,12 +25,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fencing.errors import LeaseLost
 from lease_server.backends.base import LeaseBackend
 from lease_server.backends.sqlite import SQLiteBackend
 from lease_server.clock import Clock, SystemClock
 from lease_server.leases import Transition
 from lease_server.queue import jobs
-from lease_server.queue.backends.base import RetryDelay
+from lease_server.queue.backends.base import CompleteGroup, RetryDelay
 from lease_server.queue.backends.sql import load
 from lease_server.queue.jobs import (
     Enqueued,
@@ -269,6 +270,29 @@ class SQLiteQueue:
                 # Against the row as stored now (a job named twice changes once).
                 _change(conn, changes, _load(conn, record.id), record, now)
             return {r.queue for r in updated if _promote(conn, r.queue, r.ordering_key)}
+
+        return await self._logged(tx)
+
+    async def complete_batch(
+        self, groups: Sequence[CompleteGroup]
+    ) -> tuple[list[LeaseLost | None], set[str]]:
+        def tx(
+            conn: sqlite3.Connection, changes: list[Transition]
+        ) -> tuple[list[LeaseLost | None], set[str]]:
+            now = self._clock.now_ms()
+            verdicts: list[LeaseLost | None] = []
+            woken: set[str] = set()
+            for refs, queue in groups:
+                try:  # judge the whole group before writing any of it
+                    updated = [jobs.complete(_load(conn, ref.id), ref, now, queue) for ref in refs]
+                except LeaseLost as exc:
+                    verdicts.append(exc)
+                    continue
+                for record in updated:
+                    _change(conn, changes, _load(conn, record.id), record, now)
+                woken |= {r.queue for r in updated if _promote(conn, r.queue, r.ordering_key)}
+                verdicts.append(None)
+            return verdicts, woken
 
         return await self._logged(tx)
 
