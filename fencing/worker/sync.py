@@ -233,24 +233,28 @@ class Worker:
 
     def _handler_loop(self) -> None:
         while True:
-            job = self._work.get()
+            job: Job | None = self._work.get()
             if job is None:
                 return
-            try:
-                self._run_one(job)
-            except Exception:  # the thread must never die silently
-                log.exception("worker crashed on %s", _fields(job))
-            finally:
-                self._wake.set()
+            # A job that completes claims the next one in the same call, for this thread.
+            while job is not None:
+                current, job = job, None
+                try:
+                    job = self._run_one(current)
+                except Exception:  # the thread must never die silently
+                    log.exception("worker crashed on %s", _fields(current))
+                finally:
+                    self._wake.set()
 
-    def _run_one(self, job: Job) -> None:
+    def _run_one(self, job: Job) -> Job | None:
+        """Run ``job`` and send its outcome; return the job claimed in its stead, if any."""
         core = self.core
         if not core.start(job):
             if core.settle(job):
                 self._release([job], "stopping before it started", started=False)
-            return
+            return None
         if self.fence and not self._promise(job):
-            return
+            return None
         core.count("started")
         log.info("job started %s", _fields(job))
         started = self._clock()
@@ -270,27 +274,70 @@ class Worker:
         took = self._clock() - started
         if not core.settle(job):
             log.warning("job abandoned %s: released at shutdown before it ended", _fields(job))
-            return
+            return None
         try:
             if error is None:
-                self._send(job, lambda: self.client.complete(job), "complete")
-                log.info("job completed %s took=%.3fs", _fields(job), took)
-            else:
-                outcome = self._send(
-                    job,
-                    lambda: self.client.fail(job, error, retry_in=retry_in, final=final),
-                    "fail",
+                return self._complete(job, took)
+            outcome = self._send(
+                job,
+                lambda: self.client.fail(job, error, retry_in=retry_in, final=final),
+                "fail",
+            )
+            if outcome is not None:
+                log.info(
+                    "job failed %s state=%s retry_in=%.2fs",
+                    _fields(job),
+                    outcome.state,
+                    outcome.retry_in,
                 )
-                if outcome is not None:
-                    log.info(
-                        "job failed %s state=%s retry_in=%.2fs",
-                        _fields(job),
-                        outcome.state,
-                        outcome.retry_in,
-                    )
-                    core.count("dead" if outcome.state == "dead" else "failed")
+                core.count("dead" if outcome.state == "dead" else "failed")
+            return None
         finally:
-            core.done(job)
+            core.done(job)  # after the job claimed in its stead took its slot
+
+    def _complete(self, job: Job, took: float) -> Job | None:
+        """Complete ``job`` and, while running, claim the next job in the same call
+        (one round trip instead of two); return that job. The server judges the
+        complete by the job's token alone: a refusal is this job's verdict, and the
+        claim proceeds. If the call fails, the complete is sent again on its own
+        (a repeat is a no-op), retried until the job's deadline."""
+        core = self.core
+        if core.phase is not Phase.RUNNING or self._stop_requested.is_set():
+            self._send(job, lambda: self.client.complete(job), "complete")
+            log.info("job completed %s took=%.3fs", _fields(job), took)
+            return None
+        was_lost = job.lost.is_set()
+        try:
+            jobs, (verdict,) = self.client.complete_and_claim(
+                [job], self.queue, batch=1, ttl=self.ttl, wait=0
+            )
+        except FencingError as exc:
+            log.info("complete and claim failed %s, completing alone: %s", _fields(job), exc)
+            self._send(job, lambda: self.client.complete(job), "complete")
+            log.info("job completed %s took=%.3fs", _fields(job), took)
+            return None
+        if verdict is None:
+            core.count("completed")
+            log.info("job completed %s took=%.3fs", _fields(job), took)
+        else:
+            if not was_lost:
+                core.count("lost")
+            core.count("refused")
+            log.warning(
+                "job lost %s: complete refused, it was taken over: %s", _fields(job), verdict
+            )
+        if not jobs:
+            return None
+        core.count("claimed", len(jobs))
+        back = core.claimed(jobs)
+        if back:
+            self._release(back, "claimed after the stop began", started=False)
+            return None
+        for claimed in jobs:
+            log.debug("job claimed %s", _fields(claimed))
+        self._hb_wake.set()
+        (claimed,) = jobs
+        return claimed
 
     def _promise(self, job: Job) -> bool:
         """Fence every named guard to the job's token; on a failure release the job
