@@ -12,6 +12,12 @@ It keeps the jobs in flight and decides, on an injected monotonic clock:
 
 Each job in flight is settled once: by its handler's outcome (complete or fail) or
 by the shutdown (release), whichever claims it first.
+
+Completes are coalesced: a handler that succeeds queues its job (:meth:`WorkerCore.finished`);
+one sender at a time takes everything queued (:meth:`WorkerCore.next_completes`) and
+sends it with the claim of as many new jobs, in one call, while the jobs that finish
+meanwhile queue up for its next call. A queued job keeps its slot until its call is
+answered, so the claims never exceed ``concurrency``.
 """
 
 from __future__ import annotations
@@ -74,6 +80,8 @@ class WorkerCore:
     #: refused for a stale token), released, unavailable (claims that found no server).
     counts: dict[str, int] = field(default_factory=dict)
     _jobs: dict[int, InFlight] = field(default_factory=dict)
+    _finished: list[Job] = field(default_factory=list)
+    _sending: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, what: str, n: int = 1) -> None:
@@ -116,6 +124,33 @@ class WorkerCore:
                 return False
             entry.settled = True
             return True
+
+    # -- completes ------------------------------------------------------------------------
+
+    def finished(self, job: Job) -> bool:
+        """``job``'s handler succeeded (and settled it): queue its complete. True if the
+        caller must become the sender (nobody is sending), False if the sender takes it."""
+        with self._lock:
+            self._finished.append(job)
+            if self._sending:
+                return False
+            self._sending = True
+            return True
+
+    def next_completes(self) -> list[Job]:
+        """For the sender: every queued complete, to send in one call; [] ends its turn."""
+        with self._lock:
+            out, self._finished = self._finished, []
+            if not out:
+                self._sending = False
+            return out
+
+    def may_wait(self, sending: int) -> bool:
+        """Whether a call completing ``sending`` jobs may also wait for work: only when
+        they hold every slot (nothing else runs, and nothing else claims), so no other
+        job's complete waits behind it."""
+        with self._lock:
+            return self.phase is Phase.RUNNING and sending >= self.concurrency
 
     def done(self, job: Job) -> None:
         """``job`` left this worker (settled and sent, or abandoned)."""

@@ -42,6 +42,7 @@ Logs (logger ``fencing.worker``) name queue, job id, attempt and token; never pa
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import queue as queue_module
 import random
@@ -233,28 +234,24 @@ class Worker:
 
     def _handler_loop(self) -> None:
         while True:
-            job: Job | None = self._work.get()
+            job = self._work.get()
             if job is None:
                 return
-            # A job that completes claims the next one in the same call, for this thread.
-            while job is not None:
-                current, job = job, None
-                try:
-                    job = self._run_one(current)
-                except Exception:  # the thread must never die silently
-                    log.exception("worker crashed on %s", _fields(current))
-                finally:
-                    self._wake.set()
+            try:
+                self._run_one(job)
+            except Exception:  # the thread must never die silently
+                log.exception("worker crashed on %s", _fields(job))
+            finally:
+                self._wake.set()
 
-    def _run_one(self, job: Job) -> Job | None:
-        """Run ``job`` and send its outcome; return the job claimed in its stead, if any."""
+    def _run_one(self, job: Job) -> None:
         core = self.core
         if not core.start(job):
             if core.settle(job):
                 self._release([job], "stopping before it started", started=False)
-            return None
+            return
         if self.fence and not self._promise(job):
-            return None
+            return
         core.count("started")
         log.info("job started %s", _fields(job))
         started = self._clock()
@@ -274,10 +271,14 @@ class Worker:
         took = self._clock() - started
         if not core.settle(job):
             log.warning("job abandoned %s: released at shutdown before it ended", _fields(job))
-            return None
+            return
+        if error is None:
+            log.info("job finished %s took=%.3fs", _fields(job), took)
+            # Its slot is freed once its complete is answered (by whoever sends it).
+            if core.finished(job):
+                self._send_completes()
+            return
         try:
-            if error is None:
-                return self._complete(job, took)
             outcome = self._send(
                 job,
                 lambda: self.client.fail(job, error, retry_in=retry_in, final=final),
@@ -291,53 +292,78 @@ class Worker:
                     outcome.retry_in,
                 )
                 core.count("dead" if outcome.state == "dead" else "failed")
-            return None
         finally:
-            core.done(job)  # after the job claimed in its stead took its slot
+            core.done(job)
 
-    def _complete(self, job: Job, took: float) -> Job | None:
-        """Complete ``job`` and, while running, claim the next job in the same call
-        (one round trip instead of two); return that job. The server judges the
-        complete by the job's token alone: a refusal is this job's verdict, and the
-        claim proceeds. If the call fails, the complete is sent again on its own
-        (a repeat is a no-op), retried until the job's deadline."""
+    def _send_completes(self) -> None:
+        """Send every queued complete, with the claim of as many new jobs, one call at a
+        time, until none is left (the jobs that finish meanwhile ride on the next call);
+        the jobs claimed go to the handler threads."""
+        core = self.core
+        while jobs := core.next_completes():
+            claimed: list[Job] = []
+            try:
+                claimed = self._complete_batch(jobs)
+            except Exception:  # the sender must go on, or later completes would wait forever
+                log.exception("sending %d completes failed", len(jobs))
+            finally:
+                self._take(claimed)  # in the finished jobs' slots, before they leave
+                for job in jobs:
+                    core.done(job)
+                self._wake.set()
+
+    def _take(self, jobs: list[Job]) -> None:
+        """Hand newly claimed jobs to the handler threads (released if stopping)."""
+        if not jobs:
+            return
+        core = self.core
+        core.count("claimed", len(jobs))
+        back = core.claimed(jobs)
+        if back:
+            self._release(back, "claimed after the stop began", started=False)
+            return
+        for job in jobs:
+            log.debug("job claimed %s", _fields(job))
+            self._work.put(job)
+        self._hb_wake.set()
+
+    def _complete_batch(self, jobs: list[Job]) -> list[Job]:
+        """Complete ``jobs`` and, while running, claim as many new jobs in the same call
+        (one round trip instead of two per job); return those. The server judges each
+        complete by its job's token alone: a refusal is that job's verdict, and the
+        others and the claim proceed. If the call fails, each complete is sent again on
+        its own (a repeat is a no-op), retried until that job's deadline."""
         core = self.core
         if core.phase is not Phase.RUNNING or self._stop_requested.is_set():
-            self._send(job, lambda: self.client.complete(job), "complete")
-            log.info("job completed %s took=%.3fs", _fields(job), took)
-            return None
-        was_lost = job.lost.is_set()
+            self._complete_each(jobs)
+            return []
+        was_lost = [job.lost.is_set() for job in jobs]
+        wait = self.poll if core.may_wait(len(jobs)) else 0.0
         try:
-            jobs, (verdict,) = self.client.complete_and_claim(
-                [job], self.queue, batch=1, ttl=self.ttl, wait=0
+            claimed, verdicts = self.client.complete_and_claim(
+                jobs, self.queue, batch=len(jobs), ttl=self.ttl, wait=wait
             )
         except FencingError as exc:
-            log.info("complete and claim failed %s, completing alone: %s", _fields(job), exc)
-            self._send(job, lambda: self.client.complete(job), "complete")
-            log.info("job completed %s took=%.3fs", _fields(job), took)
-            return None
-        if verdict is None:
-            core.count("completed")
-            log.info("job completed %s took=%.3fs", _fields(job), took)
-        else:
-            if not was_lost:
+            log.info("complete and claim of %d jobs failed, completing alone: %s", len(jobs), exc)
+            self._complete_each(jobs)
+            return []
+        for job, verdict, lost_before in zip(jobs, verdicts, was_lost, strict=True):
+            if verdict is None:
+                core.count("completed")
+                log.info("job completed %s", _fields(job))
+                continue
+            if not lost_before:
                 core.count("lost")
             core.count("refused")
             log.warning(
                 "job lost %s: complete refused, it was taken over: %s", _fields(job), verdict
             )
-        if not jobs:
-            return None
-        core.count("claimed", len(jobs))
-        back = core.claimed(jobs)
-        if back:
-            self._release(back, "claimed after the stop began", started=False)
-            return None
-        for claimed in jobs:
-            log.debug("job claimed %s", _fields(claimed))
-        self._hb_wake.set()
-        (claimed,) = jobs
         return claimed
+
+    def _complete_each(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self._send(job, functools.partial(self.client.complete, job), "complete")
+            log.info("job completed %s", _fields(job))
 
     def _promise(self, job: Job) -> bool:
         """Fence every named guard to the job's token; on a failure release the job

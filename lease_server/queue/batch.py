@@ -73,6 +73,11 @@ class CompleteBatcher:
         self._running = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
+    @property
+    def idle(self) -> bool:
+        """No batch is committing nor waiting: a complete now would go alone."""
+        return self._running == 0 and not self._queue
+
     async def submit(self, groups: Sequence[CompleteGroup]) -> list[Verdict]:
         """Queue ``groups`` and wait for their verdicts (in order).
 

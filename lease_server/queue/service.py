@@ -26,7 +26,7 @@ from fencing._backoff import Backoff
 from fencing.errors import InvalidArgumentError, LeaseLost
 from fencing.v1 import queue_pb2, queue_pb2_grpc
 from lease_server.queue import jobs
-from lease_server.queue.backends.base import QueueBackend
+from lease_server.queue.backends.base import CompleteGroup, QueueBackend
 from lease_server.queue.batch import CompleteBatcher
 from lease_server.queue.jobs import DEFAULT_RETRY_BACKOFF, JobRecord, JobRef, JobState, NewJob
 from lease_server.queue.metrics import QueueMetrics
@@ -320,10 +320,23 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         wait_ms = limits.check_wait_ms(request.wait_ms)
         done = refs_from_proto(request.complete, "complete") if request.complete else []
         loop = asyncio.get_running_loop()
-        arrived = loop.time()
+        arrived = before_claim = loop.time()
         # The finished jobs first, each alone (a stale one is refused by its verdict and
-        # the claim goes on), committed before the claim waits for work.
-        verdicts = await self.completes.submit([([r], queue) for r in done])
+        # the claim goes on), committed before the claim waits for work. With no other
+        # complete under way they go with the first claim attempt, in one round trip;
+        # otherwise they join the batch being gathered, shared with other workers.
+        groups: list[CompleteGroup] = [([r], queue) for r in done]
+        event = self._wakeups.event(queue)
+        event.clear()  # before the first attempt: a job enqueued after it wakes the wait
+        claimed: list[JobRecord] | None = None
+        if groups and self.completes.idle:
+            verdicts, woken, claimed = await self.backend.complete_and_claim(
+                groups, queue, worker, batch, ttl_ms
+            )
+            for woke in woken:
+                self._wakeups.notify(woke)
+        else:
+            verdicts = await self.completes.submit(groups)
         for verdict in verdicts:
             if verdict is None:
                 self.completed_in_claims += 1
@@ -332,20 +345,22 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
                 self._lost(verdict, "complete in claim")
         completed = [verdict_to_proto(r, v) for r, v in zip(done, verdicts, strict=True)]
         deadline = loop.time() + wait_ms / 1000
-        event = self._wakeups.event(queue)
-        while True:
+        if claimed is None:
+            event.clear()
+            before_claim = loop.time()
+            claimed = await self.backend.claim(queue, worker, batch, ttl_ms)
+        while not claimed and loop.time() < deadline:
+            try:
+                async with asyncio.timeout(
+                    min(deadline - loop.time(), self.options.poll_interval_s)
+                ):
+                    await event.wait()
+            except TimeoutError:
+                pass
             event.clear()
             # Read before each attempt: the jobs' ttl counts from no earlier than this.
             before_claim = loop.time()
             claimed = await self.backend.claim(queue, worker, batch, ttl_ms)
-            left = deadline - loop.time()
-            if claimed or left <= 0:
-                break
-            try:
-                async with asyncio.timeout(min(left, self.options.poll_interval_s)):
-                    await event.wait()
-            except TimeoutError:
-                pass
         rescued = sum(r.last_error.startswith(jobs.EXPIRED_PREFIX) for r in claimed)
         self.metrics.jobs.labels("claimed").inc(len(claimed))
         self.metrics.jobs.labels("rescued").inc(rescued)

@@ -248,6 +248,31 @@ async def test_complete_batch_wakes_the_next_job_of_an_ordering_key(queue_backen
     assert k2.payload == b"k2"
 
 
+async def test_complete_and_claim_completes_first_and_claims_on(queue_backend: Pair) -> None:
+    backend, time = queue_backend
+    await backend.enqueue("q", [job(b"k1", ordering_key="k"), job(b"k2", ordering_key="k")])
+    await backend.enqueue("q", [job(b"free")])
+    k1 = await claim_one(backend)
+    free = await claim_one(backend, ttl=TTL)
+    await time.sleep(TTL + 50)
+    rescued = await claim_one(backend, worker="rescuer")
+    assert rescued.id == free.id
+    verdicts, woken, claimed = await backend.complete_and_claim(
+        [([ref(free)], "q"), ([ref(k1)], "q")], "q", "w", 5, LONG
+    )
+    # The stale complete is refused alone; k1 completes, so k2 (behind it on its
+    # ordering key) is ready for the claim of the same call.
+    assert verdicts[1] is None and woken == {"q"}
+    stale = verdicts[0]
+    assert stale is not None and stale.token == free.token
+    assert [r.payload for r in claimed] == [b"k2"]
+    assert await state_of(backend, k1.id) is JobState.SUCCEEDED
+    still = await backend.get(free.id)
+    assert still is not None and still.token == rescued.token
+    assert still.state is JobState.RUNNING
+    assert await backend.complete_and_claim([], "q", "w", 5, LONG) == ([], set(), [])
+
+
 async def test_heartbeat_keeps_a_job_from_being_rescued(queue_backend: Pair) -> None:
     backend, time = queue_backend
     await enqueue(backend)

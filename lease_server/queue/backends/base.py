@@ -77,6 +77,14 @@ class QueueBackend(Protocol):
         job of an ordering key became ready.
         """
 
+    async def complete_and_claim(
+        self, groups: Sequence[CompleteGroup], queue: str, worker: str, limit: int, ttl_ms: int
+    ) -> tuple[list[LeaseLost | None], set[str], list[JobRecord]]:
+        """:meth:`complete_batch` then :meth:`claim`, in one round trip where the backend
+        can: the completes commit first (so a job they let become ready can be claimed),
+        and a refused group does not stop the claim. Returns the verdicts, the queues
+        woken and the jobs claimed."""
+
     async def fail(
         self,
         ref: JobRef,

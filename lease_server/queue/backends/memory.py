@@ -141,6 +141,12 @@ class MemoryQueue:
             verdicts.append(None)
         return verdicts, woken
 
+    async def complete_and_claim(
+        self, groups: Sequence[CompleteGroup], queue: str, worker: str, limit: int, ttl_ms: int
+    ) -> tuple[list[LeaseLost | None], set[str], list[JobRecord]]:
+        verdicts, woken = await self.complete_batch(groups)
+        return verdicts, woken, await self.claim(queue, worker, limit, ttl_ms)
+
     async def fail(
         self,
         ref: JobRef,

@@ -182,9 +182,8 @@ class PostgresQueue:
         assert row is not None
         return set(row[3] or ())
 
-    async def complete_batch(
-        self, groups: Sequence[CompleteGroup]
-    ) -> tuple[list[LeaseLost | None], set[str]]:
+    @staticmethod
+    def _batch_params(groups: Sequence[CompleteGroup]) -> tuple[Any, ...]:
         ids: list[int] = []
         tokens: list[int] = []
         numbers: list[int] = []
@@ -192,10 +191,12 @@ class PostgresQueue:
             ids += [r.id for r in refs]
             tokens += [r.token for r in refs]
             numbers += [number] * len(refs)
-        params = (ids, tokens, numbers, [queue for _, queue in groups])
-        async with self._db.connection() as conn:
-            cur = await conn.execute(self._complete_batch_sql, params)
-            rows = await cur.fetchall()
+        return (ids, tokens, numbers, [queue for _, queue in groups])
+
+    @staticmethod
+    def _verdicts(
+        groups: Sequence[CompleteGroup], rows: Sequence[Sequence[Any]]
+    ) -> tuple[list[LeaseLost | None], set[str]]:
         verdicts: list[LeaseLost | None] = [None] * len(groups)
         woken: set[str] = set()
         for row in rows:
@@ -204,6 +205,27 @@ class PostgresQueue:
             else:
                 verdicts[int(row[0]) - 1] = _stale(row[1:4])
         return verdicts, woken
+
+    async def complete_batch(
+        self, groups: Sequence[CompleteGroup]
+    ) -> tuple[list[LeaseLost | None], set[str]]:
+        async with self._db.connection() as conn:
+            cur = await conn.execute(self._complete_batch_sql, self._batch_params(groups))
+            rows = await cur.fetchall()
+        return self._verdicts(groups, rows)
+
+    async def complete_and_claim(
+        self, groups: Sequence[CompleteGroup], queue: str, worker: str, limit: int, ttl_ms: int
+    ) -> tuple[list[LeaseLost | None], set[str], list[JobRecord]]:
+        # Two statements, each its own transaction (the completes commit first), sent
+        # together in one pipeline: one round trip.
+        async with self._db.connection() as conn, conn.pipeline():
+            done = await conn.execute(self._complete_batch_sql, self._batch_params(groups))
+            claim = await conn.execute(self._claim_sql, (queue, worker, limit, ttl_ms))
+            rows = await done.fetchall()
+            claimed = await claim.fetchall()
+        verdicts, woken = self._verdicts(groups, rows)
+        return verdicts, woken, [_record(r) for r in claimed]
 
     async def fail(
         self,
