@@ -23,12 +23,13 @@ answered, so the claims never exceed ``concurrency``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from fencing._backoff import Backoff
 from fencing.client._queue import Job
+from fencing.errors import LeaseLost
 
 #: Backoff (seconds) between attempts to reach an unavailable server.
 UNAVAILABLE_BACKOFF = Backoff(base=0.1, cap=5.0, factor=2.0, jitter=0.3)
@@ -151,6 +152,21 @@ class WorkerCore:
         job's complete waits behind it."""
         with self._lock:
             return self.phase is Phase.RUNNING and sending >= self.concurrency
+
+    def tally_completes(
+        self, jobs: Sequence[Job], verdicts: Sequence[LeaseLost | None], lost_before: Sequence[bool]
+    ) -> list[tuple[Job, LeaseLost | None]]:
+        """Count the verdicts of a call's completes: ``completed``, or ``refused`` (and
+        ``lost``, unless the job was known lost before the call); returns them paired."""
+        out = list(zip(jobs, verdicts, strict=True))
+        for (_, verdict), was_lost in zip(out, lost_before, strict=True):
+            if verdict is None:
+                self.count("completed")
+                continue
+            if not was_lost:
+                self.count("lost")
+            self.count("refused")
+        return out
 
     def done(self, job: Job) -> None:
         """``job`` left this worker (settled and sent, or abandoned)."""

@@ -308,17 +308,13 @@ class AsyncWorker:
             log.info("complete and claim of %d jobs failed, completing alone: %s", len(jobs), exc)
             await self._complete_each(jobs)
             return []
-        for job, verdict, lost_before in zip(jobs, verdicts, was_lost, strict=True):
+        for job, verdict in core.tally_completes(jobs, verdicts, was_lost):
             if verdict is None:
-                core.count("completed")
                 log.info("job completed %s", _fields(job))
-                continue
-            if not lost_before:
-                core.count("lost")
-            core.count("refused")
-            log.warning(
-                "job lost %s: complete refused, it was taken over: %s", _fields(job), verdict
-            )
+            else:
+                log.warning(
+                    "job lost %s: complete refused, it was taken over: %s", _fields(job), verdict
+                )
         return claimed
 
     async def _complete_each(self, jobs: list[Job]) -> None:

@@ -347,17 +347,13 @@ class Worker:
             log.info("complete and claim of %d jobs failed, completing alone: %s", len(jobs), exc)
             self._complete_each(jobs)
             return []
-        for job, verdict, lost_before in zip(jobs, verdicts, was_lost, strict=True):
+        for job, verdict in core.tally_completes(jobs, verdicts, was_lost):
             if verdict is None:
-                core.count("completed")
                 log.info("job completed %s", _fields(job))
-                continue
-            if not lost_before:
-                core.count("lost")
-            core.count("refused")
-            log.warning(
-                "job lost %s: complete refused, it was taken over: %s", _fields(job), verdict
-            )
+            else:
+                log.warning(
+                    "job lost %s: complete refused, it was taken over: %s", _fields(job), verdict
+                )
         return claimed
 
     def _complete_each(self, jobs: list[Job]) -> None:
