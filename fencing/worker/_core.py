@@ -211,9 +211,14 @@ class WorkerCore:
         return max(0.0, min([cap, *(t - now for t in times)]))
 
     def expire(self) -> list[Job]:
-        """Mark lost every live job whose local deadline passed; return them."""
+        """Mark lost every live job whose local deadline passed; return them. A settled
+        job is left alone: its handler is done, and its outcome is on its way (a complete
+        may ride on a call that waits for work well past the deadline: the server judged
+        it on arrival)."""
+        with self._lock:
+            unsettled = [e.job for e in self._jobs.values() if not e.settled]
         expired = []
-        for job in self.in_flight():
+        for job in unsettled:
             if (
                 not job.lost.is_set()
                 and job.expired()

@@ -318,6 +318,8 @@ class Worker:
             return
         core = self.core
         core.count("claimed", len(jobs))
+        if self._stop_requested.is_set() and core.phase is Phase.RUNNING:
+            core.stop(self.grace if self._stop_grace is None else self._stop_grace)
         back = core.claimed(jobs)
         if back:
             self._release(back, "claimed after the stop began", started=False)

@@ -295,7 +295,11 @@ def test_requests_are_validated_at_the_edge(queue: QueueClient) -> None:
         queue.enqueue("q", b"x", max_attempts=-1)
     with pytest.raises(InvalidArgumentError) as info:
         bad = queue_pb2.ClaimRequest(
-            queue="q", batch_size=1, ttl_ms=1000, complete=[queue_pb2.JobRef(id=0, token=1)]
+            queue="q",
+            worker="w",
+            batch_size=1,
+            ttl_ms=1000,
+            complete=[queue_pb2.JobRef(id=0, token=1)],
         )
         queue._call(lambda: queue._stub.Claim(bad), retry=False)
     assert info.value.field == "complete[0].id"

@@ -162,3 +162,14 @@ def test_completes_queue_behind_one_sender_and_keep_their_slots() -> None:
     assert c.may_wait(3)  # every slot in one call: nothing else can finish meanwhile
     c.stop(1.0)
     assert not c.may_wait(3)  # a stopping worker claims nothing
+
+
+def test_a_settled_job_is_not_expired_while_its_outcome_is_sent() -> None:
+    clock = FakeClock()
+    c = core(clock, 2)
+    running, finished = make_job(clock, 1, ttl_ms=1000), make_job(clock, 2, ttl_ms=1000)
+    assert c.claimed([running, finished]) == []
+    assert c.settle(finished) and c.finished(finished)
+    clock.now += 5.0  # both local deadlines passed; the complete is still in flight
+    assert c.expire() == [running]
+    assert not finished.lost.is_set()
