@@ -15,7 +15,8 @@ guard add to taking a lease, and the watch delivery delay), ``throughput`` (guar
 writes per second against the backend's own check-and-write), ``scale`` (latency with
 1,000 against 1,000,000 resources), ``sessions`` (one client holding 10,000 leases),
 ``peers`` (etcd, PostgreSQL advisory locks and redis-py Lock next to ours), ``queue``
-(jobs/s through the QueueService next to hand-written SKIP LOCKED SQL on PostgreSQL; only with
+(jobs/s through the QueueService next to hand-written SKIP LOCKED SQL on PostgreSQL, and our
+worker next to procrastinate's when it is installed (``bench/queue_peer.py``); only with
 ``--queue`` or ``--only queue``). A section whose server is unreachable is skipped with
 a note, never faked. Progress goes to stderr, tables to stdout.
 """
@@ -86,10 +87,50 @@ async def _postgres(o: Options) -> list[Result]:
     return await postgres.run(o.clients, o.duration, servers=True)
 
 
-async def _queue(o: Options) -> list[Result]:
-    from bench import queue
+#: The queue's targets next to procrastinate: (row, what, bound, higher is better).
+QUEUE_PEER_TARGETS = (
+    ("enqueue x1", "enqueue one job per call", 1.0, True),
+    ("drain@1", "drain at concurrency 1", 1.0, True),
+    ("drain@8", "drain at concurrency 8", 2.0, True),
+    ("latency", "p50 enqueue-to-start latency", 1.0, False),
+)
 
-    return await queue.run(o.clients, o.duration)
+
+async def _queue(o: Options) -> Report:
+    from bench import queue, queue_peer
+
+    report = Report()
+    report.results = await queue.run(o.clients, o.duration)
+    peer = await queue_peer.run(queue.default_dsn(), o.duration, report.notes)
+    report.results += peer
+    rows = {(r.name.split(": ", 1)[0], r.name.split(": ", 1)[1], r.concurrency): r for r in peer}
+    for key, what, bound, higher in QUEUE_PEER_TARGETS:
+        name, _, at = key.partition("@")
+        label = {"drain": "drain", "latency": "enqueue-to-start latency"}.get(name, name)
+        n = int(at or 1)
+        ours = rows.get((queue_peer.OURS, label, n))
+        theirs = next(
+            (
+                r
+                for (side, lbl, c), r in rows.items()
+                if side != queue_peer.OURS and lbl == label and c == n
+            ),
+            None,
+        )
+        if ours is None or theirs is None:
+            continue
+        if higher:
+            ratio = ours.rate / theirs.rate if theirs.rate else 0.0
+            figure = f"{ours.rate:,.0f} jobs/s = {ratio:.2f}x ({theirs.rate:,.0f})"
+            met = ratio >= bound
+        else:
+            mine, peer_p50 = ours.percentile(0.5), theirs.percentile(0.5)
+            ratio = mine / peer_p50 if peer_p50 else 0.0
+            figure = f"p50 {mine * 1000:.2f} ms = {ratio:.2f}x ({peer_p50 * 1000:.2f} ms)"
+            met = ratio <= bound
+        sign = ">=" if higher else "<="
+        report.targets.append((f"queue: {what} {sign} {bound:g}x procrastinate", figure, _met(met)))
+    return report
 
 
 def _met(ok: bool) -> str:
@@ -205,7 +246,10 @@ SECTIONS: dict[str, tuple[str, Section]] = {
     "scale": ("State at scale: 1,000 against 1,000,000 resources", _scale),
     "sessions": ("Sessions: one client holding 10,000 leases", _sessions),
     "peers": ("Peers: etcd, PostgreSQL advisory locks and redis-py Lock next to ours", _peers),
-    "queue": ("Queue: jobs/s through the QueueService next to hand-written SQL", _queue),
+    "queue": (
+        "Queue: the QueueService next to hand-written SQL and procrastinate",
+        _queue,
+    ),
 }
 #: Sections run only when asked for (``--queue``, or ``--only``).
 OPT_IN = {"queue"}
@@ -257,6 +301,8 @@ async def _run(names: list[str], options: Options) -> dict[str, tuple[Report, fl
                 print(report.text, flush=True)
             for note in report.notes:
                 print(f"  note: {note}", flush=True)
+            for target, figure, met in report.targets:
+                print(f"  target: {target}: {figure} (met: {met.strip('*')})", flush=True)
         elapsed = time.perf_counter() - started
         progress(f"[{number}/{len(names)}] {title}: {elapsed:.0f} s")
         done[name] = (report, elapsed)

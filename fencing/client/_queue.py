@@ -287,6 +287,48 @@ def claimed(
     ]
 
 
+def claim_request(
+    queue: str, worker: str, batch: int, ttl_ms: int, wait_ms: int, done: Sequence[Job] = ()
+) -> queue_pb2.ClaimRequest:
+    """A Claim, carrying ``done`` (finished jobs of ``queue``) to complete first."""
+    if done and queue_of(done) != queue:
+        raise InvalidArgumentError(
+            f"jobs completed with a claim of {queue!r} must belong to it", field="done"
+        )
+    return queue_pb2.ClaimRequest(
+        queue=queue,
+        worker=worker,
+        batch_size=batch,
+        ttl_ms=ttl_ms,
+        wait_ms=wait_ms,
+        complete=refs(done),
+    )
+
+
+def completed_verdicts(
+    done: Sequence[Job], response: queue_pb2.ClaimResponse
+) -> list[LeaseLost | None] | None:
+    """The verdict on each of ``done`` a Claim carried (None: completed; ``LeaseLost``:
+    refused, and that job is marked lost), or None when the server returned none (it
+    predates completes in a Claim and ignored them: the caller completes them itself)."""
+    if len(response.completed) != len(done):
+        return None
+    verdicts: list[LeaseLost | None] = []
+    for job, verdict in zip(done, response.completed, strict=True):
+        if verdict.ok and verdict.id == job.id and verdict.token == job.token:
+            verdicts.append(None)
+            continue
+        job.mark_lost("complete refused: the job was taken over")
+        verdicts.append(
+            LeaseLost(
+                verdict.error or f"job {job.id}: complete with token {job.token} refused",
+                resource=verdict.resource,
+                token=job.token,
+            )
+        )
+    return verdicts
+
+
 def heartbeat_timeout(jobs: Sequence[Job], cap: float) -> float:
     """A heartbeat's RPC deadline: never past the earliest local deadline among ``jobs``."""
     return max(0.001, min(cap, *(j.remaining() for j in jobs)))

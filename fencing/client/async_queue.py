@@ -121,22 +121,42 @@ class AsyncQueueClient:
     async def claim(
         self, queue: str, *, batch: int = 1, ttl: float = 30.0, wait: float = 0.0
     ) -> list[Job]:
-        request = queue_pb2.ClaimRequest(
-            queue=queue,
-            worker=self.worker,
-            batch_size=batch,
-            ttl_ms=_core.ttl_ms_of(ttl),
-            wait_ms=_core.wait_ms_of(wait),
+        jobs, _ = await self.complete_and_claim((), queue, batch=batch, ttl=ttl, wait=wait)
+        return jobs
+
+    async def complete_and_claim(
+        self,
+        done: Sequence[Job],
+        queue: str,
+        *,
+        batch: int = 1,
+        ttl: float = 30.0,
+        wait: float = 0.0,
+    ) -> tuple[list[Job], list[LeaseLost | None]]:
+        """See :meth:`QueueClient.complete_and_claim`."""
+        items = list(done)
+        request = core.claim_request(
+            queue, self.worker, batch, _core.ttl_ms_of(ttl), _core.wait_ms_of(wait), items
         )
         sent_at = self._clock()
         response = await self._call(
             lambda: self._stub.Claim(request, timeout=wait + self.rpc_timeout), retry=False
         )
         jobs = core.claimed(response, sent_at, self._clock(), self.policy, self._clock)
+        verdicts = core.completed_verdicts(items, response)
+        if verdicts is None:  # a server that ignores completes in a Claim
+            verdicts = [await self._complete_alone(job) for job in items]
         due = [job for job in jobs if job.due_on_arrival()]
         if due:
             await self._heartbeat_on_arrival(due)
-        return [job for job in jobs if not job.lost.is_set()]
+        return [job for job in jobs if not job.lost.is_set()], verdicts
+
+    async def _complete_alone(self, job: Job) -> LeaseLost | None:
+        try:
+            await self.complete(job)
+        except LeaseLost as exc:
+            return exc
+        return None
 
     async def _heartbeat_on_arrival(self, jobs: list[Job]) -> None:
         """Heartbeat claims whose reply came too late to trust their first deadline

@@ -150,22 +150,51 @@ class QueueClient:
         returned (those found taken over are left out). The jobs are not heartbeated
         after that: call :meth:`heartbeat` every ttl/3, or use a Worker.
         """
-        request = queue_pb2.ClaimRequest(
-            queue=queue,
-            worker=self.worker,
-            batch_size=batch,
-            ttl_ms=_core.ttl_ms_of(ttl),
-            wait_ms=_core.wait_ms_of(wait),
+        jobs, _ = self.complete_and_claim((), queue, batch=batch, ttl=ttl, wait=wait)
+        return jobs
+
+    def complete_and_claim(
+        self,
+        done: Sequence[Job],
+        queue: str,
+        *,
+        batch: int = 1,
+        ttl: float = 30.0,
+        wait: float = 0.0,
+    ) -> tuple[list[Job], list[LeaseLost | None]]:
+        """Mark ``done`` (finished jobs of ``queue``) succeeded and claim the next jobs,
+        in one call: what :meth:`complete` then :meth:`claim` do, one round trip.
+
+        Returns the claimed jobs (as :meth:`claim`) and one verdict per job of ``done``,
+        in order: None (completed, or already was) or ``LeaseLost`` (refused: the job
+        was taken over; it is marked ``lost``). A refused job does not stop the others
+        nor the claim. Like Claim, the call is not retried: on a transient failure
+        (raised) it is unknown whether the completes were applied, and sending them
+        again (:meth:`complete`, which retries) is safe.
+        """
+        items = list(done)
+        request = core.claim_request(
+            queue, self.worker, batch, _core.ttl_ms_of(ttl), _core.wait_ms_of(wait), items
         )
         sent_at = self._clock()
         response = self._call(
             lambda: self._stub.Claim(request, timeout=wait + self.rpc_timeout), retry=False
         )
         jobs = core.claimed(response, sent_at, self._clock(), self.policy, self._clock)
+        verdicts = core.completed_verdicts(items, response)
+        if verdicts is None:  # a server that ignores completes in a Claim
+            verdicts = [self._complete_alone(job) for job in items]
         due = [job for job in jobs if job.due_on_arrival()]
         if due:
             self._heartbeat_on_arrival(due)
-        return [job for job in jobs if not job.lost.is_set()]
+        return [job for job in jobs if not job.lost.is_set()], verdicts
+
+    def _complete_alone(self, job: Job) -> LeaseLost | None:
+        try:
+            self.complete(job)
+        except LeaseLost as exc:
+            return exc
+        return None
 
     def _heartbeat_on_arrival(self, jobs: list[Job]) -> None:
         """Heartbeat claims whose reply came too late to trust their first deadline

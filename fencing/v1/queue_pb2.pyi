@@ -159,12 +159,23 @@ class ClaimRequest(_message.Message):
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
     TTL_MS_FIELD_NUMBER: _builtins.int
     WAIT_MS_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     worker: _builtins.str
     """Who claims (logs, lease_owner); the token is the proof, not this name."""
     batch_size: _builtins.int
     ttl_ms: _builtins.int
     wait_ms: _builtins.int
+    @_builtins.property
+    def complete(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobRef]:
+        """Finished jobs of this queue to mark succeeded before claiming (one call where a
+        worker would send Complete then Claim). Each is judged alone: a stale token gets
+        its own refused verdict (ClaimResponse.completed) and changes nothing, the others
+        complete, and the claim proceeds either way. The completes are committed before
+        the claim waits for work. A server that predates this field ignores it and
+        returns no verdicts: a client then sends Complete for these jobs itself.
+        """
+
     def __init__(
         self,
         *,
@@ -173,14 +184,53 @@ class ClaimRequest(_message.Message):
         batch_size: _builtins.int = ...,
         ttl_ms: _builtins.int = ...,
         wait_ms: _builtins.int = ...,
+        complete: _abc.Iterable[Global___JobRef] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "queue", b"queue", "ttl_ms", b"ttl_ms", "wait_ms", b"wait_ms", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "complete", b"complete", "queue", b"queue", "ttl_ms", b"ttl_ms", "wait_ms", b"wait_ms", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClaimRequest: _TypeAlias = ClaimRequest  # noqa: Y015
+
+@_typing.final
+class CompleteVerdict(_message.Message):
+    """The verdict on one job of ClaimRequest.complete."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    token: _builtins.int
+    ok: _builtins.bool
+    """True: the job is succeeded with this token (now, or already before)."""
+    error: _builtins.str
+    """When refused (the token is not the job's current claim, or the job is not in
+    the queue): why, and the guard resource the token was for ("" if no such job),
+    as a LEASE_LOST error of Complete would say.
+    """
+    resource: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        token: _builtins.int = ...,
+        ok: _builtins.bool = ...,
+        error: _builtins.str = ...,
+        resource: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "id", b"id", "ok", b"ok", "resource", b"resource", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteVerdict: _TypeAlias = CompleteVerdict  # noqa: Y015
 
 @_typing.final
 class Job(_message.Message):
@@ -248,6 +298,7 @@ class ClaimResponse(_message.Message):
 
     JOBS_FIELD_NUMBER: _builtins.int
     WAITED_MS_FIELD_NUMBER: _builtins.int
+    COMPLETED_FIELD_NUMBER: _builtins.int
     waited_ms: _builtins.int
     """Milliseconds the claim waited on the server for work before the jobs were
     claimed (from its arrival to the start of the claiming step, rounded down): the
@@ -256,15 +307,20 @@ class ClaimResponse(_message.Message):
     """
     @_builtins.property
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Job]: ...
+    @_builtins.property
+    def completed(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompleteVerdict]:
+        """One verdict per ClaimRequest.complete, in its order."""
+
     def __init__(
         self,
         *,
         jobs: _abc.Iterable[Global___Job] | None = ...,
         waited_ms: _builtins.int = ...,
+        completed: _abc.Iterable[Global___CompleteVerdict] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "waited_ms", b"waited_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed", b"completed", "jobs", b"jobs", "waited_ms", b"waited_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

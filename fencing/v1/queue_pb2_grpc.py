@@ -86,7 +86,8 @@ class QueueServiceServicer:
         """Take up to batch_size jobs, rescuing running jobs whose lease expired first,
         then ready jobs by priority (high first), due time, and enqueue order. Each
         claimed job gets a fresh token and a lease of ttl_ms. Waits up to wait_ms
-        when nothing is claimable.
+        when nothing is claimable. Jobs named in ``complete`` are marked succeeded
+        first, each judged alone by its token (see ClaimRequest.complete).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -56,7 +56,8 @@ class QueueServiceStub:
     """Take up to batch_size jobs, rescuing running jobs whose lease expired first,
     then ready jobs by priority (high first), due time, and enqueue order. Each
     claimed job gets a fresh token and a lease of ttl_ms. Waits up to wait_ms
-    when nothing is claimable.
+    when nothing is claimable. Jobs named in ``complete`` are marked succeeded
+    first, each judged alone by its token (see ClaimRequest.complete).
     """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_queue_pb2.HeartbeatRequest, _queue_pb2.HeartbeatResponse]
     """Extend the leases of claimed jobs to now + ttl_ms (all or none)."""
@@ -80,7 +81,8 @@ class QueueServiceAsyncStub(QueueServiceStub):
     """Take up to batch_size jobs, rescuing running jobs whose lease expired first,
     then ready jobs by priority (high first), due time, and enqueue order. Each
     claimed job gets a fresh token and a lease of ttl_ms. Waits up to wait_ms
-    when nothing is claimable.
+    when nothing is claimable. Jobs named in ``complete`` are marked succeeded
+    first, each judged alone by its token (see ClaimRequest.complete).
     """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_queue_pb2.HeartbeatRequest, _queue_pb2.HeartbeatResponse]  # type: ignore[assignment]
     """Extend the leases of claimed jobs to now + ttl_ms (all or none)."""
@@ -113,7 +115,8 @@ class QueueServiceServicer(metaclass=_abc_1.ABCMeta):
         """Take up to batch_size jobs, rescuing running jobs whose lease expired first,
         then ready jobs by priority (high first), due time, and enqueue order. Each
         claimed job gets a fresh token and a lease of ttl_ms. Waits up to wait_ms
-        when nothing is claimable.
+        when nothing is claimable. Jobs named in ``complete`` are marked succeeded
+        first, each judged alone by its token (see ClaimRequest.complete).
         """
 
     @_abc_1.abstractmethod

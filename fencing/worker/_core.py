@@ -12,17 +12,24 @@ It keeps the jobs in flight and decides, on an injected monotonic clock:
 
 Each job in flight is settled once: by its handler's outcome (complete or fail) or
 by the shutdown (release), whichever claims it first.
+
+Completes are coalesced: a handler that succeeds queues its job (:meth:`WorkerCore.finished`);
+one sender at a time takes everything queued (:meth:`WorkerCore.next_completes`) and
+sends it with the claim of as many new jobs, in one call, while the jobs that finish
+meanwhile queue up for its next call. A queued job keeps its slot until its call is
+answered, so the claims never exceed ``concurrency``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from fencing._backoff import Backoff
 from fencing.client._queue import Job
+from fencing.errors import LeaseLost
 
 #: Backoff (seconds) between attempts to reach an unavailable server.
 UNAVAILABLE_BACKOFF = Backoff(base=0.1, cap=5.0, factor=2.0, jitter=0.3)
@@ -74,6 +81,8 @@ class WorkerCore:
     #: refused for a stale token), released, unavailable (claims that found no server).
     counts: dict[str, int] = field(default_factory=dict)
     _jobs: dict[int, InFlight] = field(default_factory=dict)
+    _finished: list[Job] = field(default_factory=list)
+    _sending: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, what: str, n: int = 1) -> None:
@@ -116,6 +125,48 @@ class WorkerCore:
                 return False
             entry.settled = True
             return True
+
+    # -- completes ------------------------------------------------------------------------
+
+    def finished(self, job: Job) -> bool:
+        """``job``'s handler succeeded (and settled it): queue its complete. True if the
+        caller must become the sender (nobody is sending), False if the sender takes it."""
+        with self._lock:
+            self._finished.append(job)
+            if self._sending:
+                return False
+            self._sending = True
+            return True
+
+    def next_completes(self) -> list[Job]:
+        """For the sender: every queued complete, to send in one call; [] ends its turn."""
+        with self._lock:
+            out, self._finished = self._finished, []
+            if not out:
+                self._sending = False
+            return out
+
+    def may_wait(self, sending: int) -> bool:
+        """Whether a call completing ``sending`` jobs may also wait for work: only when
+        they hold every slot (nothing else runs, and nothing else claims), so no other
+        job's complete waits behind it."""
+        with self._lock:
+            return self.phase is Phase.RUNNING and sending >= self.concurrency
+
+    def tally_completes(
+        self, jobs: Sequence[Job], verdicts: Sequence[LeaseLost | None], lost_before: Sequence[bool]
+    ) -> list[tuple[Job, LeaseLost | None]]:
+        """Count the verdicts of a call's completes: ``completed``, or ``refused`` (and
+        ``lost``, unless the job was known lost before the call); returns them paired."""
+        out = list(zip(jobs, verdicts, strict=True))
+        for (_, verdict), was_lost in zip(out, lost_before, strict=True):
+            if verdict is None:
+                self.count("completed")
+                continue
+            if not was_lost:
+                self.count("lost")
+            self.count("refused")
+        return out
 
     def done(self, job: Job) -> None:
         """``job`` left this worker (settled and sent, or abandoned)."""
@@ -160,9 +211,14 @@ class WorkerCore:
         return max(0.0, min([cap, *(t - now for t in times)]))
 
     def expire(self) -> list[Job]:
-        """Mark lost every live job whose local deadline passed; return them."""
+        """Mark lost every live job whose local deadline passed; return them. A settled
+        job is left alone: its handler is done, and its outcome is on its way (a complete
+        may ride on a call that waits for work well past the deadline: the server judged
+        it on arrival)."""
+        with self._lock:
+            unsettled = [e.job for e in self._jobs.values() if not e.settled]
         expired = []
-        for job in self.in_flight():
+        for job in unsettled:
             if (
                 not job.lost.is_set()
                 and job.expired()

@@ -89,6 +89,7 @@ class AsyncWorker:
         self._hb_wake: asyncio.Event | None = None
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._cancelled_for_loss: set[int] = set()
+        self._senders: set[asyncio.Task[None]] = set()
 
     @property
     def counts(self) -> dict[str, int]:
@@ -203,23 +204,11 @@ class AsyncWorker:
                         await self._stop_requested.wait()
                 continue
             core.reachable()
-            if not jobs:
-                continue
-            core.count("claimed", len(jobs))
-            if self._stop_requested.is_set():
-                self._begin_stop()
-            back = core.claimed(jobs)
-            if back:
-                await self._release(back, "claimed after the stop began")
-                continue
-            for job in jobs:
-                log.debug("job claimed", extra=_fields(job))
-                self._tasks[job.id] = asyncio.create_task(self._run_one(job))
-            assert self._hb_wake is not None
-            self._hb_wake.set()
+            await self._take(jobs)
 
     async def _run_one(self, job: Job) -> None:
         core = self.core
+        handed_off = False
         try:
             if not core.start(job):
                 if core.settle(job):
@@ -256,8 +245,10 @@ class AsyncWorker:
                 )
                 return
             if error is None:
-                if await self._send(job, self.client.complete(job), "complete") is not None:
-                    log.info("job completed", extra={**_fields(job), "took_s": round(took, 3)})
+                log.info("job finished", extra={**_fields(job), "took_s": round(took, 3)})
+                handed_off = True  # its slot is freed once its complete is answered
+                if core.finished(job):
+                    self._start_sender()
             else:
                 outcome = await self._send(
                     job, self.client.fail(job, error, retry_in=retry_in, final=final), "fail"
@@ -273,11 +264,91 @@ class AsyncWorker:
                     )
                     core.count("dead" if outcome.state == "dead" else "failed")
         finally:
-            core.done(job)
+            if not handed_off:
+                core.done(job)
             self._tasks.pop(job.id, None)
             self._cancelled_for_loss.discard(job.id)
             if self._wake is not None:
                 self._wake.set()
+
+    def _start_sender(self) -> None:
+        # A task of its own, not a handler's: cancelling a lost handler must not cancel
+        # the completes of other jobs.
+        task = asyncio.get_running_loop().create_task(self._send_completes())
+        self._senders.add(task)
+        task.add_done_callback(self._senders.discard)
+
+    async def _send_completes(self) -> None:
+        """Send every queued complete, with the claim of as many new jobs, one call at a
+        time, until none is left (the jobs that finish meanwhile ride on the next call)."""
+        core = self.core
+        while jobs := core.next_completes():
+            claimed: list[Job] = []
+            try:
+                claimed = await self._complete_batch(jobs)
+            except Exception:  # the sender must go on, or later completes would wait forever
+                log.exception("sending %d completes failed", len(jobs))
+            finally:
+                await self._take(claimed)  # in the finished jobs' slots, before they leave
+                for job in jobs:
+                    core.done(job)
+                if self._wake is not None:
+                    self._wake.set()
+
+    async def _complete_batch(self, jobs: list[Job]) -> list[Job]:
+        """Complete ``jobs`` and, while running, claim as many new jobs in the same call
+        (one round trip instead of two per job); return those. The server judges each
+        complete by its job's token alone: a refusal is that job's verdict, and the
+        others and the claim proceed. If the call fails, each complete is sent again on
+        its own (a repeat is a no-op; the client retries it)."""
+        core = self.core
+        if core.phase is not Phase.RUNNING or self._stop_requested_now():
+            await self._complete_each(jobs)
+            return []
+        was_lost = [job.lost.is_set() for job in jobs]
+        wait = self.poll if core.may_wait(len(jobs)) else 0.0
+        try:
+            claimed, verdicts = await self.client.complete_and_claim(
+                jobs, self.queue, batch=len(jobs), ttl=self.ttl, wait=wait
+            )
+        except FencingError as exc:
+            log.info("complete and claim of %d jobs failed, completing alone: %s", len(jobs), exc)
+            await self._complete_each(jobs)
+            return []
+        for job, verdict in core.tally_completes(jobs, verdicts, was_lost):
+            if verdict is None:
+                log.info("job completed", extra=_fields(job))
+            else:
+                log.warning(
+                    "job lost: complete refused, it was taken over: %s", verdict, extra=_fields(job)
+                )
+        return claimed
+
+    async def _complete_each(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            if await self._send(job, self.client.complete(job), "complete") is not None:
+                log.info("job completed", extra=_fields(job))
+
+    def _stop_requested_now(self) -> bool:
+        return self._stop_requested is not None and self._stop_requested.is_set()
+
+    async def _take(self, jobs: list[Job]) -> None:
+        """Hand newly claimed jobs to tasks (a stopping worker releases them instead)."""
+        if not jobs:
+            return
+        core = self.core
+        core.count("claimed", len(jobs))
+        if self._stop_requested_now():
+            self._begin_stop()
+        back = core.claimed(jobs)
+        if back:
+            await self._release(back, "claimed after the stop began")
+            return
+        for job in jobs:
+            log.debug("job claimed", extra=_fields(job))
+            self._tasks[job.id] = asyncio.create_task(self._run_one(job))
+        if self._hb_wake is not None:
+            self._hb_wake.set()
 
     async def _promise(self, job: Job) -> bool:
         """Fence every named guard to the job's token; on a failure release the job
@@ -370,7 +441,7 @@ class AsyncWorker:
             self._hb_wake.clear()
 
     async def _cancel_all(self) -> None:
-        tasks = list(self._tasks.values())
+        tasks = list(self._tasks.values()) + list(self._senders)
         for task in tasks:
             task.cancel()
         if tasks:

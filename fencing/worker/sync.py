@@ -42,6 +42,7 @@ Logs (logger ``fencing.worker``) name queue, job id, attempt and token; never pa
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import queue as queue_module
 import random
@@ -274,28 +275,94 @@ class Worker:
         if not core.settle(job):
             log.warning("job abandoned: released at shutdown before it ended", extra=_fields(job))
             return
+        if error is None:
+            log.info("job finished", extra={**_fields(job), "took_s": round(took, 3)})
+            # Its slot is freed once its complete is answered (by whoever sends it).
+            if core.finished(job):
+                self._send_completes()
+            return
         try:
-            if error is None:
-                self._send(job, lambda: self.client.complete(job), "complete")
-                log.info("job completed", extra={**_fields(job), "took_s": round(took, 3)})
-            else:
-                outcome = self._send(
-                    job,
-                    lambda: self.client.fail(job, error, retry_in=retry_in, final=final),
-                    "fail",
+            outcome = self._send(
+                job,
+                lambda: self.client.fail(job, error, retry_in=retry_in, final=final),
+                "fail",
+            )
+            if outcome is not None:
+                log.info(
+                    "job failed",
+                    extra={**_fields(job), "state": outcome.state, "retry_in_s": outcome.retry_in},
                 )
-                if outcome is not None:
-                    log.info(
-                        "job failed",
-                        extra={
-                            **_fields(job),
-                            "state": outcome.state,
-                            "retry_in_s": outcome.retry_in,
-                        },
-                    )
-                    core.count("dead" if outcome.state == "dead" else "failed")
+                core.count("dead" if outcome.state == "dead" else "failed")
         finally:
             core.done(job)
+
+    def _send_completes(self) -> None:
+        """Send every queued complete, with the claim of as many new jobs, one call at a
+        time, until none is left (the jobs that finish meanwhile ride on the next call);
+        the jobs claimed go to the handler threads."""
+        core = self.core
+        while jobs := core.next_completes():
+            claimed: list[Job] = []
+            try:
+                claimed = self._complete_batch(jobs)
+            except Exception:  # the sender must go on, or later completes would wait forever
+                log.exception("sending %d completes failed", len(jobs))
+            finally:
+                self._take(claimed)  # in the finished jobs' slots, before they leave
+                for job in jobs:
+                    core.done(job)
+                self._wake.set()
+
+    def _take(self, jobs: list[Job]) -> None:
+        """Hand newly claimed jobs to the handler threads (released if stopping)."""
+        if not jobs:
+            return
+        core = self.core
+        core.count("claimed", len(jobs))
+        if self._stop_requested.is_set() and core.phase is Phase.RUNNING:
+            core.stop(self.grace if self._stop_grace is None else self._stop_grace)
+        back = core.claimed(jobs)
+        if back:
+            self._release(back, "claimed after the stop began", started=False)
+            return
+        for job in jobs:
+            log.debug("job claimed", extra=_fields(job))
+            self._work.put(job)
+        self._hb_wake.set()
+
+    def _complete_batch(self, jobs: list[Job]) -> list[Job]:
+        """Complete ``jobs`` and, while running, claim as many new jobs in the same call
+        (one round trip instead of two per job); return those. The server judges each
+        complete by its job's token alone: a refusal is that job's verdict, and the
+        others and the claim proceed. If the call fails, each complete is sent again on
+        its own (a repeat is a no-op), retried until that job's deadline."""
+        core = self.core
+        if core.phase is not Phase.RUNNING or self._stop_requested.is_set():
+            self._complete_each(jobs)
+            return []
+        was_lost = [job.lost.is_set() for job in jobs]
+        wait = self.poll if core.may_wait(len(jobs)) else 0.0
+        try:
+            claimed, verdicts = self.client.complete_and_claim(
+                jobs, self.queue, batch=len(jobs), ttl=self.ttl, wait=wait
+            )
+        except FencingError as exc:
+            log.info("complete and claim of %d jobs failed, completing alone: %s", len(jobs), exc)
+            self._complete_each(jobs)
+            return []
+        for job, verdict in core.tally_completes(jobs, verdicts, was_lost):
+            if verdict is None:
+                log.info("job completed", extra=_fields(job))
+            else:
+                log.warning(
+                    "job lost: complete refused, it was taken over: %s", verdict, extra=_fields(job)
+                )
+        return claimed
+
+    def _complete_each(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self._send(job, functools.partial(self.client.complete, job), "complete")
+            log.info("job completed", extra=_fields(job))
 
     def _promise(self, job: Job) -> bool:
         """Fence every named guard to the job's token; on a failure release the job

@@ -26,7 +26,8 @@ from fencing._backoff import Backoff
 from fencing.errors import InvalidArgumentError, LeaseLost
 from fencing.v1 import queue_pb2, queue_pb2_grpc
 from lease_server.queue import jobs
-from lease_server.queue.backends.base import QueueBackend
+from lease_server.queue.backends.base import CompleteGroup, QueueBackend
+from lease_server.queue.batch import CompleteBatcher
 from lease_server.queue.jobs import DEFAULT_RETRY_BACKOFF, JobRecord, JobRef, JobState, NewJob
 from lease_server.queue.metrics import QueueMetrics
 from serving import config
@@ -223,6 +224,21 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+#: Complete transactions in flight at once, per backend: SQLite and memory commit one at
+#: a time anyway; a pooled PostgreSQL overlaps a few, and what arrives meanwhile queues
+#: up for the next batch.
+COMPLETE_CONCURRENCY = {"memory": 1, "sqlite": 1}
+DEFAULT_COMPLETE_CONCURRENCY = 2
+
+
+def verdict_to_proto(ref: JobRef, verdict: LeaseLost | None) -> queue_pb2.CompleteVerdict:
+    if verdict is None:
+        return queue_pb2.CompleteVerdict(id=ref.id, token=ref.token, ok=True)
+    return queue_pb2.CompleteVerdict(
+        id=ref.id, token=ref.token, ok=False, error=str(verdict), resource=verdict.resource
+    )
+
+
 class QueueService(queue_pb2_grpc.QueueServiceServicer):
     """The queue service's RPC handlers."""
 
@@ -240,6 +256,14 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         self._rand = rand
         self._wakeups = _Wakeups()
         self.lost_rejections = 0
+        #: Jobs completed by the completes a Claim carried (not by the Complete RPC).
+        self.completed_in_claims = 0
+        #: Completes (the RPC's and those a Claim carries) batched into shared transactions.
+        self.completes = CompleteBatcher(
+            backend,
+            self._wakeups.notify,
+            concurrency=COMPLETE_CONCURRENCY.get(backend.name, DEFAULT_COMPLETE_CONCURRENCY),
+        )
 
     def _lost(self, exc: LeaseLost, call: str) -> LeaseLost:
         self.lost_rejections += 1
@@ -296,23 +320,49 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         batch = limits.check_batch(request.batch_size)
         ttl_ms = limits.check_ttl_ms(request.ttl_ms)
         wait_ms = limits.check_wait_ms(request.wait_ms)
+        done = refs_from_proto(request.complete, "complete") if request.complete else []
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_ms / 1000
+        arrived = before_claim = loop.time()
+        # The finished jobs first, each alone (a stale one is refused by its verdict and
+        # the claim goes on), committed before the claim waits for work. With no other
+        # complete under way they go with the first claim attempt, in one round trip;
+        # otherwise they join the batch being gathered, shared with other workers.
+        groups: list[CompleteGroup] = [([r], queue) for r in done]
         event = self._wakeups.event(queue)
-        arrived = loop.time()
-        while True:
+        event.clear()  # before the first attempt: a job enqueued after it wakes the wait
+        claimed: list[JobRecord] | None = None
+        if groups and self.completes.idle:
+            verdicts, woken, claimed = await self.backend.complete_and_claim(
+                groups, queue, worker, batch, ttl_ms
+            )
+            for woke in woken:
+                self._wakeups.notify(woke)
+        else:
+            verdicts = await self.completes.submit(groups)
+        for verdict in verdicts:
+            if verdict is None:
+                self.completed_in_claims += 1
+                self.metrics.jobs.labels("completed").inc()
+            else:
+                self._lost(verdict, "complete in claim")
+        completed = [verdict_to_proto(r, v) for r, v in zip(done, verdicts, strict=True)]
+        deadline = loop.time() + wait_ms / 1000
+        if claimed is None:
+            event.clear()
+            before_claim = loop.time()
+            claimed = await self.backend.claim(queue, worker, batch, ttl_ms)
+        while not claimed and loop.time() < deadline:
+            try:
+                async with asyncio.timeout(
+                    min(deadline - loop.time(), self.options.poll_interval_s)
+                ):
+                    await event.wait()
+            except TimeoutError:
+                pass
             event.clear()
             # Read before each attempt: the jobs' ttl counts from no earlier than this.
             before_claim = loop.time()
             claimed = await self.backend.claim(queue, worker, batch, ttl_ms)
-            left = deadline - loop.time()
-            if claimed or left <= 0:
-                break
-            try:
-                async with asyncio.timeout(min(left, self.options.poll_interval_s)):
-                    await event.wait()
-            except TimeoutError:
-                pass
         rescued = sum(r.last_error.startswith(jobs.EXPIRED_PREFIX) for r in claimed)
         self.metrics.jobs.labels("claimed").inc(len(claimed))
         self.metrics.jobs.labels("rescued").inc(rescued)
@@ -330,6 +380,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         return queue_pb2.ClaimResponse(
             jobs=[job_to_proto(r, ttl_ms) for r in claimed],
             waited_ms=max(0, int((before_claim - arrived) * 1000)),
+            completed=completed,
         )
 
     @rpc
@@ -351,13 +402,12 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
     ) -> queue_pb2.CompleteResponse:
         refs = refs_from_proto(request.jobs)
         queue = _optional_queue(request.queue)
-        try:
-            woken = await self.backend.complete(refs, queue)
-        except LeaseLost as exc:
-            raise self._lost(exc, "complete") from None
+        # All or none, as one group of a batch shared with the Completes arriving with it
+        # (the batcher tells the woken queues: the next job of an ordering key is ready).
+        (verdict,) = await self.completes.submit([(refs, queue)])
+        if verdict is not None:
+            raise self._lost(verdict, "complete")
         self.metrics.jobs.labels("completed").inc(len(refs))
-        for woke in woken:  # the next job of an ordering key became ready
-            self._wakeups.notify(woke)
         return queue_pb2.CompleteResponse()
 
     @rpc

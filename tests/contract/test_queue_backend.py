@@ -206,6 +206,73 @@ async def test_batch_calls_are_all_or_nothing(queue_backend: Pair) -> None:
     assert await state_of(backend, a.id) is JobState.SUCCEEDED
 
 
+async def test_complete_batch_judges_each_group_alone(queue_backend: Pair) -> None:
+    backend, time = queue_backend
+    await backend.enqueue("q", [job(b"a"), job(b"b"), job(b"c")])
+    await backend.enqueue("other", [job(b"o")])
+    a = await claim_one(backend, ttl=TTL)
+    b = await claim_one(backend)
+    c = await claim_one(backend)
+    o = await claim_one(backend, "other")
+    await time.sleep(TTL + 50)
+    a2 = await claim_one(backend, worker="rescuer")  # a's first token is stale now
+    verdicts, _ = await backend.complete_batch(
+        [([ref(a)], "q"), ([ref(b)], "q"), ([ref(o)], "q"), ([ref(c), ref(a)], ""), ([ref(b)], "")]
+    )
+    # The stale claim, the job of another queue and the group holding a stale claim are
+    # refused alone; b completes, and naming it again is a replay, not a refusal.
+    assert [v is None for v in verdicts] == [False, True, False, False, True]
+    stale, other, mixed = verdicts[0], verdicts[2], verdicts[3]
+    assert stale is not None and stale.token == a.token and stale.resource == f"job/q/{a.id}"
+    assert other is not None and other.token == o.token and other.resource == ""
+    assert mixed is not None and mixed.token == a.token
+    assert await state_of(backend, b.id) is JobState.SUCCEEDED
+    assert await state_of(backend, c.id) is JobState.RUNNING  # its group was refused whole
+    rescued = await backend.get(a.id)
+    assert rescued is not None and rescued.state is JobState.RUNNING
+    assert rescued.token == a2.token
+    assert await state_of(backend, o.id) is JobState.RUNNING
+    verdicts, _ = await backend.complete_batch([([ref(c)], "q"), ([ref(a2)], "q")])
+    assert verdicts == [None, None]
+    assert await state_of(backend, a.id) is JobState.SUCCEEDED
+
+
+async def test_complete_batch_wakes_the_next_job_of_an_ordering_key(queue_backend: Pair) -> None:
+    backend, _ = queue_backend
+    await backend.enqueue("q", [job(b"k1", ordering_key="k"), job(b"k2", ordering_key="k")])
+    k1 = await claim_one(backend)
+    assert await backend.complete_batch([]) == ([], set())
+    verdicts, woken = await backend.complete_batch([([ref(k1)], "q")])
+    assert verdicts == [None] and woken == {"q"}
+    k2 = await claim_one(backend)
+    assert k2.payload == b"k2"
+
+
+async def test_complete_and_claim_completes_first_and_claims_on(queue_backend: Pair) -> None:
+    backend, time = queue_backend
+    await backend.enqueue("q", [job(b"k1", ordering_key="k"), job(b"k2", ordering_key="k")])
+    await backend.enqueue("q", [job(b"free")])
+    k1 = await claim_one(backend)
+    free = await claim_one(backend, ttl=TTL)
+    await time.sleep(TTL + 50)
+    rescued = await claim_one(backend, worker="rescuer")
+    assert rescued.id == free.id
+    verdicts, woken, claimed = await backend.complete_and_claim(
+        [([ref(free)], "q"), ([ref(k1)], "q")], "q", "w", 5, LONG
+    )
+    # The stale complete is refused alone; k1 completes, so k2 (behind it on its
+    # ordering key) is ready for the claim of the same call.
+    assert verdicts[1] is None and woken == {"q"}
+    stale = verdicts[0]
+    assert stale is not None and stale.token == free.token
+    assert [r.payload for r in claimed] == [b"k2"]
+    assert await state_of(backend, k1.id) is JobState.SUCCEEDED
+    still = await backend.get(free.id)
+    assert still is not None and still.token == rescued.token
+    assert still.state is JobState.RUNNING
+    assert await backend.complete_and_claim([], "q", "w", 5, LONG) == ([], set(), [])
+
+
 async def test_heartbeat_keeps_a_job_from_being_rescued(queue_backend: Pair) -> None:
     backend, time = queue_backend
     await enqueue(backend)

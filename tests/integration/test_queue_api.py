@@ -3,6 +3,7 @@ errors on the wire, jobs as fencing tokens at the guard, backoff, the reaper, lo
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import tomllib
@@ -19,7 +20,9 @@ from fencing.errors import InvalidArgumentError, PermissionDeniedError
 from fencing.testing import RunningServers, running_servers
 from fencing.types import Put
 from fencing.v1 import queue_pb2, queue_pb2_grpc
-from lease_server.queue.service import QueueOptions
+from lease_server.queue.backends.sqlite import SQLiteQueue
+from lease_server.queue.jobs import JobRef, NewJob
+from lease_server.queue.service import QueueOptions, QueueService
 from serving.auth import AuthPolicy
 from serving.server import ServerOptions
 
@@ -98,6 +101,61 @@ def test_a_stale_token_is_lease_lost_on_the_wire(
     assert old.lost.is_set()
     assert queue.heartbeat(old) == []  # already known lost: nothing sent
     queue.complete(new)
+
+
+def test_a_stale_complete_in_a_claim_is_refused_alone_and_the_claim_goes_on(
+    servers: RunningServers, queue: QueueClient
+) -> None:
+    queue.enqueue("q", b"a")
+    (paused,) = queue.claim("q", ttl=0.2)
+    time.sleep(0.3)
+    with QueueClient(servers.queue_address, worker="rescuer") as other:
+        (rescued,) = other.claim("q", ttl=10)
+    assert rescued.id == paused.id and rescued.token > paused.token
+    queue.enqueue("q", b"b")
+    # The paused worker wakes up, hands its job back as finished and asks for the next.
+    jobs, (verdict,) = queue.complete_and_claim([paused], "q", ttl=10)
+    assert isinstance(verdict, LeaseLost)
+    assert verdict.token == paused.token and verdict.resource == paused.resource
+    assert paused.lost.is_set()
+    assert [j.payload for j in jobs] == [b"b"]  # the claim went on
+    (stats,) = queue.stats("q")
+    assert (stats.running, stats.succeeded) == (2, 0)  # the rescuer's claim is untouched
+    # A good complete in the same call completes; the rescuer's own still does too.
+    (next_job,) = jobs
+    more, (ok,) = queue.complete_and_claim([next_job], "q", ttl=10)
+    assert ok is None and more == []
+    queue.complete(rescued)
+    (stats,) = queue.stats("q")
+    assert (stats.running, stats.succeeded) == (0, 2)
+
+
+def test_control_a_late_complete_without_its_token_check_ends_the_rescuers_job(
+    servers: RunningServers, queue: QueueClient
+) -> None:
+    """The control: the same late complete, but with the check of its token taken out
+    (it presents whatever token the job has now): it ends the rescuer's claim."""
+    queue.enqueue("q", b"a")
+    queue.claim("q", ttl=0.2)  # the paused worker's claim
+    time.sleep(0.3)
+    with QueueClient(servers.queue_address, worker="rescuer") as other:
+        (rescued,) = other.claim("q", ttl=10)
+    unchecked = same_claim(rescued)  # the paused worker's complete, its token not judged
+    _, (verdict,) = queue.complete_and_claim([unchecked], "q", ttl=10)
+    assert verdict is None
+    (stats,) = queue.stats("q")
+    assert (stats.running, stats.succeeded) == (0, 1)  # the violation: the rescuer's job ended
+    with QueueClient(servers.queue_address, worker="rescuer") as other:
+        assert other.heartbeat(rescued) == [rescued]  # the rescuer lost a job it still runs
+
+
+def test_completes_in_a_claim_must_belong_to_its_queue(queue: QueueClient) -> None:
+    queue.enqueue("q", b"a")
+    (job,) = queue.claim("q", ttl=10)
+    with pytest.raises(InvalidArgumentError) as info:
+        queue.complete_and_claim([job], "other")
+    assert info.value.field == "done"
+    queue.complete(job)
 
 
 def test_heartbeat_returns_the_lost_jobs_and_renews_the_rest(
@@ -235,6 +293,16 @@ def test_requests_are_validated_at_the_edge(queue: QueueClient) -> None:
     assert info.value.field == "jobs[0].priority"
     with pytest.raises(InvalidArgumentError):
         queue.enqueue("q", b"x", max_attempts=-1)
+    with pytest.raises(InvalidArgumentError) as info:
+        bad = queue_pb2.ClaimRequest(
+            queue="q",
+            worker="w",
+            batch_size=1,
+            ttl_ms=1000,
+            complete=[queue_pb2.JobRef(id=0, token=1)],
+        )
+        queue._call(lambda: queue._stub.Claim(bad), retry=False)
+    assert info.value.field == "complete[0].id"
     assert queue.stats("q") == []
 
 
@@ -347,3 +415,24 @@ def test_the_queue_cli_enqueues_and_reports(servers: RunningServers) -> None:
     table = fencing("stats")
     assert table.splitlines()[0].split()[:3] == ["queue", "ready", "sched"]
     assert table.splitlines()[1].split()[:3] == ["mail", "1", "1"]
+
+
+async def test_completes_arriving_together_share_one_transaction(tmp_path: Path) -> None:
+    backend = SQLiteQueue(tmp_path / "queue.db")
+    await backend.open()
+    try:
+        service = QueueService(backend)
+        await backend.enqueue("q", [NewJob(b"x") for _ in range(10)])
+        claimed = await backend.claim("q", "w", 10, 60_000)
+        stale = JobRef(claimed[3].id, claimed[3].token + 1_000)
+        groups = [([JobRef(r.id, r.token)], "q") for r in claimed]
+        groups[3] = ([stale], "q")
+        verdicts = await asyncio.gather(*(service.completes.submit([g]) for g in groups))
+        # The first went alone at once; the nine that came while it committed, together.
+        assert (service.completes.batches, service.completes.batched) == (2, 10)
+        refused = [i for i, (v,) in enumerate(verdicts) if v is not None]
+        assert refused == [3]  # each its own verdict: only the stale one is refused
+        (counts,) = await backend.stats("q", 60_000)
+        assert (counts.succeeded, counts.running) == (9, 1)
+    finally:
+        await backend.close()

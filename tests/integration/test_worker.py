@@ -78,6 +78,9 @@ def test_worker_completes_jobs(servers: RunningServers, queue: QueueClient) -> N
     assert not t.is_alive()
     assert sorted(seen) == sorted(str(i).encode() for i in range(20))
     assert worker.counts["completed"] == 20 and worker.counts["started"] == 20
+    # Each complete rode on the claim of the next job: one call per job, not two.
+    assert servers.lease.queue_service is not None
+    assert servers.lease.queue_service.completed_in_claims == 20
 
 
 def test_worker_fails_retries_and_gives_up(servers: RunningServers, queue: QueueClient) -> None:
@@ -143,6 +146,38 @@ def test_worker_marks_a_taken_over_job_lost(servers: RunningServers, queue: Queu
     worker.stop()
     t.join(10)
     assert worker.counts["lost"] >= 1 and worker.counts.get("completed", 0) == 0
+
+
+def test_a_late_complete_is_refused_alone_and_the_worker_claims_on(
+    servers: RunningServers, queue: QueueClient
+) -> None:
+    queue.enqueue("w", b"paused", priority=1)
+    running: list[Job] = []
+    stolen = threading.Event()
+
+    def handler(job: Job) -> None:
+        running.append(job)
+        if job.payload == b"paused":
+            stolen.wait(20)  # a handler that never looks at job.lost, and finishes late
+
+    worker = Worker(queue, "w", handler, ttl=0.6, poll=0.1, handle_signals=False)
+    t = in_thread(worker)
+    deadline = time.monotonic() + 10
+    while not running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    taken = steal(servers, running[0])
+    queue.enqueue("w", b"next")
+    stolen.set()
+    wait_for(queue, "w", lambda s: s.succeeded == 1)
+    worker.stop()
+    t.join(10)
+    # The late complete was refused (the thief's claim is untouched), the claim riding
+    # with it went on: the next job ran and completed.
+    assert [j.payload for j in running] == [b"paused", b"next"]
+    assert worker.counts["refused"] == 1 and worker.counts["completed"] == 1
+    (stats,) = queue.stats("w")
+    assert (stats.running, stats.succeeded) == (1, 1)
+    queue.complete(taken)
 
 
 def test_graceful_stop_releases_what_is_still_running(
@@ -226,6 +261,27 @@ async def test_async_worker_completes_and_cancels_a_lost_handler(
     await asyncio.wait_for(task, 10)
     queue.complete(taken)
     assert worker.counts["completed"] == 1 and worker.counts["lost"] == 1
+
+
+async def test_async_worker_completes_with_its_next_claim(
+    servers: RunningServers, queue: QueueClient
+) -> None:
+    for i in range(20):
+        queue.enqueue("a", str(i).encode())
+    seen: list[bytes] = []
+
+    async def handler(job: Job) -> None:
+        seen.append(job.payload)
+
+    worker = AsyncWorker(servers.queue_address, "a", handler, concurrency=4, poll=0.2)
+    task = asyncio.create_task(worker.run())
+    await asyncio.to_thread(wait_for, queue, "a", lambda s: s.succeeded == 20)
+    worker.stop()
+    await asyncio.wait_for(task, 10)
+    assert sorted(seen) == sorted(str(i).encode() for i in range(20))
+    assert worker.counts["completed"] == 20
+    assert servers.lease.queue_service is not None
+    assert servers.lease.queue_service.completed_in_claims == 20
 
 
 async def test_async_worker_graceful_stop(servers: RunningServers, queue: QueueClient) -> None:

@@ -142,3 +142,34 @@ def test_error_text_never_includes_a_traceback() -> None:
     assert _queue.error_text(ValueError("bad")) == "ValueError: bad"
     assert _queue.error_text(KeyError()) == "KeyError"
     assert _queue.error_text("plain") == "plain"
+
+
+def test_completes_queue_behind_one_sender_and_keep_their_slots() -> None:
+    clock = FakeClock()
+    c = core(clock, 3)
+    a, b, d = make_job(clock, 1), make_job(clock, 2), make_job(clock, 3)
+    assert c.claimed([a, b, d]) == []
+    assert c.settle(a) and c.finished(a)  # nobody sends: the caller becomes the sender
+    assert c.settle(b) and not c.finished(b)  # the sender takes it
+    assert c.free_slots() == 0  # a finished job holds its slot until its call is answered
+    assert c.next_completes() == [a, b]
+    assert not c.may_wait(2)  # d still runs: a call waiting for work would hold its complete
+    assert c.settle(d) and not c.finished(d)  # a call is in flight: d rides on the next
+    assert c.next_completes() == [d]
+    assert c.next_completes() == []  # the sender's turn ends
+    assert c.finished(d)  # and the next finisher sends again
+    assert c.next_completes() == [d] and c.next_completes() == []
+    assert c.may_wait(3)  # every slot in one call: nothing else can finish meanwhile
+    c.stop(1.0)
+    assert not c.may_wait(3)  # a stopping worker claims nothing
+
+
+def test_a_settled_job_is_not_expired_while_its_outcome_is_sent() -> None:
+    clock = FakeClock()
+    c = core(clock, 2)
+    running, finished = make_job(clock, 1, ttl_ms=1000), make_job(clock, 2, ttl_ms=1000)
+    assert c.claimed([running, finished]) == []
+    assert c.settle(finished) and c.finished(finished)
+    clock.now += 5.0  # both local deadlines passed; the complete is still in flight
+    assert c.expire() == [running]
+    assert not finished.lost.is_set()

@@ -22,11 +22,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
+from fencing.errors import LeaseLost
 from lease_server.backends.base import LeaseBackend
 from lease_server.queue.jobs import Enqueued, Failed, JobRecord, JobRef, NewJob, QueueCounts
 
 #: Maps the attempts a failed job has used to the delay (ms) before it is due again.
 RetryDelay = Callable[[int], int]
+#: One Complete in a batch: its jobs and the queue it names ("" for any).
+CompleteGroup = tuple[Sequence[JobRef], str]
 
 
 class QueueBackend(Protocol):
@@ -62,6 +65,25 @@ class QueueBackend(Protocol):
         """Mark every named claim succeeded (repeats are no-ops), or raise ``LeaseLost``
         and change nothing. The next job of a finished job's ordering key becomes ready:
         returns the queues where that happened."""
+
+    async def complete_batch(
+        self, groups: Sequence[CompleteGroup]
+    ) -> tuple[list[LeaseLost | None], set[str]]:
+        """Several Completes in one transaction: each group is judged alone, as
+        :meth:`complete` would judge it (all of its jobs or none), in order.
+
+        Returns one verdict per group (None: done; ``LeaseLost``: refused, naming its
+        first stale job, and that group changed nothing) and the queues where the next
+        job of an ordering key became ready.
+        """
+
+    async def complete_and_claim(
+        self, groups: Sequence[CompleteGroup], queue: str, worker: str, limit: int, ttl_ms: int
+    ) -> tuple[list[LeaseLost | None], set[str], list[JobRecord]]:
+        """:meth:`complete_batch` then :meth:`claim`, in one round trip where the backend
+        can: the completes commit first (so a job they let become ready can be claimed),
+        and a refused group does not stop the claim. Returns the verdicts, the queues
+        woken and the jobs claimed."""
 
     async def fail(
         self,

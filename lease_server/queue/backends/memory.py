@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from fencing.errors import LeaseLost
 from lease_server.backends.base import LeaseBackend
 from lease_server.backends.memory import MemoryBackend
 from lease_server.clock import Clock, SystemClock
 from lease_server.queue import jobs
-from lease_server.queue.backends.base import RetryDelay
+from lease_server.queue.backends.base import CompleteGroup, RetryDelay
 from lease_server.queue.jobs import (
     Enqueued,
     Failed,
@@ -122,6 +123,29 @@ class MemoryQueue:
         updated = [jobs.complete(self._jobs.get(ref.id), ref, now, queue) for ref in refs]
         self._put(updated, now)
         return {r.queue for r in updated if self._promote(r.queue, r.ordering_key)}
+
+    async def complete_batch(
+        self, groups: Sequence[CompleteGroup]
+    ) -> tuple[list[LeaseLost | None], set[str]]:
+        now = self._clock.now_ms()
+        verdicts: list[LeaseLost | None] = []
+        woken: set[str] = set()
+        for refs, queue in groups:  # nothing awaits: the whole batch is one atomic step
+            try:
+                updated = [jobs.complete(self._jobs.get(ref.id), ref, now, queue) for ref in refs]
+            except LeaseLost as exc:
+                verdicts.append(exc)
+                continue
+            self._put(updated, now)
+            woken |= {r.queue for r in updated if self._promote(r.queue, r.ordering_key)}
+            verdicts.append(None)
+        return verdicts, woken
+
+    async def complete_and_claim(
+        self, groups: Sequence[CompleteGroup], queue: str, worker: str, limit: int, ttl_ms: int
+    ) -> tuple[list[LeaseLost | None], set[str], list[JobRecord]]:
+        verdicts, woken = await self.complete_batch(groups)
+        return verdicts, woken, await self.claim(queue, worker, limit, ttl_ms)
 
     async def fail(
         self,

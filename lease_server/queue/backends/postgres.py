@@ -28,7 +28,7 @@ from typing import Any
 from fencing.errors import LeaseLost
 from lease_server.backends.base import LeaseBackend
 from lease_server.queue import jobs
-from lease_server.queue.backends.base import RetryDelay
+from lease_server.queue.backends.base import CompleteGroup, RetryDelay
 from lease_server.queue.backends.sql import job_record
 from lease_server.queue.jobs import (
     Enqueued,
@@ -73,6 +73,7 @@ class PostgresQueue:
         self._claim_sql = q("SELECT * FROM {schema}.job_claim(%s, %s, %s, %s)")
         self._heartbeat_sql = q("SELECT * FROM {schema}.job_heartbeat(%s, %s, %s, %s)")
         self._complete_sql = q("SELECT * FROM {schema}.job_complete(%s, %s, %s)")
+        self._complete_batch_sql = q("SELECT * FROM {schema}.job_complete_batch(%s, %s, %s, %s)")
         self._release_sql = q("SELECT * FROM {schema}.job_release(%s, %s, %s)")
         self._reap_sql = q("SELECT {schema}.job_reap(%s)")
         self._prune_sql = q("SELECT {schema}.job_prune(%s, %s, %s)")
@@ -159,6 +160,51 @@ class PostgresQueue:
             raise lost
         assert row is not None
         return set(row[3] or ())
+
+    @staticmethod
+    def _batch_params(groups: Sequence[CompleteGroup]) -> tuple[Any, ...]:
+        ids: list[int] = []
+        tokens: list[int] = []
+        numbers: list[int] = []
+        for number, (refs, _) in enumerate(groups, start=1):
+            ids += [r.id for r in refs]
+            tokens += [r.token for r in refs]
+            numbers += [number] * len(refs)
+        return (ids, tokens, numbers, [queue for _, queue in groups])
+
+    @staticmethod
+    def _verdicts(
+        groups: Sequence[CompleteGroup], rows: Sequence[Sequence[Any]]
+    ) -> tuple[list[LeaseLost | None], set[str]]:
+        verdicts: list[LeaseLost | None] = [None] * len(groups)
+        woken: set[str] = set()
+        for row in rows:
+            if row[0] == 0:
+                woken = set(row[4] or ())
+            else:
+                verdicts[int(row[0]) - 1] = _stale(row[1:4])
+        return verdicts, woken
+
+    async def complete_batch(
+        self, groups: Sequence[CompleteGroup]
+    ) -> tuple[list[LeaseLost | None], set[str]]:
+        async with self._db.connection() as conn:
+            cur = await conn.execute(self._complete_batch_sql, self._batch_params(groups))
+            rows = await cur.fetchall()
+        return self._verdicts(groups, rows)
+
+    async def complete_and_claim(
+        self, groups: Sequence[CompleteGroup], queue: str, worker: str, limit: int, ttl_ms: int
+    ) -> tuple[list[LeaseLost | None], set[str], list[JobRecord]]:
+        # Two statements, each its own transaction (the completes commit first), sent
+        # together in one pipeline: one round trip.
+        async with self._db.connection() as conn, conn.pipeline():
+            done = await conn.execute(self._complete_batch_sql, self._batch_params(groups))
+            claim = await conn.execute(self._claim_sql, (queue, worker, limit, ttl_ms))
+            rows = await done.fetchall()
+            claimed = await claim.fetchall()
+        verdicts, woken = self._verdicts(groups, rows)
+        return verdicts, woken, [job_record(r) for r in claimed]
 
     async def fail(
         self,

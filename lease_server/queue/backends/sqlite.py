@@ -25,12 +25,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from fencing.errors import LeaseLost
 from lease_server.backends.base import LeaseBackend
 from lease_server.backends.sqlite import SQLiteBackend
 from lease_server.clock import Clock, SystemClock
 from lease_server.leases import Transition
 from lease_server.queue import jobs
-from lease_server.queue.backends.base import RetryDelay
+from lease_server.queue.backends.base import CompleteGroup, RetryDelay
 from lease_server.queue.backends.sql import job_record, load
 from lease_server.queue.jobs import (
     Enqueued,
@@ -204,30 +205,41 @@ class SQLiteQueue:
 
     async def claim(self, queue: str, worker: str, limit: int, ttl_ms: int) -> list[JobRecord]:
         def tx(conn: sqlite3.Connection, changes: list[Transition]) -> list[JobRecord]:
-            now = self._clock.now_ms()
-            picked = [
-                job_record(row)
-                for row in conn.execute(SQL["select_rescuable"], (queue, now, limit)).fetchall()
-            ]
-            if len(picked) < limit:
-                picked += [
-                    job_record(row)
-                    for row in conn.execute(
-                        SQL["select_ready"], (queue, now, limit - len(picked))
-                    ).fetchall()
-                ]
-            if not picked:
-                return []
-            (last,) = conn.execute(SQL["take_tokens"], (len(picked),)).fetchone()
-            first = int(last) - len(picked) + 1
-            claimed = []
-            for offset, record in enumerate(picked):
-                new = jobs.claim(record, worker, ttl_ms, first + offset, now)
-                _change(conn, changes, record, new, now)
-                claimed.append(new)
-            return claimed
+            return self._claim(conn, changes, queue, worker, limit, ttl_ms)
 
         return await self._logged(tx)
+
+    def _claim(
+        self,
+        conn: sqlite3.Connection,
+        changes: list[Transition],
+        queue: str,
+        worker: str,
+        limit: int,
+        ttl_ms: int,
+    ) -> list[JobRecord]:
+        now = self._clock.now_ms()
+        picked = [
+            job_record(row)
+            for row in conn.execute(SQL["select_rescuable"], (queue, now, limit)).fetchall()
+        ]
+        if len(picked) < limit:
+            picked += [
+                job_record(row)
+                for row in conn.execute(
+                    SQL["select_ready"], (queue, now, limit - len(picked))
+                ).fetchall()
+            ]
+        if not picked:
+            return []
+        (last,) = conn.execute(SQL["take_tokens"], (len(picked),)).fetchone()
+        first = int(last) - len(picked) + 1
+        claimed = []
+        for offset, record in enumerate(picked):
+            new = jobs.claim(record, worker, ttl_ms, first + offset, now)
+            _change(conn, changes, record, new, now)
+            claimed.append(new)
+        return claimed
 
     async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int, queue: str = "") -> None:
         def tx(conn: sqlite3.Connection) -> None:
@@ -247,6 +259,45 @@ class SQLiteQueue:
                 # Against the row as stored now (a job named twice changes once).
                 _change(conn, changes, _load(conn, record.id), record, now)
             return {r.queue for r in updated if _promote(conn, r.queue, r.ordering_key)}
+
+        return await self._logged(tx)
+
+    async def complete_batch(
+        self, groups: Sequence[CompleteGroup]
+    ) -> tuple[list[LeaseLost | None], set[str]]:
+        def tx(
+            conn: sqlite3.Connection, changes: list[Transition]
+        ) -> tuple[list[LeaseLost | None], set[str]]:
+            return self._complete_groups(conn, changes, groups)
+
+        return await self._logged(tx)
+
+    def _complete_groups(
+        self, conn: sqlite3.Connection, changes: list[Transition], groups: Sequence[CompleteGroup]
+    ) -> tuple[list[LeaseLost | None], set[str]]:
+        now = self._clock.now_ms()
+        verdicts: list[LeaseLost | None] = []
+        woken: set[str] = set()
+        for refs, queue in groups:
+            try:  # judge the whole group before writing any of it
+                updated = [jobs.complete(_load(conn, ref.id), ref, now, queue) for ref in refs]
+            except LeaseLost as exc:
+                verdicts.append(exc)
+                continue
+            for record in updated:
+                _change(conn, changes, _load(conn, record.id), record, now)
+            woken |= {r.queue for r in updated if _promote(conn, r.queue, r.ordering_key)}
+            verdicts.append(None)
+        return verdicts, woken
+
+    async def complete_and_claim(
+        self, groups: Sequence[CompleteGroup], queue: str, worker: str, limit: int, ttl_ms: int
+    ) -> tuple[list[LeaseLost | None], set[str], list[JobRecord]]:
+        def tx(
+            conn: sqlite3.Connection, changes: list[Transition]
+        ) -> tuple[list[LeaseLost | None], set[str], list[JobRecord]]:
+            verdicts, woken = self._complete_groups(conn, changes, groups)
+            return verdicts, woken, self._claim(conn, changes, queue, worker, limit, ttl_ms)
 
         return await self._logged(tx)
 
