@@ -25,13 +25,7 @@ import logging
 from collections.abc import Sequence
 from typing import Generic, TypeVar
 
-from fencing.client._core import (
-    AcquirePlan,
-    LeaseBase,
-    release_request,
-    renew_request,
-    renewal_failure,
-)
+from fencing.client._core import LeaseBase, renew_request, renewal_failure
 from fencing.errors import FencingError
 from fencing.limits import MAX_RENEW_MANY
 from fencing.v1 import lease_pb2
@@ -141,37 +135,3 @@ class SessionCore(Generic[L]):
         for lease in chunk:
             lease._mark_lost(why)
             self.discard(lease)
-
-
-def chunked(leases: Sequence[L], size: int = MAX_RENEW_MANY) -> list[list[L]]:
-    return [list(leases[i : i + size]) for i in range(0, len(leases), size)]
-
-
-def acquire_many_request(
-    plan: AcquirePlan, resources: Sequence[str]
-) -> lease_pb2.AcquireManyRequest:
-    """The next AcquireMany attempt of ``plan`` (its request id, its wait) for ``resources``."""
-    single = plan.request()
-    return lease_pb2.AcquireManyRequest(
-        resources=list(resources),
-        holder=single.holder,
-        ttl_ms=single.ttl_ms,
-        wait_ms=single.wait_ms,
-        request_id=single.request_id,
-    )
-
-
-def renew_on_arrival_request(leases: Sequence[L]) -> lease_pb2.RenewManyRequest:
-    """One RenewMany for grants whose renewal was due when they arrived."""
-    return lease_pb2.RenewManyRequest(
-        renewals=[
-            renew_request(lease.resource, lease.token, lease.renew_ttl_ms, lease.holder)
-            for lease in leases
-        ]
-    )
-
-
-def release_many_request(leases: Sequence[L]) -> lease_pb2.ReleaseManyRequest:
-    return lease_pb2.ReleaseManyRequest(
-        releases=[release_request(lease.resource, lease.token, lease.holder) for lease in leases]
-    )

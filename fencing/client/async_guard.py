@@ -7,7 +7,7 @@ from :mod:`fencing.client._core`, so only the waiting differs.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import TypeVar
 
@@ -15,6 +15,7 @@ import grpc
 import grpc.aio
 
 from fencing.client import _core, _writes
+from fencing.client._calls import AsyncCalls
 from fencing.client._core import WriteResult
 from fencing.client._writes import FenceReset, ManyResult
 from fencing.client.async_write_stream import AsyncWriteStream
@@ -26,7 +27,7 @@ from fencing.v1 import guard_pb2_grpc
 Resp = TypeVar("Resp")
 
 
-class AsyncGuardClient:
+class AsyncGuardClient(AsyncCalls):
     """An asyncio client of ``fencing.v1.GuardService`` (create it inside a running loop).
 
     ::
@@ -72,12 +73,6 @@ class AsyncGuardClient:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
-
-    async def _call(self, method: Callable[..., Awaitable[Resp]], request: object) -> Resp:
-        try:
-            return await method(request, timeout=self.rpc_timeout)
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
 
     async def write(
         self, fenced: Fenced, ops: Sequence[Op] | Op, *, idempotency_key: str = ""

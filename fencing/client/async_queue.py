@@ -6,8 +6,6 @@ Same methods, same semantics, same I/O-free core (:mod:`fencing.client._queue`);
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -21,6 +19,7 @@ import grpc.aio
 from fencing._renewal import RenewalPolicy
 from fencing.client import _core
 from fencing.client import _queue as core
+from fencing.client._calls import AsyncCalls
 from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
 from fencing.errors import FencingError, LeaseLost
 from fencing.tls import TLSConfig
@@ -31,7 +30,7 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 
-class AsyncQueueClient:
+class AsyncQueueClient(AsyncCalls):
     """An asyncio client of ``fencing.v1.QueueService`` (see :class:`QueueClient`)."""
 
     def __init__(
@@ -73,18 +72,6 @@ class AsyncQueueClient:
     ) -> None:
         await self.aclose()
 
-    async def _call(self, fn: Callable[[], Awaitable[T]], *, retry: bool) -> T:
-        attempts = len(_core.RETRY_BACKOFF) if retry else 0
-        for attempt in range(attempts + 1):
-            try:
-                return await fn()
-            except grpc.RpcError as err:
-                exc = _core.translate(err)
-                if attempt >= attempts or not _core.is_transient(exc):
-                    raise exc from err
-            await asyncio.sleep(_core.RETRY_BACKOFF[attempt])
-        raise AssertionError("unreachable")  # pragma: no cover
-
     async def enqueue(
         self,
         queue: str,
@@ -113,9 +100,7 @@ class AsyncQueueClient:
     async def enqueue_many(self, queue: str, jobs: Sequence[queue_pb2.NewJob]) -> list[EnqueuedJob]:
         request = queue_pb2.EnqueueRequest(queue=queue, jobs=jobs)
         retry = all(j.idempotency_key for j in jobs)
-        response = await self._call(
-            lambda: self._stub.Enqueue(request, timeout=self.rpc_timeout), retry=retry
-        )
+        response = await self._call(self._stub.Enqueue, request, retry=retry)
         return core.enqueued(response)
 
     async def claim(
@@ -129,9 +114,7 @@ class AsyncQueueClient:
             wait_ms=_core.wait_ms_of(wait),
         )
         sent_at = self._clock()
-        response = await self._call(
-            lambda: self._stub.Claim(request, timeout=wait + self.rpc_timeout), retry=False
-        )
+        response = await self._call(self._stub.Claim, request, wait + self.rpc_timeout)
         jobs = core.claimed(response, sent_at, self._clock(), self.policy, self._clock)
         due = [job for job in jobs if job.due_on_arrival()]
         if due:
@@ -170,10 +153,7 @@ class AsyncQueueClient:
             sent_at = self._clock()
             timeout = core.heartbeat_timeout(live, self.rpc_timeout) if cap is None else cap
             try:
-                response = await self._call(
-                    functools.partial(self._stub.Heartbeat, request, timeout=timeout),
-                    retry=False,
-                )
+                response = await self._call(self._stub.Heartbeat, request, timeout)
             except LeaseLost as exc:
                 stale = core.stale_job(live, exc)
                 if stale is None:
@@ -194,7 +174,7 @@ class AsyncQueueClient:
     async def complete(self, jobs: Job | Sequence[Job]) -> None:
         items = core.job_list(jobs)
         request = queue_pb2.CompleteRequest(jobs=core.refs(items), queue=core.queue_of(items))
-        await self._settle(items, lambda: self._stub.Complete(request, timeout=self.rpc_timeout))
+        await self._settle(items, self._stub.Complete, request)
 
     async def fail(
         self,
@@ -211,21 +191,21 @@ class AsyncQueueClient:
             final=final,
             queue=job.queue,
         )
-        response = await self._settle(
-            [job], lambda: self._stub.Fail(request, timeout=self.rpc_timeout)
-        )
+        response = await self._settle([job], self._stub.Fail, request)
         return FailOutcome(response.state, response.retry_in_ms / 1000)
 
     async def release(self, jobs: Job | Sequence[Job]) -> None:
         items = core.job_list(jobs)
         request = queue_pb2.ReleaseJobsRequest(jobs=core.refs(items), queue=core.queue_of(items))
-        await self._settle(items, lambda: self._stub.Release(request, timeout=self.rpc_timeout))
+        await self._settle(items, self._stub.Release, request)
         for job in items:
             job.mark_lost("released")
 
-    async def _settle(self, items: list[Job], fn: Callable[[], Awaitable[T]]) -> T:
+    async def _settle(
+        self, items: list[Job], method: Callable[..., Awaitable[T]], request: object
+    ) -> T:
         try:
-            return await self._call(fn, retry=True)
+            return await self._call(method, request, retry=True)
         except LeaseLost as exc:
             stale = core.stale_job(items, exc)
             if stale is not None:
@@ -234,9 +214,7 @@ class AsyncQueueClient:
 
     async def stats(self, queue: str = "", *, window: float = 0.0) -> list[QueueStats]:
         request = queue_pb2.QueueStatsRequest(queue=queue, window_ms=round(window * 1000))
-        response = await self._call(
-            lambda: self._stub.Stats(request, timeout=self.rpc_timeout), retry=True
-        )
+        response = await self._call(self._stub.Stats, request, retry=True)
         return [core.stats(s) for s in response.queues]
 
 

@@ -7,13 +7,14 @@ The asyncio twin is :mod:`fencing.client.async_guard`; both only send what
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import TypeVar
 
 import grpc
 
 from fencing.client import _core, _writes
+from fencing.client._calls import BlockingCalls
 from fencing.client._core import WriteResult
 from fencing.client._writes import FenceReset, ManyResult
 from fencing.client.write_stream import WriteStream
@@ -25,7 +26,7 @@ from fencing.v1 import guard_pb2_grpc
 Resp = TypeVar("Resp")
 
 
-class GuardClient:
+class GuardClient(BlockingCalls):
     """A blocking client of ``fencing.v1.GuardService``.
 
     Every write names the lease (or any object with ``resource`` and ``token``)
@@ -78,13 +79,6 @@ class GuardClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-    def _call(self, method: Callable[..., Resp], request: object) -> Resp:
-        """One unary call; failures become :mod:`fencing.errors` exceptions (cause chained)."""
-        try:
-            return method(request, timeout=self.rpc_timeout)
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
 
     def write(
         self, fenced: Fenced, ops: Sequence[Op] | Op, *, idempotency_key: str = ""

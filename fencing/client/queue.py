@@ -17,7 +17,6 @@ idempotency key; Claim never (a lost reply's jobs are rescued when their lease e
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ import grpc
 from fencing._renewal import RenewalPolicy
 from fencing.client import _core
 from fencing.client import _queue as core
+from fencing.client._calls import BlockingCalls
 from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
 from fencing.errors import FencingError, LeaseLost
 from fencing.tls import TLSConfig
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 
-class QueueClient:
+class QueueClient(BlockingCalls):
     """A blocking client of ``fencing.v1.QueueService`` (hosted by the lease server).
 
     ``worker`` names this client in claims (default host-pid-random). Times are seconds.
@@ -86,18 +86,6 @@ class QueueClient:
     ) -> None:
         self.close()
 
-    def _call(self, fn: Callable[[], T], *, retry: bool) -> T:
-        attempts = len(_core.RETRY_BACKOFF) if retry else 0
-        for attempt in range(attempts + 1):
-            try:
-                return fn()
-            except grpc.RpcError as err:
-                exc = _core.translate(err)
-                if attempt >= attempts or not _core.is_transient(exc):
-                    raise exc from err
-            time.sleep(_core.RETRY_BACKOFF[attempt])
-        raise AssertionError("unreachable")  # pragma: no cover
-
     # -- producing -------------------------------------------------------------------------
 
     def enqueue(
@@ -132,9 +120,7 @@ class QueueClient:
         """Add several jobs (built with :func:`fencing.client._queue.new_job`) atomically."""
         request = queue_pb2.EnqueueRequest(queue=queue, jobs=jobs)
         retry = all(j.idempotency_key for j in jobs)
-        response = self._call(
-            lambda: self._stub.Enqueue(request, timeout=self.rpc_timeout), retry=retry
-        )
+        response = self._call(self._stub.Enqueue, request, retry=retry)
         return core.enqueued(response)
 
     # -- consuming -------------------------------------------------------------------------
@@ -158,9 +144,7 @@ class QueueClient:
             wait_ms=_core.wait_ms_of(wait),
         )
         sent_at = self._clock()
-        response = self._call(
-            lambda: self._stub.Claim(request, timeout=wait + self.rpc_timeout), retry=False
-        )
+        response = self._call(self._stub.Claim, request, wait + self.rpc_timeout)
         jobs = core.claimed(response, sent_at, self._clock(), self.policy, self._clock)
         due = [job for job in jobs if job.due_on_arrival()]
         if due:
@@ -204,10 +188,7 @@ class QueueClient:
             sent_at = self._clock()
             timeout = core.heartbeat_timeout(live, self.rpc_timeout) if cap is None else cap
             try:
-                response = self._call(
-                    functools.partial(self._stub.Heartbeat, request, timeout=timeout),
-                    retry=False,
-                )
+                response = self._call(self._stub.Heartbeat, request, timeout)
             except LeaseLost as exc:
                 stale = core.stale_job(live, exc)
                 if stale is None:  # cannot tell which: judge them one by one
@@ -229,7 +210,7 @@ class QueueClient:
         """Mark ``jobs`` succeeded (all or none); ``LeaseLost`` (naming one) if any is stale."""
         items = core.job_list(jobs)
         request = queue_pb2.CompleteRequest(jobs=core.refs(items), queue=core.queue_of(items))
-        self._settle(items, lambda: self._stub.Complete(request, timeout=self.rpc_timeout))
+        self._settle(items, self._stub.Complete, request)
 
     def fail(
         self,
@@ -248,20 +229,20 @@ class QueueClient:
             final=final,
             queue=job.queue,
         )
-        response = self._settle([job], lambda: self._stub.Fail(request, timeout=self.rpc_timeout))
+        response = self._settle([job], self._stub.Fail, request)
         return FailOutcome(response.state, response.retry_in_ms / 1000)
 
     def release(self, jobs: Job | Sequence[Job]) -> None:
         """Give ``jobs`` back at once (the attempt does not count), e.g. on shutdown."""
         items = core.job_list(jobs)
         request = queue_pb2.ReleaseJobsRequest(jobs=core.refs(items), queue=core.queue_of(items))
-        self._settle(items, lambda: self._stub.Release(request, timeout=self.rpc_timeout))
+        self._settle(items, self._stub.Release, request)
         for job in items:
             job.mark_lost("released")
 
-    def _settle(self, items: list[Job], fn: Callable[[], T]) -> T:
+    def _settle(self, items: list[Job], method: Callable[..., T], request: object) -> T:
         try:
-            return self._call(fn, retry=True)
+            return self._call(method, request, retry=True)
         except LeaseLost as exc:
             stale = core.stale_job(items, exc)
             if stale is not None:
@@ -271,9 +252,7 @@ class QueueClient:
     def stats(self, queue: str = "", *, window: float = 0.0) -> list[QueueStats]:
         """Counts and ages of ``queue`` (or every queue)."""
         request = queue_pb2.QueueStatsRequest(queue=queue, window_ms=round(window * 1000))
-        response = self._call(
-            lambda: self._stub.Stats(request, timeout=self.rpc_timeout), retry=True
-        )
+        response = self._call(self._stub.Stats, request, retry=True)
         return [core.stats(s) for s in response.queues]
 
 

@@ -1,0 +1,103 @@
+"""Where the clients do I/O: the two runners of the core's steps.
+
+Every exchange of the clients is written once, as steps, in
+:mod:`fencing.client._core` (:class:`~fencing.client._core.LeaseSteps`,
+:func:`~fencing.client._core.unary`). A client mixes in one of these runners:
+:class:`BlockingCalls` (the sync clients) calls and sleeps, :class:`AsyncCalls` (the
+asyncio twins) awaits. Each sends the reply of a :class:`~fencing.client._core.Call`
+back into the steps, or throws its failure in, already translated into a
+:mod:`fencing.errors` exception with the ``grpc.RpcError`` as its cause; anything
+else (a ``KeyboardInterrupt``, a cancellation) is thrown in as it is, so the steps'
+own cleanup runs. This module has no rules of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar, cast
+
+import grpc
+
+from fencing.client import _core
+
+T = TypeVar("T")
+Resp = TypeVar("Resp")
+
+
+class BlockingCalls:
+    """Runs steps with blocking calls and ``time.sleep`` (mixed into the sync clients)."""
+
+    rpc_timeout: float
+
+    def _run(self, steps: _core.Steps[T]) -> T:
+        reply: object = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return cast(T, done.value)
+            reply, error = None, None
+            try:
+                if isinstance(step, _core.Sleep):
+                    time.sleep(step.seconds)
+                    continue
+                timeout = self.rpc_timeout if step.timeout is None else step.timeout
+                try:
+                    reply = step.method(step.request, timeout=timeout)
+                except grpc.RpcError as err:
+                    raise _core.translate(err) from err
+            except BaseException as exc:  # thrown into the steps, which decide
+                error = exc
+
+    def _call(
+        self,
+        method: Callable[..., Resp],
+        request: object,
+        timeout: float | None = None,
+        *,
+        retry: bool = False,
+    ) -> Resp:
+        """One unary call (``retry``: an idempotent one, retried on transient failures);
+        failures become :mod:`fencing.errors` exceptions (cause chained)."""
+        return cast(Resp, self._run(_core.unary(method, request, timeout, retry=retry)))
+
+
+class AsyncCalls:
+    """Runs steps with awaited calls and ``asyncio.sleep`` (mixed into the asyncio twins)."""
+
+    rpc_timeout: float
+
+    async def _run(self, steps: _core.Steps[T]) -> T:
+        reply: object = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return cast(T, done.value)
+            reply, error = None, None
+            try:
+                if isinstance(step, _core.Sleep):
+                    await asyncio.sleep(step.seconds)
+                    continue
+                timeout = self.rpc_timeout if step.timeout is None else step.timeout
+                try:
+                    reply = await step.method(step.request, timeout=timeout)
+                except grpc.RpcError as err:
+                    raise _core.translate(err) from err
+            except BaseException as exc:  # thrown into the steps, which decide
+                error = exc
+
+    async def _call(
+        self,
+        method: Callable[..., Awaitable[Resp]],
+        request: object,
+        timeout: float | None = None,  # noqa: ASYNC109 - the gRPC deadline of this call
+        *,
+        retry: bool = False,
+    ) -> Resp:
+        """One unary call, awaited; see :meth:`BlockingCalls._call`."""
+        return cast(Resp, await self._run(_core.unary(method, request, timeout, retry=retry)))
