@@ -14,7 +14,7 @@ and spread out so that many clients failing together do not retry together.
 
 :class:`Backoff` is the policy (frozen, shared); :meth:`Backoff.attempts` starts the
 count of one loop (:class:`Attempts`: the next pause, or None once out of retries;
-``reset`` after a success).
+``pause`` for a loop that never gives up; ``reset`` after a success).
 """
 
 from __future__ import annotations
@@ -88,6 +88,12 @@ class Attempts:
         self.failures += 1
         if not self.policy.allows(self.failures):
             return None
+        return self.policy.delay(self.failures, self._rand())
+
+    def pause(self) -> float:
+        """Count a failure: the pause before trying again, for a loop that never gives
+        up (the policy's ``retries`` is not consulted)."""
+        self.failures += 1
         return self.policy.delay(self.failures, self._rand())
 
     def reset(self) -> None:

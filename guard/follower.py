@@ -84,6 +84,7 @@ from typing import Literal
 import grpc
 import grpc.aio
 
+from fencing._backoff import Backoff
 from fencing.client import _core
 from fencing.client._core import EventKind, LeaseEvent
 from fencing.errors import BackendUnavailableError, FencingError, LeaseLost, StaleTokenError
@@ -104,6 +105,9 @@ MAX_KNOWN = 100_000
 CURSOR_SAVE_INTERVAL = 1.0
 INITIAL_BACKOFF = 0.05
 MAX_BACKOFF = 5.0
+#: Reconnects: doubling from 50 ms to 5 s, jittered down by up to half so that many
+#: guards do not reconnect in step; never giving up.
+RECONNECT_BACKOFF = Backoff(base=INITIAL_BACKOFF, cap=MAX_BACKOFF, factor=2.0, jitter=0.5)
 
 State = Literal["connecting", "following", "disconnected", "stopped"]
 
@@ -137,10 +141,9 @@ def _start_revision(headers: object) -> int | None:
 
 
 def reconnect_delay(attempt: int, rng: Callable[[], float] = random.random) -> float:
-    """Seconds before reconnect ``attempt`` (0-based): doubling from 50 ms to 5 s, jittered
-    down by up to half so that many guards do not reconnect in step."""
-    base: float = min(MAX_BACKOFF, INITIAL_BACKOFF * 2 ** min(attempt, 16))
-    return base * (0.5 + 0.5 * rng())
+    """Seconds before reconnect ``attempt`` (0-based) under :data:`RECONNECT_BACKOFF`;
+    ``rng() == 1`` gives the whole delay, ``0`` half of it."""
+    return RECONNECT_BACKOFF.delay(attempt + 1, 1.0 - rng())
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +223,7 @@ class LeaseFollower:
         channel = _core.open_aio_channel(self.lease_server, credentials=self._credentials)
         stub = lease_pb2_grpc.LeaseServiceStub(channel)
         self._stub = stub
-        attempt = 0
+        retries = RECONNECT_BACKOFF.attempts(random.random)
         try:
             while True:
                 try:
@@ -235,14 +238,14 @@ class LeaseFollower:
                     error = f"crashed: {exc!r}"
                 dropped = self.status.following
                 if dropped:
-                    attempt = 0
+                    retries.reset()
                     log.warning(
                         "watch stream to %s lost (%s): fences no longer follow takeovers; "
                         "writes are still held to the monotonic rule until it is back",
                         self.lease_server,
                         error,
                     )
-                elif attempt == 0:
+                elif retries.failures == 0:
                     log.warning(
                         "cannot follow lease events on %s (%s): fences do not follow "
                         "takeovers, writes are held to the monotonic rule; retrying",
@@ -257,8 +260,7 @@ class LeaseFollower:
                     disconnects=self.status.disconnects + int(dropped),
                 )
                 await self._save_revision(force=True)
-                await asyncio.sleep(reconnect_delay(attempt))
-                attempt += 1
+                await asyncio.sleep(retries.pause())
         finally:
             self._stub = None
             self.status = replace(self.status, state="stopped", since=time.monotonic())
