@@ -42,7 +42,7 @@ from fencing.errors import (
 )
 from fencing.limits import MAX_MESSAGE_BYTES, MAX_RENEW_MANY, MAX_WAIT_MS
 from fencing.tls import TLSConfig, is_loopback, split_address
-from fencing.types import Delete, Fenced, Op, Put, Record
+from fencing.types import WATCH_LOG_KEY, WATCH_START_KEY, Delete, Fenced, Op, Put, Record
 from fencing.v1 import guard_pb2, lease_pb2
 
 log = logging.getLogger("fencing.client")
@@ -215,8 +215,43 @@ def describe_request(resource: str) -> lease_pb2.DescribeRequest:
     return lease_pb2.DescribeRequest(resource=resource)
 
 
-def watch_request(resource: str, prefix: str, after_revision: int) -> lease_pb2.WatchRequest:
-    return lease_pb2.WatchRequest(resource=resource, prefix=prefix, after_revision=after_revision)
+def watch_request(
+    resource: str, prefix: str, after_revision: int, log_id: str = ""
+) -> lease_pb2.WatchRequest:
+    if after_revision < 0:
+        raise InvalidArgumentError(
+            f"after_revision must be >= 0, got {after_revision}", field="after_revision"
+        )
+    return lease_pb2.WatchRequest(
+        resource=resource, prefix=prefix, after_revision=after_revision, log_id=log_id
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WatchStart:
+    """Where an open ``watch`` stream starts, as its first headers say."""
+
+    #: The revision the stream starts after: the server's head when the stream asked
+    #: "from now" (resume from it if no event came yet); None if the server did not say.
+    after_revision: int | None
+    #: The identity of the server's event log, which revisions belong to ('' if none).
+    log_id: str
+
+
+def _header(headers: object, name: str) -> str | None:
+    for key, value in headers or ():  # type: ignore[attr-defined]
+        if key == name:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return None
+
+
+def watch_start(headers: object) -> WatchStart:
+    """Read a Watch stream's initial metadata (``WATCH_START_KEY``, ``WATCH_LOG_KEY``)."""
+    start = _header(headers, WATCH_START_KEY)
+    return WatchStart(
+        int(start) if start is not None and start.isdigit() else None,
+        _header(headers, WATCH_LOG_KEY) or "",
+    )
 
 
 class AcquirePlan:
@@ -811,7 +846,9 @@ _EVENT_KINDS = {
 
 @dataclass(frozen=True, slots=True)
 class LeaseEvent:
-    """One event of ``watch``. Resume a stream with ``after_revision=event.revision``."""
+    """One event of ``watch``. Resume a stream with ``after_revision=event.revision``
+    (and the stream's ``log_id``). A RESYNC carries the ``log_id`` of the log the
+    stream continues in, which later revisions belong to ('' if it has none)."""
 
     kind: EventKind
     resource: str
@@ -819,6 +856,7 @@ class LeaseEvent:
     holder: str
     revision: int
     ttl_ms: int
+    log_id: str = ""
 
 
 def lease_event(msg: lease_pb2.LeaseEvent) -> LeaseEvent | None:
@@ -826,7 +864,9 @@ def lease_event(msg: lease_pb2.LeaseEvent) -> LeaseEvent | None:
     kind = _EVENT_KINDS.get(msg.kind)
     if kind is None:
         return None
-    return LeaseEvent(kind, msg.resource, msg.token, msg.holder, msg.revision, msg.ttl_ms)
+    return LeaseEvent(
+        kind, msg.resource, msg.token, msg.holder, msg.revision, msg.ttl_ms, msg.log_id
+    )
 
 
 # -- guard messages -------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextvars import Token
 from types import TracebackType
 from typing import Protocol
@@ -515,16 +515,69 @@ class AsyncLeaseClient(AsyncCalls):
         await self._call(self._stub.Release, _core.release_request(resource, token, holder))
 
     async def watch(
-        self, resource: str = "", *, prefix: str = "", after_revision: int = 0
+        self, resource: str = "", *, prefix: str = "", after_revision: int = 0, log_id: str = ""
     ) -> AsyncGenerator[LeaseEvent, None]:
         """Yield the events of ``resource`` or ``prefix``; see ``LeaseClient.watch``."""
-        call = self._stub.Watch(_core.watch_request(resource, prefix, after_revision))
+        async with await self.watch_stream(
+            resource, prefix=prefix, after_revision=after_revision, log_id=log_id
+        ) as stream:
+            async for event in stream:
+                yield event
+
+    async def watch_stream(
+        self, resource: str = "", *, prefix: str = "", after_revision: int = 0, log_id: str = ""
+    ) -> AsyncWatchStream:
+        """Open :meth:`watch`'s stream and return once the server has it: see
+        :meth:`LeaseClient.watch_stream <fencing.client.lease.LeaseClient.watch_stream>`."""
+        request = _core.watch_request(resource, prefix, after_revision, log_id)
+        return await AsyncWatchStream(self._stub.Watch(request))._start()
+
+
+class AsyncWatchStream:
+    """An open ``Watch`` stream, asyncio flavour (from :meth:`AsyncLeaseClient.watch_stream`):
+    ``start_revision``, ``log_id``, then its events (``async for``)."""
+
+    def __init__(
+        self, rpc: grpc.aio.UnaryStreamCall[lease_pb2.WatchRequest, lease_pb2.LeaseEvent]
+    ) -> None:
+        self._rpc = rpc
+        #: The revision the stream starts after (None: the server did not say).
+        self.start_revision: int | None = None
+        #: The identity of the log its revisions belong to ('' if it has none).
+        self.log_id: str = ""
+
+    async def _start(self) -> AsyncWatchStream:
         try:
-            async for msg in call:
+            start = _core.watch_start(await self._rpc.initial_metadata())
+        except BaseException as exc:
+            self._rpc.cancel()
+            if isinstance(exc, grpc.RpcError):
+                raise _core.translate(exc) from exc
+            raise
+        self.start_revision = start.after_revision
+        self.log_id = start.log_id
+        return self
+
+    async def __aiter__(self) -> AsyncIterator[LeaseEvent]:
+        try:
+            async for msg in self._rpc:
                 event = _core.lease_event(msg)
                 if event is not None:
                     yield event
         except grpc.RpcError as err:
             raise _core.translate(err) from err
-        finally:
-            call.cancel()
+
+    async def aclose(self) -> None:
+        """Cancel the stream."""
+        self._rpc.cancel()
+
+    async def __aenter__(self) -> AsyncWatchStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

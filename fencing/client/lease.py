@@ -22,7 +22,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from types import TracebackType
 from typing import Protocol
 
@@ -417,23 +417,70 @@ class LeaseClient(BlockingCalls):
         self._call(self._stub.Release, _core.release_request(resource, token, holder))
 
     def watch(
-        self, resource: str = "", *, prefix: str = "", after_revision: int = 0
-    ) -> Iterator[LeaseEvent]:
+        self, resource: str = "", *, prefix: str = "", after_revision: int = 0, log_id: str = ""
+    ) -> Generator[LeaseEvent, None, None]:
         """Yield the events of ``resource``, or of every resource starting with ``prefix``.
 
-        From now (``after_revision=0``) or after a revision of an earlier event. A
-        ``RESYNC`` event means events were missed (pruned): re-read with
-        :meth:`describe`. The stream ends only with an error (e.g.
-        ``BackendUnavailableError`` when the server stops): resume it with the last
-        revision seen. Closing the generator cancels the stream.
+        From now (``after_revision=0``) or after a revision of an earlier event; with
+        ``log_id`` (the log that revision belongs to: :attr:`WatchStream.log_id`, or a
+        RESYNC's), a server that keeps another log answers RESYNC rather than serve
+        the same number from the wrong log. A ``RESYNC`` event means events were
+        missed (pruned): re-read with :meth:`describe`. The stream ends only with an
+        error (e.g. ``BackendUnavailableError`` when the server stops): resume it with
+        the last revision seen. Closing the generator cancels the stream.
         """
-        call = self._stub.Watch(_core.watch_request(resource, prefix, after_revision))
+        with self.watch_stream(
+            resource, prefix=prefix, after_revision=after_revision, log_id=log_id
+        ) as stream:
+            yield from stream
+
+    def watch_stream(
+        self, resource: str = "", *, prefix: str = "", after_revision: int = 0, log_id: str = ""
+    ) -> WatchStream:
+        """Open :meth:`watch`'s stream and return once the server has it (no event after
+        this is missed), with where it starts: ``start_revision`` (for "from now", the
+        revision to resume after if no event comes) and ``log_id``. Iterate it for the
+        events; ``close()`` (or leaving ``with``) cancels it."""
+        request = _core.watch_request(resource, prefix, after_revision, log_id)
+        return WatchStream(self._stub.Watch(request))
+
+
+class WatchStream:
+    """An open ``Watch`` stream (from :meth:`LeaseClient.watch_stream`): where it starts,
+    which log it reads, then its events (iterate it)."""
+
+    def __init__(self, rpc: grpc.Call) -> None:
+        self._rpc = rpc
         try:
-            for msg in call:
+            start = _core.watch_start(rpc.initial_metadata())
+        except grpc.RpcError as err:
+            rpc.cancel()
+            raise _core.translate(err) from err
+        #: The revision the stream starts after (None: the server did not say).
+        self.start_revision: int | None = start.after_revision
+        #: The identity of the log its revisions belong to ('' if it has none).
+        self.log_id: str = start.log_id
+
+    def __iter__(self) -> Iterator[LeaseEvent]:
+        try:
+            for msg in self._rpc:  # type: ignore[attr-defined]
                 event = _core.lease_event(msg)
                 if event is not None:
                     yield event
         except grpc.RpcError as err:
             raise _core.translate(err) from err
-        finally:
-            call.cancel()
+
+    def close(self) -> None:
+        """Cancel the stream."""
+        self._rpc.cancel()
+
+    def __enter__(self) -> WatchStream:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

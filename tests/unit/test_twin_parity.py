@@ -19,11 +19,13 @@ from fencing.client import (
     AsyncLease,
     AsyncLeaseClient,
     AsyncQueueClient,
+    AsyncWatchStream,
     AsyncWriteStream,
     GuardClient,
     Lease,
     LeaseClient,
     QueueClient,
+    WatchStream,
     WriteStream,
 )
 from fencing.worker import AsyncWorker, Worker
@@ -33,6 +35,7 @@ TWINS: list[tuple[type[Any], type[Any]]] = [
     (GuardClient, AsyncGuardClient),
     (QueueClient, AsyncQueueClient),
     (WriteStream, AsyncWriteStream),
+    (WatchStream, AsyncWatchStream),
     (Lease, AsyncLease),
     (Worker, AsyncWorker),
 ]
