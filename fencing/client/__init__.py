@@ -2,7 +2,7 @@
 (blocking) and their asyncio twins :class:`AsyncLeaseClient`, :class:`AsyncGuardClient`
 and :class:`AsyncQueueClient`."""
 
-from fencing.client._core import EventKind, LeaseEvent, LeaseState, WriteResult
+from fencing.client._core import EventKind, LeaseEvent, WriteResult
 from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
 from fencing.client._writes import FenceReset, ManyResult
 from fencing.client.async_guard import AsyncGuardClient
@@ -13,6 +13,7 @@ from fencing.client.guard import GuardClient
 from fencing.client.lease import Lease, LeaseClient, WatchStream
 from fencing.client.queue import QueueClient
 from fencing.client.write_stream import WriteStream
+from fencing.types import LeaseState
 
 __all__ = [
     "AsyncGuardClient",

@@ -42,7 +42,16 @@ from fencing.errors import (
 )
 from fencing.limits import MAX_MESSAGE_BYTES, MAX_RENEW_MANY, MAX_WAIT_MS
 from fencing.tls import TLSConfig, is_loopback, split_address
-from fencing.types import WATCH_LOG_KEY, WATCH_START_KEY, Delete, Fenced, Op, Put, Record
+from fencing.types import (
+    WATCH_LOG_KEY,
+    WATCH_START_KEY,
+    Delete,
+    Fenced,
+    LeaseState,
+    Op,
+    Put,
+    Record,
+)
 from fencing.v1 import guard_pb2, lease_pb2
 
 log = logging.getLogger("fencing.client")
@@ -612,6 +621,7 @@ class LeaseClientLike(Protocol):
     """What :class:`LeaseSteps` reads of a lease client (either twin), each time it
     needs it (so a changed ``rpc_timeout`` counts from the next call)."""
 
+    target: str
     rpc_timeout: float
     release_timeout: float
     _clock: Clock
@@ -633,14 +643,14 @@ class LeaseSteps(Generic[L]):
         client: LeaseClientLike,
         new_lease: Callable[[lease_pb2.Lease, float, float, int], L],
     ) -> None:
-        self._client = client
+        self.client = client
         self._new_lease = new_lease
 
     def acquire(self, plan: AcquirePlan, resources: Sequence[str] | None = None) -> Steps[list[L]]:
         """Acquire ``plan.resource`` (``resources``: all of them, with AcquireMany) until
         granted or ``plan`` gives up; grants whose reply came too late to trust are
         renewed before they are handed out."""
-        client = self._client
+        client = self.client
         while True:
             if resources is None:
                 request: lease_pb2.AcquireRequest | lease_pb2.AcquireManyRequest = plan.request()
@@ -670,7 +680,7 @@ class LeaseSteps(Generic[L]):
         server (the others are released: an acquire is all or nothing), for the
         acquire to ask again; transient failures propagate to its retry.
         """
-        client = self._client
+        client = self.client
         ttl_ms, sent_at, timeout = leases[0]._renewal(None, client.rpc_timeout, on_arrival=True)
         if len(leases) == 1:
             lease = leases[0]
@@ -690,7 +700,7 @@ class LeaseSteps(Generic[L]):
 
     def renew(self, lease: L, ttl: float | None) -> Steps[None]:
         """``lease.renew(ttl)``: a refusal marks it lost (and is raised)."""
-        client = self._client
+        client = self.client
         ttl_ms, sent_at, timeout = lease._renewal(ttl, client.rpc_timeout)
         request = renew_request(lease.resource, lease.token, ttl_ms, lease.holder)
         try:
@@ -709,7 +719,7 @@ class LeaseSteps(Generic[L]):
         lease.released = True
         request = release_request(lease.resource, lease.token, lease.holder)
         try:
-            yield Call(self._client._stub.Release, request)
+            yield Call(self.client._stub.Release, request)
         except LeaseLost:
             lease._mark_lost("release refused", refused_release=True)
             raise
@@ -721,7 +731,7 @@ class LeaseSteps(Generic[L]):
         """``release_many``: one call per 10,000; returns the refused (marked lost)."""
         refused: list[L] = []
         for chunk in chunked([lease for lease in leases if not lease.released]):
-            msg = yield Call(self._client._stub.ReleaseMany, release_many_request(chunk))
+            msg = yield Call(self.client._stub.ReleaseMany, release_many_request(chunk))
             for lease, released in zip(chunk, msg.released, strict=True):
                 lease.released = True
                 if not released:
@@ -739,7 +749,7 @@ class LeaseSteps(Generic[L]):
         retries included; on failure the leases expire by themselves and the guard
         fences any late writer. A refusal marks a lease lost.
         """
-        client = self._client
+        client = self.client
         pending = [lease for lease in leases if not lease.released]
         if not pending:
             return
@@ -805,18 +815,6 @@ def release_many_request(leases: Sequence[L]) -> lease_pb2.ReleaseManyRequest:
     return lease_pb2.ReleaseManyRequest(
         releases=[release_request(lease.resource, lease.token, lease.holder) for lease in leases]
     )
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseState:
-    """What ``describe`` returns."""
-
-    resource: str
-    held: bool
-    holder: str
-    token: int
-    remaining_ms: int
-    last_token: int
 
 
 def lease_state(msg: lease_pb2.LeaseState) -> LeaseState:

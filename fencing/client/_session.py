@@ -23,16 +23,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Generic, TypeVar
+from contextlib import AbstractContextManager
+from typing import Any, Generic, TypeVar
 
-from fencing.client._core import LeaseBase, renew_request, renewal_failure
+from fencing.client._core import (
+    Call,
+    LeaseBase,
+    LeaseSteps,
+    Steps,
+    renew_request,
+    renewal_failure,
+    unimplemented,
+)
 from fencing.errors import FencingError
 from fencing.limits import MAX_RENEW_MANY
 from fencing.v1 import lease_pb2
 
 log = logging.getLogger(__name__)
 
-L = TypeVar("L", bound=LeaseBase)  # type: ignore[type-arg]
+L = TypeVar("L", bound=LeaseBase[Any])
 
 
 class SessionCore(Generic[L]):
@@ -44,6 +53,8 @@ class SessionCore(Generic[L]):
         #: RenewMany calls made and renewals sent (for tests and benchmarks).
         self.calls = 0
         self.renewals = 0
+        #: The server has no RenewMany (an older one): renew lease by lease with Renew.
+        self.one_by_one = False
 
     def __len__(self) -> int:
         return len(self._leases)
@@ -135,3 +146,38 @@ class SessionCore(Generic[L]):
         for lease in chunk:
             lease._mark_lost(why)
             self.discard(lease)
+
+    def renew(
+        self, chunk: list[L], steps: LeaseSteps[L], guard: AbstractContextManager[object]
+    ) -> Steps[None]:
+        """Renew ``chunk`` (due leases, at most ``max_batch``) in one RenewMany, as steps
+        for the twin's session to run; ``guard`` is held around every change of the
+        book (the threaded twin's condition; nothing in the asyncio one). Against a
+        server without RenewMany, every due lease is renewed alone from then on."""
+        if self.one_by_one:
+            for lease in chunk:
+                try:
+                    yield from steps.renew(lease, None)
+                except Exception as exc:  # judged by the lease; never dies silently
+                    if lease._renewal_error(exc):
+                        with guard:
+                            self.discard(lease)
+            return
+        client = steps.client
+        with guard:
+            request = self.request(chunk)
+        sent_at = client._clock()
+        timeout = self.rpc_timeout(chunk, sent_at, client.rpc_timeout)
+        try:
+            response = yield Call(client._stub.RenewMany, request, timeout)
+        except Exception as exc:  # judged here; the session never dies silently
+            if unimplemented(exc):
+                log.info("%s has no RenewMany: renewing lease by lease", client.target)
+                self.one_by_one = True
+                yield from self.renew(chunk, steps, guard)
+                return
+            with guard:
+                self.failed(chunk, exc, client._clock())
+            return
+        with guard:
+            self.settle(chunk, sent_at, response)

@@ -28,11 +28,11 @@ from fencing import propagation
 from fencing._renewal import RenewalPolicy
 from fencing.client import _core
 from fencing.client._calls import AsyncCalls
-from fencing.client._core import Clock, LeaseEvent, LeaseState
+from fencing.client._core import Clock, LeaseEvent
 from fencing.client._session import SessionCore
 from fencing.errors import FencingError
 from fencing.tls import TLSConfig
-from fencing.types import Fenced
+from fencing.types import Fenced, LeaseState
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,6 @@ class _AsyncSession:
         self.core: SessionCore[AsyncLease] = SessionCore()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._one_by_one = False
 
     def add(self, lease: AsyncLease) -> None:
         self.core.add(lease)
@@ -143,29 +142,11 @@ class _AsyncSession:
                 await self._renew(chunk)
 
     async def _renew(self, chunk: list[AsyncLease]) -> None:
-        if self._one_by_one:
-            for lease in chunk:
-                try:
-                    await lease.renew()
-                except Exception as exc:
-                    if lease._renewal_error(exc):
-                        self.discard(lease)
-            return
-        client = self.client
-        request = self.core.request(chunk)
-        sent_at = client._clock()
-        timeout = self.core.rpc_timeout(chunk, sent_at, client.rpc_timeout)
-        try:
-            response = await client._call(client._stub.RenewMany, request, timeout)
-        except Exception as exc:  # judged by the core; the session never dies silently
-            if _core.unimplemented(exc):
-                log.info("%s has no RenewMany: renewing lease by lease", client.target)
-                self._one_by_one = True
-                await self._renew(chunk)
-                return
-            self.core.failed(chunk, exc, client._clock())
-            return
-        self.core.settle(chunk, sent_at, response)
+        await self.client._run(self.core.renew(chunk, self.client._steps, contextlib.nullcontext()))
+
+    @property
+    def _one_by_one(self) -> bool:
+        return self.core.one_by_one
 
 
 class _BodyScope:

@@ -32,11 +32,11 @@ from fencing import propagation
 from fencing._renewal import RenewalPolicy
 from fencing.client import _core
 from fencing.client._calls import BlockingCalls
-from fencing.client._core import Clock, LeaseEvent, LeaseState
+from fencing.client._core import Clock, LeaseEvent
 from fencing.client._session import SessionCore
 from fencing.errors import FencingError
 from fencing.tls import TLSConfig
-from fencing.types import Fenced
+from fencing.types import Fenced, LeaseState
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,6 @@ class _Session(threading.Thread):
         self.core: SessionCore[Lease] = SessionCore()
         self._cond = threading.Condition()
         self._stopping = False
-        self._one_by_one = False
 
     def add(self, lease: Lease) -> None:
         with self._cond:
@@ -147,35 +146,11 @@ class _Session(threading.Thread):
                 self._renew(chunk)
 
     def _renew(self, chunk: list[Lease]) -> None:
-        if self._one_by_one:
-            for lease in chunk:
-                self._renew_one(lease)
-            return
-        client = self.client
-        with self._cond:
-            request = self.core.request(chunk)
-        sent_at = client._clock()
-        timeout = self.core.rpc_timeout(chunk, sent_at, client.rpc_timeout)
-        try:
-            response = client._call(client._stub.RenewMany, request, timeout)
-        except Exception as exc:  # judged by the core; the session never dies silently
-            if _core.unimplemented(exc):
-                log.info("%s has no RenewMany: renewing lease by lease", client.target)
-                self._one_by_one = True
-                self._renew(chunk)
-                return
-            with self._cond:
-                self.core.failed(chunk, exc, client._clock())
-            return
-        with self._cond:
-            self.core.settle(chunk, sent_at, response)
+        self.client._run(self.core.renew(chunk, self.client._steps, self._cond))
 
-    def _renew_one(self, lease: Lease) -> None:
-        try:
-            lease.renew()
-        except Exception as exc:
-            if lease._renewal_error(exc):
-                self.discard(lease)
+    @property
+    def _one_by_one(self) -> bool:
+        return self.core.one_by_one
 
 
 class LeaseClient(BlockingCalls):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from fencing.errors import InvalidArgumentError
-from guard.stores.base import GuardStore, WriteResult
+from guard.stores.base import GuardStore, StoreWriteResult
 from serving.sqlite_db import sqlite_path
 
 
@@ -38,4 +38,4 @@ def open_store(url: str) -> GuardStore:
     )
 
 
-__all__ = ["GuardStore", "WriteResult", "open_store"]
+__all__ = ["GuardStore", "StoreWriteResult", "open_store"]

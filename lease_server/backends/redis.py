@@ -112,16 +112,16 @@ from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 
 from fencing.errors import InvalidArgumentError, LeaseLost
+from fencing.types import LeaseState
 from lease_server.leases import (
-    EventKind,
     EventPage,
     Grant,
     Held,
-    LeaseEvent,
-    LeaseInfo,
+    LoggedEvent,
     ReleaseItem,
     RenewItem,
     Scope,
+    TransitionKind,
 )
 from serving import redis_db
 from serving.redis_db import (
@@ -453,13 +453,13 @@ class RedisBackend:
                 replies += await pipe.execute()
             return replies
 
-    async def describe(self, resource: str) -> LeaseInfo:
+    async def describe(self, resource: str) -> LeaseState:
         keys = ResourceKeys(self.prefix, resource)
         who, token, ms, last = await self._run(
             "describe", "describe", [keys.lease, keys.counter], []
         )
         held = int(token) != 0
-        return LeaseInfo(
+        return LeaseState(
             resource=resource,
             held=held,
             holder=text(who) if held else "",
@@ -511,7 +511,7 @@ class RedisBackend:
         )
         return EventPage(tuple(map(_event, rows)), int(head), int(compacted))
 
-    async def expire_due(self, limit: int) -> list[LeaseEvent]:
+    async def expire_due(self, limit: int) -> list[LoggedEvent]:
         """One Redis: log what expired (``due`` <= now). A cluster has nothing to sweep:
         expiries are logged by the takeover or the next read of the resource's log."""
         if self.cluster:
@@ -525,7 +525,7 @@ class RedisBackend:
             [max(1, limit), self.events_channel],
         )
         events = [
-            LeaseEvent(int(rev), EventKind.EXPIRED, text(resource), int(token), text(holder))
+            LoggedEvent(int(rev), TransitionKind.EXPIRED, text(resource), int(token), text(holder))
             for rev, resource, token, holder in rows
         ]
         if events:
@@ -689,9 +689,14 @@ class RedisBackend:
                         await own.aclose()
 
 
-def _event(row: list[Any]) -> LeaseEvent:
+def _event(row: list[Any]) -> LoggedEvent:
     """An event as the read scripts return it: revision, kind, resource, token, holder, ttl."""
     revision, kind, resource, token, holder, ttl_ms = row
-    return LeaseEvent(
-        int(revision), EventKind(text(kind)), text(resource), int(token), text(holder), int(ttl_ms)
+    return LoggedEvent(
+        int(revision),
+        TransitionKind(text(kind)),
+        text(resource),
+        int(token),
+        text(holder),
+        int(ttl_ms),
     )
