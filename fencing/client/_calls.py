@@ -43,14 +43,18 @@ class BlockingCalls:
             try:
                 if isinstance(step, _core.Sleep):
                     time.sleep(step.seconds)
-                    continue
-                timeout = self.rpc_timeout if step.timeout is None else step.timeout
-                try:
-                    reply = step.method(step.request, timeout=timeout)
-                except grpc.RpcError as err:
-                    raise _core.translate(err) from err
+                else:
+                    reply = self._send(step.method, step.request, step.timeout)
             except BaseException as exc:  # thrown into the steps, which decide
                 error = exc
+
+    def _send(self, method: Callable[..., Resp], request: object, timeout: float | None) -> Resp:
+        """The one blocking call: ``timeout`` None is ``rpc_timeout``; a failure becomes
+        its :mod:`fencing.errors` exception, the ``grpc.RpcError`` its cause."""
+        try:
+            return method(request, timeout=self.rpc_timeout if timeout is None else timeout)
+        except grpc.RpcError as err:
+            raise _core.translate(err) from err
 
     def _call(
         self,
@@ -60,9 +64,12 @@ class BlockingCalls:
         *,
         retry: bool = False,
     ) -> Resp:
-        """One unary call (``retry``: an idempotent one, retried on transient failures);
-        failures become :mod:`fencing.errors` exceptions (cause chained)."""
-        return cast(Resp, self._run(_core.unary(method, request, timeout, retry=retry)))
+        """One unary call (``retry``: an idempotent one, retried on transient failures
+        as :func:`fencing.client._core.unary` says); failures become
+        :mod:`fencing.errors` exceptions (cause chained)."""
+        if not retry:  # the hot path (every write): no steps to run
+            return self._send(method, request, timeout)
+        return cast(Resp, self._run(_core.unary(method, request, timeout, retry=True)))
 
 
 class AsyncCalls:
@@ -82,14 +89,22 @@ class AsyncCalls:
             try:
                 if isinstance(step, _core.Sleep):
                     await asyncio.sleep(step.seconds)
-                    continue
-                timeout = self.rpc_timeout if step.timeout is None else step.timeout
-                try:
-                    reply = await step.method(step.request, timeout=timeout)
-                except grpc.RpcError as err:
-                    raise _core.translate(err) from err
+                else:
+                    reply = await self._send(step.method, step.request, step.timeout)
             except BaseException as exc:  # thrown into the steps, which decide
                 error = exc
+
+    async def _send(
+        self,
+        method: Callable[..., Awaitable[Resp]],
+        request: object,
+        timeout: float | None,  # noqa: ASYNC109 - the gRPC deadline of this call
+    ) -> Resp:
+        """The one awaited call; see :meth:`BlockingCalls._send`."""
+        try:
+            return await method(request, timeout=self.rpc_timeout if timeout is None else timeout)
+        except grpc.RpcError as err:
+            raise _core.translate(err) from err
 
     async def _call(
         self,
@@ -100,4 +115,6 @@ class AsyncCalls:
         retry: bool = False,
     ) -> Resp:
         """One unary call, awaited; see :meth:`BlockingCalls._call`."""
-        return cast(Resp, await self._run(_core.unary(method, request, timeout, retry=retry)))
+        if not retry:
+            return await self._send(method, request, timeout)
+        return cast(Resp, await self._run(_core.unary(method, request, timeout, retry=True)))

@@ -23,7 +23,7 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Generic, Protocol, Self, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, Self, TypeVar
 
 import grpc
 import grpc.aio
@@ -559,8 +559,7 @@ class LeaseBase(Generic[FlagT]):
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+class Call(NamedTuple):
     """A step: call ``method`` (a stub's, blocking or asyncio) with ``request`` and a
     deadline of ``timeout`` seconds (None: the client's ``rpc_timeout``). The reply is
     sent back into the steps; a failure, as a :mod:`fencing.errors` exception, is
@@ -569,10 +568,10 @@ class Call:
     method: Callable[..., Any]
     request: object
     timeout: float | None = None
+    # A tuple, not a frozen dataclass: one is made per call, and that is cheaper.
 
 
-@dataclass(frozen=True, slots=True)
-class Sleep:
+class Sleep(NamedTuple):
     """A step: pause ``seconds`` (``time.sleep`` or ``asyncio.sleep``)."""
 
     seconds: float
