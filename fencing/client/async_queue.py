@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import grpc
 import grpc.aio
@@ -21,7 +21,6 @@ from fencing.client import _core
 from fencing.client import _queue as core
 from fencing.client._calls import AsyncCalls
 from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
-from fencing.errors import FencingError, LeaseLost
 from fencing.tls import TLSConfig
 from fencing.v1 import queue_pb2, queue_pb2_grpc
 
@@ -57,6 +56,7 @@ class AsyncQueueClient(AsyncCalls):
             else _core.open_aio_channel(target, tls=tls, token=token, credentials=credentials)
         )
         self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
+        self._steps = core.QueueSteps(self)
 
     async def aclose(self) -> None:
         await self._channel.close()
@@ -106,70 +106,11 @@ class AsyncQueueClient(AsyncCalls):
     async def claim(
         self, queue: str, *, batch: int = 1, ttl: float = 30.0, wait: float = 0.0
     ) -> list[Job]:
-        request = queue_pb2.ClaimRequest(
-            queue=queue,
-            worker=self.worker,
-            batch_size=batch,
-            ttl_ms=_core.ttl_ms_of(ttl),
-            wait_ms=_core.wait_ms_of(wait),
-        )
-        sent_at = self._clock()
-        response = await self._call(self._stub.Claim, request, wait + self.rpc_timeout)
-        jobs = core.claimed(response, sent_at, self._clock(), self.policy, self._clock)
-        due = [job for job in jobs if job.due_on_arrival()]
-        if due:
-            await self._heartbeat_on_arrival(due)
-        return [job for job in jobs if not job.lost.is_set()]
-
-    async def _heartbeat_on_arrival(self, jobs: list[Job]) -> None:
-        """Heartbeat claims whose reply came too late to trust their first deadline
-        (the server may still hold them for us even if that deadline passed). A claim
-        found taken over is marked lost and not handed out; a transient failure leaves
-        the claims to the caller's heartbeats."""
-        try:
-            lost = await self._heartbeat_live(list(jobs), None, [], self.rpc_timeout)
-        except FencingError as exc:
-            if not _core.is_transient(exc):
-                raise
-            log.info("heartbeat of %d claims on arrival failed: %s", len(jobs), exc)
-            return
-        for job in lost:
-            log.warning("job %d claim arrived too late: taken over before it could be used", job.id)
+        return await self._run(self._steps.claim(queue, batch, ttl, wait))
 
     async def heartbeat(self, jobs: Job | Sequence[Job], ttl: float | None = None) -> list[Job]:
         live, lost = core.split_expired(core.job_list(jobs))
-        return await self._heartbeat_live(live, ttl, lost)
-
-    async def _heartbeat_live(
-        self, live: list[Job], ttl: float | None, lost: list[Job], cap: float | None = None
-    ) -> list[Job]:
-        """Heartbeat ``live``; append the refused ones to ``lost`` and return it.
-        ``cap``: the call's deadline (default: never past the earliest local deadline)."""
-        while live:
-            ttl_ms = _core.ttl_ms_of(ttl) if ttl is not None else live[0].ttl_ms
-            request = queue_pb2.HeartbeatRequest(
-                jobs=core.refs(live), ttl_ms=ttl_ms, queue=core.queue_of(live)
-            )
-            sent_at = self._clock()
-            timeout = core.heartbeat_timeout(live, self.rpc_timeout) if cap is None else cap
-            try:
-                response = await self._call(self._stub.Heartbeat, request, timeout)
-            except LeaseLost as exc:
-                stale = core.stale_job(live, exc)
-                if stale is None:
-                    if len(live) > 1:
-                        for job in list(live):
-                            lost += await self._heartbeat_live([job], ttl, [], cap)
-                        return lost
-                    stale = live[0]
-                stale.mark_lost("heartbeat refused: the job was taken over")
-                lost.append(stale)
-                live.remove(stale)
-                continue
-            for job in live:
-                job.renewed(sent_at, response.ttl_ms)
-            break
-        return lost
+        return await self._run(self._steps.heartbeat(live, ttl, lost))
 
     async def complete(self, jobs: Job | Sequence[Job]) -> None:
         items = core.job_list(jobs)
@@ -204,13 +145,7 @@ class AsyncQueueClient(AsyncCalls):
     async def _settle(
         self, items: list[Job], method: Callable[..., Awaitable[T]], request: object
     ) -> T:
-        try:
-            return await self._call(method, request, retry=True)
-        except LeaseLost as exc:
-            stale = core.stale_job(items, exc)
-            if stale is not None:
-                stale.mark_lost("refused: the job was taken over")
-            raise
+        return cast(T, await self._run(self._steps.settle(items, method, request)))
 
     async def stats(self, queue: str = "", *, window: float = 0.0) -> list[QueueStats]:
         request = queue_pb2.QueueStatsRequest(queue=queue, window_ms=round(window * 1000))

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import grpc
 
@@ -31,7 +31,7 @@ from fencing.client import _core
 from fencing.client import _queue as core
 from fencing.client._calls import BlockingCalls
 from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
-from fencing.errors import FencingError, LeaseLost
+from fencing.errors import FencingError
 from fencing.tls import TLSConfig
 from fencing.v1 import queue_pb2, queue_pb2_grpc
 
@@ -71,6 +71,7 @@ class QueueClient(BlockingCalls):
             else _core.open_channel(target, tls=tls, token=token, credentials=credentials)
         )
         self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
+        self._steps = core.QueueSteps(self)
 
     def close(self) -> None:
         self._channel.close()
@@ -136,35 +137,7 @@ class QueueClient(BlockingCalls):
         returned (those found taken over are left out). The jobs are not heartbeated
         after that: call :meth:`heartbeat` every ttl/3, or use a Worker.
         """
-        request = queue_pb2.ClaimRequest(
-            queue=queue,
-            worker=self.worker,
-            batch_size=batch,
-            ttl_ms=_core.ttl_ms_of(ttl),
-            wait_ms=_core.wait_ms_of(wait),
-        )
-        sent_at = self._clock()
-        response = self._call(self._stub.Claim, request, wait + self.rpc_timeout)
-        jobs = core.claimed(response, sent_at, self._clock(), self.policy, self._clock)
-        due = [job for job in jobs if job.due_on_arrival()]
-        if due:
-            self._heartbeat_on_arrival(due)
-        return [job for job in jobs if not job.lost.is_set()]
-
-    def _heartbeat_on_arrival(self, jobs: list[Job]) -> None:
-        """Heartbeat claims whose reply came too late to trust their first deadline
-        (the server may still hold them for us even if that deadline passed). A claim
-        found taken over is marked lost and not handed out; a transient failure leaves
-        the claims to the caller's heartbeats."""
-        try:
-            lost = self._heartbeat_live(list(jobs), None, [], self.rpc_timeout)
-        except FencingError as exc:
-            if not _core.is_transient(exc):
-                raise
-            log.info("heartbeat of %d claims on arrival failed: %s", len(jobs), exc)
-            return
-        for job in lost:
-            log.warning("job %d claim arrived too late: taken over before it could be used", job.id)
+        return self._run(self._steps.claim(queue, batch, ttl, wait))
 
     def heartbeat(self, jobs: Job | Sequence[Job], ttl: float | None = None) -> list[Job]:
         """Extend the claims of ``jobs``; return those found lost (now marked ``lost``).
@@ -173,38 +146,7 @@ class QueueClient(BlockingCalls):
         (the caller retries on its schedule, before the jobs' local deadlines).
         """
         live, lost = core.split_expired(core.job_list(jobs))
-        return self._heartbeat_live(live, ttl, lost)
-
-    def _heartbeat_live(
-        self, live: list[Job], ttl: float | None, lost: list[Job], cap: float | None = None
-    ) -> list[Job]:
-        """Heartbeat ``live``; append the refused ones to ``lost`` and return it.
-        ``cap``: the call's deadline (default: never past the earliest local deadline)."""
-        while live:
-            ttl_ms = _core.ttl_ms_of(ttl) if ttl is not None else live[0].ttl_ms
-            request = queue_pb2.HeartbeatRequest(
-                jobs=core.refs(live), ttl_ms=ttl_ms, queue=core.queue_of(live)
-            )
-            sent_at = self._clock()
-            timeout = core.heartbeat_timeout(live, self.rpc_timeout) if cap is None else cap
-            try:
-                response = self._call(self._stub.Heartbeat, request, timeout)
-            except LeaseLost as exc:
-                stale = core.stale_job(live, exc)
-                if stale is None:  # cannot tell which: judge them one by one
-                    if len(live) > 1:
-                        for job in list(live):
-                            lost += self._heartbeat_live([job], ttl, [], cap)
-                        return lost
-                    stale = live[0]
-                stale.mark_lost("heartbeat refused: the job was taken over")
-                lost.append(stale)
-                live.remove(stale)
-                continue
-            for job in live:
-                job.renewed(sent_at, response.ttl_ms)
-            break
-        return lost
+        return self._run(self._steps.heartbeat(live, ttl, lost))
 
     def complete(self, jobs: Job | Sequence[Job]) -> None:
         """Mark ``jobs`` succeeded (all or none); ``LeaseLost`` (naming one) if any is stale."""
@@ -241,13 +183,7 @@ class QueueClient(BlockingCalls):
             job.mark_lost("released")
 
     def _settle(self, items: list[Job], method: Callable[..., T], request: object) -> T:
-        try:
-            return self._call(method, request, retry=True)
-        except LeaseLost as exc:
-            stale = core.stale_job(items, exc)
-            if stale is not None:
-                stale.mark_lost("refused: the job was taken over")
-            raise
+        return cast(T, self._run(self._steps.settle(items, method, request)))
 
     def stats(self, queue: str = "", *, window: float = 0.0) -> list[QueueStats]:
         """Counts and ages of ``queue`` (or every queue)."""
