@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar, cast
+from types import TracebackType
+from typing import Self, TypeVar, cast
 
 import grpc
 
@@ -27,9 +28,24 @@ Resp = TypeVar("Resp")
 
 
 class BlockingCalls:
-    """Runs steps with blocking calls and ``time.sleep`` (mixed into the sync clients)."""
+    """Runs steps with blocking calls and ``time.sleep`` (mixed into the sync clients,
+    which are context managers that ``close()`` on exit)."""
 
     rpc_timeout: float
+
+    def close(self) -> None:
+        raise NotImplementedError  # pragma: no cover - every client has its own
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
     def _run(self, steps: _core.Steps[T]) -> T:
         reply: object = None
@@ -73,9 +89,24 @@ class BlockingCalls:
 
 
 class AsyncCalls:
-    """Runs steps with awaited calls and ``asyncio.sleep`` (mixed into the asyncio twins)."""
+    """Runs steps with awaited calls and ``asyncio.sleep`` (mixed into the asyncio twins,
+    which are async context managers that ``aclose()`` on exit)."""
 
     rpc_timeout: float
+
+    async def aclose(self) -> None:
+        raise NotImplementedError  # pragma: no cover - every client has its own
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
     async def _run(self, steps: _core.Steps[T]) -> T:
         reply: object = None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from types import TracebackType
 from typing import TypeVar
 
 import grpc
@@ -62,17 +61,6 @@ class AsyncGuardClient(AsyncCalls):
         if self._shared_stream is not None:
             await self._shared_stream.aclose()
         await self._channel.close()
-
-    async def __aenter__(self) -> AsyncGuardClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def write(
         self, fenced: Fenced, ops: Sequence[Op] | Op, *, idempotency_key: str = ""

@@ -364,17 +364,6 @@ class AsyncLeaseClient(AsyncCalls):
             self._session = _AsyncSession(self)
         return self._session
 
-    async def __aenter__(self) -> AsyncLeaseClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     # -- acquiring ---------------------------------------------------------------------------
 
     async def acquire(

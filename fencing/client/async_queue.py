@@ -10,7 +10,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from types import TracebackType
 from typing import TypeVar, cast
 
 import grpc
@@ -60,17 +59,6 @@ class AsyncQueueClient(AsyncCalls):
 
     async def aclose(self) -> None:
         await self._channel.close()
-
-    async def __aenter__(self) -> AsyncQueueClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def enqueue(
         self,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from types import TracebackType
 from typing import TypeVar
 
 import grpc
@@ -68,17 +67,6 @@ class GuardClient(BlockingCalls):
         if self._shared_stream is not None:
             self._shared_stream.close()
         self._channel.close()
-
-    def __enter__(self) -> GuardClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def write(
         self, fenced: Fenced, ops: Sequence[Op] | Op, *, idempotency_key: str = ""

@@ -227,17 +227,6 @@ class LeaseClient(BlockingCalls):
                 self._session.start()
             return self._session
 
-    def __enter__(self) -> LeaseClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     # -- acquiring ---------------------------------------------------------------------------
 
     def acquire(

@@ -21,7 +21,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from types import TracebackType
 from typing import TypeVar, cast
 
 import grpc
@@ -75,17 +74,6 @@ class QueueClient(BlockingCalls):
 
     def close(self) -> None:
         self._channel.close()
-
-    def __enter__(self) -> QueueClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- producing -------------------------------------------------------------------------
 
