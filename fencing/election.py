@@ -59,7 +59,7 @@ from fencing.client import _core
 from fencing.client.guard import GuardClient
 from fencing.client.lease import Lease, LeaseClient
 from fencing.errors import LeaseLost
-from fencing.types import Record
+from fencing.types import LeaseState, Record
 
 #: The guard key, in the election's resource, that holds the proclaimed value.
 LEADER_KEY = "fencing.election/leader"
@@ -76,7 +76,7 @@ class Leader:
     value: str | None
 
 
-def leader_of(name: str, state: _core.LeaseState, record: Record | None) -> Leader | None:
+def leader_of(name: str, state: LeaseState, record: Record | None) -> Leader | None:
     """The leader the lease's state and the guard's record say: None when nobody holds
     the election's lease; a value only if it was written by the current term."""
     if not state.held:

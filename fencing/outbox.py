@@ -25,14 +25,14 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-import grpc
 import grpc.aio
 
 from fencing.client import _core
 from fencing.client._queue import Job
+from fencing.client.async_guard import AsyncGuardClient
 from fencing.client.async_queue import AsyncQueueClient
 from fencing.tls import TLSConfig
-from fencing.v1 import guard_pb2, guard_pb2_grpc
+from fencing.types import Put
 from fencing.worker.aio import AsyncWorker
 
 log = logging.getLogger("fencing.outbox")
@@ -69,33 +69,26 @@ class GuardSink:
         self.target = target
         self.key_prefix = key_prefix
         self.rpc_timeout = rpc_timeout
-        self._channel = channel or _core.open_aio_channel(target, tls=tls, token=token)
-        self._stub = guard_pb2_grpc.GuardServiceStub(self._channel)
+        self.guard = AsyncGuardClient(
+            target, tls=tls, token=token, rpc_timeout=rpc_timeout, channel=channel
+        )
 
     async def deliver(self, event: Job) -> None:
         eid = event_id(event)
-        request = guard_pb2.WriteRequest(
-            resource=event.resource,
-            token=event.token,
-            ops=[
-                guard_pb2.Op(put=guard_pb2.Put(key=f"{self.key_prefix}{eid}", value=event.payload))
-            ],
-            idempotency_key=eid,
+        # The event's claim is the fence: a job names its resource and carries its token.
+        result = await self.guard.write(
+            event, Put(f"{self.key_prefix}{eid}", event.payload), idempotency_key=eid
         )
-        try:
-            response = await self._stub.Write(request, timeout=self.rpc_timeout)
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
         log.info(
             "event delivered event_id=%s job_id=%d token=%d%s",
             eid,
             event.id,
             event.token,
-            " (replayed)" if response.replayed else "",
+            " (replayed)" if result.replayed else "",
         )
 
     async def aclose(self) -> None:
-        await self._channel.close()
+        await self.guard.aclose()
 
 
 class OutboxPublisher:

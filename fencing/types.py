@@ -51,6 +51,21 @@ Op = Put | Delete
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseState:
+    """Who holds a resource now: what ``describe`` returns to a client, and what a lease
+    backend answers the server's Describe with (the same six fields either side)."""
+
+    resource: str
+    held: bool
+    holder: str
+    #: The live lease's token (0 if none is held).
+    token: int
+    remaining_ms: int
+    #: The highest token ever granted for the resource.
+    last_token: int
+
+
+@dataclass(frozen=True, slots=True)
 class Record:
     """A stored value and the token of the write that stored it."""
 
@@ -58,4 +73,14 @@ class Record:
     written_by_token: int
 
 
-__all__ = ["WATCH_LOG_KEY", "WATCH_START_KEY", "Claim", "Delete", "Fenced", "Op", "Put", "Record"]
+__all__ = [
+    "WATCH_LOG_KEY",
+    "WATCH_START_KEY",
+    "Claim",
+    "Delete",
+    "Fenced",
+    "LeaseState",
+    "Op",
+    "Put",
+    "Record",
+]

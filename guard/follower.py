@@ -84,11 +84,11 @@ from typing import Literal
 import grpc
 import grpc.aio
 
+from fencing._backoff import Backoff
 from fencing.client import _core
 from fencing.client._core import EventKind, LeaseEvent
+from fencing.client.async_lease import AsyncLeaseClient, AsyncWatchStream
 from fencing.errors import BackendUnavailableError, FencingError, LeaseLost, StaleTokenError
-from fencing.types import WATCH_LOG_KEY, WATCH_START_KEY
-from fencing.v1 import lease_pb2, lease_pb2_grpc
 from guard.stores.base import GuardStore
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,9 @@ MAX_KNOWN = 100_000
 CURSOR_SAVE_INTERVAL = 1.0
 INITIAL_BACKOFF = 0.05
 MAX_BACKOFF = 5.0
+#: Reconnects: doubling from 50 ms to 5 s, jittered down by up to half so that many
+#: guards do not reconnect in step; never giving up.
+RECONNECT_BACKOFF = Backoff(base=INITIAL_BACKOFF, cap=MAX_BACKOFF, factor=2.0, jitter=0.5)
 
 State = Literal["connecting", "following", "disconnected", "stopped"]
 
@@ -124,23 +127,16 @@ def fence_for(event: LeaseEvent) -> int | None:
     return None
 
 
-def _header(headers: object, name: str) -> str | None:
-    for key, value in headers or ():  # type: ignore[attr-defined]
-        if key == name:
-            return value.decode() if isinstance(value, bytes) else str(value)
-    return None
-
-
-def _start_revision(headers: object) -> int | None:
-    text = _header(headers, WATCH_START_KEY)
-    return int(text) if text is not None and text.isdigit() else None
+def _from_lease_server(exc: FencingError) -> bool:
+    """Whether ``exc`` is the lease server's answer (the client's translation of a
+    failed call, the ``grpc.RpcError`` its cause) rather than the store's."""
+    return isinstance(exc.__cause__, grpc.RpcError)
 
 
 def reconnect_delay(attempt: int, rng: Callable[[], float] = random.random) -> float:
-    """Seconds before reconnect ``attempt`` (0-based): doubling from 50 ms to 5 s, jittered
-    down by up to half so that many guards do not reconnect in step."""
-    base: float = min(MAX_BACKOFF, INITIAL_BACKOFF * 2 ** min(attempt, 16))
-    return base * (0.5 + 0.5 * rng())
+    """Seconds before reconnect ``attempt`` (0-based) under :data:`RECONNECT_BACKOFF`;
+    ``rng() == 1`` gives the whole delay, ``0`` half of it."""
+    return RECONNECT_BACKOFF.delay(attempt + 1, 1.0 - rng())
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +189,7 @@ class LeaseFollower:
         #: Per resource of the prefix, the highest token seen granted (events, Describe).
         self._granted: dict[str, int] = {}
         self._asking: dict[str, asyncio.Future[int]] = {}
-        self._stub: lease_pb2_grpc.LeaseServiceAsyncStub | None = None
+        self._leases: AsyncLeaseClient | None = None
         self._saved_revision = 0
         self._saved_at = 0.0
         self._connected = asyncio.Event()
@@ -217,32 +213,31 @@ class LeaseFollower:
 
     async def run(self) -> None:
         """Follow until cancelled; never raises otherwise."""
-        channel = _core.open_aio_channel(self.lease_server, credentials=self._credentials)
-        stub = lease_pb2_grpc.LeaseServiceStub(channel)
-        self._stub = stub
-        attempt = 0
+        leases = AsyncLeaseClient(
+            self.lease_server, credentials=self._credentials, rpc_timeout=self.rpc_timeout
+        )
+        self._leases = leases
+        retries = RECONNECT_BACKOFF.attempts(random.random)
         try:
             while True:
                 try:
-                    await self._follow(stub)
+                    await self._follow(leases)
                     error = "stream ended"
-                except grpc.RpcError as err:
-                    error = str(_core.translate(err))
-                except FencingError as exc:  # the store failed: reconnect and re-apply
-                    error = f"store: {exc}"
+                except FencingError as exc:  # the stream, or the store: reconnect, re-apply
+                    error = str(exc) if _from_lease_server(exc) else f"store: {exc}"
                 except Exception as exc:  # the follower must never die silently
                     log.exception("watch follower crashed; reconnecting")
                     error = f"crashed: {exc!r}"
                 dropped = self.status.following
                 if dropped:
-                    attempt = 0
+                    retries.reset()
                     log.warning(
                         "watch stream to %s lost (%s): fences no longer follow takeovers; "
                         "writes are still held to the monotonic rule until it is back",
                         self.lease_server,
                         error,
                     )
-                elif attempt == 0:
+                elif retries.failures == 0:
                     log.warning(
                         "cannot follow lease events on %s (%s): fences do not follow "
                         "takeovers, writes are held to the monotonic rule; retrying",
@@ -257,44 +252,36 @@ class LeaseFollower:
                     disconnects=self.status.disconnects + int(dropped),
                 )
                 await self._save_revision(force=True)
-                await asyncio.sleep(reconnect_delay(attempt))
-                attempt += 1
+                await asyncio.sleep(retries.pause())
         finally:
-            self._stub = None
+            self._leases = None
             self.status = replace(self.status, state="stopped", since=time.monotonic())
             self._connected.clear()
-            await channel.close()
+            await leases.aclose()
             await self._save_revision(force=True)
 
-    async def _open(
-        self, stub: lease_pb2_grpc.LeaseServiceAsyncStub
-    ) -> tuple[grpc.aio.UnaryStreamCall[lease_pb2.WatchRequest, lease_pb2.LeaseEvent], object]:
-        """Open a stream after this follower's cursor; return it and its headers.
+    async def _open(self, leases: AsyncLeaseClient) -> AsyncWatchStream:
+        """Open a stream after this follower's cursor.
 
         The first stream of a run asks "from now" to learn which log the server keeps,
         then, if this guard stored a cursor for that log and prefix, reopens after it.
         """
         if self.log_id is None:
-            call = stub.Watch(lease_pb2.WatchRequest(prefix=self.prefix))
+            stream = await leases.watch_stream(prefix=self.prefix)
             try:
-                headers = await call.initial_metadata()
-                log_id = _header(headers, WATCH_LOG_KEY) or ""
-                stored = await self._load_revision(log_id)
+                stored = await self._load_revision(stream.log_id)
             except BaseException:
-                call.cancel()
+                await stream.aclose()
                 raise
-            self.log_id = log_id
+            self.log_id = stream.log_id
             self._saved_revision = stored
-            start = _start_revision(headers)
-            if not stored or stored == start:
-                return call, headers
-            call.cancel()
+            if not stored or stored == stream.start_revision:
+                return stream
+            await stream.aclose()
             await self._set(revision=stored)
-        request = lease_pb2.WatchRequest(
+        return await leases.watch_stream(
             prefix=self.prefix, after_revision=self.status.revision, log_id=self.log_id
         )
-        call = stub.Watch(request)
-        return call, await call.initial_metadata()
 
     def _switch_log(self, log_id: str) -> None:
         """The server follows another log now (it said so with RESYNC or its headers):
@@ -310,10 +297,10 @@ class LeaseFollower:
             self.log_id = log_id
             self._saved_revision = 0
 
-    async def _follow(self, stub: lease_pb2_grpc.LeaseServiceAsyncStub) -> None:
-        call, headers = await self._open(stub)
+    async def _follow(self, leases: AsyncLeaseClient) -> None:
+        stream = await self._open(leases)
         try:
-            announced = _header(headers, WATCH_LOG_KEY)
+            announced = stream.log_id
             if announced and not self.log_id:
                 # A server that sent no identity before does now (upgraded): keep the
                 # cursor under it from here on. (A different one comes with RESYNC.)
@@ -321,7 +308,7 @@ class LeaseFollower:
                 self._saved_revision = 0
             # The server sends headers as soon as it streams; they say where it starts,
             # so a follower that asked "from now" can resume from there after a drop.
-            start = _start_revision(headers)
+            start = stream.start_revision
             if start is not None and start > self.status.revision:
                 await self._set(revision=start)
             log.info(
@@ -332,13 +319,10 @@ class LeaseFollower:
                 self.status.revision,
             )
             await self._set(state="following", last_error="")
-            async for msg in call:
-                event = _core.lease_event(msg)
-                if event is None:
-                    continue
+            async for event in stream:
                 if event.kind is EventKind.RESYNC:
-                    self._switch_log(msg.log_id)
-                    await self._resync(stub, event)
+                    self._switch_log(event.log_id)
+                    await self._resync(leases, event)
                 else:
                     await self._apply(event)
                 await self._set(
@@ -346,7 +330,7 @@ class LeaseFollower:
                 )
                 await self._save_revision()
         finally:
-            call.cancel()
+            await stream.aclose()
 
     async def _fence(self, resource: str, token: int) -> None:
         if token <= self._known.get(resource, 0):
@@ -371,7 +355,7 @@ class LeaseFollower:
         if token is not None:
             await self._fence(event.resource, token)
 
-    async def _resync(self, stub: lease_pb2_grpc.LeaseServiceAsyncStub, event: LeaseEvent) -> None:
+    async def _resync(self, leases: AsyncLeaseClient, event: LeaseEvent) -> None:
         log.warning(
             "lease server cannot resume after revision %d (continuing after %d): "
             "re-reading the %d resources fenced in this run; others keep their fences",
@@ -381,12 +365,7 @@ class LeaseFollower:
         )
         await self._set(resyncs=self.status.resyncs + 1)
         for resource in list(self._known):
-            try:
-                state = await stub.Describe(
-                    _core.describe_request(resource), timeout=self.rpc_timeout
-                )
-            except grpc.RpcError as err:
-                raise _core.translate(err) from err
+            state = await leases.describe(resource)
             self._note_granted(resource, max(state.token, state.last_token))
             if state.held:
                 await self._fence(resource, state.token)
@@ -436,19 +415,19 @@ class LeaseFollower:
             answer.exception()  # retrieved here too: every waiter may have gone
 
     async def _last_granted(self, resource: str) -> int:
-        stub = self._stub
-        if stub is None:
+        leases = self._leases
+        if leases is None:
             raise BackendUnavailableError(
                 f"cannot check with the lease server {self.lease_server} that a token of "
                 f"{resource!r} was granted: the watch follower is not running"
             )
         try:
-            state = await stub.Describe(_core.describe_request(resource), timeout=self.rpc_timeout)
-        except grpc.RpcError as err:
+            state = await leases.describe(resource)
+        except FencingError as exc:
             raise BackendUnavailableError(
                 f"cannot check with the lease server {self.lease_server} that a token of "
-                f"{resource!r} was granted: {_core.translate(err)}"
-            ) from err
+                f"{resource!r} was granted: {exc}"
+            ) from exc
         last = max(state.token, state.last_token)
         self._note_granted(resource, last)
         return last

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from fencing.errors import LeaseLost
+from fencing.types import LeaseState
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,18 +62,6 @@ class Held:
     holder: str
     token: int
     remaining_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseInfo:
-    """The answer to Describe."""
-
-    resource: str
-    held: bool
-    holder: str
-    token: int
-    remaining_ms: int
-    last_token: int
 
 
 def acquire(
@@ -166,9 +155,9 @@ def release(record: LeaseRecord, token: int, holder: str, now_ms: int) -> LeaseR
     return LeaseRecord(record.resource, record.counter)
 
 
-def describe(record: LeaseRecord, now_ms: int) -> LeaseInfo:
+def describe(record: LeaseRecord, now_ms: int) -> LeaseState:
     live = record.live(now_ms)
-    return LeaseInfo(
+    return LeaseState(
         resource=record.resource,
         held=live,
         holder=record.holder if live else "",
@@ -180,7 +169,7 @@ def describe(record: LeaseRecord, now_ms: int) -> LeaseInfo:
 
 def list_held(
     records: Iterable[LeaseRecord], prefix: str, after: str, limit: int, now_ms: int
-) -> list[LeaseInfo]:
+) -> list[LeaseState]:
     """The rule of ``LeaseBackend.list_held`` over records (any order): the live ones
     under ``prefix`` past ``after``, in resource (code point) order, at most ``limit``."""
     picked = sorted(
@@ -194,8 +183,9 @@ def list_held(
 # -- the event log ---------------------------------------------------------------------------
 
 
-class EventKind(StrEnum):
-    """What happened to a resource's lease (``LeaseEvent.Kind`` on the wire)."""
+class TransitionKind(StrEnum):
+    """What happened to a resource's lease (``LeaseEvent.Kind`` on the wire, read by the
+    SDK as ``fencing.client.EventKind``, which adds RESYNC)."""
 
     ACQUIRED = "acquired"
     RENEWED = "renewed"
@@ -214,7 +204,7 @@ class Transition:
     (:func:`lease_server.queue.jobs.transitions`); 0 and "" for a lease.
     """
 
-    kind: EventKind
+    kind: TransitionKind
     resource: str
     token: int
     holder: str
@@ -222,8 +212,8 @@ class Transition:
     job_id: int = 0
     queue: str = ""
 
-    def numbered(self, revision: int) -> LeaseEvent:
-        return LeaseEvent(
+    def numbered(self, revision: int) -> LoggedEvent:
+        return LoggedEvent(
             revision,
             self.kind,
             self.resource,
@@ -236,8 +226,10 @@ class Transition:
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseEvent:
-    """A :class:`Transition` appended to a backend's event log at ``revision``.
+class LoggedEvent:
+    """A :class:`Transition` appended to a backend's event log at ``revision`` (sent as
+    a ``LeaseEvent`` on the wire; the SDK's ``fencing.client.LeaseEvent`` is what a
+    client makes of it).
 
     Revisions are assigned by the backend: 1, 2, 3, ... across all resources of
     the backend, in commit order, never reused, surviving restarts where the
@@ -245,7 +237,7 @@ class LeaseEvent:
     """
 
     revision: int
-    kind: EventKind
+    kind: TransitionKind
     resource: str
     token: int
     holder: str
@@ -272,7 +264,7 @@ class Scope:
 class EventPage:
     """The answer to ``LeaseBackend.events_after``; see its docstring."""
 
-    events: tuple[LeaseEvent, ...]
+    events: tuple[LoggedEvent, ...]
     head: int
     compacted_through: int
 
@@ -300,14 +292,14 @@ def transitions(old: LeaseRecord, new: LeaseRecord, now_ms: int) -> list[Transit
         return []
     out: list[Transition] = []
     if old.token and old.token != new.token:
-        kind = EventKind.RELEASED if old.live(now_ms) else EventKind.EXPIRED
+        kind = TransitionKind.RELEASED if old.live(now_ms) else TransitionKind.EXPIRED
         out.append(Transition(kind, old.resource, old.token, old.holder))
     if new.token and new.token != old.token:
         ttl_ms = new.expires_at_ms - now_ms
-        out.append(Transition(EventKind.ACQUIRED, new.resource, new.token, new.holder, ttl_ms))
+        out.append(Transition(TransitionKind.ACQUIRED, new.resource, new.token, new.holder, ttl_ms))
     elif new.token and new.expires_at_ms != old.expires_at_ms:
         ttl_ms = new.expires_at_ms - now_ms
-        out.append(Transition(EventKind.RENEWED, new.resource, new.token, new.holder, ttl_ms))
+        out.append(Transition(TransitionKind.RENEWED, new.resource, new.token, new.holder, ttl_ms))
     return out
 
 

@@ -33,14 +33,14 @@ from lease_server.backends.base import LeaseBackend, event_log_of, resource_log_
 from lease_server.batches import batches_of
 from lease_server.expiry import DEFAULT_EVENT_RETENTION, Sweeper
 from lease_server.leases import (
-    EventKind,
     EventPage,
     Grant,
     Held,
-    LeaseEvent,
+    LoggedEvent,
     ReleaseItem,
     RenewItem,
     Scope,
+    TransitionKind,
 )
 from lease_server.metrics import LeaseMetrics
 from lease_server.waiters import WaitQueues
@@ -91,14 +91,14 @@ class _Waited:
 WATCH_PAGE = 1000
 
 _KINDS = {
-    EventKind.ACQUIRED: lease_pb2.LeaseEvent.ACQUIRED,
-    EventKind.RENEWED: lease_pb2.LeaseEvent.RENEWED,
-    EventKind.RELEASED: lease_pb2.LeaseEvent.RELEASED,
-    EventKind.EXPIRED: lease_pb2.LeaseEvent.EXPIRED,
+    TransitionKind.ACQUIRED: lease_pb2.LeaseEvent.ACQUIRED,
+    TransitionKind.RENEWED: lease_pb2.LeaseEvent.RENEWED,
+    TransitionKind.RELEASED: lease_pb2.LeaseEvent.RELEASED,
+    TransitionKind.EXPIRED: lease_pb2.LeaseEvent.EXPIRED,
 }
 
 
-def _event(event: LeaseEvent) -> lease_pb2.LeaseEvent:
+def _event(event: LoggedEvent) -> lease_pb2.LeaseEvent:
     return lease_pb2.LeaseEvent(
         kind=_KINDS[event.kind],
         resource=event.resource,

@@ -1,10 +1,16 @@
 """The I/O-free half of the SDK, shared by the sync and asyncio clients.
 
 Request builders, response converters, the rules for retrying an acquire
-(:class:`AcquirePlan`), for judging a failed renewal (:func:`renewal_failure`) and
-everything a lease handle knows without a network (:class:`LeaseBase`): the twins
-(``lease.py``/``async_lease.py``, ``guard.py``/``async_guard.py``) only send what
-these build, wait, and translate what comes back.
+(:class:`AcquirePlan`), for judging a failed renewal (:func:`renewal_failure`),
+everything a lease handle knows without a network (:class:`LeaseBase`), and every
+multi-step exchange written once as *steps* (:class:`LeaseSteps`, :func:`unary`):
+a generator that yields what to do next (:class:`Call` this stub method with this
+request and deadline, or :class:`Sleep`) and is sent back the reply, or has the
+failure thrown in. The twins (``lease.py``/``async_lease.py``,
+``guard.py``/``async_guard.py``, ``queue.py``/``async_queue.py``) only run those
+steps (:mod:`fencing.client._calls`: one blocking loop, one awaiting loop), so a
+rule such as "what leaving ``hold`` releases, within which deadline, and what a
+refusal means" exists once, and both flavours follow it by construction.
 """
 
 from __future__ import annotations
@@ -13,16 +19,17 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Generic, Protocol, Self, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, Self, TypeVar
 
 import grpc
 import grpc.aio
 
 from fencing import _status
+from fencing._backoff import Attempts, Backoff
 from fencing._renewal import RenewalPolicy, RenewalSchedule
 from fencing.errors import (
     AcquireTimeoutError,
@@ -33,9 +40,18 @@ from fencing.errors import (
     LeaseHeldError,
     LeaseLost,
 )
-from fencing.limits import MAX_MESSAGE_BYTES, MAX_WAIT_MS
+from fencing.limits import MAX_MESSAGE_BYTES, MAX_RENEW_MANY, MAX_WAIT_MS
 from fencing.tls import TLSConfig, is_loopback, split_address
-from fencing.types import Delete, Fenced, Op, Put, Record
+from fencing.types import (
+    WATCH_LOG_KEY,
+    WATCH_START_KEY,
+    Delete,
+    Fenced,
+    LeaseState,
+    Op,
+    Put,
+    Record,
+)
 from fencing.v1 import guard_pb2, lease_pb2
 
 log = logging.getLogger("fencing.client")
@@ -45,8 +61,9 @@ Clock = Callable[[], float]
 
 #: Per-call deadline for calls that do not wait (seconds).
 DEFAULT_RPC_TIMEOUT = 5.0
-#: Retry pauses for idempotent calls on transient failures (seconds).
-RETRY_BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8)
+#: Retries of idempotent calls on transient failures: 50 ms doubling to 0.8 s, five
+#: times at most, without jitter (a retry is one client's, not a crowd's).
+RETRY_BACKOFF = Backoff(base=0.05, cap=0.8, factor=2.0, jitter=0.0, retries=5)
 #: Grants an acquire may see expire before their late reply could be renewed, before
 #: it gives up: with a round trip longer than the ttl no grant can ever be kept.
 MAX_LOST_ON_ARRIVAL = 3
@@ -159,9 +176,9 @@ def release_timeout_of(seconds: float) -> float:
 def exit_release_pause(exc: FencingError, attempt: int, now: float, end: float) -> float | None:
     """After the exit's release failed: seconds to pause before the next try, or None
     to give up (not transient, out of retries, or the pause would pass ``end``)."""
-    if not is_transient(exc) or attempt >= len(RETRY_BACKOFF):
+    if not is_transient(exc) or not RETRY_BACKOFF.allows(attempt + 1):
         return None
-    pause = RETRY_BACKOFF[attempt]
+    pause = RETRY_BACKOFF.delay(attempt + 1, 0.0)
     return pause if now + pause < end else None
 
 
@@ -211,8 +228,43 @@ def list_request(prefix: str, page_size: int, page_token: str) -> lease_pb2.List
     return lease_pb2.ListRequest(prefix=prefix, page_size=page_size, page_token=page_token)
 
 
-def watch_request(resource: str, prefix: str, after_revision: int) -> lease_pb2.WatchRequest:
-    return lease_pb2.WatchRequest(resource=resource, prefix=prefix, after_revision=after_revision)
+def watch_request(
+    resource: str, prefix: str, after_revision: int, log_id: str = ""
+) -> lease_pb2.WatchRequest:
+    if after_revision < 0:
+        raise InvalidArgumentError(
+            f"after_revision must be >= 0, got {after_revision}", field="after_revision"
+        )
+    return lease_pb2.WatchRequest(
+        resource=resource, prefix=prefix, after_revision=after_revision, log_id=log_id
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WatchStart:
+    """Where an open ``watch`` stream starts, as its first headers say."""
+
+    #: The revision the stream starts after: the server's head when the stream asked
+    #: "from now" (resume from it if no event came yet); None if the server did not say.
+    after_revision: int | None
+    #: The identity of the server's event log, which revisions belong to ('' if none).
+    log_id: str
+
+
+def _header(headers: object, name: str) -> str | None:
+    for key, value in headers or ():  # type: ignore[attr-defined]
+        if key == name:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return None
+
+
+def watch_start(headers: object) -> WatchStart:
+    """Read a Watch stream's initial metadata (``WATCH_START_KEY``, ``WATCH_LOG_KEY``)."""
+    start = _header(headers, WATCH_START_KEY)
+    return WatchStart(
+        int(start) if start is not None and start.isdigit() else None,
+        _header(headers, WATCH_LOG_KEY) or "",
+    )
 
 
 class AcquirePlan:
@@ -251,7 +303,7 @@ class AcquirePlan:
         self.nowait = nowait
         self._clock = clock
         self._end = None if timeout is None else clock() + max(0.0, timeout)
-        self._attempt = 0
+        self._retries: Attempts = RETRY_BACKOFF.attempts()
         self._lost_on_arrival = 0
 
     def request(self) -> lease_pb2.AcquireRequest:
@@ -296,11 +348,9 @@ class AcquirePlan:
                     remaining_ms=exc.remaining_ms,
                 ) from None
             return 0.0
-        if not is_transient(exc) or self._attempt >= len(RETRY_BACKOFF) or self._timed_out():
+        if not is_transient(exc) or self._timed_out():
             return None
-        pause = RETRY_BACKOFF[self._attempt]
-        self._attempt += 1
-        return pause
+        return self._retries.next()
 
 
 def unimplemented(exc: BaseException) -> bool:
@@ -508,16 +558,266 @@ class LeaseBase(Generic[FlagT]):
                 log.exception("on_lost callback failed")
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseState:
-    """What ``describe`` returns."""
+# -- steps: the exchanges written once, run by either twin ----------------------------------
 
-    resource: str
-    held: bool
-    holder: str
-    token: int
-    remaining_ms: int
-    last_token: int
+T = TypeVar("T")
+
+
+class Call(NamedTuple):
+    """A step: call ``method`` (a stub's, blocking or asyncio) with ``request`` and a
+    deadline of ``timeout`` seconds (None: the client's ``rpc_timeout``). The reply is
+    sent back into the steps; a failure, as a :mod:`fencing.errors` exception, is
+    thrown in."""
+
+    method: Callable[..., Any]
+    request: object
+    timeout: float | None = None
+    # A tuple, not a frozen dataclass: one is made per call, and that is cheaper.
+
+
+class Sleep(NamedTuple):
+    """A step: pause ``seconds`` (``time.sleep`` or ``asyncio.sleep``)."""
+
+    seconds: float
+
+
+#: An exchange as steps, returning ``T`` (see :mod:`fencing.client._calls` for the runners).
+Steps = Generator[Call | Sleep, Any, T]
+
+
+def unary(
+    method: Callable[..., Any],
+    request: object,
+    timeout: float | None = None,
+    *,
+    retry: bool = False,
+) -> Steps[Any]:
+    """One unary call; with ``retry`` (an idempotent call), transient failures are tried
+    again after :data:`RETRY_BACKOFF`'s pauses, up to its bound."""
+    retries = RETRY_BACKOFF.attempts() if retry else None
+    while True:
+        try:
+            return (yield Call(method, request, timeout))
+        except FencingError as exc:
+            pause = retries.next() if retries is not None and is_transient(exc) else None
+            if pause is None:
+                raise
+        yield Sleep(pause)
+
+
+def hold_exit_error(
+    leases: Sequence[LeaseBase[Any]], *, body_raised: bool, cancelled_by_loss: bool = False
+) -> LeaseLost | None:
+    """What leaving a ``hold``/``hold_many`` block raises, after its release: LeaseLost
+    for the first lost lease, unless the body raised something of its own (a loss's
+    own cancellation of the body, in the asyncio twin, is not the body's own)."""
+    lost = [lease for lease in leases if lease.lost.is_set()]
+    if not lost or (body_raised and not cancelled_by_loss):
+        return None
+    return LeaseLost(resource=lost[0].resource, token=lost[0].token)
+
+
+L = TypeVar("L", bound=LeaseBase[Any])
+
+
+class LeaseClientLike(Protocol):
+    """What :class:`LeaseSteps` reads of a lease client (either twin), each time it
+    needs it (so a changed ``rpc_timeout`` counts from the next call)."""
+
+    target: str
+    rpc_timeout: float
+    release_timeout: float
+    _clock: Clock
+
+    @property
+    def _stub(self) -> Any: ...
+
+
+class LeaseSteps(Generic[L]):
+    """The lease client's exchanges as steps: acquire (one or many, retried by
+    :class:`AcquirePlan`), renewal on arrival, renew, release, release many, and
+    the release on leaving ``hold``/``hold_many``.
+
+    ``new_lease(msg, sent_at, received_at, ttl_ms)`` makes the twin's handle.
+    """
+
+    def __init__(
+        self,
+        client: LeaseClientLike,
+        new_lease: Callable[[lease_pb2.Lease, float, float, int], L],
+    ) -> None:
+        self.client = client
+        self._new_lease = new_lease
+
+    def acquire(self, plan: AcquirePlan, resources: Sequence[str] | None = None) -> Steps[list[L]]:
+        """Acquire ``plan.resource`` (``resources``: all of them, with AcquireMany) until
+        granted or ``plan`` gives up; grants whose reply came too late to trust are
+        renewed before they are handed out."""
+        client = self.client
+        while True:
+            if resources is None:
+                request: lease_pb2.AcquireRequest | lease_pb2.AcquireManyRequest = plan.request()
+                method = client._stub.Acquire
+            else:
+                request = acquire_many_request(plan, resources)
+                method = client._stub.AcquireMany
+            sent_at = client._clock()
+            try:
+                reply = yield Call(method, request, request.wait_ms / 1000 + client.rpc_timeout)
+                received_at = client._clock()
+                grants = [reply] if resources is None else list(reply.leases)
+                held = [self._new_lease(m, sent_at, received_at, plan.ttl_ms) for m in grants]
+                if held and held[0]._due_on_arrival():
+                    yield from self.renew_on_arrival(held)
+                return held
+            except FencingError as exc:
+                pause = plan.retry_after(exc)
+                if pause is None:
+                    raise
+            yield Sleep(pause)
+
+    def renew_on_arrival(self, leases: Sequence[L]) -> Steps[None]:
+        """Renew grants whose reply came too late to trust their first deadline.
+
+        ``LeaseLost`` if any expired or was taken before the renewal reached the
+        server (the others are released: an acquire is all or nothing), for the
+        acquire to ask again; transient failures propagate to its retry.
+        """
+        client = self.client
+        ttl_ms, sent_at, timeout = leases[0]._renewal(None, client.rpc_timeout, on_arrival=True)
+        if len(leases) == 1:
+            lease = leases[0]
+            request = renew_request(lease.resource, lease.token, ttl_ms, lease.holder)
+            lease._renewed(sent_at, (yield Call(client._stub.Renew, request, timeout)))
+            return
+        response = yield Call(client._stub.RenewMany, renew_on_arrival_request(leases), timeout)
+        gone = [r.lost for r in response.results]
+        if any(gone):
+            yield from self.release_on_exit(
+                [lease for lease, g in zip(leases, gone, strict=True) if not g]
+            )
+            lost = leases[gone.index(True)]
+            raise LeaseLost(resource=lost.resource, token=lost.token)
+        for lease, result in zip(leases, response.results, strict=True):
+            lease._renewed(sent_at, result.lease)
+
+    def renew(self, lease: L, ttl: float | None) -> Steps[None]:
+        """``lease.renew(ttl)``: a refusal marks it lost (and is raised)."""
+        client = self.client
+        ttl_ms, sent_at, timeout = lease._renewal(ttl, client.rpc_timeout)
+        request = renew_request(lease.resource, lease.token, ttl_ms, lease.holder)
+        try:
+            msg = yield Call(client._stub.Renew, request, timeout)
+        except LeaseLost:
+            lease._mark_lost("renewal refused")
+            raise
+        lease._renewed(sent_at, msg)
+
+    def release(self, lease: L) -> Steps[None]:
+        """``lease.release()``: released (not lost) once the server agrees; a refusal
+        marks it lost (it had been lost before) and is raised; any other failure leaves
+        it unreleased, for leaving ``hold`` to try again."""
+        if lease.released:
+            return
+        lease.released = True
+        request = release_request(lease.resource, lease.token, lease.holder)
+        try:
+            yield Call(self.client._stub.Release, request)
+        except LeaseLost:
+            lease._mark_lost("release refused", refused_release=True)
+            raise
+        except BaseException:
+            lease.released = False
+            raise
+
+    def release_many(self, leases: Sequence[L]) -> Steps[list[L]]:
+        """``release_many``: one call per 10,000; returns the refused (marked lost)."""
+        refused: list[L] = []
+        for chunk in chunked([lease for lease in leases if not lease.released]):
+            msg = yield Call(self.client._stub.ReleaseMany, release_many_request(chunk))
+            for lease, released in zip(chunk, msg.released, strict=True):
+                lease.released = True
+                if not released:
+                    lease._mark_lost("release refused", refused_release=True)
+                    refused.append(lease)
+        return refused
+
+    def release_on_exit(self, leases: Sequence[L]) -> Steps[None]:
+        """Release what leaving ``hold``/``hold_many`` may still hold, lost or not.
+
+        A lease believed lost may still be ours on the server (its local deadline is
+        conservative, and a partition may have healed): the token-checked Release
+        frees it for the next holder now instead of at its expiry, and is refused,
+        harmlessly, if it was not ours any more. Bounded by ``release_timeout``,
+        retries included; on failure the leases expire by themselves and the guard
+        fences any late writer. A refusal marks a lease lost.
+        """
+        client = self.client
+        pending = [lease for lease in leases if not lease.released]
+        if not pending:
+            return
+        for lease in pending:
+            lease.released = True
+        end = client._clock() + client.release_timeout
+        attempt = 0
+        while True:
+            timeout = max(0.001, end - client._clock())
+            try:
+                if len(pending) == 1:
+                    lease = pending[0]
+                    request = release_request(lease.resource, lease.token, lease.holder)
+                    try:
+                        yield Call(client._stub.Release, request, timeout)
+                    except LeaseLost:
+                        lease._mark_lost("release refused", refused_release=True)
+                    return
+                for chunk in chunked(pending):
+                    msg = yield Call(client._stub.ReleaseMany, release_many_request(chunk), timeout)
+                    for lease, released in zip(chunk, msg.released, strict=True):
+                        if not released:
+                            lease._mark_lost("release refused", refused_release=True)
+                return
+            except FencingError as exc:
+                pause = exit_release_pause(exc, attempt, client._clock(), end)
+                if pause is None:
+                    log.warning("release of %d lease(s) on exit failed: %s", len(pending), exc)
+                    return
+            attempt += 1
+            yield Sleep(pause)
+
+
+def chunked(leases: Sequence[L], size: int = MAX_RENEW_MANY) -> list[list[L]]:
+    return [list(leases[i : i + size]) for i in range(0, len(leases), size)]
+
+
+def acquire_many_request(
+    plan: AcquirePlan, resources: Sequence[str]
+) -> lease_pb2.AcquireManyRequest:
+    """The next AcquireMany attempt of ``plan`` (its request id, its wait) for ``resources``."""
+    single = plan.request()
+    return lease_pb2.AcquireManyRequest(
+        resources=list(resources),
+        holder=single.holder,
+        ttl_ms=single.ttl_ms,
+        wait_ms=single.wait_ms,
+        request_id=single.request_id,
+    )
+
+
+def renew_on_arrival_request(leases: Sequence[L]) -> lease_pb2.RenewManyRequest:
+    """One RenewMany for grants whose renewal was due when they arrived."""
+    return lease_pb2.RenewManyRequest(
+        renewals=[
+            renew_request(lease.resource, lease.token, lease.renew_ttl_ms, lease.holder)
+            for lease in leases
+        ]
+    )
+
+
+def release_many_request(leases: Sequence[L]) -> lease_pb2.ReleaseManyRequest:
+    return lease_pb2.ReleaseManyRequest(
+        releases=[release_request(lease.resource, lease.token, lease.holder) for lease in leases]
+    )
 
 
 def lease_state(msg: lease_pb2.LeaseState) -> LeaseState:
@@ -547,7 +847,9 @@ _EVENT_KINDS = {
 
 @dataclass(frozen=True, slots=True)
 class LeaseEvent:
-    """One event of ``watch``. Resume a stream with ``after_revision=event.revision``."""
+    """One event of ``watch``. Resume a stream with ``after_revision=event.revision``
+    (and the stream's ``log_id``). A RESYNC carries the ``log_id`` of the log the
+    stream continues in, which later revisions belong to ('' if it has none)."""
 
     kind: EventKind
     resource: str
@@ -555,6 +857,7 @@ class LeaseEvent:
     holder: str
     revision: int
     ttl_ms: int
+    log_id: str = ""
 
 
 def lease_event(msg: lease_pb2.LeaseEvent) -> LeaseEvent | None:
@@ -562,7 +865,9 @@ def lease_event(msg: lease_pb2.LeaseEvent) -> LeaseEvent | None:
     kind = _EVENT_KINDS.get(msg.kind)
     if kind is None:
         return None
-    return LeaseEvent(kind, msg.resource, msg.token, msg.holder, msg.revision, msg.ttl_ms)
+    return LeaseEvent(
+        kind, msg.resource, msg.token, msg.holder, msg.revision, msg.ttl_ms, msg.log_id
+    )
 
 
 # -- guard messages -------------------------------------------------------------------------

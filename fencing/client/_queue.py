@@ -2,20 +2,26 @@
 
 :class:`Job` is a claimed job: its proof (``resource``, ``token``: pass the job
 itself to ``guard.write(job, ...)``) and its local liveness (``lost``, ``check()``),
-kept apart as for leases. The rest builds requests and reads responses.
+kept apart as for leases. The rest builds requests and reads responses, and
+:class:`QueueSteps` holds the exchanges both twins run.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, Protocol
 
 from fencing._renewal import RenewalPolicy, RenewalSchedule
-from fencing.errors import InvalidArgumentError, LeaseLost
+from fencing.client._core import Call, Steps, is_transient, ttl_ms_of, unary, wait_ms_of
+from fencing.errors import FencingError, InvalidArgumentError, LeaseLost
 from fencing.v1 import queue_pb2
+
+log = logging.getLogger("fencing.client.queue")
 
 Clock = Callable[[], float]
 
@@ -332,3 +338,126 @@ def completed_verdicts(
 def heartbeat_timeout(jobs: Sequence[Job], cap: float) -> float:
     """A heartbeat's RPC deadline: never past the earliest local deadline among ``jobs``."""
     return max(0.001, min(cap, *(j.remaining() for j in jobs)))
+
+
+# -- the exchanges, as steps for either twin --------------------------------------------------
+
+
+class QueueClientLike(Protocol):
+    """What :class:`QueueSteps` reads of a queue client (either twin)."""
+
+    worker: str
+    rpc_timeout: float
+    policy: RenewalPolicy
+    _clock: Clock
+
+    @property
+    def _stub(self) -> Any: ...
+
+
+class QueueSteps:
+    """The queue client's exchanges that take more than one call or judge their
+    outcome: claim (with the heartbeat of late claims), heartbeat, and the settling
+    calls (complete, fail, release) that mark a refused job lost. Run by the twins
+    (:mod:`fencing.client._calls`); see :mod:`fencing.client._core` for steps."""
+
+    def __init__(self, client: QueueClientLike) -> None:
+        self.client = client
+
+    def claim(self, queue: str, batch: int, ttl: float, wait: float) -> Steps[list[Job]]:
+        """``claim``: claims whose reply came too late to trust are heartbeated before
+        they are handed out; those found taken over are left out."""
+        jobs, _ = yield from self.complete_and_claim((), queue, batch, ttl, wait)
+        return jobs
+
+    def complete_and_claim(
+        self, done: Sequence[Job], queue: str, batch: int, ttl: float, wait: float
+    ) -> Steps[tuple[list[Job], list[LeaseLost | None]]]:
+        """``complete_and_claim``: one Claim carrying ``done``; a server that returns no
+        verdicts (it predates completes in a Claim and ignored them) has each completed
+        on its own. Not retried: a transient failure leaves the completes' outcome
+        unknown, and completing again is safe."""
+        client = self.client
+        items = list(done)
+        request = claim_request(
+            queue, client.worker, batch, ttl_ms_of(ttl), wait_ms_of(wait), items
+        )
+        sent_at = client._clock()
+        response = yield Call(client._stub.Claim, request, wait + client.rpc_timeout)
+        jobs = claimed(response, sent_at, client._clock(), client.policy, client._clock)
+        verdicts = completed_verdicts(items, response)
+        if verdicts is None:
+            verdicts = []
+            for job in items:
+                try:
+                    yield from self.settle(
+                        [job],
+                        client._stub.Complete,
+                        queue_pb2.CompleteRequest(jobs=refs([job]), queue=job.queue),
+                    )
+                    verdicts.append(None)
+                except LeaseLost as exc:
+                    verdicts.append(exc)
+        due = [job for job in jobs if job.due_on_arrival()]
+        if due:
+            yield from self.heartbeat_on_arrival(due)
+        return [job for job in jobs if not job.lost.is_set()], verdicts
+
+    def heartbeat_on_arrival(self, jobs: list[Job]) -> Steps[None]:
+        """Heartbeat claims whose reply came too late to trust their first deadline
+        (the server may still hold them for us even if that deadline passed). A claim
+        found taken over is marked lost and not handed out; a transient failure leaves
+        the claims to the caller's heartbeats."""
+        try:
+            lost = yield from self.heartbeat(list(jobs), None, [], self.client.rpc_timeout)
+        except FencingError as exc:
+            if not is_transient(exc):
+                raise
+            log.info("heartbeat of %d claims on arrival failed: %s", len(jobs), exc)
+            return
+        for job in lost:
+            log.warning("job %d claim arrived too late: taken over before it could be used", job.id)
+
+    def heartbeat(
+        self, live: list[Job], ttl: float | None, lost: list[Job], cap: float | None = None
+    ) -> Steps[list[Job]]:
+        """Heartbeat ``live``; append the refused ones to ``lost`` and return it.
+        ``cap``: the call's deadline (default: never past the earliest local deadline).
+        A refusal that names no job is judged job by job."""
+        client = self.client
+        while live:
+            ttl_ms = ttl_ms_of(ttl) if ttl is not None else live[0].ttl_ms
+            request = queue_pb2.HeartbeatRequest(
+                jobs=refs(live), ttl_ms=ttl_ms, queue=queue_of(live)
+            )
+            sent_at = client._clock()
+            timeout = heartbeat_timeout(live, client.rpc_timeout) if cap is None else cap
+            try:
+                response = yield Call(client._stub.Heartbeat, request, timeout)
+            except LeaseLost as exc:
+                stale = stale_job(live, exc)
+                if stale is None:  # cannot tell which: judge them one by one
+                    if len(live) > 1:
+                        for job in list(live):
+                            lost += yield from self.heartbeat([job], ttl, [], cap)
+                        return lost
+                    stale = live[0]
+                stale.mark_lost("heartbeat refused: the job was taken over")
+                lost.append(stale)
+                live.remove(stale)
+                continue
+            for job in live:
+                job.renewed(sent_at, response.ttl_ms)
+            break
+        return lost
+
+    def settle(self, items: list[Job], method: Callable[..., Any], request: object) -> Steps[Any]:
+        """Complete, Fail or Release ``items`` (safe to retry: a repeat is a no-op); a
+        refusal marks the stale job it names lost, and is raised."""
+        try:
+            return (yield from unary(method, request, retry=True))
+        except LeaseLost as exc:
+            stale = stale_job(items, exc)
+            if stale is not None:
+                stale.mark_lost("refused: the job was taken over")
+            raise

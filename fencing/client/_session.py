@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Generic, TypeVar
+from contextlib import AbstractContextManager
+from typing import Any, Generic, TypeVar
 
 from fencing.client._core import (
-    AcquirePlan,
+    Call,
     LeaseBase,
-    release_request,
+    LeaseSteps,
+    Steps,
     renew_request,
     renewal_failure,
+    unimplemented,
 )
 from fencing.errors import FencingError
 from fencing.limits import MAX_RENEW_MANY
@@ -38,7 +41,7 @@ from fencing.v1 import lease_pb2
 
 log = logging.getLogger(__name__)
 
-L = TypeVar("L", bound=LeaseBase)  # type: ignore[type-arg]
+L = TypeVar("L", bound=LeaseBase[Any])
 
 
 class SessionCore(Generic[L]):
@@ -50,6 +53,8 @@ class SessionCore(Generic[L]):
         #: RenewMany calls made and renewals sent (for tests and benchmarks).
         self.calls = 0
         self.renewals = 0
+        #: The server has no RenewMany (an older one): renew lease by lease with Renew.
+        self.one_by_one = False
 
     def __len__(self) -> int:
         return len(self._leases)
@@ -142,36 +147,37 @@ class SessionCore(Generic[L]):
             lease._mark_lost(why)
             self.discard(lease)
 
-
-def chunked(leases: Sequence[L], size: int = MAX_RENEW_MANY) -> list[list[L]]:
-    return [list(leases[i : i + size]) for i in range(0, len(leases), size)]
-
-
-def acquire_many_request(
-    plan: AcquirePlan, resources: Sequence[str]
-) -> lease_pb2.AcquireManyRequest:
-    """The next AcquireMany attempt of ``plan`` (its request id, its wait) for ``resources``."""
-    single = plan.request()
-    return lease_pb2.AcquireManyRequest(
-        resources=list(resources),
-        holder=single.holder,
-        ttl_ms=single.ttl_ms,
-        wait_ms=single.wait_ms,
-        request_id=single.request_id,
-    )
-
-
-def renew_on_arrival_request(leases: Sequence[L]) -> lease_pb2.RenewManyRequest:
-    """One RenewMany for grants whose renewal was due when they arrived."""
-    return lease_pb2.RenewManyRequest(
-        renewals=[
-            renew_request(lease.resource, lease.token, lease.renew_ttl_ms, lease.holder)
-            for lease in leases
-        ]
-    )
-
-
-def release_many_request(leases: Sequence[L]) -> lease_pb2.ReleaseManyRequest:
-    return lease_pb2.ReleaseManyRequest(
-        releases=[release_request(lease.resource, lease.token, lease.holder) for lease in leases]
-    )
+    def renew(
+        self, chunk: list[L], steps: LeaseSteps[L], guard: AbstractContextManager[object]
+    ) -> Steps[None]:
+        """Renew ``chunk`` (due leases, at most ``max_batch``) in one RenewMany, as steps
+        for the twin's session to run; ``guard`` is held around every change of the
+        book (the threaded twin's condition; nothing in the asyncio one). Against a
+        server without RenewMany, every due lease is renewed alone from then on."""
+        if self.one_by_one:
+            for lease in chunk:
+                try:
+                    yield from steps.renew(lease, None)
+                except Exception as exc:  # judged by the lease; never dies silently
+                    if lease._renewal_error(exc):
+                        with guard:
+                            self.discard(lease)
+            return
+        client = steps.client
+        with guard:
+            request = self.request(chunk)
+        sent_at = client._clock()
+        timeout = self.rpc_timeout(chunk, sent_at, client.rpc_timeout)
+        try:
+            response = yield Call(client._stub.RenewMany, request, timeout)
+        except Exception as exc:  # judged here; the session never dies silently
+            if unimplemented(exc):
+                log.info("%s has no RenewMany: renewing lease by lease", client.target)
+                self.one_by_one = True
+                yield from self.renew(chunk, steps, guard)
+                return
+            with guard:
+                self.failed(chunk, exc, client._clock())
+            return
+        with guard:
+            self.settle(chunk, sent_at, response)

@@ -7,14 +7,14 @@ from :mod:`fencing.client._core`, so only the waiting differs.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from types import TracebackType
+from collections.abc import Sequence
 from typing import TypeVar
 
 import grpc
 import grpc.aio
 
 from fencing.client import _core, _writes
+from fencing.client._calls import AsyncCalls
 from fencing.client._core import WriteResult
 from fencing.client._writes import FenceReset, ManyResult
 from fencing.client.async_write_stream import AsyncWriteStream
@@ -26,7 +26,7 @@ from fencing.v1 import guard_pb2_grpc
 Resp = TypeVar("Resp")
 
 
-class AsyncGuardClient:
+class AsyncGuardClient(AsyncCalls):
     """An asyncio client of ``fencing.v1.GuardService`` (create it inside a running loop).
 
     ::
@@ -61,23 +61,6 @@ class AsyncGuardClient:
         if self._shared_stream is not None:
             await self._shared_stream.aclose()
         await self._channel.close()
-
-    async def __aenter__(self) -> AsyncGuardClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def _call(self, method: Callable[..., Awaitable[Resp]], request: object) -> Resp:
-        try:
-            return await method(request, timeout=self.rpc_timeout)
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
 
     async def write(
         self, fenced: Fenced, ops: Sequence[Op] | Op, *, idempotency_key: str = ""

@@ -16,27 +16,26 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextvars import Token
 from types import TracebackType
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import grpc
 import grpc.aio
 
 from fencing import propagation
 from fencing._renewal import RenewalPolicy
-from fencing.client import _core, _session
-from fencing.client._core import Clock, LeaseEvent, LeaseState
+from fencing.client import _core
+from fencing.client._calls import AsyncCalls
+from fencing.client._core import Clock, LeaseEvent
 from fencing.client._session import SessionCore
-from fencing.errors import FencingError, LeaseLost
+from fencing.errors import FencingError
 from fencing.tls import TLSConfig
-from fencing.types import Fenced
+from fencing.types import Fenced, LeaseState
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-Resp = TypeVar("Resp")
 
 
 class AsyncFencer(Protocol):
@@ -89,17 +88,7 @@ class AsyncLease(_core.LeaseBase[asyncio.Event]):
 
     async def renew(self, ttl: float | None = None) -> None:
         """Renew now (``ttl`` seconds, default the granted ttl); ``LeaseLost`` if refused."""
-        ttl_ms, sent_at, timeout = self._renewal(ttl, self._client.rpc_timeout)
-        try:
-            msg = await self._client._call(
-                self._client._stub.Renew,
-                _core.renew_request(self.resource, self.token, ttl_ms, self.holder),
-                timeout,
-            )
-        except LeaseLost:
-            self._mark_lost("renewal refused")
-            raise
-        self._renewed(sent_at, msg)
+        await self._client._run(self._client._steps.renew(self, ttl))
 
     async def release(self) -> None:
         """Give the lease up now; ``LeaseLost`` if it was no longer ours.
@@ -107,17 +96,7 @@ class AsyncLease(_core.LeaseBase[asyncio.Event]):
         As :meth:`Lease.release <fencing.client.lease.Lease.release>`: a released
         lease is not lost, and releasing it does not cancel the ``hold`` body.
         """
-        if self.released:
-            return
-        self.released = True
-        try:
-            await self._client.release(self.resource, self.token, holder=self.holder)
-        except LeaseLost:
-            self._mark_lost("release refused", refused_release=True)
-            raise
-        except BaseException:
-            self.released = False
-            raise
+        await self._client._run(self._client._steps.release(self))
 
 
 class _AsyncSession:
@@ -130,7 +109,6 @@ class _AsyncSession:
         self.core: SessionCore[AsyncLease] = SessionCore()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._one_by_one = False
 
     def add(self, lease: AsyncLease) -> None:
         self.core.add(lease)
@@ -164,29 +142,11 @@ class _AsyncSession:
                 await self._renew(chunk)
 
     async def _renew(self, chunk: list[AsyncLease]) -> None:
-        if self._one_by_one:
-            for lease in chunk:
-                try:
-                    await lease.renew()
-                except Exception as exc:
-                    if lease._renewal_error(exc):
-                        self.discard(lease)
-            return
-        client = self.client
-        request = self.core.request(chunk)
-        sent_at = client._clock()
-        timeout = self.core.rpc_timeout(chunk, sent_at, client.rpc_timeout)
-        try:
-            response = await client._call(client._stub.RenewMany, request, timeout)
-        except Exception as exc:  # judged by the core; the session never dies silently
-            if _core.unimplemented(exc):
-                log.info("%s has no RenewMany: renewing lease by lease", client.target)
-                self._one_by_one = True
-                await self._renew(chunk)
-                return
-            self.core.failed(chunk, exc, client._clock())
-            return
-        self.core.settle(chunk, sent_at, response)
+        await self.client._run(self.core.renew(chunk, self.client._steps, contextlib.nullcontext()))
+
+    @property
+    def _one_by_one(self) -> bool:
+        return self.core.one_by_one
 
 
 class _BodyScope:
@@ -232,7 +192,46 @@ class _BodyScope:
         return self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError
 
 
-class AsyncHold:
+class _AsyncHolding:
+    """What ``async with`` a hold does around its body, for one lease or many: keep them
+    renewed by the session, cancel the body when one is lost (:class:`_BodyScope`),
+    release them on exit and end as :func:`fencing.client._core.hold_exit_error` says."""
+
+    def __init__(
+        self, client: AsyncLeaseClient, on_lost: Callable[[AsyncLease], object] | None
+    ) -> None:
+        self._client = client
+        self._on_lost = on_lost
+        self._held: list[AsyncLease] = []
+        self._scope = _BodyScope()
+
+    def _keep(self, held: list[AsyncLease]) -> None:
+        self._held = held
+        self._scope.enter()
+        session = self._client.session()
+        for lease in held:
+            if self._on_lost is not None:
+                lease.on_lost(self._on_lost)
+            lease.on_lost(self._scope.cancel)
+            session.add(lease)
+
+    async def _leave(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
+        held = self._held
+        ours = self._scope.exit(exc_type)
+        session = self._client.session()
+        for lease in held:
+            session.discard(lease)
+        await self._client._run(self._client._steps.release_on_exit(held))
+        error = _core.hold_exit_error(
+            held, body_raised=exc_type is not None, cancelled_by_loss=ours
+        )
+        if error is not None and ours:
+            raise error from exc
+        if error is not None:
+            raise error
+
+
+class AsyncHold(_AsyncHolding):
     """``async with leases.hold(...) as lease``: see :meth:`AsyncLeaseClient.hold`."""
 
     def __init__(
@@ -244,26 +243,20 @@ class AsyncHold:
         on_lost: Callable[[AsyncLease], object] | None,
         fence: Sequence[AsyncFencer],
     ) -> None:
-        self._client = client
+        super().__init__(client, on_lost)
         self._resource = resource
         self._ttl = ttl
         self._timeout = timeout
-        self._on_lost = on_lost
         self._fence = fence
         self.lease: AsyncLease | None = None
         self._current: Token[Fenced | None] | None = None
-        self._scope = _BodyScope()
 
     async def __aenter__(self) -> AsyncLease:
         lease = await self._client.acquire(
             self._resource, self._ttl, self._timeout, fence=self._fence
         )
-        if self._on_lost is not None:
-            lease.on_lost(self._on_lost)
         self.lease = lease
-        self._scope.enter()
-        lease.on_lost(self._scope.cancel)
-        self._client.session().add(lease)
+        self._keep([lease])
         self._current = propagation.set_current(lease)
         return lease
 
@@ -273,20 +266,12 @@ class AsyncHold:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self.lease is not None
-        lease = self.lease
-        ours = self._scope.exit(exc_type)
         if self._current is not None:
             propagation.reset_current(self._current)
-        self._client.session().discard(lease)
-        await self._client._release_on_exit([lease])
-        if ours:
-            raise LeaseLost(resource=lease.resource, token=lease.token) from exc
-        if exc_type is None and lease.lost.is_set():
-            raise LeaseLost(resource=lease.resource, token=lease.token)
+        await self._leave(exc_type, exc)
 
 
-class AsyncHoldMany:
+class AsyncHoldMany(_AsyncHolding):
     """``async with leases.hold_many(...) as held``: see :meth:`AsyncLeaseClient.hold_many`."""
 
     def __init__(
@@ -297,25 +282,16 @@ class AsyncHoldMany:
         timeout: float | None,
         on_lost: Callable[[AsyncLease], object] | None,
     ) -> None:
-        self._client = client
+        super().__init__(client, on_lost)
         self._resources = resources
         self._ttl = ttl
         self._timeout = timeout
-        self._on_lost = on_lost
         self.leases: list[AsyncLease] = []
-        self._scope = _BodyScope()
 
     async def __aenter__(self) -> list[AsyncLease]:
-        held = await self._client.acquire_many(self._resources, self._ttl, self._timeout)
-        self.leases = held
-        self._scope.enter()
-        session = self._client.session()
-        for lease in held:
-            if self._on_lost is not None:
-                lease.on_lost(self._on_lost)
-            lease.on_lost(self._scope.cancel)
-            session.add(lease)
-        return held
+        self.leases = await self._client.acquire_many(self._resources, self._ttl, self._timeout)
+        self._keep(self.leases)
+        return self.leases
 
     async def __aexit__(
         self,
@@ -323,20 +299,10 @@ class AsyncHoldMany:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        held = self.leases
-        ours = self._scope.exit(exc_type)
-        session = self._client.session()
-        for lease in held:
-            session.discard(lease)
-        await self._client._release_on_exit(held)
-        lost = [lease for lease in held if lease.lost.is_set()]
-        if ours and lost:
-            raise LeaseLost(resource=lost[0].resource, token=lost[0].token) from exc
-        if exc_type is None and lost:
-            raise LeaseLost(resource=lost[0].resource, token=lost[0].token)
+        await self._leave(exc_type, exc)
 
 
-class AsyncLeaseClient:
+class AsyncLeaseClient(AsyncCalls):
     """An asyncio client of ``fencing.v1.LeaseService`` (create it inside a running loop).
 
     ::
@@ -377,6 +343,14 @@ class AsyncLeaseClient:
         )
         self._stub = lease_pb2_grpc.LeaseServiceStub(self._channel)
         self._session: _AsyncSession | None = None
+        self._steps = _core.LeaseSteps(self, self._new_lease)
+
+    def _new_lease(
+        self, msg: lease_pb2.Lease, sent_at: float, received_at: float, ttl_ms: int
+    ) -> AsyncLease:
+        return AsyncLease(
+            self, msg, sent_at, self.policy, self._clock, received_at=received_at, ttl_ms=ttl_ms
+        )
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -389,28 +363,6 @@ class AsyncLeaseClient:
         if self._session is None:
             self._session = _AsyncSession(self)
         return self._session
-
-    async def __aenter__(self) -> AsyncLeaseClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def _call(
-        self,
-        method: Callable[..., Awaitable[Resp]],
-        request: object,
-        timeout: float | None = None,  # noqa: ASYNC109 - the gRPC deadline of this call
-    ) -> Resp:
-        try:
-            return await method(request, timeout=self.rpc_timeout if timeout is None else timeout)
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
 
     # -- acquiring ---------------------------------------------------------------------------
 
@@ -442,89 +394,7 @@ class AsyncLeaseClient:
         return lease
 
     async def _acquire(self, plan: _core.AcquirePlan) -> AsyncLease:
-        while True:
-            request = plan.request()
-            sent_at = self._clock()
-            try:
-                msg = await self._call(
-                    self._stub.Acquire, request, plan.rpc_timeout(request, self.rpc_timeout)
-                )
-                lease = AsyncLease(
-                    self,
-                    msg,
-                    sent_at,
-                    self.policy,
-                    self._clock,
-                    received_at=self._clock(),
-                    ttl_ms=plan.ttl_ms,
-                )
-                if lease._due_on_arrival():
-                    await self._renew_on_arrival([lease])
-                return lease
-            except FencingError as exc:
-                pause = plan.retry_after(exc)
-                if pause is None:
-                    raise
-            await asyncio.sleep(pause)
-
-    async def _renew_on_arrival(self, leases: Sequence[AsyncLease]) -> None:
-        """Renew grants whose reply came too late to trust their first deadline: see
-        :meth:`LeaseClient._renew_on_arrival <fencing.client.lease.LeaseClient>`."""
-        ttl_ms, sent_at, timeout = leases[0]._renewal(None, self.rpc_timeout, on_arrival=True)
-        if len(leases) == 1:
-            lease = leases[0]
-            request = _core.renew_request(lease.resource, lease.token, ttl_ms, lease.holder)
-            lease._renewed(sent_at, await self._call(self._stub.Renew, request, timeout))
-            return
-        response = await self._call(
-            self._stub.RenewMany, _session.renew_on_arrival_request(leases), timeout
-        )
-        gone = [r.lost for r in response.results]
-        if any(gone):
-            await self._release_on_exit(
-                [lease for lease, g in zip(leases, gone, strict=True) if not g]
-            )
-            lost = leases[gone.index(True)]
-            raise LeaseLost(resource=lost.resource, token=lost.token)
-        for lease, result in zip(leases, response.results, strict=True):
-            lease._renewed(sent_at, result.lease)
-
-    async def _release_on_exit(self, leases: Sequence[AsyncLease]) -> None:
-        """Release what leaving a block may still hold, lost or not, within
-        ``release_timeout``: see ``LeaseClient._release_on_exit``."""
-        pending = [lease for lease in leases if not lease.released]
-        if not pending:
-            return
-        for lease in pending:
-            lease.released = True
-        end = self._clock() + self.release_timeout
-        attempt = 0
-        while True:
-            timeout = max(0.001, end - self._clock())
-            try:
-                if len(pending) == 1:
-                    lease = pending[0]
-                    request = _core.release_request(lease.resource, lease.token, lease.holder)
-                    try:
-                        await self._call(self._stub.Release, request, timeout)
-                    except LeaseLost:
-                        lease._mark_lost("release refused", refused_release=True)
-                    return
-                for chunk in _session.chunked(pending):
-                    msg = await self._call(
-                        self._stub.ReleaseMany, _session.release_many_request(chunk), timeout
-                    )
-                    for lease, released in zip(chunk, msg.released, strict=True):
-                        if not released:
-                            lease._mark_lost("release refused", refused_release=True)
-                return
-            except FencingError as exc:
-                pause = _core.exit_release_pause(exc, attempt, self._clock(), end)
-                if pause is None:
-                    log.warning("release of %d lease(s) on exit failed: %s", len(pending), exc)
-                    return
-            attempt += 1
-            await asyncio.sleep(pause)
+        return (await self._run(self._steps.acquire(plan)))[0]
 
     async def _promise(self, lease: AsyncLease, guards: Sequence[AsyncFencer]) -> None:
         if not guards:
@@ -574,34 +444,7 @@ class AsyncLeaseClient:
         """Acquire every resource, all or nothing, in one call: see
         :meth:`LeaseClient.acquire_many <fencing.client.lease.LeaseClient.acquire_many>`."""
         plan = _core.AcquirePlan(resources[0], self.holder, ttl, timeout, self._clock)
-        while True:
-            request = _session.acquire_many_request(plan, resources)
-            sent_at = self._clock()
-            try:
-                msg = await self._call(
-                    self._stub.AcquireMany, request, request.wait_ms / 1000 + self.rpc_timeout
-                )
-                received_at = self._clock()
-                held = [
-                    AsyncLease(
-                        self,
-                        m,
-                        sent_at,
-                        self.policy,
-                        self._clock,
-                        received_at=received_at,
-                        ttl_ms=plan.ttl_ms,
-                    )
-                    for m in msg.leases
-                ]
-                if held and held[0]._due_on_arrival():
-                    await self._renew_on_arrival(held)
-                return held
-            except FencingError as exc:
-                pause = plan.retry_after(exc)
-                if pause is None:
-                    raise
-            await asyncio.sleep(pause)
+        return await self._run(self._steps.acquire(plan, resources))
 
     def hold_many(
         self,
@@ -623,15 +466,7 @@ class AsyncLeaseClient:
 
     async def release_many(self, leases: Sequence[AsyncLease]) -> list[AsyncLease]:
         """Release ``leases``, one call per 10,000; return those refused (marked lost)."""
-        refused: list[AsyncLease] = []
-        for chunk in _session.chunked([lease for lease in leases if not lease.released]):
-            msg = await self._call(self._stub.ReleaseMany, _session.release_many_request(chunk))
-            for lease, released in zip(chunk, msg.released, strict=True):
-                lease.released = True
-                if not released:
-                    lease._mark_lost("release refused", refused_release=True)
-                    refused.append(lease)
-        return refused
+        return await self._run(self._steps.release_many(leases))
 
     # -- the other calls ---------------------------------------------------------------------
 
@@ -665,16 +500,69 @@ class AsyncLeaseClient:
         await self._call(self._stub.Release, _core.release_request(resource, token, holder))
 
     async def watch(
-        self, resource: str = "", *, prefix: str = "", after_revision: int = 0
+        self, resource: str = "", *, prefix: str = "", after_revision: int = 0, log_id: str = ""
     ) -> AsyncGenerator[LeaseEvent, None]:
         """Yield the events of ``resource`` or ``prefix``; see ``LeaseClient.watch``."""
-        call = self._stub.Watch(_core.watch_request(resource, prefix, after_revision))
+        async with await self.watch_stream(
+            resource, prefix=prefix, after_revision=after_revision, log_id=log_id
+        ) as stream:
+            async for event in stream:
+                yield event
+
+    async def watch_stream(
+        self, resource: str = "", *, prefix: str = "", after_revision: int = 0, log_id: str = ""
+    ) -> AsyncWatchStream:
+        """Open :meth:`watch`'s stream and return once the server has it: see
+        :meth:`LeaseClient.watch_stream <fencing.client.lease.LeaseClient.watch_stream>`."""
+        request = _core.watch_request(resource, prefix, after_revision, log_id)
+        return await AsyncWatchStream(self._stub.Watch(request))._start()
+
+
+class AsyncWatchStream:
+    """An open ``Watch`` stream, asyncio flavour (from :meth:`AsyncLeaseClient.watch_stream`):
+    ``start_revision``, ``log_id``, then its events (``async for``)."""
+
+    def __init__(
+        self, rpc: grpc.aio.UnaryStreamCall[lease_pb2.WatchRequest, lease_pb2.LeaseEvent]
+    ) -> None:
+        self._rpc = rpc
+        #: The revision the stream starts after (None: the server did not say).
+        self.start_revision: int | None = None
+        #: The identity of the log its revisions belong to ('' if it has none).
+        self.log_id: str = ""
+
+    async def _start(self) -> AsyncWatchStream:
         try:
-            async for msg in call:
+            start = _core.watch_start(await self._rpc.initial_metadata())
+        except BaseException as exc:
+            self._rpc.cancel()
+            if isinstance(exc, grpc.RpcError):
+                raise _core.translate(exc) from exc
+            raise
+        self.start_revision = start.after_revision
+        self.log_id = start.log_id
+        return self
+
+    async def __aiter__(self) -> AsyncIterator[LeaseEvent]:
+        try:
+            async for msg in self._rpc:
                 event = _core.lease_event(msg)
                 if event is not None:
                     yield event
         except grpc.RpcError as err:
             raise _core.translate(err) from err
-        finally:
-            call.cancel()
+
+    async def aclose(self) -> None:
+        """Cancel the stream."""
+        self._rpc.cancel()
+
+    async def __aenter__(self) -> AsyncWatchStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

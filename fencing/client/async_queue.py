@@ -6,14 +6,11 @@ Same methods, same semantics, same I/O-free core (:mod:`fencing.client._queue`);
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from types import TracebackType
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import grpc
 import grpc.aio
@@ -21,8 +18,9 @@ import grpc.aio
 from fencing._renewal import RenewalPolicy
 from fencing.client import _core
 from fencing.client import _queue as core
+from fencing.client._calls import AsyncCalls
 from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
-from fencing.errors import FencingError, LeaseLost
+from fencing.errors import LeaseLost
 from fencing.tls import TLSConfig
 from fencing.v1 import queue_pb2, queue_pb2_grpc
 
@@ -31,7 +29,7 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 
-class AsyncQueueClient:
+class AsyncQueueClient(AsyncCalls):
     """An asyncio client of ``fencing.v1.QueueService`` (see :class:`QueueClient`)."""
 
     def __init__(
@@ -58,32 +56,10 @@ class AsyncQueueClient:
             else _core.open_aio_channel(target, tls=tls, token=token, credentials=credentials)
         )
         self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
+        self._steps = core.QueueSteps(self)
 
     async def aclose(self) -> None:
         await self._channel.close()
-
-    async def __aenter__(self) -> AsyncQueueClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def _call(self, fn: Callable[[], Awaitable[T]], *, retry: bool) -> T:
-        attempts = len(_core.RETRY_BACKOFF) if retry else 0
-        for attempt in range(attempts + 1):
-            try:
-                return await fn()
-            except grpc.RpcError as err:
-                exc = _core.translate(err)
-                if attempt >= attempts or not _core.is_transient(exc):
-                    raise exc from err
-            await asyncio.sleep(_core.RETRY_BACKOFF[attempt])
-        raise AssertionError("unreachable")  # pragma: no cover
 
     async def enqueue(
         self,
@@ -113,9 +89,7 @@ class AsyncQueueClient:
     async def enqueue_many(self, queue: str, jobs: Sequence[queue_pb2.NewJob]) -> list[EnqueuedJob]:
         request = queue_pb2.EnqueueRequest(queue=queue, jobs=jobs)
         retry = all(j.idempotency_key for j in jobs)
-        response = await self._call(
-            lambda: self._stub.Enqueue(request, timeout=self.rpc_timeout), retry=retry
-        )
+        response = await self._call(self._stub.Enqueue, request, retry=retry)
         return core.enqueued(response)
 
     async def claim(
@@ -134,87 +108,16 @@ class AsyncQueueClient:
         wait: float = 0.0,
     ) -> tuple[list[Job], list[LeaseLost | None]]:
         """See :meth:`QueueClient.complete_and_claim`."""
-        items = list(done)
-        request = core.claim_request(
-            queue, self.worker, batch, _core.ttl_ms_of(ttl), _core.wait_ms_of(wait), items
-        )
-        sent_at = self._clock()
-        response = await self._call(
-            lambda: self._stub.Claim(request, timeout=wait + self.rpc_timeout), retry=False
-        )
-        jobs = core.claimed(response, sent_at, self._clock(), self.policy, self._clock)
-        verdicts = core.completed_verdicts(items, response)
-        if verdicts is None:  # a server that ignores completes in a Claim
-            verdicts = [await self._complete_alone(job) for job in items]
-        due = [job for job in jobs if job.due_on_arrival()]
-        if due:
-            await self._heartbeat_on_arrival(due)
-        return [job for job in jobs if not job.lost.is_set()], verdicts
-
-    async def _complete_alone(self, job: Job) -> LeaseLost | None:
-        try:
-            await self.complete(job)
-        except LeaseLost as exc:
-            return exc
-        return None
-
-    async def _heartbeat_on_arrival(self, jobs: list[Job]) -> None:
-        """Heartbeat claims whose reply came too late to trust their first deadline
-        (the server may still hold them for us even if that deadline passed). A claim
-        found taken over is marked lost and not handed out; a transient failure leaves
-        the claims to the caller's heartbeats."""
-        try:
-            lost = await self._heartbeat_live(list(jobs), None, [], self.rpc_timeout)
-        except FencingError as exc:
-            if not _core.is_transient(exc):
-                raise
-            log.info("heartbeat of %d claims on arrival failed: %s", len(jobs), exc)
-            return
-        for job in lost:
-            log.warning("job %d claim arrived too late: taken over before it could be used", job.id)
+        return await self._run(self._steps.complete_and_claim(done, queue, batch, ttl, wait))
 
     async def heartbeat(self, jobs: Job | Sequence[Job], ttl: float | None = None) -> list[Job]:
         live, lost = core.split_expired(core.job_list(jobs))
-        return await self._heartbeat_live(live, ttl, lost)
-
-    async def _heartbeat_live(
-        self, live: list[Job], ttl: float | None, lost: list[Job], cap: float | None = None
-    ) -> list[Job]:
-        """Heartbeat ``live``; append the refused ones to ``lost`` and return it.
-        ``cap``: the call's deadline (default: never past the earliest local deadline)."""
-        while live:
-            ttl_ms = _core.ttl_ms_of(ttl) if ttl is not None else live[0].ttl_ms
-            request = queue_pb2.HeartbeatRequest(
-                jobs=core.refs(live), ttl_ms=ttl_ms, queue=core.queue_of(live)
-            )
-            sent_at = self._clock()
-            timeout = core.heartbeat_timeout(live, self.rpc_timeout) if cap is None else cap
-            try:
-                response = await self._call(
-                    functools.partial(self._stub.Heartbeat, request, timeout=timeout),
-                    retry=False,
-                )
-            except LeaseLost as exc:
-                stale = core.stale_job(live, exc)
-                if stale is None:
-                    if len(live) > 1:
-                        for job in list(live):
-                            lost += await self._heartbeat_live([job], ttl, [], cap)
-                        return lost
-                    stale = live[0]
-                stale.mark_lost("heartbeat refused: the job was taken over")
-                lost.append(stale)
-                live.remove(stale)
-                continue
-            for job in live:
-                job.renewed(sent_at, response.ttl_ms)
-            break
-        return lost
+        return await self._run(self._steps.heartbeat(live, ttl, lost))
 
     async def complete(self, jobs: Job | Sequence[Job]) -> None:
         items = core.job_list(jobs)
         request = queue_pb2.CompleteRequest(jobs=core.refs(items), queue=core.queue_of(items))
-        await self._settle(items, lambda: self._stub.Complete(request, timeout=self.rpc_timeout))
+        await self._settle(items, self._stub.Complete, request)
 
     async def fail(
         self,
@@ -231,32 +134,24 @@ class AsyncQueueClient:
             final=final,
             queue=job.queue,
         )
-        response = await self._settle(
-            [job], lambda: self._stub.Fail(request, timeout=self.rpc_timeout)
-        )
+        response = await self._settle([job], self._stub.Fail, request)
         return FailOutcome(response.state, response.retry_in_ms / 1000)
 
     async def release(self, jobs: Job | Sequence[Job]) -> None:
         items = core.job_list(jobs)
         request = queue_pb2.ReleaseJobsRequest(jobs=core.refs(items), queue=core.queue_of(items))
-        await self._settle(items, lambda: self._stub.Release(request, timeout=self.rpc_timeout))
+        await self._settle(items, self._stub.Release, request)
         for job in items:
             job.mark_lost("released")
 
-    async def _settle(self, items: list[Job], fn: Callable[[], Awaitable[T]]) -> T:
-        try:
-            return await self._call(fn, retry=True)
-        except LeaseLost as exc:
-            stale = core.stale_job(items, exc)
-            if stale is not None:
-                stale.mark_lost("refused: the job was taken over")
-            raise
+    async def _settle(
+        self, items: list[Job], method: Callable[..., Awaitable[T]], request: object
+    ) -> T:
+        return cast(T, await self._run(self._steps.settle(items, method, request)))
 
     async def stats(self, queue: str = "", *, window: float = 0.0) -> list[QueueStats]:
         request = queue_pb2.QueueStatsRequest(queue=queue, window_ms=round(window * 1000))
-        response = await self._call(
-            lambda: self._stub.Stats(request, timeout=self.rpc_timeout), retry=True
-        )
+        response = await self._call(self._stub.Stats, request, retry=True)
         return [core.stats(s) for s in response.queues]
 
 

@@ -7,13 +7,13 @@ The asyncio twin is :mod:`fencing.client.async_guard`; both only send what
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
-from types import TracebackType
+from collections.abc import Sequence
 from typing import TypeVar
 
 import grpc
 
 from fencing.client import _core, _writes
+from fencing.client._calls import BlockingCalls
 from fencing.client._core import WriteResult
 from fencing.client._writes import FenceReset, ManyResult
 from fencing.client.write_stream import WriteStream
@@ -25,7 +25,7 @@ from fencing.v1 import guard_pb2_grpc
 Resp = TypeVar("Resp")
 
 
-class GuardClient:
+class GuardClient(BlockingCalls):
     """A blocking client of ``fencing.v1.GuardService``.
 
     Every write names the lease (or any object with ``resource`` and ``token``)
@@ -67,24 +67,6 @@ class GuardClient:
         if self._shared_stream is not None:
             self._shared_stream.close()
         self._channel.close()
-
-    def __enter__(self) -> GuardClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def _call(self, method: Callable[..., Resp], request: object) -> Resp:
-        """One unary call; failures become :mod:`fencing.errors` exceptions (cause chained)."""
-        try:
-            return method(request, timeout=self.rpc_timeout)
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
 
     def write(
         self, fenced: Fenced, ops: Sequence[Op] | Op, *, idempotency_key: str = ""

@@ -10,8 +10,10 @@ line for a held resource does not count against it (see :mod:`fencing._renewal`)
 Leaving ``hold``/``hold_many`` always sends a token-checked Release of what may still
 be held, lost or not, bounded by ``release_timeout``.
 
-The rules live in :mod:`fencing.client._core`, shared with the asyncio twin
-(:mod:`fencing.client.async_lease`); this module only does blocking I/O.
+The rules live in :mod:`fencing.client._core` (every exchange as steps of
+:class:`~fencing.client._core.LeaseSteps`), shared with the asyncio twin
+(:mod:`fencing.client.async_lease`); this module only runs them with blocking I/O
+(:class:`~fencing.client._calls.BlockingCalls`).
 """
 
 from __future__ import annotations
@@ -20,25 +22,24 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from types import TracebackType
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import grpc
 
 from fencing import propagation
 from fencing._renewal import RenewalPolicy
-from fencing.client import _core, _session
-from fencing.client._core import Clock, LeaseEvent, LeaseState
+from fencing.client import _core
+from fencing.client._calls import BlockingCalls
+from fencing.client._core import Clock, LeaseEvent
 from fencing.client._session import SessionCore
-from fencing.errors import FencingError, LeaseLost
+from fencing.errors import FencingError
 from fencing.tls import TLSConfig
-from fencing.types import Fenced
+from fencing.types import Fenced, LeaseState
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-Resp = TypeVar("Resp")
 
 
 class Fencer(Protocol):
@@ -83,17 +84,7 @@ class Lease(_core.LeaseBase[threading.Event]):
 
     def renew(self, ttl: float | None = None) -> None:
         """Renew now (``ttl`` seconds, default the granted ttl); ``LeaseLost`` if refused."""
-        ttl_ms, sent_at, timeout = self._renewal(ttl, self._client.rpc_timeout)
-        try:
-            msg = self._client._call(
-                self._client._stub.Renew,
-                _core.renew_request(self.resource, self.token, ttl_ms, self.holder),
-                timeout,
-            )
-        except LeaseLost:
-            self._mark_lost("renewal refused")
-            raise
-        self._renewed(sent_at, msg)
+        self._client._run(self._client._steps.renew(self, ttl))
 
     def release(self) -> None:
         """Give the lease up now; ``LeaseLost`` if it was no longer ours.
@@ -103,17 +94,7 @@ class Lease(_core.LeaseBase[threading.Event]):
         on). If the call fails otherwise (the server unreachable), the lease is not
         marked released, and leaving ``hold`` tries again.
         """
-        if self.released:
-            return
-        self.released = True
-        try:
-            self._client.release(self.resource, self.token, holder=self.holder)
-        except LeaseLost:
-            self._mark_lost("release refused", refused_release=True)
-            raise
-        except BaseException:
-            self.released = False
-            raise
+        self._client._run(self._client._steps.release(self))
 
 
 class _Session(threading.Thread):
@@ -130,7 +111,6 @@ class _Session(threading.Thread):
         self.core: SessionCore[Lease] = SessionCore()
         self._cond = threading.Condition()
         self._stopping = False
-        self._one_by_one = False
 
     def add(self, lease: Lease) -> None:
         with self._cond:
@@ -166,38 +146,14 @@ class _Session(threading.Thread):
                 self._renew(chunk)
 
     def _renew(self, chunk: list[Lease]) -> None:
-        if self._one_by_one:
-            for lease in chunk:
-                self._renew_one(lease)
-            return
-        client = self.client
-        with self._cond:
-            request = self.core.request(chunk)
-        sent_at = client._clock()
-        timeout = self.core.rpc_timeout(chunk, sent_at, client.rpc_timeout)
-        try:
-            response = client._call(client._stub.RenewMany, request, timeout)
-        except Exception as exc:  # judged by the core; the session never dies silently
-            if _core.unimplemented(exc):
-                log.info("%s has no RenewMany: renewing lease by lease", client.target)
-                self._one_by_one = True
-                self._renew(chunk)
-                return
-            with self._cond:
-                self.core.failed(chunk, exc, client._clock())
-            return
-        with self._cond:
-            self.core.settle(chunk, sent_at, response)
+        self.client._run(self.core.renew(chunk, self.client._steps, self._cond))
 
-    def _renew_one(self, lease: Lease) -> None:
-        try:
-            lease.renew()
-        except Exception as exc:
-            if lease._renewal_error(exc):
-                self.discard(lease)
+    @property
+    def _one_by_one(self) -> bool:
+        return self.core.one_by_one
 
 
-class LeaseClient:
+class LeaseClient(BlockingCalls):
     """A blocking client of ``fencing.v1.LeaseService``.
 
     ::
@@ -247,6 +203,14 @@ class LeaseClient:
         self._stub = lease_pb2_grpc.LeaseServiceStub(self._channel)
         self._session: _Session | None = None
         self._session_lock = threading.Lock()
+        self._steps = _core.LeaseSteps(self, self._new_lease)
+
+    def _new_lease(
+        self, msg: lease_pb2.Lease, sent_at: float, received_at: float, ttl_ms: int
+    ) -> Lease:
+        return Lease(
+            self, msg, sent_at, self.policy, self._clock, received_at=received_at, ttl_ms=ttl_ms
+        )
 
     def close(self) -> None:
         session, self._session = self._session, None
@@ -262,26 +226,6 @@ class LeaseClient:
                 self._session = _Session(self)
                 self._session.start()
             return self._session
-
-    def __enter__(self) -> LeaseClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def _call(
-        self, method: Callable[..., Resp], request: object, timeout: float | None = None
-    ) -> Resp:
-        """One unary call; failures become :mod:`fencing.errors` exceptions (cause chained)."""
-        try:
-            return method(request, timeout=self.rpc_timeout if timeout is None else timeout)
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
 
     # -- acquiring ---------------------------------------------------------------------------
 
@@ -317,54 +261,7 @@ class LeaseClient:
         return lease
 
     def _acquire(self, plan: _core.AcquirePlan) -> Lease:
-        while True:
-            request = plan.request()
-            sent_at = self._clock()
-            try:
-                msg = self._call(
-                    self._stub.Acquire, request, plan.rpc_timeout(request, self.rpc_timeout)
-                )
-                lease = Lease(
-                    self,
-                    msg,
-                    sent_at,
-                    self.policy,
-                    self._clock,
-                    received_at=self._clock(),
-                    ttl_ms=plan.ttl_ms,
-                )
-                if lease._due_on_arrival():
-                    self._renew_on_arrival([lease])
-                return lease
-            except FencingError as exc:
-                pause = plan.retry_after(exc)
-                if pause is None:
-                    raise
-            time.sleep(pause)
-
-    def _renew_on_arrival(self, leases: Sequence[Lease]) -> None:
-        """Renew grants whose reply came too late to trust their first deadline.
-
-        ``LeaseLost`` if any expired or was taken before the renewal reached the
-        server (the others are released: an acquire is all or nothing), for the
-        acquire to ask again; transient failures propagate to its retry.
-        """
-        ttl_ms, sent_at, timeout = leases[0]._renewal(None, self.rpc_timeout, on_arrival=True)
-        if len(leases) == 1:
-            lease = leases[0]
-            request = _core.renew_request(lease.resource, lease.token, ttl_ms, lease.holder)
-            lease._renewed(sent_at, self._call(self._stub.Renew, request, timeout))
-            return
-        response = self._call(
-            self._stub.RenewMany, _session.renew_on_arrival_request(leases), timeout
-        )
-        gone = [r.lost for r in response.results]
-        if any(gone):
-            self._release_on_exit([lease for lease, g in zip(leases, gone, strict=True) if not g])
-            lost = leases[gone.index(True)]
-            raise LeaseLost(resource=lost.resource, token=lost.token)
-        for lease, result in zip(leases, response.results, strict=True):
-            lease._renewed(sent_at, result.lease)
+        return self._run(self._steps.acquire(plan))[0]
 
     def _promise(self, lease: Lease, guards: Sequence[Fencer]) -> None:
         for guard in guards:
@@ -401,66 +298,33 @@ class LeaseClient:
         so an interceptor can carry its token.
         """
         lease = self.acquire(resource, ttl, timeout, fence=fence)
-        if on_lost is not None:
-            lease.on_lost(on_lost)
+        with self._holding([lease], on_lost), propagation.bound(lease):
+            yield lease
+
+    @contextlib.contextmanager
+    def _holding(
+        self, held: list[Lease], on_lost: Callable[[Lease], object] | None
+    ) -> Iterator[list[Lease]]:
+        """Keep ``held`` renewed by the session while the block runs; on exit release
+        them and end as :func:`fencing.client._core.hold_exit_error` says."""
         session = self.session()
-        session.add(lease)
-        body_failed = False
+        for lease in held:
+            if on_lost is not None:
+                lease.on_lost(on_lost)
+            session.add(lease)
+        body_raised = False
         try:
-            with propagation.bound(lease):
-                yield lease
+            yield held
         except BaseException:
-            body_failed = True
+            body_raised = True
             raise
         finally:
-            session.discard(lease)
-            self._release_on_exit([lease])
-            if lease.lost.is_set() and not body_failed:
-                raise LeaseLost(resource=lease.resource, token=lease.token)
-
-    def _release_on_exit(self, leases: Sequence[Lease]) -> None:
-        """Release what leaving ``hold``/``hold_many`` may still hold, lost or not.
-
-        A lease believed lost may still be ours on the server (its local deadline is
-        conservative, and a partition may have healed): the token-checked Release
-        frees it for the next holder now instead of at its expiry, and is refused,
-        harmlessly, if it was not ours any more. Bounded by ``release_timeout``,
-        retries included; on failure the leases expire by themselves and the guard
-        fences any late writer. A refusal marks a lease lost.
-        """
-        pending = [lease for lease in leases if not lease.released]
-        if not pending:
-            return
-        for lease in pending:
-            lease.released = True
-        end = self._clock() + self.release_timeout
-        attempt = 0
-        while True:
-            timeout = max(0.001, end - self._clock())
-            try:
-                if len(pending) == 1:
-                    lease = pending[0]
-                    request = _core.release_request(lease.resource, lease.token, lease.holder)
-                    try:
-                        self._call(self._stub.Release, request, timeout)
-                    except LeaseLost:
-                        lease._mark_lost("release refused", refused_release=True)
-                    return
-                for chunk in _session.chunked(pending):
-                    msg = self._call(
-                        self._stub.ReleaseMany, _session.release_many_request(chunk), timeout
-                    )
-                    for lease, released in zip(chunk, msg.released, strict=True):
-                        if not released:
-                            lease._mark_lost("release refused", refused_release=True)
-                return
-            except FencingError as exc:
-                pause = _core.exit_release_pause(exc, attempt, self._clock(), end)
-                if pause is None:
-                    log.warning("release of %d lease(s) on exit failed: %s", len(pending), exc)
-                    return
-            attempt += 1
-            time.sleep(pause)
+            for lease in held:
+                session.discard(lease)
+            self._run(self._steps.release_on_exit(held))
+            error = _core.hold_exit_error(held, body_raised=body_raised)
+            if error is not None:
+                raise error
 
     def acquire_many(
         self, resources: Sequence[str], ttl: float, timeout: float | None = None
@@ -474,34 +338,7 @@ class LeaseClient:
         order of ``resources``, not renewed (use :meth:`hold_many`).
         """
         plan = _core.AcquirePlan(resources[0], self.holder, ttl, timeout, self._clock)
-        while True:
-            request = _session.acquire_many_request(plan, resources)
-            sent_at = self._clock()
-            try:
-                msg = self._call(
-                    self._stub.AcquireMany, request, request.wait_ms / 1000 + self.rpc_timeout
-                )
-                received_at = self._clock()
-                held = [
-                    Lease(
-                        self,
-                        m,
-                        sent_at,
-                        self.policy,
-                        self._clock,
-                        received_at=received_at,
-                        ttl_ms=plan.ttl_ms,
-                    )
-                    for m in msg.leases
-                ]
-                if held and held[0]._due_on_arrival():
-                    self._renew_on_arrival(held)
-                return held
-            except FencingError as exc:
-                pause = plan.retry_after(exc)
-                if pause is None:
-                    raise
-            time.sleep(pause)
+        return self._run(self._steps.acquire(plan, resources))
 
     @contextlib.contextmanager
     def hold_many(
@@ -520,37 +357,13 @@ class LeaseClient:
         or not, as :meth:`hold` does; a lease released in the block is not a loss.
         """
         held = self.acquire_many(resources, ttl, timeout)
-        session = self.session()
-        for lease in held:
-            if on_lost is not None:
-                lease.on_lost(on_lost)
-            session.add(lease)
-        body_failed = False
-        try:
+        with self._holding(held, on_lost):
             yield held
-        except BaseException:
-            body_failed = True
-            raise
-        finally:
-            for lease in held:
-                session.discard(lease)
-            self._release_on_exit(held)
-            lost = [lease for lease in held if lease.lost.is_set()]
-            if lost and not body_failed:
-                raise LeaseLost(resource=lost[0].resource, token=lost[0].token)
 
     def release_many(self, leases: Sequence[Lease]) -> list[Lease]:
         """Release ``leases``, one call per 10,000; return those refused (no longer ours:
         marked lost). The others are released, not lost."""
-        refused: list[Lease] = []
-        for chunk in _session.chunked([lease for lease in leases if not lease.released]):
-            msg = self._call(self._stub.ReleaseMany, _session.release_many_request(chunk))
-            for lease, released in zip(chunk, msg.released, strict=True):
-                lease.released = True
-                if not released:
-                    lease._mark_lost("release refused", refused_release=True)
-                    refused.append(lease)
-        return refused
+        return self._run(self._steps.release_many(leases))
 
     # -- the other calls ---------------------------------------------------------------------
 
@@ -585,23 +398,70 @@ class LeaseClient:
         self._call(self._stub.Release, _core.release_request(resource, token, holder))
 
     def watch(
-        self, resource: str = "", *, prefix: str = "", after_revision: int = 0
-    ) -> Iterator[LeaseEvent]:
+        self, resource: str = "", *, prefix: str = "", after_revision: int = 0, log_id: str = ""
+    ) -> Generator[LeaseEvent, None, None]:
         """Yield the events of ``resource``, or of every resource starting with ``prefix``.
 
-        From now (``after_revision=0``) or after a revision of an earlier event. A
-        ``RESYNC`` event means events were missed (pruned): re-read with
-        :meth:`describe`. The stream ends only with an error (e.g.
-        ``BackendUnavailableError`` when the server stops): resume it with the last
-        revision seen. Closing the generator cancels the stream.
+        From now (``after_revision=0``) or after a revision of an earlier event; with
+        ``log_id`` (the log that revision belongs to: :attr:`WatchStream.log_id`, or a
+        RESYNC's), a server that keeps another log answers RESYNC rather than serve
+        the same number from the wrong log. A ``RESYNC`` event means events were
+        missed (pruned): re-read with :meth:`describe`. The stream ends only with an
+        error (e.g. ``BackendUnavailableError`` when the server stops): resume it with
+        the last revision seen. Closing the generator cancels the stream.
         """
-        call = self._stub.Watch(_core.watch_request(resource, prefix, after_revision))
+        with self.watch_stream(
+            resource, prefix=prefix, after_revision=after_revision, log_id=log_id
+        ) as stream:
+            yield from stream
+
+    def watch_stream(
+        self, resource: str = "", *, prefix: str = "", after_revision: int = 0, log_id: str = ""
+    ) -> WatchStream:
+        """Open :meth:`watch`'s stream and return once the server has it (no event after
+        this is missed), with where it starts: ``start_revision`` (for "from now", the
+        revision to resume after if no event comes) and ``log_id``. Iterate it for the
+        events; ``close()`` (or leaving ``with``) cancels it."""
+        request = _core.watch_request(resource, prefix, after_revision, log_id)
+        return WatchStream(self._stub.Watch(request))
+
+
+class WatchStream:
+    """An open ``Watch`` stream (from :meth:`LeaseClient.watch_stream`): where it starts,
+    which log it reads, then its events (iterate it)."""
+
+    def __init__(self, rpc: grpc.Call) -> None:
+        self._rpc = rpc
         try:
-            for msg in call:
+            start = _core.watch_start(rpc.initial_metadata())
+        except grpc.RpcError as err:
+            rpc.cancel()
+            raise _core.translate(err) from err
+        #: The revision the stream starts after (None: the server did not say).
+        self.start_revision: int | None = start.after_revision
+        #: The identity of the log its revisions belong to ('' if it has none).
+        self.log_id: str = start.log_id
+
+    def __iter__(self) -> Iterator[LeaseEvent]:
+        try:
+            for msg in self._rpc:  # type: ignore[attr-defined]
                 event = _core.lease_event(msg)
                 if event is not None:
                     yield event
         except grpc.RpcError as err:
             raise _core.translate(err) from err
-        finally:
-            call.cancel()
+
+    def close(self) -> None:
+        """Cancel the stream."""
+        self._rpc.cancel()
+
+    def __enter__(self) -> WatchStream:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -17,19 +17,18 @@ idempotency key; Claim never (a lost reply's jobs are rescued when their lease e
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from types import TracebackType
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import grpc
 
 from fencing._renewal import RenewalPolicy
 from fencing.client import _core
 from fencing.client import _queue as core
+from fencing.client._calls import BlockingCalls
 from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
 from fencing.errors import FencingError, LeaseLost
 from fencing.tls import TLSConfig
@@ -40,7 +39,7 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 
-class QueueClient:
+class QueueClient(BlockingCalls):
     """A blocking client of ``fencing.v1.QueueService`` (hosted by the lease server).
 
     ``worker`` names this client in claims (default host-pid-random). Times are seconds.
@@ -71,32 +70,10 @@ class QueueClient:
             else _core.open_channel(target, tls=tls, token=token, credentials=credentials)
         )
         self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
+        self._steps = core.QueueSteps(self)
 
     def close(self) -> None:
         self._channel.close()
-
-    def __enter__(self) -> QueueClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def _call(self, fn: Callable[[], T], *, retry: bool) -> T:
-        attempts = len(_core.RETRY_BACKOFF) if retry else 0
-        for attempt in range(attempts + 1):
-            try:
-                return fn()
-            except grpc.RpcError as err:
-                exc = _core.translate(err)
-                if attempt >= attempts or not _core.is_transient(exc):
-                    raise exc from err
-            time.sleep(_core.RETRY_BACKOFF[attempt])
-        raise AssertionError("unreachable")  # pragma: no cover
 
     # -- producing -------------------------------------------------------------------------
 
@@ -132,9 +109,7 @@ class QueueClient:
         """Add several jobs (built with :func:`fencing.client._queue.new_job`) atomically."""
         request = queue_pb2.EnqueueRequest(queue=queue, jobs=jobs)
         retry = all(j.idempotency_key for j in jobs)
-        response = self._call(
-            lambda: self._stub.Enqueue(request, timeout=self.rpc_timeout), retry=retry
-        )
+        response = self._call(self._stub.Enqueue, request, retry=retry)
         return core.enqueued(response)
 
     # -- consuming -------------------------------------------------------------------------
@@ -172,44 +147,7 @@ class QueueClient:
         (raised) it is unknown whether the completes were applied, and sending them
         again (:meth:`complete`, which retries) is safe.
         """
-        items = list(done)
-        request = core.claim_request(
-            queue, self.worker, batch, _core.ttl_ms_of(ttl), _core.wait_ms_of(wait), items
-        )
-        sent_at = self._clock()
-        response = self._call(
-            lambda: self._stub.Claim(request, timeout=wait + self.rpc_timeout), retry=False
-        )
-        jobs = core.claimed(response, sent_at, self._clock(), self.policy, self._clock)
-        verdicts = core.completed_verdicts(items, response)
-        if verdicts is None:  # a server that ignores completes in a Claim
-            verdicts = [self._complete_alone(job) for job in items]
-        due = [job for job in jobs if job.due_on_arrival()]
-        if due:
-            self._heartbeat_on_arrival(due)
-        return [job for job in jobs if not job.lost.is_set()], verdicts
-
-    def _complete_alone(self, job: Job) -> LeaseLost | None:
-        try:
-            self.complete(job)
-        except LeaseLost as exc:
-            return exc
-        return None
-
-    def _heartbeat_on_arrival(self, jobs: list[Job]) -> None:
-        """Heartbeat claims whose reply came too late to trust their first deadline
-        (the server may still hold them for us even if that deadline passed). A claim
-        found taken over is marked lost and not handed out; a transient failure leaves
-        the claims to the caller's heartbeats."""
-        try:
-            lost = self._heartbeat_live(list(jobs), None, [], self.rpc_timeout)
-        except FencingError as exc:
-            if not _core.is_transient(exc):
-                raise
-            log.info("heartbeat of %d claims on arrival failed: %s", len(jobs), exc)
-            return
-        for job in lost:
-            log.warning("job %d claim arrived too late: taken over before it could be used", job.id)
+        return self._run(self._steps.complete_and_claim(done, queue, batch, ttl, wait))
 
     def heartbeat(self, jobs: Job | Sequence[Job], ttl: float | None = None) -> list[Job]:
         """Extend the claims of ``jobs``; return those found lost (now marked ``lost``).
@@ -218,47 +156,13 @@ class QueueClient:
         (the caller retries on its schedule, before the jobs' local deadlines).
         """
         live, lost = core.split_expired(core.job_list(jobs))
-        return self._heartbeat_live(live, ttl, lost)
-
-    def _heartbeat_live(
-        self, live: list[Job], ttl: float | None, lost: list[Job], cap: float | None = None
-    ) -> list[Job]:
-        """Heartbeat ``live``; append the refused ones to ``lost`` and return it.
-        ``cap``: the call's deadline (default: never past the earliest local deadline)."""
-        while live:
-            ttl_ms = _core.ttl_ms_of(ttl) if ttl is not None else live[0].ttl_ms
-            request = queue_pb2.HeartbeatRequest(
-                jobs=core.refs(live), ttl_ms=ttl_ms, queue=core.queue_of(live)
-            )
-            sent_at = self._clock()
-            timeout = core.heartbeat_timeout(live, self.rpc_timeout) if cap is None else cap
-            try:
-                response = self._call(
-                    functools.partial(self._stub.Heartbeat, request, timeout=timeout),
-                    retry=False,
-                )
-            except LeaseLost as exc:
-                stale = core.stale_job(live, exc)
-                if stale is None:  # cannot tell which: judge them one by one
-                    if len(live) > 1:
-                        for job in list(live):
-                            lost += self._heartbeat_live([job], ttl, [], cap)
-                        return lost
-                    stale = live[0]
-                stale.mark_lost("heartbeat refused: the job was taken over")
-                lost.append(stale)
-                live.remove(stale)
-                continue
-            for job in live:
-                job.renewed(sent_at, response.ttl_ms)
-            break
-        return lost
+        return self._run(self._steps.heartbeat(live, ttl, lost))
 
     def complete(self, jobs: Job | Sequence[Job]) -> None:
         """Mark ``jobs`` succeeded (all or none); ``LeaseLost`` (naming one) if any is stale."""
         items = core.job_list(jobs)
         request = queue_pb2.CompleteRequest(jobs=core.refs(items), queue=core.queue_of(items))
-        self._settle(items, lambda: self._stub.Complete(request, timeout=self.rpc_timeout))
+        self._settle(items, self._stub.Complete, request)
 
     def fail(
         self,
@@ -277,32 +181,24 @@ class QueueClient:
             final=final,
             queue=job.queue,
         )
-        response = self._settle([job], lambda: self._stub.Fail(request, timeout=self.rpc_timeout))
+        response = self._settle([job], self._stub.Fail, request)
         return FailOutcome(response.state, response.retry_in_ms / 1000)
 
     def release(self, jobs: Job | Sequence[Job]) -> None:
         """Give ``jobs`` back at once (the attempt does not count), e.g. on shutdown."""
         items = core.job_list(jobs)
         request = queue_pb2.ReleaseJobsRequest(jobs=core.refs(items), queue=core.queue_of(items))
-        self._settle(items, lambda: self._stub.Release(request, timeout=self.rpc_timeout))
+        self._settle(items, self._stub.Release, request)
         for job in items:
             job.mark_lost("released")
 
-    def _settle(self, items: list[Job], fn: Callable[[], T]) -> T:
-        try:
-            return self._call(fn, retry=True)
-        except LeaseLost as exc:
-            stale = core.stale_job(items, exc)
-            if stale is not None:
-                stale.mark_lost("refused: the job was taken over")
-            raise
+    def _settle(self, items: list[Job], method: Callable[..., T], request: object) -> T:
+        return cast(T, self._run(self._steps.settle(items, method, request)))
 
     def stats(self, queue: str = "", *, window: float = 0.0) -> list[QueueStats]:
         """Counts and ages of ``queue`` (or every queue)."""
         request = queue_pb2.QueueStatsRequest(queue=queue, window_ms=round(window * 1000))
-        response = self._call(
-            lambda: self._stub.Stats(request, timeout=self.rpc_timeout), retry=True
-        )
+        response = self._call(self._stub.Stats, request, retry=True)
         return [core.stats(s) for s in response.queues]
 
 

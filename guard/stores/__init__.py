@@ -5,7 +5,7 @@ for the Protocol."""
 
 from __future__ import annotations
 
-from guard.stores.base import GuardStore, WriteResult
+from guard.stores.base import GuardStore, StoreWriteResult
 from serving import urls
 from serving.sqlite_db import sqlite_path
 
@@ -30,4 +30,4 @@ def open_store(url: str) -> GuardStore:
     return RedisStore(url)
 
 
-__all__ = ["GuardStore", "WriteResult", "open_store"]
+__all__ = ["GuardStore", "StoreWriteResult", "open_store"]

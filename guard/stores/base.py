@@ -37,9 +37,11 @@ from guard.fence import FenceMode
 
 
 @dataclass(frozen=True, slots=True)
-class WriteResult:
-    """The fence after the write; ``replayed_by_token`` (non-zero, then ``replayed``) when
-    an idempotency key matched: the token that applied the recorded write."""
+class StoreWriteResult:
+    """A store's verdict on one write (the SDK's ``WriteResult`` is what the client
+    makes of the reply): the fence after the write; ``replayed_by_token`` (non-zero,
+    then ``replayed``) when an idempotency key matched: the token that applied the
+    recorded write."""
 
     fence: int
     replayed_by_token: int = 0
@@ -59,7 +61,7 @@ class ResourceWrite:
 
 
 @dataclass(frozen=True, slots=True)
-class ManyResult:
+class StoreManyResult:
     """The fences after a multi-resource write, in the order of its resources; for a
     replay, ``replayed_by_tokens``: per resource the token that applied the recorded
     key (0 where it was pruned)."""
@@ -80,7 +82,7 @@ class BatchedWrite:
 
 
 #: A batched write's verdict: its result, or the error it alone was refused with.
-Verdict = WriteResult | StaleTokenError | LeaseLost
+Verdict = StoreWriteResult | StaleTokenError | LeaseLost
 
 
 class GuardStore(Protocol):
@@ -105,7 +107,7 @@ class GuardStore(Protocol):
         ops: Sequence[Op],
         idempotency_key: str = "",
         mode: FenceMode = FenceMode.MONOTONIC,
-    ) -> WriteResult:
+    ) -> StoreWriteResult:
         """Apply ``ops`` atomically iff :func:`guard.fence.judge` admits ``token``.
 
         ``StaleTokenError`` below the fence, ``LeaseLost`` in strict mode for a token
@@ -141,7 +143,7 @@ class GuardStore(Protocol):
         writes: Sequence[ResourceWrite],
         idempotency_key: str = "",
         mode: FenceMode = FenceMode.MONOTONIC,
-    ) -> ManyResult:
+    ) -> StoreManyResult:
         """Judge every resource's token, then apply every op, in one transaction.
 
         Resources are distinct (the service checks). Judged by

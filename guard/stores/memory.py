@@ -9,7 +9,13 @@ from fencing.errors import LeaseLost, StaleTokenError
 from fencing.types import Op, Put, Record
 from guard import fence as fence_rule
 from guard.fence import FenceMode, Recorded
-from guard.stores.base import BatchedWrite, ManyResult, ResourceWrite, Verdict, WriteResult
+from guard.stores.base import (
+    BatchedWrite,
+    ResourceWrite,
+    StoreManyResult,
+    StoreWriteResult,
+    Verdict,
+)
 
 
 class MemoryStore:
@@ -42,7 +48,7 @@ class MemoryStore:
         ops: Sequence[Op],
         idempotency_key: str = "",
         mode: FenceMode = FenceMode.MONOTONIC,
-    ) -> WriteResult:
+    ) -> StoreWriteResult:
         # No await inside: the whole write is atomic with respect to other calls.
         judged = fence_rule.judge(
             resource,
@@ -54,14 +60,14 @@ class MemoryStore:
             live=False,  # strict mode: no lease backend here, fail closed
         )
         if judged.replayed:
-            return WriteResult(judged.fence, judged.replayed_by_token)
+            return StoreWriteResult(judged.fence, judged.replayed_by_token)
         self._apply(resource, token, ops, judged.fence)
         if idempotency_key:
             self._keys[(resource, idempotency_key)] = (
                 Recorded(judged.fence, token),
                 time.time_ns() // 1_000_000,
             )
-        return WriteResult(judged.fence)
+        return StoreWriteResult(judged.fence)
 
     def _recorded(self, resource: str, key: str) -> Recorded | None:
         seen = self._keys.get((resource, key)) if key else None
@@ -80,7 +86,7 @@ class MemoryStore:
         writes: Sequence[ResourceWrite],
         idempotency_key: str = "",
         mode: FenceMode = FenceMode.MONOTONIC,
-    ) -> ManyResult:
+    ) -> StoreManyResult:
         claims = [(w.resource, w.token, self._fences.get(w.resource, 0)) for w in writes]
         replay = fence_rule.judge_all(
             claims,
@@ -90,14 +96,14 @@ class MemoryStore:
             live=[False] * len(writes),  # strict mode: no lease backend here, fail closed
         )
         if replay is not None:
-            return ManyResult(tuple(replay[0]), True, tuple(replay[1]))
+            return StoreManyResult(tuple(replay[0]), True, tuple(replay[1]))
         fences = fence_rule.admit_all(claims, mode)
         now_ms = time.time_ns() // 1_000_000
         for w, new_fence in zip(writes, fences, strict=True):
             self._apply(w.resource, w.token, w.ops, new_fence)
             if idempotency_key:
                 self._keys[(w.resource, idempotency_key)] = (Recorded(new_fence, w.token), now_ms)
-        return ManyResult(tuple(fences))
+        return StoreManyResult(tuple(fences))
 
     async def write_batch(
         self, writes: Sequence[BatchedWrite], mode: FenceMode = FenceMode.MONOTONIC

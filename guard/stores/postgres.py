@@ -40,7 +40,13 @@ import psycopg
 from fencing.errors import InvalidArgumentError, StaleTokenError
 from fencing.types import Op, Put, Record
 from guard.fence import FenceMode
-from guard.stores.base import BatchedWrite, ManyResult, ResourceWrite, Verdict, WriteResult
+from guard.stores.base import (
+    BatchedWrite,
+    ResourceWrite,
+    StoreManyResult,
+    StoreWriteResult,
+    Verdict,
+)
 from serving.postgres_db import PgConfig, PostgresDatabase
 
 #: Idempotency keys deleted per statement when pruning.
@@ -123,21 +129,21 @@ class PostgresStore:
         ops: Sequence[Op],
         idempotency_key: str = "",
         mode: FenceMode = FenceMode.MONOTONIC,
-    ) -> WriteResult:
+    ) -> StoreWriteResult:
         keys = [op.key for op in ops]
         values = [op.value if isinstance(op, Put) else None for op in ops]
         row = await self._db.fetchone(
             self._write_sql, (resource, token, keys, values, idempotency_key, mode.value)
         )
         assert row is not None  # guard_write always returns one row
-        return WriteResult(int(row[0]), int(row[2]))
+        return StoreWriteResult(int(row[0]), int(row[2]))
 
     async def write_many(
         self,
         writes: Sequence[ResourceWrite],
         idempotency_key: str = "",
         mode: FenceMode = FenceMode.MONOTONIC,
-    ) -> ManyResult:
+    ) -> StoreManyResult:
         op_index, keys, values = _flat_ops(writes)
         row = await self._db.fetchone(
             self._write_many_sql,
@@ -152,7 +158,7 @@ class PostgresStore:
             ),
         )
         assert row is not None  # guard_write_many always returns one row
-        return ManyResult(
+        return StoreManyResult(
             tuple(int(f) for f in row[0]), bool(row[1]), tuple(int(t) for t in row[2])
         )
 
@@ -190,9 +196,9 @@ class PostgresStore:
                     )
                 )
             elif outcome == "replayed":
-                verdicts.append(WriteResult(int(fence), int(by)))
+                verdicts.append(StoreWriteResult(int(fence), int(by)))
             else:
-                verdicts.append(WriteResult(int(fence)))
+                verdicts.append(StoreWriteResult(int(fence)))
         return verdicts
 
     async def read(self, resource: str, key: str) -> Record | None:

@@ -53,7 +53,13 @@ from redis.crc import key_slot
 from fencing.errors import InvalidArgumentError, LeaseLost, StaleTokenError
 from fencing.types import Op, Put, Record
 from guard.fence import FenceMode, not_live
-from guard.stores.base import BatchedWrite, ManyResult, ResourceWrite, Verdict, WriteResult
+from guard.stores.base import (
+    BatchedWrite,
+    ResourceWrite,
+    StoreManyResult,
+    StoreWriteResult,
+    Verdict,
+)
 from serving import redis_db
 from serving.redis_db import Client, RedisTarget, ResourceKeys, driver_errors, text
 
@@ -110,9 +116,9 @@ def _verdict(
     resource: str, token: int, outcome: str, fence: int, has_key: bool, applied_by: int
 ) -> Verdict:
     if outcome == "ok":
-        return WriteResult(fence)
+        return StoreWriteResult(fence)
     if outcome == "replayed":
-        return WriteResult(fence, applied_by)
+        return StoreWriteResult(fence, applied_by)
     return _refusal(resource, token, outcome, fence, has_key, applied_by)
 
 
@@ -209,7 +215,7 @@ class RedisStore(redis_db.Probed):
         ops: Sequence[Op],
         idempotency_key: str = "",
         mode: FenceMode = FenceMode.MONOTONIC,
-    ) -> WriteResult:
+    ) -> StoreWriteResult:
         keys = ResourceKeys(self.prefix, resource)
         args: list[Any] = [
             str(token),
@@ -236,7 +242,7 @@ class RedisStore(redis_db.Probed):
         writes: Sequence[ResourceWrite],
         idempotency_key: str = "",
         mode: FenceMode = FenceMode.MONOTONIC,
-    ) -> ManyResult:
+    ) -> StoreManyResult:
         # Sorted, so the script judges (and names the first stale) in sorted order.
         order = sorted(range(len(writes)), key=lambda i: writes[i].resource)
         resource_keys = [ResourceKeys(self.prefix, writes[i].resource) for i in order]
@@ -270,8 +276,8 @@ class RedisStore(redis_db.Probed):
                 if kind == "replayed":
                     by[i] = int(reply[1 + n + position])
             if kind == "replayed":
-                return ManyResult(tuple(fences), True, tuple(by))
-            return ManyResult(tuple(fences))
+                return StoreManyResult(tuple(fences), True, tuple(by))
+            return StoreManyResult(tuple(fences))
         w = writes[order[int(reply[1]) - 1]]
         raise _refusal(
             w.resource, w.token, kind, int(reply[2]), bool(idempotency_key), int(reply[3])

@@ -20,7 +20,13 @@ from fencing.errors import LeaseLost, StaleTokenError
 from fencing.types import Op, Put, Record
 from guard import fence as fence_rule
 from guard.fence import FenceMode, Recorded
-from guard.stores.base import BatchedWrite, ManyResult, ResourceWrite, Verdict, WriteResult
+from guard.stores.base import (
+    BatchedWrite,
+    ResourceWrite,
+    StoreManyResult,
+    StoreWriteResult,
+    Verdict,
+)
 from serving.sqlite_db import SQLiteDatabase
 
 MIGRATIONS = [
@@ -107,7 +113,7 @@ def _write(
     ops: Sequence[Op],
     idempotency_key: str,
     mode: FenceMode,
-) -> WriteResult:
+) -> StoreWriteResult:
     """One write inside the caller's transaction: judged before anything changes."""
     judged = fence_rule.judge(
         resource,
@@ -119,11 +125,11 @@ def _write(
         live=False,  # strict mode: no lease backend here, fail closed
     )
     if judged.replayed:
-        return WriteResult(judged.fence, judged.replayed_by_token)
+        return StoreWriteResult(judged.fence, judged.replayed_by_token)
     _apply(conn, resource, token, ops, judged.fence)
     if idempotency_key:
         _record(conn, resource, idempotency_key, judged.fence, token)
-    return WriteResult(judged.fence)
+    return StoreWriteResult(judged.fence)
 
 
 class SQLiteStore:
@@ -153,7 +159,7 @@ class SQLiteStore:
         ops: Sequence[Op],
         idempotency_key: str = "",
         mode: FenceMode = FenceMode.MONOTONIC,
-    ) -> WriteResult:
+    ) -> StoreWriteResult:
         return await self._db.transaction(
             lambda conn: _write(conn, resource, token, ops, idempotency_key, mode)
         )
@@ -163,8 +169,8 @@ class SQLiteStore:
         writes: Sequence[ResourceWrite],
         idempotency_key: str = "",
         mode: FenceMode = FenceMode.MONOTONIC,
-    ) -> ManyResult:
-        def tx(conn: sqlite3.Connection) -> ManyResult:
+    ) -> StoreManyResult:
+        def tx(conn: sqlite3.Connection) -> StoreManyResult:
             claims = [(w.resource, w.token, _fence_of(conn, w.resource)) for w in writes]
             replay = fence_rule.judge_all(
                 claims,
@@ -174,13 +180,13 @@ class SQLiteStore:
                 live=[False] * len(writes),  # strict mode: no lease backend, fail closed
             )
             if replay is not None:
-                return ManyResult(tuple(replay[0]), True, tuple(replay[1]))
+                return StoreManyResult(tuple(replay[0]), True, tuple(replay[1]))
             fences = fence_rule.admit_all(claims, mode)
             for w, new_fence in zip(writes, fences, strict=True):
                 _apply(conn, w.resource, w.token, w.ops, new_fence)
                 if idempotency_key:
                     _record(conn, w.resource, idempotency_key, new_fence, w.token)
-            return ManyResult(tuple(fences))
+            return StoreManyResult(tuple(fences))
 
         return await self._db.transaction(tx)
 

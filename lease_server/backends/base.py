@@ -58,7 +58,7 @@ checks them, and skips backends without a log):
    told so (:meth:`lease_server.leases.EventPage.gap`) and must resync.
 
 A queue backend that shares the backend's database appends the events of job
-claims to the same log under the same rules (``LeaseEvent.job_id`` set; see
+claims to the same log under the same rules (``LoggedEvent.job_id`` set; see
 :mod:`lease_server.queue.backends.base` and :func:`lease_server.queue.jobs.transitions`).
 
 A backend that cannot keep one log for all resources (a Redis Cluster, where a
@@ -77,12 +77,12 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from fencing.errors import LeaseLost
+from fencing.types import LeaseState
 from lease_server.leases import (
     EventPage,
     Grant,
     Held,
-    LeaseEvent,
-    LeaseInfo,
+    LoggedEvent,
     ReleaseItem,
     RenewItem,
     Scope,
@@ -122,10 +122,10 @@ class LeaseBackend(Protocol):
     async def release(self, resource: str, token: int, holder: str) -> None:
         """Free the resource now, or raise ``LeaseLost``. With an event log, appends RELEASED."""
 
-    async def describe(self, resource: str) -> LeaseInfo:
+    async def describe(self, resource: str) -> LeaseState:
         """Current state; an unknown resource is free with ``last_token == 0``."""
 
-    async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseInfo]:
+    async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseState]:
         """The held (unexpired, by the backend's clock) leases whose resource starts with
         ``prefix`` (byte-wise, no wildcards) and sorts after ``after`` (empty: from the
         start), in resource order by code point, at most ``limit`` (>= 1) of them.
@@ -179,7 +179,7 @@ class EventLog(Protocol):
         test on ``scope.prefix`` (no LIKE wildcards; the empty prefix matches all).
         """
 
-    async def expire_due(self, limit: int) -> list[LeaseEvent]:
+    async def expire_due(self, limit: int) -> list[LoggedEvent]:
         """The sweeper's step: clear up to ``limit`` leases whose expiry has passed.
 
         In one atomic step per lease (or for the whole batch): re-check on the

@@ -11,15 +11,15 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from fencing.errors import LeaseLost
+from fencing.types import LeaseState
 from lease_server import leases
 from lease_server.clock import Clock, SystemClock
 from lease_server.leases import (
     EventPage,
     Grant,
     Held,
-    LeaseEvent,
-    LeaseInfo,
     LeaseRecord,
+    LoggedEvent,
     ReleaseItem,
     RenewItem,
     Scope,
@@ -37,7 +37,7 @@ class MemoryBackend:
     def __init__(self, clock: Clock | None = None) -> None:
         self._clock = clock or SystemClock()
         self._records: dict[str, LeaseRecord] = {}
-        self._events: list[LeaseEvent] = []
+        self._events: list[LoggedEvent] = []
         self._head = 0
         self._compacted_through = 0
         self._listeners: list[Callable[[int], None]] = []
@@ -57,17 +57,17 @@ class MemoryBackend:
     def _get(self, resource: str) -> LeaseRecord:
         return self._records.get(resource) or LeaseRecord(resource)
 
-    def _put(self, old: LeaseRecord, new: LeaseRecord, now_ms: int) -> list[LeaseEvent]:
+    def _put(self, old: LeaseRecord, new: LeaseRecord, now_ms: int) -> list[LoggedEvent]:
         """Store ``new`` and append its transitions: one atomic step (no await)."""
         self._records[new.resource] = new
         return self._append(leases.transitions(old, new, now_ms))
 
-    def append(self, changes: list[Transition]) -> list[LeaseEvent]:
+    def append(self, changes: list[Transition]) -> list[LoggedEvent]:
         """Number and append ``changes`` (job events of the memory queue backend, in the
         same atomic step as its change), and tell the listeners."""
         return self._append(changes)
 
-    def _append(self, changes: list[Transition]) -> list[LeaseEvent]:
+    def _append(self, changes: list[Transition]) -> list[LoggedEvent]:
         appended = []
         for change in changes:
             self._head += 1
@@ -99,10 +99,10 @@ class MemoryBackend:
         old = self._get(resource)
         self._put(old, leases.release(old, token, holder, now), now)
 
-    async def describe(self, resource: str) -> LeaseInfo:
+    async def describe(self, resource: str) -> LeaseState:
         return leases.describe(self._get(resource), self._clock.now_ms())
 
-    async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseInfo]:
+    async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseState]:
         now = self._clock.now_ms()
         return leases.list_held(self._records.values(), prefix, after, limit, now)
 
@@ -160,7 +160,7 @@ class MemoryBackend:
 
     async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
         start = bisect.bisect_right(self._events, revision, key=lambda e: e.revision)
-        found: list[LeaseEvent] = []
+        found: list[LoggedEvent] = []
         for event in self._events[start:]:
             if scope.matches(event.resource):
                 found.append(event)
@@ -168,11 +168,11 @@ class MemoryBackend:
                     break
         return EventPage(tuple(found), self._head, self._compacted_through)
 
-    async def expire_due(self, limit: int) -> list[LeaseEvent]:
+    async def expire_due(self, limit: int) -> list[LoggedEvent]:
         now = self._clock.now_ms()
         due = [r for r in self._records.values() if r.token and not r.live(now)]
         due.sort(key=lambda r: (r.expires_at_ms, r.resource))
-        appended: list[LeaseEvent] = []
+        appended: list[LoggedEvent] = []
         for old in due[:limit]:
             appended += self._put(old, leases.expire(old, now), now)
         return appended

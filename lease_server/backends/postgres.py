@@ -62,16 +62,16 @@ import psycopg
 from psycopg import sql
 
 from fencing.errors import FencingError, LeaseLost
+from fencing.types import LeaseState
 from lease_server.leases import (
-    EventKind,
     EventPage,
     Grant,
     Held,
-    LeaseEvent,
-    LeaseInfo,
+    LoggedEvent,
     ReleaseItem,
     RenewItem,
     Scope,
+    TransitionKind,
 )
 from serving.postgres_db import (
     DEFAULT_SCHEMA,
@@ -191,16 +191,16 @@ class PostgresBackend:
             raise LeaseLost(resource=resource, token=token)
         self._appended(row[1])
 
-    async def describe(self, resource: str) -> LeaseInfo:
+    async def describe(self, resource: str) -> LeaseState:
         row = await self._db.fetchone(self._describe_sql, (resource,))
         assert row is not None  # lease_describe always returns one row
         held, holder, token, remaining_ms, last_token = row
-        return LeaseInfo(resource, held, holder, token, remaining_ms, last_token)
+        return LeaseState(resource, held, holder, token, remaining_ms, last_token)
 
-    async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseInfo]:
+    async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseState]:
         rows = await self._db.fetchall(self._list_sql, (prefix, after, limit))
         return [
-            LeaseInfo(resource, True, holder, int(token), max(1, int(ms)), int(counter))
+            LeaseState(resource, True, holder, int(token), max(1, int(ms)), int(counter))
             for resource, holder, token, ms, counter in rows
         ]
 
@@ -283,18 +283,18 @@ class PostgresBackend:
             rows = await cur.fetchall()
         head, compacted = (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
         events = tuple(
-            LeaseEvent(rev, EventKind(kind), resource, token, holder, ttl_ms, job_id, queue)
+            LoggedEvent(rev, TransitionKind(kind), resource, token, holder, ttl_ms, job_id, queue)
             for _, _, rev, kind, resource, token, holder, ttl_ms, job_id, queue in rows
             if rev is not None
         )
         return EventPage(events, head, compacted)
 
-    async def expire_due(self, limit: int) -> list[LeaseEvent]:
+    async def expire_due(self, limit: int) -> list[LoggedEvent]:
         async with self._db.connection() as conn:
             cur = await conn.execute(self._expire_sql, (limit,))
             rows = await cur.fetchall()
         events = [
-            LeaseEvent(rev, EventKind.EXPIRED, resource, token, holder)
+            LoggedEvent(rev, TransitionKind.EXPIRED, resource, token, holder)
             for rev, resource, token, holder in rows
         ]
         if events:

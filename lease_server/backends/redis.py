@@ -111,16 +111,16 @@ from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 
 from fencing.errors import InvalidArgumentError, LeaseLost
+from fencing.types import LeaseState
 from lease_server.leases import (
-    EventKind,
     EventPage,
     Grant,
     Held,
-    LeaseEvent,
-    LeaseInfo,
+    LoggedEvent,
     ReleaseItem,
     RenewItem,
     Scope,
+    TransitionKind,
 )
 from serving import redis_db
 from serving.redis_db import (
@@ -440,12 +440,12 @@ class RedisBackend(redis_db.Probed):
                 replies += await pipe.execute()
             return replies
 
-    async def describe(self, resource: str) -> LeaseInfo:
+    async def describe(self, resource: str) -> LeaseState:
         keys = ResourceKeys(self.prefix, resource)
         reply = await self._run("describe", "describe", [keys.lease, keys.counter], [])
         return _described(resource, reply)
 
-    async def _describe_many(self, resources: Sequence[str]) -> list[LeaseInfo]:
+    async def _describe_many(self, resources: Sequence[str]) -> list[LeaseState]:
         """``describe`` of each resource, pipelined (one Redis) or a bounded number at a
         time (a cluster), so a long list never takes more connections than the pool has."""
         if self._client is None:
@@ -469,7 +469,7 @@ class RedisBackend(redis_db.Probed):
                 replies += await pipe.execute()
         return [_described(r, reply) for r, reply in zip(resources, replies, strict=True)]
 
-    async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseInfo]:
+    async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseState]:
         """Redis keeps no index of resources (one would be a key outside every resource's
         slot, which a cluster's scripts cannot update with the lease): each page SCANs
         the lease hashes (every node of a cluster), sorts the names past ``after``, and
@@ -491,7 +491,7 @@ class RedisBackend(redis_db.Probed):
                 resource = unescape_tag(tag)
                 if resource.startswith(prefix) and resource > after:
                     names.add(resource)
-        held: list[LeaseInfo] = []
+        held: list[LeaseState] = []
         ordered = sorted(names)
         for start in range(0, len(ordered), limit):
             infos = await self._describe_many(ordered[start : start + limit])
@@ -543,7 +543,7 @@ class RedisBackend(redis_db.Probed):
         )
         return EventPage(tuple(map(_event, rows)), int(head), int(compacted))
 
-    async def expire_due(self, limit: int) -> list[LeaseEvent]:
+    async def expire_due(self, limit: int) -> list[LoggedEvent]:
         """One Redis: log what expired (``due`` <= now). A cluster has nothing to sweep:
         expiries are logged by the takeover or the next read of the resource's log."""
         if self.cluster:
@@ -557,7 +557,7 @@ class RedisBackend(redis_db.Probed):
             [max(1, limit), self.events_channel],
         )
         events = [
-            LeaseEvent(int(rev), EventKind.EXPIRED, text(resource), int(token), text(holder))
+            LoggedEvent(int(rev), TransitionKind.EXPIRED, text(resource), int(token), text(holder))
             for rev, resource, token, holder in rows
         ]
         if events:
@@ -721,11 +721,11 @@ class RedisBackend(redis_db.Probed):
                         await own.aclose()
 
 
-def _described(resource: str, reply: list[Any]) -> LeaseInfo:
+def _described(resource: str, reply: list[Any]) -> LeaseState:
     """A ``describe.lua`` reply as the lease's state."""
     who, token, ms, last = reply
     held = int(token) != 0
-    return LeaseInfo(
+    return LeaseState(
         resource=resource,
         held=held,
         holder=text(who) if held else "",
@@ -735,9 +735,14 @@ def _described(resource: str, reply: list[Any]) -> LeaseInfo:
     )
 
 
-def _event(row: list[Any]) -> LeaseEvent:
+def _event(row: list[Any]) -> LoggedEvent:
     """An event as the read scripts return it: revision, kind, resource, token, holder, ttl."""
     revision, kind, resource, token, holder, ttl_ms = row
-    return LeaseEvent(
-        int(revision), EventKind(text(kind)), text(resource), int(token), text(holder), int(ttl_ms)
+    return LoggedEvent(
+        int(revision),
+        TransitionKind(text(kind)),
+        text(resource),
+        int(token),
+        text(holder),
+        int(ttl_ms),
     )

@@ -19,20 +19,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fencing.errors import LeaseLost
+from fencing.types import LeaseState
 from lease_server import leases
 from lease_server.clock import Clock, SystemClock
 from lease_server.leases import (
-    EventKind,
     EventPage,
     Grant,
     Held,
-    LeaseEvent,
-    LeaseInfo,
     LeaseRecord,
+    LoggedEvent,
     ReleaseItem,
     RenewItem,
     Scope,
     Transition,
+    TransitionKind,
 )
 from serving.sqlite_db import SQLiteDatabase
 
@@ -132,7 +132,7 @@ def _head(conn: sqlite3.Connection) -> int:
     return int(conn.execute("SELECT head FROM event_log WHERE id = 1").fetchone()[0])
 
 
-def _append(conn: sqlite3.Connection, changes: Sequence[Transition]) -> list[LeaseEvent]:
+def _append(conn: sqlite3.Connection, changes: Sequence[Transition]) -> list[LoggedEvent]:
     """Number ``changes`` and insert them, inside the caller's write transaction."""
     if not changes:
         return []
@@ -151,7 +151,7 @@ def _append(conn: sqlite3.Connection, changes: Sequence[Transition]) -> list[Lea
 
 def _change(
     conn: sqlite3.Connection, old: LeaseRecord, new: LeaseRecord, now_ms: int
-) -> list[LeaseEvent]:
+) -> list[LoggedEvent]:
     """Store ``new`` in place of ``old`` and append what changed."""
     if new == old:
         return []
@@ -164,7 +164,7 @@ def _change_all(
     old: Sequence[LeaseRecord],
     new: Sequence[LeaseRecord],
     now_ms: int,
-) -> list[LeaseEvent]:
+) -> list[LoggedEvent]:
     """Store every changed record and append all their transitions with one append.
 
     (Records of one batch are distinct resources, so their order does not matter.)
@@ -189,9 +189,11 @@ def _change_all(
     return _append(conn, changes)
 
 
-def _event(row: tuple[int, str, str, int, str, int, int, str]) -> LeaseEvent:
+def _event(row: tuple[int, str, str, int, str, int, int, str]) -> LoggedEvent:
     revision, kind, resource, token, holder, ttl_ms, job_id, queue = row
-    return LeaseEvent(revision, EventKind(kind), resource, token, holder, ttl_ms, job_id, queue)
+    return LoggedEvent(
+        revision, TransitionKind(kind), resource, token, holder, ttl_ms, job_id, queue
+    )
 
 
 class SQLiteBackend:
@@ -217,7 +219,7 @@ class SQLiteBackend:
     async def acquire(
         self, resource: str, holder: str, ttl_ms: int, request_id: str
     ) -> Grant | Held:
-        def tx(conn: sqlite3.Connection) -> tuple[Grant | Held, list[LeaseEvent]]:
+        def tx(conn: sqlite3.Connection) -> tuple[Grant | Held, list[LoggedEvent]]:
             now = self._clock.now_ms()
             old = _load(conn, resource)
             new, outcome = leases.acquire(old, holder, ttl_ms, request_id, now)
@@ -228,7 +230,7 @@ class SQLiteBackend:
         return outcome
 
     async def renew(self, resource: str, token: int, holder: str, ttl_ms: int) -> Grant:
-        def tx(conn: sqlite3.Connection) -> tuple[Grant, list[LeaseEvent]]:
+        def tx(conn: sqlite3.Connection) -> tuple[Grant, list[LoggedEvent]]:
             now = self._clock.now_ms()
             old = _load(conn, resource)
             new, grant = leases.renew(old, token, holder, ttl_ms, now)
@@ -239,21 +241,21 @@ class SQLiteBackend:
         return grant
 
     async def release(self, resource: str, token: int, holder: str) -> None:
-        def tx(conn: sqlite3.Connection) -> list[LeaseEvent]:
+        def tx(conn: sqlite3.Connection) -> list[LoggedEvent]:
             now = self._clock.now_ms()
             old = _load(conn, resource)
             return _change(conn, old, leases.release(old, token, holder, now), now)
 
         self._notify(await self._db.transaction(tx))
 
-    async def describe(self, resource: str) -> LeaseInfo:
-        def q(conn: sqlite3.Connection) -> LeaseInfo:
+    async def describe(self, resource: str) -> LeaseState:
+        def q(conn: sqlite3.Connection) -> LeaseState:
             return leases.describe(_load(conn, resource), self._clock.now_ms())
 
         return await self._db.query(q)
 
-    async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseInfo]:
-        def q(conn: sqlite3.Connection) -> list[LeaseInfo]:
+    async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseState]:
+        def q(conn: sqlite3.Connection) -> list[LeaseState]:
             now = self._clock.now_ms()
             rows = conn.execute(_LIST_HELD, (prefix, after, prefix, prefix, now, limit))
             return [leases.describe(LeaseRecord(*row), now) for row in rows]
@@ -265,7 +267,7 @@ class SQLiteBackend:
     async def acquire_many(
         self, resources: Sequence[str], holder: str, ttl_ms: int, request_id: str
     ) -> list[Grant] | Held:
-        def tx(conn: sqlite3.Connection) -> tuple[list[Grant] | Held, list[LeaseEvent]]:
+        def tx(conn: sqlite3.Connection) -> tuple[list[Grant] | Held, list[LoggedEvent]]:
             now = self._clock.now_ms()
             old = [_load(conn, r) for r in resources]
             new, outcome = leases.acquire_all(old, holder, ttl_ms, request_id, now)
@@ -276,7 +278,7 @@ class SQLiteBackend:
         return outcome
 
     async def renew_many(self, items: Sequence[RenewItem]) -> list[Grant | LeaseLost]:
-        def tx(conn: sqlite3.Connection) -> tuple[list[Grant | LeaseLost], list[LeaseEvent]]:
+        def tx(conn: sqlite3.Connection) -> tuple[list[Grant | LeaseLost], list[LoggedEvent]]:
             now = self._clock.now_ms()
             outcomes: list[Grant | LeaseLost] = []
             old: list[LeaseRecord] = []
@@ -298,7 +300,7 @@ class SQLiteBackend:
         return outcomes
 
     async def release_many(self, items: Sequence[ReleaseItem]) -> list[LeaseLost | None]:
-        def tx(conn: sqlite3.Connection) -> tuple[list[LeaseLost | None], list[LeaseEvent]]:
+        def tx(conn: sqlite3.Connection) -> tuple[list[LeaseLost | None], list[LoggedEvent]]:
             now = self._clock.now_ms()
             outcomes: list[LeaseLost | None] = []
             old: list[LeaseRecord] = []
@@ -325,7 +327,7 @@ class SQLiteBackend:
 
     # -- the event log -----------------------------------------------------------------------
 
-    def _notify(self, events: list[LeaseEvent]) -> None:
+    def _notify(self, events: list[LoggedEvent]) -> None:
         if events:
             self.appended(events[-1].revision)
 
@@ -374,15 +376,15 @@ class SQLiteBackend:
 
         return await self._db.query(q)
 
-    async def expire_due(self, limit: int) -> list[LeaseEvent]:
+    async def expire_due(self, limit: int) -> list[LoggedEvent]:
         # A read first, so the common case (nothing due) never takes the write lock.
         now = self._clock.now_ms()
         if not await self._db.query(lambda conn: conn.execute(_DUE, (now, 1)).fetchone()):
             return []
 
-        def tx(conn: sqlite3.Connection) -> list[LeaseEvent]:
+        def tx(conn: sqlite3.Connection) -> list[LoggedEvent]:
             now = self._clock.now_ms()
-            appended: list[LeaseEvent] = []
+            appended: list[LoggedEvent] = []
             # Re-read inside the write lock: another server may have swept them already.
             for row in conn.execute(_DUE, (now, limit)).fetchall():
                 old = LeaseRecord(*row)

@@ -50,7 +50,7 @@ from enum import StrEnum
 from fencing import limits
 from fencing._backoff import Backoff
 from fencing.errors import LeaseLost
-from lease_server.leases import EventKind, Transition
+from lease_server.leases import Transition, TransitionKind
 
 #: The default retry backoff of failed jobs, in milliseconds: 1 s, 2 s, 4 s ... 5 min.
 DEFAULT_RETRY_BACKOFF = Backoff(base=1000, cap=300_000, factor=2.0, jitter=0.2)
@@ -398,13 +398,21 @@ def transitions(old: JobRecord | None, new: JobRecord, now_ms: int) -> list[Tran
     ended = new.token != old.token or new.state is not JobState.RUNNING
     if old.state is JobState.RUNNING and ended:
         reaped = new.state is JobState.DEAD and new.last_error == REAPED_ERROR
-        kind = EventKind.EXPIRED if new.token != old.token or reaped else EventKind.RELEASED
+        kind = (
+            TransitionKind.EXPIRED if new.token != old.token or reaped else TransitionKind.RELEASED
+        )
         out.append(Transition(kind, resource, old.token, old.lease_owner, 0, new.id, new.queue))
     if new.state is JobState.RUNNING and new.token != old.token:
         ttl_ms = max(0, new.lease_until_ms - now_ms)
         out.append(
             Transition(
-                EventKind.ACQUIRED, resource, new.token, new.lease_owner, ttl_ms, new.id, new.queue
+                TransitionKind.ACQUIRED,
+                resource,
+                new.token,
+                new.lease_owner,
+                ttl_ms,
+                new.id,
+                new.queue,
             )
         )
     return out

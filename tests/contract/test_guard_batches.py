@@ -22,7 +22,7 @@ from redis.crc import key_slot
 from fencing.errors import InvalidArgumentError, StaleTokenError
 from fencing.types import Delete, Op, Put, Record
 from guard.fence import FenceMode
-from guard.stores.base import BatchedWrite, GuardStore, ResourceWrite, WriteResult
+from guard.stores.base import BatchedWrite, GuardStore, ResourceWrite, StoreWriteResult
 from guard.stores.memory import MemoryStore
 from serving.redis_db import ResourceKeys
 
@@ -267,12 +267,12 @@ async def test_batch_verdicts_are_independent_and_in_order(guard_store: GuardSto
             BatchedWrite("b1", 7, [Delete("k"), Put("j", b"j7")]),
         ]
     )
-    assert verdicts[0] == WriteResult(6)
+    assert verdicts[0] == StoreWriteResult(6)
     assert isinstance(verdicts[1], StaleTokenError)
     assert (verdicts[1].resource, verdicts[1].token, verdicts[1].current_token) == ("b1", 5, 6)
-    assert verdicts[2] == WriteResult(1)
-    assert verdicts[3] == WriteResult(1, replayed_by_token=1)
-    assert verdicts[4] == WriteResult(7)
+    assert verdicts[2] == StoreWriteResult(1)
+    assert verdicts[3] == StoreWriteResult(1, replayed_by_token=1)
+    assert verdicts[4] == StoreWriteResult(7)
     assert await guard_store.read("b1", "k") is None
     assert await guard_store.read("b1", "j") == Record(b"j7", 7)
     assert await guard_store.read("b2", "k") == Record(b"one", 1)
@@ -297,8 +297,8 @@ async def test_batch_judges_each_token_before_its_key(guard_store: GuardStore) -
     assert (verdicts[0].key_applied, verdicts[0].applied_by_token) == (True, 2)
     assert isinstance(verdicts[1], StaleTokenError)
     assert (verdicts[1].key_applied, verdicts[1].applied_by_token) == (False, 0)
-    assert verdicts[2] == WriteResult(2, replayed_by_token=2)
-    assert verdicts[3] == WriteResult(3)
+    assert verdicts[2] == StoreWriteResult(2, replayed_by_token=2)
+    assert verdicts[3] == StoreWriteResult(3)
     assert isinstance(verdicts[4], StaleTokenError)
     assert (verdicts[4].key_applied, verdicts[4].applied_by_token) == (True, 3)
     assert await guard_store.read("bk", "order-7") == Record(b"newer holder", 2)
@@ -311,7 +311,7 @@ async def test_batch_control_mode_off_replays_to_a_stale_token(guard_store: Guar
     (verdict,) = await guard_store.write_batch(
         [BatchedWrite("bk", 1, [Put("order-7", b"paused")], "order-7")], FenceMode.OFF
     )
-    assert verdict == WriteResult(2, replayed_by_token=2)  # "success", someone else's
+    assert verdict == StoreWriteResult(2, replayed_by_token=2)  # "success", someone else's
 
 
 async def test_batch_mode_off_applies_stale_tokens(guard_store: GuardStore) -> None:
@@ -319,7 +319,7 @@ async def test_batch_mode_off_applies_stale_tokens(guard_store: GuardStore) -> N
     (verdict,) = await guard_store.write_batch(
         [BatchedWrite("b", 2, [Put("k", b"stale")])], FenceMode.OFF
     )
-    assert verdict == WriteResult(9)
+    assert verdict == StoreWriteResult(9)
     assert await guard_store.read("b", "k") == Record(b"stale", 2)
 
 
@@ -363,7 +363,7 @@ async def test_a_batch_decides_as_writes_one_by_one(
             if token >= await store.describe_fence(space + resource):
                 await store.fence(space + resource, token)
     batch = [BatchedWrite(space + r, t, ops, key) for r, t, ops, key in writes]
-    expected: list[WriteResult | tuple[int, int, bool | None, int]] = []
+    expected: list[StoreWriteResult | tuple[int, int, bool | None, int]] = []
     for w in batch:
         try:
             expected.append(await model.write(w.resource, w.token, w.ops, w.idempotency_key))

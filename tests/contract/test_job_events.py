@@ -18,13 +18,13 @@ from typing import Any, cast
 import pytest
 
 from lease_server.backends.base import EventLog, LeaseBackend
-from lease_server.leases import EventKind, Grant, LeaseEvent, Scope
+from lease_server.leases import Grant, LoggedEvent, Scope, TransitionKind
 from lease_server.queue.backends.base import QueueBackend
 from lease_server.queue.backends.sqlite import SQLiteQueue
 from lease_server.queue.jobs import REAPED_ERROR, JobRecord, JobRef, JobState, NewJob
 from tests.backends import JOB_LOGS, JobLog, TimeControl
 
-A, L, X = EventKind.ACQUIRED, EventKind.RELEASED, EventKind.EXPIRED
+A, L, X = TransitionKind.ACQUIRED, TransitionKind.RELEASED, TransitionKind.EXPIRED
 TTL = 300  # ms: short enough to expire by really sleeping on database clocks
 LONG = 60_000
 
@@ -40,12 +40,12 @@ def log_of(backend: LeaseBackend) -> EventLog:
     return backend
 
 
-async def events(backend: LeaseBackend, after: int = 0, prefix: str = "") -> list[LeaseEvent]:
+async def events(backend: LeaseBackend, after: int = 0, prefix: str = "") -> list[LoggedEvent]:
     page = await log_of(backend).events_after(after, Scope(prefix=prefix), 10_000)
     return list(page.events)
 
 
-def seen(evs: list[LeaseEvent]) -> list[tuple[EventKind, str, int, str]]:
+def seen(evs: list[LoggedEvent]) -> list[tuple[TransitionKind, str, int, str]]:
     return [(e.kind, e.resource, e.token, e.holder) for e in evs]
 
 

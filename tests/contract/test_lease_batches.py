@@ -21,7 +21,7 @@ from lease_server.backends.base import (
 from lease_server.backends.memory import MemoryBackend
 from lease_server.batches import OneByOne, batches_of
 from lease_server.clock import ManualClock
-from lease_server.leases import EventKind, Grant, Held, ReleaseItem, RenewItem, Scope
+from lease_server.leases import Grant, Held, ReleaseItem, RenewItem, Scope, TransitionKind
 from serving.redis_db import ResourceKeys
 from tests.backends import TimeControl
 
@@ -197,26 +197,26 @@ async def test_batches_append_their_events(lease_backend: Pair) -> None:
         kinds = [(e.kind, e.resource) for e in page.events]
         assert sorted(kinds, key=lambda k: k[1]) == sorted(
             [
-                (EventKind.ACQUIRED, a),
-                (EventKind.ACQUIRED, b),
-                (EventKind.RENEWED, a),
-                (EventKind.RENEWED, b),
-                (EventKind.RELEASED, a),
+                (TransitionKind.ACQUIRED, a),
+                (TransitionKind.ACQUIRED, b),
+                (TransitionKind.RENEWED, a),
+                (TransitionKind.RENEWED, b),
+                (TransitionKind.RELEASED, a),
             ],
             key=lambda k: k[1],
         )
         assert [k for k, r in kinds if r == a] == [
-            EventKind.ACQUIRED,
-            EventKind.RENEWED,
-            EventKind.RELEASED,
+            TransitionKind.ACQUIRED,
+            TransitionKind.RENEWED,
+            TransitionKind.RELEASED,
         ]
         revisions = [e.revision for e in page.events]
         assert revisions == sorted(revisions) and len(set(revisions)) == len(revisions)
     else:
         assert own is not None
         for resource, expected in (
-            (a, [EventKind.ACQUIRED, EventKind.RENEWED, EventKind.RELEASED]),
-            (b, [EventKind.ACQUIRED, EventKind.RENEWED]),
+            (a, [TransitionKind.ACQUIRED, TransitionKind.RENEWED, TransitionKind.RELEASED]),
+            (b, [TransitionKind.ACQUIRED, TransitionKind.RENEWED]),
         ):
             page = await own.resource_events_after(resource, 0, 100)
             assert [e.kind for e in page.events] == expected

@@ -16,7 +16,7 @@ import pytest
 
 from fencing.errors import LeaseLost
 from lease_server.backends.base import EventLog, LeaseBackend, event_log_of, resource_log_of
-from lease_server.leases import EventKind, Grant, LeaseEvent, Scope
+from lease_server.leases import Grant, LoggedEvent, Scope, TransitionKind
 from tests.backends import LEASE_BACKENDS, TimeControl
 
 
@@ -42,7 +42,12 @@ def logged(lease_backend: tuple[LeaseBackend, TimeControl]) -> Pair:
     return cast(Any, backend), time
 
 
-A, R, L, X = EventKind.ACQUIRED, EventKind.RENEWED, EventKind.RELEASED, EventKind.EXPIRED
+A, R, L, X = (
+    TransitionKind.ACQUIRED,
+    TransitionKind.RENEWED,
+    TransitionKind.RELEASED,
+    TransitionKind.EXPIRED,
+)
 
 
 async def grant(
@@ -53,11 +58,11 @@ async def grant(
     return outcome
 
 
-async def log(backend: Logged, after: int = 0, scope: Scope = ALL) -> list[LeaseEvent]:
+async def log(backend: Logged, after: int = 0, scope: Scope = ALL) -> list[LoggedEvent]:
     return list((await backend.events_after(after, scope, 10_000)).events)
 
 
-def kinds(events: list[LeaseEvent]) -> list[tuple[EventKind, str, int]]:
+def kinds(events: list[LoggedEvent]) -> list[tuple[TransitionKind, str, int]]:
     return [(e.kind, e.resource, e.token) for e in events]
 
 

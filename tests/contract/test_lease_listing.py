@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 
 from fencing.limits import MAX_PAGE_SIZE
+from fencing.types import LeaseState
 from lease_server.backends.base import LeaseBackend
-from lease_server.leases import Grant, LeaseInfo
+from lease_server.leases import Grant
 from tests.backends import TimeControl
 
 Pair = tuple[LeaseBackend, TimeControl]
@@ -23,7 +24,7 @@ async def take(backend: LeaseBackend, resource: str, ttl_ms: int = 10_000) -> Gr
     return outcome
 
 
-def names(infos: list[LeaseInfo]) -> list[str]:
+def names(infos: list[LeaseState]) -> list[str]:
     return [info.resource for info in infos]
 
 

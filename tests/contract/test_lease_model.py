@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from fencing.errors import LeaseLost
 from lease_server.backends.base import LeaseBackend, event_log_of
-from lease_server.leases import EventKind, Grant, Scope
+from lease_server.leases import Grant, Scope, TransitionKind
 from tests.backends import LEASE_BACKENDS, BackendFactory, TimeControl
 
 T = TypeVar("T")
@@ -131,13 +131,13 @@ def machine_for(factory: BackendFactory) -> type[RuleBasedStateMachine]:
             open_token: dict[str, int] = {}
             acquired: dict[str, int] = {}
             for e in page.events:
-                if e.kind is EventKind.ACQUIRED:
+                if e.kind is TransitionKind.ACQUIRED:
                     assert e.resource not in open_token, f"acquired over a live lease: {e}"
                     assert e.token > acquired.get(e.resource, 0)
                     open_token[e.resource] = acquired[e.resource] = e.token
                 else:
                     assert open_token.get(e.resource) == e.token, f"no open lease for {e}"
-                    if e.kind is not EventKind.RENEWED:
+                    if e.kind is not TransitionKind.RENEWED:
                         del open_token[e.resource]
             assert acquired == self.last_token
 

@@ -19,7 +19,7 @@ import pytest
 from fencing.errors import LeaseLost
 from lease_server.backends.base import LeaseBackend, ResourceEventLog, resource_log_of
 from lease_server.backends.redis import RedisBackend
-from lease_server.leases import EventKind, Grant, LeaseEvent
+from lease_server.leases import Grant, LoggedEvent, TransitionKind
 from tests import redis_server
 from tests.backends import LEASE_BACKENDS, TimeControl
 
@@ -31,7 +31,12 @@ class Logged(LeaseBackend, ResourceEventLog, Protocol):
 
 
 Pair = tuple[Logged, TimeControl]
-A, R, L, X = EventKind.ACQUIRED, EventKind.RENEWED, EventKind.RELEASED, EventKind.EXPIRED
+A, R, L, X = (
+    TransitionKind.ACQUIRED,
+    TransitionKind.RENEWED,
+    TransitionKind.RELEASED,
+    TransitionKind.EXPIRED,
+)
 
 
 @pytest.fixture(params=PER_RESOURCE)
@@ -49,11 +54,11 @@ async def grant(
     return outcome
 
 
-async def log(backend: Logged, resource: str, after: int = 0) -> list[LeaseEvent]:
+async def log(backend: Logged, resource: str, after: int = 0) -> list[LoggedEvent]:
     return list((await backend.resource_events_after(resource, after, 10_000)).events)
 
 
-def kinds(events: list[LeaseEvent]) -> list[tuple[EventKind, str, int]]:
+def kinds(events: list[LoggedEvent]) -> list[tuple[TransitionKind, str, int]]:
     return [(e.kind, e.resource, e.token) for e in events]
 
 

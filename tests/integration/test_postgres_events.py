@@ -13,13 +13,18 @@ import pytest
 from psycopg import sql
 
 from lease_server.backends.postgres import PostgresBackend
-from lease_server.leases import EventKind, Grant, LeaseEvent, Scope
+from lease_server.leases import Grant, LoggedEvent, Scope, TransitionKind
 from serving import postgres_db
 from tests import pg as testpg
 
 pytestmark = pytest.mark.postgres
 
-A, R, L, X = EventKind.ACQUIRED, EventKind.RENEWED, EventKind.RELEASED, EventKind.EXPIRED
+A, R, L, X = (
+    TransitionKind.ACQUIRED,
+    TransitionKind.RENEWED,
+    TransitionKind.RELEASED,
+    TransitionKind.EXPIRED,
+)
 
 
 @pytest.fixture
@@ -216,7 +221,7 @@ def test_migration_numbers_must_be_unique_and_positive() -> None:
     assert [m.version for m in postgres_db.ordered([_fake(5), _fake(1), _fake(2)])] == [1, 2, 5]
 
 
-def _events(page_events: tuple[LeaseEvent, ...]) -> list[tuple[EventKind, str]]:
+def _events(page_events: tuple[LoggedEvent, ...]) -> list[tuple[TransitionKind, str]]:
     return [(e.kind, e.resource) for e in page_events]
 
 

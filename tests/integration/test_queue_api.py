@@ -301,7 +301,7 @@ def test_requests_are_validated_at_the_edge(queue: QueueClient) -> None:
             ttl_ms=1000,
             complete=[queue_pb2.JobRef(id=0, token=1)],
         )
-        queue._call(lambda: queue._stub.Claim(bad), retry=False)
+        queue._call(queue._stub.Claim, bad)
     assert info.value.field == "complete[0].id"
     assert queue.stats("q") == []
 

@@ -12,13 +12,18 @@ import pytest
 from fencing.errors import BackendUnavailableError
 from lease_server.backends import redis as redis_backend
 from lease_server.backends.redis import RedisBackend
-from lease_server.leases import EventKind, Grant, Scope
+from lease_server.leases import Grant, Scope, TransitionKind
 from serving.redis_db import EventLogKeys, ResourceKeys, connect, parse_url
 from tests.redis_server import RedisProcess, drop_prefix, unique_prefix
 
 pytestmark = pytest.mark.redis
 
-A, R, L, X = EventKind.ACQUIRED, EventKind.RENEWED, EventKind.RELEASED, EventKind.EXPIRED
+A, R, L, X = (
+    TransitionKind.ACQUIRED,
+    TransitionKind.RENEWED,
+    TransitionKind.RELEASED,
+    TransitionKind.EXPIRED,
+)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from fencing.types import Put
 from guard.commit import GroupCommit
 from guard.fence import FenceMode
 from guard.service import GuardService
-from guard.stores.base import BatchedWrite, Verdict, WriteResult
+from guard.stores.base import BatchedWrite, StoreWriteResult, Verdict
 from guard.stores.memory import MemoryStore
 
 
@@ -43,7 +43,7 @@ def w(resource: str, token: int, ops: int = 1) -> BatchedWrite:
 async def test_a_lone_write_goes_at_once_alone() -> None:
     store = GatedStore()  # write() is not gated: a batch of one is a plain write
     commit = GroupCommit(store, FenceMode.MONOTONIC)
-    assert await commit.submit([w("r", 1)]) == [WriteResult(1)]
+    assert await commit.submit([w("r", 1)]) == [StoreWriteResult(1)]
     assert (commit.batches, commit.batched_writes, store.sizes) == (1, 1, [])
 
 
@@ -56,8 +56,8 @@ async def test_writes_arriving_during_a_commit_share_the_next_one() -> None:
     stale = asyncio.create_task(commit.submit([w("r", 1)]))
     await asyncio.sleep(0.01)
     store.gate.set()
-    assert await first == [WriteResult(1), WriteResult(2)]
-    assert [await t for t in later] == [[WriteResult(1)]] * 10
+    assert await first == [StoreWriteResult(1), StoreWriteResult(2)]
+    assert [await t for t in later] == [[StoreWriteResult(1)]] * 10
     (verdict,) = await stale
     assert isinstance(verdict, StaleTokenError) and verdict.current_token == 2
     assert store.sizes == [2, 11]
@@ -85,7 +85,7 @@ async def test_a_failed_transaction_fails_its_writes_only() -> None:
     store.gate.set()
     with pytest.raises(BackendUnavailableError):
         await first
-    assert await second == [WriteResult(1), WriteResult(1)]
+    assert await second == [StoreWriteResult(1), StoreWriteResult(1)]
     assert await store.describe_fence("r") == 0
 
 

@@ -119,9 +119,9 @@ def test_a_grant_lost_in_transit_after_the_timeout_is_not_asked_for_again() -> N
 
 def test_the_exit_release_retries_transient_failures_within_its_bound() -> None:
     down = BackendUnavailableError("down")
-    assert _core.exit_release_pause(down, 0, now=0.0, end=2.0) == _core.RETRY_BACKOFF[0]
+    assert _core.exit_release_pause(down, 0, now=0.0, end=2.0) == _core.RETRY_BACKOFF.base
     assert _core.exit_release_pause(down, 0, now=1.99, end=2.0) is None  # would pass the bound
-    assert _core.exit_release_pause(down, len(_core.RETRY_BACKOFF), now=0.0, end=99.0) is None
+    assert _core.exit_release_pause(down, 5, now=0.0, end=99.0) is None  # out of retries
     refused = LeaseLost(resource="r", token=1)
     assert _core.exit_release_pause(refused, 0, now=0.0, end=2.0) is None
 

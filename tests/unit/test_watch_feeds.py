@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from lease_server.leases import EventPage, LeaseEvent, Scope
+from lease_server.leases import EventPage, LoggedEvent, Scope
 from lease_server.watch import EventFeed, ResourceFeed
 
 
@@ -31,7 +31,7 @@ class FakeLog:
     async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
         return EventPage((), self.head, 0)
 
-    async def expire_due(self, limit: int) -> list[LeaseEvent]:
+    async def expire_due(self, limit: int) -> list[LoggedEvent]:
         return []
 
     async def prune_events(self, keep: int) -> int:

@@ -1,0 +1,151 @@
+"""Where the clients do I/O: the two runners of the core's steps.
+
+Every exchange of the clients is written once, as steps, in
+:mod:`fencing.client._core` (:class:`~fencing.client._core.LeaseSteps`,
+:func:`~fencing.client._core.unary`). A client mixes in one of these runners:
+:class:`BlockingCalls` (the sync clients) calls and sleeps, :class:`AsyncCalls` (the
+asyncio twins) awaits. Each sends the reply of a :class:`~fencing.client._core.Call`
+back into the steps, or throws its failure in, already translated into a
+:mod:`fencing.errors` exception with the ``grpc.RpcError`` as its cause; anything
+else (a ``KeyboardInterrupt``, a cancellation) is thrown in as it is, so the steps'
+own cleanup runs. This module has no rules of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Self, TypeVar, cast
+
+import grpc
+
+from fencing.client import _core
+
+T = TypeVar("T")
+Resp = TypeVar("Resp")
+
+
+class BlockingCalls:
+    """Runs steps with blocking calls and ``time.sleep`` (mixed into the sync clients,
+    which are context managers that ``close()`` on exit)."""
+
+    rpc_timeout: float
+
+    def close(self) -> None:
+        raise NotImplementedError  # pragma: no cover - every client has its own
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _run(self, steps: _core.Steps[T]) -> T:
+        reply: object = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return cast(T, done.value)
+            reply, error = None, None
+            try:
+                if isinstance(step, _core.Sleep):
+                    time.sleep(step.seconds)
+                else:
+                    reply = self._send(step.method, step.request, step.timeout)
+            except BaseException as exc:  # thrown into the steps, which decide
+                error = exc
+
+    def _send(self, method: Callable[..., Resp], request: object, timeout: float | None) -> Resp:
+        """The one blocking call: ``timeout`` None is ``rpc_timeout``; a failure becomes
+        its :mod:`fencing.errors` exception, the ``grpc.RpcError`` its cause."""
+        try:
+            return method(request, timeout=self.rpc_timeout if timeout is None else timeout)
+        except grpc.RpcError as err:
+            raise _core.translate(err) from err
+
+    def _call(
+        self,
+        method: Callable[..., Resp],
+        request: object,
+        timeout: float | None = None,
+        *,
+        retry: bool = False,
+    ) -> Resp:
+        """One unary call (``retry``: an idempotent one, retried on transient failures
+        as :func:`fencing.client._core.unary` says); failures become
+        :mod:`fencing.errors` exceptions (cause chained)."""
+        if not retry:  # the hot path (every write): no steps to run
+            return self._send(method, request, timeout)
+        return cast(Resp, self._run(_core.unary(method, request, timeout, retry=True)))
+
+
+class AsyncCalls:
+    """Runs steps with awaited calls and ``asyncio.sleep`` (mixed into the asyncio twins,
+    which are async context managers that ``aclose()`` on exit)."""
+
+    rpc_timeout: float
+
+    async def aclose(self) -> None:
+        raise NotImplementedError  # pragma: no cover - every client has its own
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _run(self, steps: _core.Steps[T]) -> T:
+        reply: object = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return cast(T, done.value)
+            reply, error = None, None
+            try:
+                if isinstance(step, _core.Sleep):
+                    await asyncio.sleep(step.seconds)
+                else:
+                    reply = await self._send(step.method, step.request, step.timeout)
+            except BaseException as exc:  # thrown into the steps, which decide
+                error = exc
+
+    async def _send(
+        self,
+        method: Callable[..., Awaitable[Resp]],
+        request: object,
+        timeout: float | None,  # noqa: ASYNC109 - the gRPC deadline of this call
+    ) -> Resp:
+        """The one awaited call; see :meth:`BlockingCalls._send`."""
+        try:
+            return await method(request, timeout=self.rpc_timeout if timeout is None else timeout)
+        except grpc.RpcError as err:
+            raise _core.translate(err) from err
+
+    async def _call(
+        self,
+        method: Callable[..., Awaitable[Resp]],
+        request: object,
+        timeout: float | None = None,  # noqa: ASYNC109 - the gRPC deadline of this call
+        *,
+        retry: bool = False,
+    ) -> Resp:
+        """One unary call, awaited; see :meth:`BlockingCalls._call`."""
+        if not retry:
+            return await self._send(method, request, timeout)
+        return cast(Resp, await self._run(_core.unary(method, request, timeout, retry=True)))
