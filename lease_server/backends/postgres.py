@@ -122,6 +122,10 @@ class PostgresBackend:
         self._events_sql = q("SELECT * FROM {schema}.lease_events_after(%s, %s, %s, %s)")
         self._expire_sql = q("SELECT * FROM {schema}.lease_expire_due(%s)")
         self._prune_sql = q("SELECT {schema}.lease_prune_events(%s)")
+        self._sequence_sql = q("SELECT * FROM {schema}.lease_events_sequence()")
+        #: Callers waiting for a sequencer run that starts after they asked.
+        self._sequence_wanted: list[asyncio.Future[tuple[int, dict[int, int]]]] = []
+        self._sequencer: asyncio.Task[None] | None = None
         self._callbacks: list[Callable[[str], None]] = []
         self._event_callbacks: list[Callable[[int], None]] = []
         #: The highest revision reported to the ``on_events`` callbacks.
@@ -162,8 +166,9 @@ class PostgresBackend:
     ) -> Grant | Held:
         row = await self._db.fetchone(self._acquire_sql, (resource, holder, ttl_ms, request_id))
         assert row is not None  # lease_acquire_logged always returns one row
-        granted, replayed, current_holder, token, ms, revision = row
-        self._appended(revision)
+        granted, replayed, current_holder, token, ms, pending = row
+        if pending:
+            await self._number_appends()
         if granted:
             return Grant(resource, current_holder, token, ms, replayed)
         return Held(resource, current_holder, token, max(0, ms))
@@ -172,14 +177,13 @@ class PostgresBackend:
         row = await self._db.fetchone(self._renew_sql, (resource, token, holder, ttl_ms))
         if row is None or row[0] is None:
             raise LeaseLost(resource=resource, token=token)
-        self._appended(row[1])
-        return Grant(resource, row[0], token, ttl_ms)
+        return Grant(resource, row[0], token, ttl_ms)  # a renewal appends nothing
 
     async def release(self, resource: str, token: int, holder: str) -> None:
         row = await self._db.fetchone(self._release_sql, (resource, token, holder))
         if row is None or not row[0]:
             raise LeaseLost(resource=resource, token=token)
-        self._appended(row[1])
+        await self._number_appends()
 
     async def describe(self, resource: str) -> LeaseInfo:
         row = await self._db.fetchone(self._describe_sql, (resource,))
@@ -206,7 +210,8 @@ class PostgresBackend:
                 int(detail.get("token", 0)),
                 max(0, int(detail.get("remaining_ms", 0))),
             )
-        self._appended(max((int(row[4]) for row in rows), default=0))
+        if any(row[4] for row in rows):
+            await self._number_appends()
         got = {r: Grant(r, holder, int(t), int(ms), bool(again)) for r, again, t, ms, _ in rows}
         return [got[r] for r in resources]
 
@@ -220,7 +225,6 @@ class PostgresBackend:
                 [i.ttl_ms for i in items],
             ),
         )
-        self._appended(max((int(row[2]) for row in rows), default=0))
         holders = {int(row[0]): row[1] for row in rows}
         return [
             Grant(i.resource, holders[n], i.token, i.ttl_ms)
@@ -234,7 +238,8 @@ class PostgresBackend:
             self._release_many_sql,
             ([i.resource for i in items], [i.token for i in items], [i.holder for i in items]),
         )
-        self._appended(max((int(row[1]) for row in rows), default=0))
+        if rows:
+            await self._number_appends()
         released = {int(row[0]) for row in rows}
         return [
             None if n in released else LeaseLost(resource=i.resource, token=i.token)
@@ -245,8 +250,9 @@ class PostgresBackend:
 
     async def head_revision(self) -> int:
         known = self._reported
-        row = await self._db.fetchone(self._head_sql)
-        head = int(row[0]) if row is not None else 0
+        # Number what committed since (another process's appends, your own SQL's, job
+        # claims), so the head read is the log's, not only what someone numbered.
+        head, _ = await self._sequence()
         if head < known:
             # Every reported head was committed before this read: the log went back (a
             # restored database). Report from here on, or no head would be news again.
@@ -259,6 +265,7 @@ class PostgresBackend:
         return str(row[0]) if row is not None else ""
 
     async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
+        await self._sequence()
         async with self._db.connection() as conn:
             cur = await conn.execute(
                 self._events_sql, (revision, scope.resource, scope.prefix, max(1, limit))
@@ -276,13 +283,14 @@ class PostgresBackend:
         async with self._db.connection() as conn:
             cur = await conn.execute(self._expire_sql, (limit,))
             rows = await cur.fetchall()
-        events = [
-            LeaseEvent(rev, EventKind.EXPIRED, resource, token, holder)
-            for rev, resource, token, holder in rows
+        if not rows:
+            return []
+        head, numbered = await self._number_appends()
+        # Numbered by this process's sequencer run, or already by another's (at most head).
+        return [
+            LeaseEvent(numbered.get(seq, head), EventKind.EXPIRED, resource, token, holder)
+            for seq, resource, token, holder in rows
         ]
-        if events:
-            self._appended(events[-1].revision)
-        return events
 
     async def prune_events(self, keep: int) -> int:
         row = await self._db.fetchone(self._prune_sql, (max(0, keep),))
@@ -295,6 +303,49 @@ class PostgresBackend:
         self._event_callbacks.append(callback)
         if self._opened:
             self._start_listener()
+
+    async def _number_appends(self) -> tuple[int, dict[int, int]]:
+        """After a write that appended: number it (``0013_event_sequencer.sql``) and
+        report the head. The write has committed, so a failure here fails nothing: the
+        events stay pending until the next sequencer run (any server's, any read)."""
+        try:
+            return await self._sequence()
+        except FencingError as exc:
+            log.warning("appended events not numbered yet (%s); the next read numbers them", exc)
+            return 0, {}
+
+    async def _sequence(self) -> tuple[int, dict[int, int]]:
+        """One run of ``lease_events_sequence`` that starts after this call: the head
+        after it, and the revisions it gave (pending seq -> revision). Calls that arrive
+        while a run is under way share the next one, so one process has at most one
+        run in flight and concurrent writers share its round trip and commit."""
+        done: asyncio.Future[tuple[int, dict[int, int]]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._sequence_wanted.append(done)
+        if self._sequencer is None or self._sequencer.done():
+            self._sequencer = asyncio.get_running_loop().create_task(self._run_sequencer())
+        return await done
+
+    async def _run_sequencer(self) -> None:
+        while self._sequence_wanted:
+            batch, self._sequence_wanted = self._sequence_wanted, []
+            try:
+                row = await self._db.fetchone(self._sequence_sql)
+            except BaseException as exc:
+                for waiter in batch:
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            head = int(row[0]) if row is not None else 0
+            seqs: list[int] = list(row[1]) if row is not None and row[1] else []
+            numbered = {seq: head - len(seqs) + i for i, seq in enumerate(seqs, start=1)}
+            self._appended(head)
+            for waiter in batch:
+                if not waiter.done():
+                    waiter.set_result((head, numbered))
 
     def _appended(self, head: int) -> None:
         """Report ``head`` (from an own append, a NOTIFY, or the head found on

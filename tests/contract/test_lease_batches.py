@@ -177,7 +177,7 @@ async def test_overlapping_sets_in_any_order_never_deadlock(batch_backend: Batch
 
 async def test_batches_append_their_events(lease_backend: Pair) -> None:
     """Each lease of a batch appends the events its single call would (the shared log,
-    or each resource's own log on a Redis Cluster)."""
+    or each resource's own log on a Redis Cluster): renewals none."""
     backend, _ = lease_backend
     shared, own = event_log_of(backend), resource_log_of(backend)
     if shared is None and own is None:
@@ -196,24 +196,18 @@ async def test_batches_append_their_events(lease_backend: Pair) -> None:
             [
                 (EventKind.ACQUIRED, a),
                 (EventKind.ACQUIRED, b),
-                (EventKind.RENEWED, a),
-                (EventKind.RENEWED, b),
                 (EventKind.RELEASED, a),
             ],
             key=lambda k: k[1],
         )
-        assert [k for k, r in kinds if r == a] == [
-            EventKind.ACQUIRED,
-            EventKind.RENEWED,
-            EventKind.RELEASED,
-        ]
+        assert [k for k, r in kinds if r == a] == [EventKind.ACQUIRED, EventKind.RELEASED]
         revisions = [e.revision for e in page.events]
         assert revisions == sorted(revisions) and len(set(revisions)) == len(revisions)
     else:
         assert own is not None
         for resource, expected in (
-            (a, [EventKind.ACQUIRED, EventKind.RENEWED, EventKind.RELEASED]),
-            (b, [EventKind.ACQUIRED, EventKind.RENEWED]),
+            (a, [EventKind.ACQUIRED, EventKind.RELEASED]),
+            (b, [EventKind.ACQUIRED]),
         ):
             page = await own.resource_events_after(resource, 0, 100)
             assert [e.kind for e in page.events] == expected
