@@ -183,6 +183,8 @@ class PostgresBackend:
         row = await self._db.fetchone(self._release_sql, (resource, token, holder))
         if row is None or not row[0]:
             raise LeaseLost(resource=resource, token=token)
+        # Committed: this process's waiters may go now, before the numbering round trip.
+        self._dispatch(resource)
         await self._number_appends()
 
     async def describe(self, resource: str) -> LeaseInfo:
@@ -238,9 +240,11 @@ class PostgresBackend:
             self._release_many_sql,
             ([i.resource for i in items], [i.token for i in items], [i.holder for i in items]),
         )
+        released = {int(row[0]) for row in rows}
+        for n in sorted(released):
+            self._dispatch(items[n - 1].resource)
         if rows:
             await self._number_appends()
-        released = {int(row[0]) for row in rows}
         return [
             None if n in released else LeaseLost(resource=i.resource, token=i.token)
             for n, i in enumerate(items, start=1)
@@ -265,7 +269,11 @@ class PostgresBackend:
         return str(row[0]) if row is not None else ""
 
     async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
-        await self._sequence()
+        if self._reported - revision < limit:
+            # The page may not fill with what is numbered already: number what committed
+            # until now first, so a short page means "nothing more committed". (A full
+            # page skips the round trip: its reader comes straight back for the rest.)
+            await self._sequence()
         async with self._db.connection() as conn:
             cur = await conn.execute(
                 self._events_sql, (revision, scope.resource, scope.prefix, max(1, limit))
