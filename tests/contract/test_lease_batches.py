@@ -112,23 +112,24 @@ async def test_acquire_many_takes_over_expired_leases(batch_backend: Batch) -> N
 async def test_renew_many_renews_each_on_its_own(batch_backend: Batch) -> None:
     backend, batches, time = batch_backend
     a, b, c, d = names(backend, 4)
-    ga = await _grant(backend, a, "h", ttl_ms=300)
+    # Room for a loaded machine's round trips: a and c live 400 ms beyond b's expiry.
+    ga = await _grant(backend, a, "h", ttl_ms=600)
     gb = await _grant(backend, b, "h", ttl_ms=150)
-    gc = await _grant(backend, c, "h", ttl_ms=300)
+    gc = await _grant(backend, c, "h", ttl_ms=600)
     await time.sleep(200)  # b expired
     outcomes = await batches.renew_many(
         [
-            RenewItem(a, ga.token, "h", 400),
-            RenewItem(b, gb.token, "h", 400),
-            RenewItem(c, gc.token, "someone-else", 400),
-            RenewItem(d, 7, "", 400),
+            RenewItem(a, ga.token, "h", 900),
+            RenewItem(b, gb.token, "h", 900),
+            RenewItem(c, gc.token, "someone-else", 900),
+            RenewItem(d, 7, "", 900),
         ]
     )
     assert isinstance(outcomes[0], Grant) and outcomes[0].token == ga.token
-    assert outcomes[0].holder == "h" and outcomes[0].ttl_ms == 400
+    assert outcomes[0].holder == "h" and outcomes[0].ttl_ms == 900
     for lost, resource in zip(outcomes[1:], (b, c, d), strict=True):
         assert isinstance(lost, LeaseLost) and lost.resource == resource
-    await time.sleep(200)  # past a's first expiry, within the renewed one
+    await time.sleep(500)  # past a's first expiry, within the renewed one
     assert (await backend.describe(a)).held
     assert not (await backend.describe(c)).held
 
