@@ -2,37 +2,37 @@
 --
 -- Creates table    lease_events_pending (seq -> kind, resource, token, holder, ttl_ms,
 --                                        job_id, queue): appended, not yet numbered
--- and function     lease_events_sequence() -> (head, seqs): numbers what is committed
+-- and function     lease_events_sequence() -> (head, seqs, busy): numbers what is pending
 -- and replaces     lease_event_append (0005), lease_renew_logged (0005),
 --                  lease_release_logged (0005), lease_renew_many (0007),
 --                  lease_release_many (0007), job_log_claims (0011).
 --
 -- Until 0012 every append bumped the one lease_event_log row and held its lock until
 -- commit: all lease and claim changes of every server committed one at a time. Now:
--- - a change appends its events to lease_events_pending, in its own transaction, with
---   no revision: each gets seq from an identity (no row lock; drawing one never
---   waits for other transactions), so writers do not wait for each other;
--- - lease_events_sequence(), run after a write commits (and before a read), locks the
---   log row, and in a fresh snapshot moves every *committed* pending event into
---   lease_events with the next revisions (head + 1, head + 2 ... in seq order), in one
---   short transaction. Revisions are still dense and commit ordered: they are given to
---   events that already committed, by transactions that hold the log row in turn, so a
---   reader that saw head N sees every event <= N, and an event that commits later can
---   only get a number above every head read before (docs/design.md, "The event log and
---   its ordering"). Seq order keeps the order of a transaction's own events (EXPIRED
---   before ACQUIRED) and of changes of one resource (the later one waited for the
---   earlier one's row lock, so it drew its seq after it and committed after it: both
---   are numbered together, or the earlier one first).
--- - NOTIFY moved to the sequencer too: a transaction that NOTIFYs takes a database-wide
---   lock at commit, which made releases commit one at a time as well. The sequencer
---   sends the new head on fencing_events:<schema> and each lease it numbered a
---   RELEASED or EXPIRED for on fencing_released:<schema> (waiters in other servers).
+-- - a change appends its events to lease_events_pending, unnumbered (seq, an identity,
+--   keeps their order), then tries the log row with FOR UPDATE SKIP LOCKED. Free (no
+--   other appender in flight): it numbers its own events and every committed pending
+--   one at once, holding the row to commit as before: one round trip, one commit.
+--   Taken: it goes on and commits without waiting; its events stay pending;
+-- - lease_events_sequence() numbers what is pending, in a transaction of its own or in
+--   the appender's: it takes the log row (SKIP LOCKED: busy if another holds it), and
+--   in a snapshot taken after that lock moves every pending event it can see (committed
+--   ones, and the transaction's own) into lease_events as head + 1, head + 2 ... in seq
+--   order, raising head in the same commit. A server runs it after a write that left
+--   events pending (again, with backoff, while busy) and before a read that could
+--   come up short. Revisions stay dense and commit ordered: whoever numbers holds the
+--   row to commit, so numbers become visible in turn, and an event that is still
+--   uncommitted when a reader reads head N can only be numbered later, above N
+--   (docs/design.md, "The event log and its ordering"). Seq order keeps the order of a
+--   transaction's own events (EXPIRED before ACQUIRED) and of changes of one resource
+--   (the later one waited for the earlier one's row lock: it drew its seq after it and
+--   committed after it, so it cannot be numbered first).
+-- - NOTIFY is sent by whoever numbers: the new head on fencing_events:<schema>, and each
+--   lease it numbered a RELEASED or EXPIRED for on fencing_released:<schema> (waiters
+--   in other servers). Appenders that leave their events pending do not NOTIFY (a
+--   notifying transaction takes a database-wide lock at commit).
 -- - renewals append nothing (a lease's revision and a watcher's fence do not move when
 --   it is renewed); lease_renew_logged returns revision 0.
--- The *_logged functions keep their signatures: the "revision" they return is now the
--- seq of the last event they appended pending (0 if none): "run the sequencer".
--- Lock order: lease rows, then (in the sequencer only) the lease_event_log row.
-
 CREATE TABLE lease_events_pending (
     -- An identity, not a sequence of its own: a role granted INSERT on the tables (as
     -- servers without DDL rights are) draws from it without a grant on the sequence.
@@ -47,16 +47,7 @@ CREATE TABLE lease_events_pending (
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 -- No index: the sequencer takes every row it can see, and the table stays small.
 
-CREATE OR REPLACE FUNCTION lease_event_append(
-    p_kind text, p_resource text, p_token bigint, p_holder text, p_ttl_ms bigint
-) RETURNS bigint
-LANGUAGE sql SET search_path FROM CURRENT AS $$
-    INSERT INTO lease_events_pending (kind, resource, token, holder, ttl_ms)
-    VALUES (p_kind, p_resource, p_token, p_holder, p_ttl_ms)
-    RETURNING seq
-$$;
-
-CREATE FUNCTION lease_events_sequence(OUT head bigint, OUT seqs bigint[])
+CREATE FUNCTION lease_events_sequence(OUT head bigint, OUT seqs bigint[], OUT busy boolean)
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 DECLARE
@@ -65,15 +56,23 @@ DECLARE
     v_released text[];
 BEGIN
     seqs := '{}';
+    busy := false;
     IF NOT EXISTS (SELECT 1 FROM lease_events_pending) THEN
         -- Nothing to number (or only what is not committed yet): no lock, no commit.
         SELECT g.head INTO head FROM lease_event_log AS g WHERE g.id = 1;
         RETURN;
     END IF;
-    -- Sequencers take turns here. The next statement has a new snapshot, taken after
-    -- the lock: it sees what the sequencer before this one moved, and every pending
-    -- row it sees is committed (a writer's own uncommitted rows are invisible to it).
-    SELECT g.head INTO v_head FROM lease_event_log AS g WHERE g.id = 1 FOR UPDATE;
+    -- Numberers take turns here, and never wait for each other: a transaction that
+    -- holds the row numbers what it sees, and what it cannot see yet (committed after
+    -- its snapshot) is numbered by a later run. The next statement has a new snapshot,
+    -- taken after the lock: it sees what the holder before this one moved; the pending
+    -- rows it sees are committed, or this transaction's own.
+    SELECT g.head INTO v_head FROM lease_event_log AS g WHERE g.id = 1 FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        busy := true;
+        SELECT g.head INTO head FROM lease_event_log AS g WHERE g.id = 1;
+        RETURN;
+    END IF;
     WITH moved AS (
         DELETE FROM lease_events_pending RETURNING *
     ), numbered AS (
@@ -96,6 +95,30 @@ BEGIN
         PERFORM pg_notify(lease_channel(), u.r) FROM unnest(v_released) AS u(r);
         PERFORM pg_notify(lease_events_channel(), v_new::text);
     END IF;
+END
+$$;
+
+-- Appends pending, then numbers at once if the log row is free (the transaction then
+-- holds it to commit, as every append did before): one round trip and one commit when
+-- appenders do not overlap. If another transaction holds it, the event stays pending
+-- and this one goes on without waiting. Returns the head numbered through (> 0) or
+-- minus the event's seq (still pending: "run lease_events_sequence after commit").
+CREATE OR REPLACE FUNCTION lease_event_append(
+    p_kind text, p_resource text, p_token bigint, p_holder text, p_ttl_ms bigint
+) RETURNS bigint
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_seq bigint;
+    v_numbered record;
+BEGIN
+    INSERT INTO lease_events_pending (kind, resource, token, holder, ttl_ms)
+    VALUES (p_kind, p_resource, p_token, p_holder, p_ttl_ms)
+    RETURNING seq INTO v_seq;
+    SELECT * INTO v_numbered FROM lease_events_sequence();
+    IF v_numbered.busy THEN
+        RETURN -v_seq;
+    END IF;
+    RETURN v_numbered.head;
 END
 $$;
 
@@ -191,7 +214,8 @@ LANGUAGE sql SET search_path FROM CURRENT AS $$
         FROM (SELECT * FROM released ORDER BY resource COLLATE "C") AS s
         RETURNING seq, resource
     )
-    SELECT r.ord, g.seq FROM released AS r JOIN logged AS g ON g.resource = r.resource
+    -- Pending (minus the seq): the caller runs lease_events_sequence after commit.
+    SELECT r.ord, -g.seq FROM released AS r JOIN logged AS g ON g.resource = r.resource
 $$;
 
 -- As in 0011, appended pending: no head to bump, so claims no longer wait for the log.
