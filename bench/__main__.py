@@ -14,7 +14,10 @@ PostgreSQL; ``FENCING_BENCH_POSTGRES_DSN``), ``modes`` (what the promise and a w
 guard add to taking a lease, and the watch delivery delay), ``throughput`` (guarded
 writes per second against the backend's own check-and-write), ``scale`` (latency with
 1,000 against 1,000,000 resources), ``sessions`` (one client holding 10,000 leases),
-``peers`` (etcd, PostgreSQL advisory locks and redis-py Lock next to ours), ``queue``
+``peers`` (etcd, PostgreSQL advisory locks and redis-py Lock next to ours), ``pglog``
+(PostgreSQL's lease path against SQLite's, gRPC and in process, two servers, release to
+waiter and watch delays; ``FENCING_BENCH_BEFORE=<commit>`` adds that commit's servers,
+only with ``--only pglog``), ``queue``
 (jobs/s through the QueueService next to hand-written SKIP LOCKED SQL on PostgreSQL, and our
 worker next to procrastinate's when it is installed (``bench/queue_peer.py``); only with
 ``--queue`` or ``--only queue``). A section whose server is unreachable is skipped with
@@ -94,6 +97,17 @@ QUEUE_PEER_TARGETS = (
     ("drain@8", "drain at concurrency 8", 2.0, True),
     ("latency", "p50 enqueue-to-start latency", 1.0, False),
 )
+
+
+async def _pglog(o: Options) -> Report:
+    from bench import pglog
+
+    rows, lines = await pglog.run(o.clients, o.duration, os.environ.get("FENCING_BENCH_BEFORE", ""))
+    report = Report(results=rows, text="\n".join([*pglog.ratios(rows), *lines]))
+    for line in pglog.ratios(rows):
+        target, _, figure = line.rpartition(": ")
+        report.targets.append((target, figure, "measured"))
+    return report
 
 
 async def _queue(o: Options) -> Report:
@@ -250,9 +264,10 @@ SECTIONS: dict[str, tuple[str, Section]] = {
         "Queue: the QueueService next to hand-written SQL and procrastinate",
         _queue,
     ),
+    "pglog": ("PostgreSQL's lease path against SQLite's (P6, P7, P7b)", _pglog),
 }
 #: Sections run only when asked for (``--queue``, or ``--only``).
-OPT_IN = {"queue"}
+OPT_IN = {"queue", "pglog"}
 
 
 def parser() -> argparse.ArgumentParser:

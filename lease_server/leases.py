@@ -284,8 +284,9 @@ def transitions(old: LeaseRecord, new: LeaseRecord, now_ms: int) -> list[Transit
       ``now_ms`` (only :func:`release` ends a live lease) and EXPIRED otherwise,
       so a takeover of an expired lease appends EXPIRED(t) and then ACQUIRED(t+1);
     - a new token is ACQUIRED with the ttl granted;
-    - the same token with a moved expiry is RENEWED (a renewal that leaves the
-      expiry where it was, same millisecond and same ttl, appends nothing);
+    - the same token with a moved expiry (a renewal) appends nothing: a lease's
+      revision, and the fence of a guard that follows the log, never move on a
+      renewal, and the log is not written at the rate leases are kept alive;
     - no change (a refused or replayed acquire) appends nothing.
     """
     if old == new:
@@ -297,9 +298,6 @@ def transitions(old: LeaseRecord, new: LeaseRecord, now_ms: int) -> list[Transit
     if new.token and new.token != old.token:
         ttl_ms = new.expires_at_ms - now_ms
         out.append(Transition(TransitionKind.ACQUIRED, new.resource, new.token, new.holder, ttl_ms))
-    elif new.token and new.expires_at_ms != old.expires_at_ms:
-        ttl_ms = new.expires_at_ms - now_ms
-        out.append(Transition(TransitionKind.RENEWED, new.resource, new.token, new.holder, ttl_ms))
     return out
 
 

@@ -23,7 +23,8 @@ keeps tokens 1, 2, 3.
 the statement on the server (``statement_timeout``) and the call as a whole, so a
 request never hangs on a database that is down; the call fails with
 :class:`~fencing.errors.BackendUnavailableError` instead. Connections are checked
-when taken from the pool, so those broken by a restart are replaced, and sessions
+when taken from the pool without a round trip (:func:`quiet_check`), so those the
+server closed (a restart) are replaced before the call is sent, and sessions
 force ``synchronous_commit = on``: a token or fence is acknowledged only once its
 commit is durable.
 """
@@ -35,6 +36,7 @@ import functools
 import logging
 import math
 import re
+import select
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -310,6 +312,30 @@ def driver_error(exc: BaseException, what: str) -> FencingError | None:
 # -- the pooled seam --------------------------------------------------------------------------
 
 
+async def quiet_check(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The pool's check on checkout, with no round trip: raise if ``conn`` is closed.
+
+    An idle pooled connection has nothing to read unless the server closed it (a
+    restart or ``pg_terminate_backend`` sends FATAL, then EOF). So only a readable
+    socket is looked at, and then only what already arrived is read. Nothing has been
+    sent, so replacing the connection (the pool takes another) can never run a
+    statement twice.
+    """
+    pgconn = conn.pgconn
+    if pgconn.status != psycopg.pq.ConnStatus.OK:
+        raise psycopg.OperationalError("the connection is closed")
+    # The FATAL message and the EOF can take a read each; a few reads settle it.
+    for _ in range(4):
+        readable, _, _ = select.select([pgconn.socket], [], [], 0)
+        if not readable:
+            break
+        pgconn.consume_input()  # raises OperationalError at EOF
+    if pgconn.status != psycopg.pq.ConnStatus.OK:
+        raise psycopg.OperationalError("the server closed the connection")
+    while pgconn.notifies() is not None:  # pooled sessions LISTEN to nothing; drop strays
+        pass
+
+
 class PostgresDatabase:
     """A connection pool on one schema, migrated on open; every call bounded and wrapped.
 
@@ -345,7 +371,9 @@ class PostgresDatabase:
             open=False,
             kwargs={"autocommit": True},
             configure=self._configure,
-            check=AsyncConnectionPool.check_connection,
+            # No check here: the pool's own loop backs off a second and more after each
+            # failed check, so a pool of connections a restart closed would time calls
+            # out. connection() checks with quiet_check instead, and retries at once.
             timeout=self.config.timeout,
             # Give up a reconnection chain soon, so the first request after an outage
             # starts a fresh attempt at once instead of waiting out a long backoff.
@@ -396,8 +424,12 @@ class PostgresDatabase:
         if pool is None:
             raise BackendUnavailableError(f"{self.application_name}: database is closed")
         try:
-            async with asyncio.timeout(self.config.timeout), pool.connection() as conn:
-                yield conn
+            async with asyncio.timeout(self.config.timeout):
+                conn = await self._checkout(pool)
+                try:
+                    yield conn
+                finally:
+                    await pool.putconn(conn)
         except (psycopg.Error, TimeoutError) as exc:
             error = driver_error(exc, f"{self.application_name} on PostgreSQL")
             if error is None:
@@ -405,6 +437,33 @@ class PostgresDatabase:
             if isinstance(error, BackendUnavailableError):
                 log.warning("%s", error)
             raise error from exc
+
+    async def _checkout(
+        self, pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
+    ) -> psycopg.AsyncConnection[TupleRow]:
+        """A pooled connection not known to be closed, with no round trip spent on it.
+
+        A connection the server already closed (a restart, ``pg_terminate_backend``) has
+        its FATAL and EOF waiting on the socket: :func:`quiet_check` reads them, and the
+        connection goes back to the pool, which drops it and opens another, while this
+        call takes the next one at once. Nothing was sent on it, so nothing can run
+        twice. One that died silently (no FIN reached us) fails the call it is used for
+        and is dropped when it comes back broken; that call is not retried, since its
+        statement may have run.
+        """
+        for _ in range(self.config.pool_max):
+            conn = await pool.getconn()
+            try:
+                await quiet_check(conn)
+            except psycopg.OperationalError as exc:
+                log.info("%s: replacing a pooled connection the server closed (%s)", pool.name, exc)
+                await pool.putconn(conn)
+                continue
+            except BaseException:
+                await pool.putconn(conn)
+                raise
+            return conn
+        return await pool.getconn()  # every one was closed: a fresh one, as it comes
 
     async def fetchone(
         self, query: sql.Composed, params: Sequence[object] = ()
@@ -449,4 +508,5 @@ __all__ = [
     "fencing_error",
     "migrate",
     "migrations",
+    "quiet_check",
 ]

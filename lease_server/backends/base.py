@@ -33,8 +33,9 @@ checks them, and skips backends without a log):
 3. **Commit order.** Appends are serialized, so revisions become visible in
    order: once a reader has seen revision N, no event with a revision <= N can
    appear later. (A PostgreSQL sequence alone does not give this, since sequence
-   values commit out of order: bump a counter row with ``UPDATE ... RETURNING`` in
-   the appending transaction, whose row lock serializes appenders. In Redis, do
+   values commit out of order: number events only while holding one counter row,
+   held to commit, as ``0013_event_sequencer.sql`` does, appending unnumbered and
+   numbering whatever committed whenever the row is free. In Redis, do
    the ``INCR`` and the append in the same Lua script; on a Redis Cluster that
    script must reach the log's keys and the resource's keys in one slot, which
    per-resource hash tags do not allow: a cluster needs another shape.)
@@ -116,7 +117,8 @@ class LeaseBackend(Protocol):
     async def renew(self, resource: str, token: int, holder: str, ttl_ms: int) -> Grant:
         """Extend the current unexpired lease to now + ttl_ms, or raise ``LeaseLost``.
 
-        With an event log, appends RENEWED (with the new ttl_ms) when the expiry moves.
+        With an event log, appends nothing: a renewal is not an event (the revision,
+        and the fence of a guard following the log, do not move on one).
         """
 
     async def release(self, resource: str, token: int, holder: str) -> None:

@@ -22,23 +22,26 @@ the last grant before the loss and the first after it. It is a session setting
 it holds for every path that grants; tokens become sparse (about 1.8e15).
 Synchronous replication makes it unnecessary.
 
-**Event log** (:class:`~lease_server.backends.base.EventLog`, ``0005_lease_events.sql``).
-``lease_acquire_logged``/``lease_renew_logged``/``lease_release_logged`` append their
-events to ``lease_events`` in the same transaction as the change, numbered from the one
-``lease_event_log`` row with ``UPDATE ... SET head = head + 1 RETURNING``: that row's
-lock, held until commit, serializes appenders across every server on the schema, so
-revisions commit in order (rule 3; a sequence would commit out of order). The cost is
-that appends (every acquire, renew and release, on any resource) commit one at a time.
-Each returns the last revision it appended, and this object calls its ``on_events``
-callbacks with it at once. ``lease_expire_due`` clears expired leases (``FOR UPDATE SKIP
+**Event log** (:class:`~lease_server.backends.base.EventLog`, ``0005_lease_events.sql``,
+numbered as ``0013_event_sequencer.sql`` says). An acquire, release or expiry appends
+its events to ``lease_events_pending`` in the transaction of the change, and numbers
+them there if the one ``lease_event_log`` row is free (``SKIP LOCKED``; the transaction
+then holds it to commit); if another appender holds it, the events stay pending and the
+write commits without waiting. ``lease_events_sequence`` numbers what is pending: this
+object runs it after a write that left events pending (and again in the background,
+with backoff, while the row is taken) and before a read that could come up short;
+concurrent callers in one process share one run. Revisions are dense and commit
+ordered (rule 3): only the row's holder numbers, and it holds the row to commit. A
+renewal is not an event. ``lease_expire_due`` clears expired leases (``FOR UPDATE SKIP
 LOCKED``, re-checked under the lock) and appends their EXPIRED in the same transaction;
 an acquire that takes over an expired lease first appends the EXPIRED itself, so each
 expiry is logged once however many servers sweep. ``lease_events_after`` reads head,
 events and ``compacted_through`` in one statement (one snapshot); ``lease_prune_events``
 deletes and raises ``compacted_through`` in one transaction.
 
-Wake-ups: a release runs ``pg_notify('fencing_released:<schema>', resource)`` and every
-append ``pg_notify('fencing_events:<schema>', revision)``, in their transactions. One
+Wake-ups: whoever numbers a release runs ``pg_notify('fencing_released:<schema>',
+resource)`` and ``pg_notify('fencing_events:<schema>', head)``, in its transaction; a
+release wakes this process's waiters itself as soon as it committed. One
 dedicated autocommit connection per backend, outside the pool, LISTENs on both
 channels and calls the ``on_release`` and ``on_events`` callbacks on the event loop, so
 a waiter held in one server process is woken by a release through another, and a
@@ -132,6 +135,11 @@ class PostgresBackend:
         self._events_sql = q("SELECT * FROM {schema}.lease_events_after(%s, %s, %s, %s)")
         self._expire_sql = q("SELECT * FROM {schema}.lease_expire_due(%s)")
         self._prune_sql = q("SELECT {schema}.lease_prune_events(%s)")
+        self._sequence_sql = q("SELECT * FROM {schema}.lease_events_sequence()")
+        #: Callers waiting for a sequencer run that starts after they asked.
+        self._sequence_wanted: list[asyncio.Future[tuple[int, dict[int, int], bool]]] = []
+        self._sequencer: asyncio.Task[None] | None = None
+        self._renumber: asyncio.Task[None] | None = None
         self._callbacks: list[Callable[[str], None]] = []
         self._event_callbacks: list[Callable[[int], None]] = []
         #: The highest revision reported to the ``on_events`` callbacks.
@@ -156,11 +164,12 @@ class PostgresBackend:
 
     async def close(self) -> None:
         self._opened = False
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+        for task in (self._listener, self._renumber):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._listener = self._renumber = None
         await self._db.close()
 
     async def healthy(self) -> bool:
@@ -173,7 +182,7 @@ class PostgresBackend:
         row = await self._db.fetchone(self._acquire_sql, (resource, holder, ttl_ms, request_id))
         assert row is not None  # lease_acquire_logged always returns one row
         granted, replayed, current_holder, token, ms, revision = row
-        self._appended(revision)
+        await self._after_write([revision])
         if granted:
             return Grant(resource, current_holder, token, ms, replayed)
         return Held(resource, current_holder, token, max(0, ms))
@@ -182,14 +191,15 @@ class PostgresBackend:
         row = await self._db.fetchone(self._renew_sql, (resource, token, holder, ttl_ms))
         if row is None or row[0] is None:
             raise LeaseLost(resource=resource, token=token)
-        self._appended(row[1])
-        return Grant(resource, row[0], token, ttl_ms)
+        return Grant(resource, row[0], token, ttl_ms)  # a renewal appends nothing
 
     async def release(self, resource: str, token: int, holder: str) -> None:
         row = await self._db.fetchone(self._release_sql, (resource, token, holder))
         if row is None or not row[0]:
             raise LeaseLost(resource=resource, token=token)
-        self._appended(row[1])
+        # Committed: this process's waiters may go now, before any numbering round trip.
+        self._dispatch(resource)
+        await self._after_write([row[1]])
 
     async def describe(self, resource: str) -> LeaseState:
         row = await self._db.fetchone(self._describe_sql, (resource,))
@@ -223,7 +233,7 @@ class PostgresBackend:
                 int(detail.get("token", 0)),
                 max(0, int(detail.get("remaining_ms", 0))),
             )
-        self._appended(max((int(row[4]) for row in rows), default=0))
+        await self._after_write([int(row[4]) for row in rows])
         got = {r: Grant(r, holder, int(t), int(ms), bool(again)) for r, again, t, ms, _ in rows}
         return [got[r] for r in resources]
 
@@ -237,7 +247,6 @@ class PostgresBackend:
                 [i.ttl_ms for i in items],
             ),
         )
-        self._appended(max((int(row[2]) for row in rows), default=0))
         holders = {int(row[0]): row[1] for row in rows}
         return [
             Grant(i.resource, holders[n], i.token, i.ttl_ms)
@@ -251,8 +260,10 @@ class PostgresBackend:
             self._release_many_sql,
             ([i.resource for i in items], [i.token for i in items], [i.holder for i in items]),
         )
-        self._appended(max((int(row[1]) for row in rows), default=0))
         released = {int(row[0]) for row in rows}
+        for n in sorted(released):
+            self._dispatch(items[n - 1].resource)
+        await self._after_write([int(row[1]) for row in rows])
         return [
             None if n in released else LeaseLost(resource=i.resource, token=i.token)
             for n, i in enumerate(items, start=1)
@@ -262,8 +273,9 @@ class PostgresBackend:
 
     async def head_revision(self) -> int:
         known = self._reported
-        row = await self._db.fetchone(self._head_sql)
-        head = int(row[0]) if row is not None else 0
+        # Number what committed since (another process's appends, your own SQL's, job
+        # claims), so the head read is the log's, not only what someone numbered.
+        head, _, _ = await self._sequence()
         if head < known:
             # Every reported head was committed before this read: the log went back (a
             # restored database). Report from here on, or no head would be news again.
@@ -276,6 +288,11 @@ class PostgresBackend:
         return str(row[0]) if row is not None else ""
 
     async def events_after(self, revision: int, scope: Scope, limit: int) -> EventPage:
+        if self._reported - revision < limit:
+            # The page may not fill with what is numbered already: number what committed
+            # until now first, so a short page means "nothing more committed". (A full
+            # page skips the round trip: its reader comes straight back for the rest.)
+            await self._sequence()
         async with self._db.connection() as conn:
             cur = await conn.execute(
                 self._events_sql, (revision, scope.resource, scope.prefix, max(1, limit))
@@ -293,13 +310,17 @@ class PostgresBackend:
         async with self._db.connection() as conn:
             cur = await conn.execute(self._expire_sql, (limit,))
             rows = await cur.fetchall()
-        events = [
-            LoggedEvent(rev, TransitionKind.EXPIRED, resource, token, holder)
-            for rev, resource, token, holder in rows
+        if not rows:
+            return []
+        head, numbered = await self._after_write([int(row[0]) for row in rows])
+        # Numbered in the sweep's transaction (the head through it), by this process's
+        # sequencer run, or else by another's or later (then the head known now).
+        return [
+            LoggedEvent(
+                rev if rev > 0 else numbered.get(-rev, head), TransitionKind.EXPIRED, res, tok, who
+            )
+            for rev, res, tok, who in rows
         ]
-        if events:
-            self._appended(events[-1].revision)
-        return events
 
     async def prune_events(self, keep: int) -> int:
         row = await self._db.fetchone(self._prune_sql, (max(0, keep),))
@@ -312,6 +333,77 @@ class PostgresBackend:
         self._event_callbacks.append(callback)
         if self._opened:
             self._start_listener()
+
+    async def _after_write(self, revisions: Sequence[int]) -> tuple[int, dict[int, int]]:
+        """After a write committed, with what its SQL returned per item (0013): a head
+        its transaction numbered through (> 0: report it), minus a pending event's seq
+        (< 0: number it now, or soon), or 0 (nothing appended). Returns the head and
+        the revisions a sequencer run gave (pending seq -> revision). The write has
+        committed, so a failure here fails nothing: the events stay pending until the
+        next run (any server's, any read)."""
+        if not any(r < 0 for r in revisions):
+            head = max(revisions, default=0)
+            self._appended(head)
+            return head, {}
+        try:
+            head, numbered, _ = await self._sequence()
+        except FencingError as exc:
+            log.warning("appended events not numbered yet (%s); the next read numbers them", exc)
+            return 0, {}
+        return head, numbered
+
+    async def _sequence(self) -> tuple[int, dict[int, int], bool]:
+        """One run of ``lease_events_sequence`` that starts after this call: the head
+        after it, the revisions it gave (pending seq -> revision), and whether another
+        transaction held the log row (then what it could not number is numbered by a
+        retry in the background, so no caller waits for that transaction). Calls that
+        arrive while a run is under way share the next one, so one process has at most
+        one run in flight and concurrent writers share its round trip and commit."""
+        done: asyncio.Future[tuple[int, dict[int, int], bool]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._sequence_wanted.append(done)
+        if self._sequencer is None or self._sequencer.done():
+            self._sequencer = asyncio.get_running_loop().create_task(self._run_sequencer())
+        return await done
+
+    async def _run_sequencer(self) -> None:
+        while self._sequence_wanted:
+            batch, self._sequence_wanted = self._sequence_wanted, []
+            try:
+                row = await self._db.fetchone(self._sequence_sql)
+            except BaseException as exc:
+                for waiter in batch:
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            head = int(row[0]) if row is not None else 0
+            seqs: list[int] = list(row[1]) if row is not None and row[1] else []
+            busy = bool(row[2]) if row is not None else False
+            numbered = {seq: head - len(seqs) + i for i, seq in enumerate(seqs, start=1)}
+            self._appended(head)
+            if busy and (self._renumber is None or self._renumber.done()):
+                self._renumber = asyncio.get_running_loop().create_task(self._number_later())
+            for waiter in batch:
+                if not waiter.done():
+                    waiter.set_result((head, numbered, busy))
+
+    async def _number_later(self) -> None:
+        """Another transaction held the log row: run again until a run gets it (that
+        holder commits soon; one that stays open, your own SQL's, is waited out with
+        backoff). Then what committed meanwhile is numbered and reported."""
+        delay = 0.002
+        while self._opened:
+            await asyncio.sleep(delay)
+            try:
+                _, _, busy = await self._sequence()
+            except FencingError:
+                busy = True
+            if not busy:
+                return
+            delay = min(delay * 2, 0.1)
 
     def _appended(self, head: int) -> None:
         """Report ``head`` (from an own append, a NOTIFY, or the head found on

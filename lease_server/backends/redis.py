@@ -300,7 +300,7 @@ class RedisBackend(redis_db.Probed):
 
     async def renew(self, resource: str, token: int, holder: str, ttl_ms: int) -> Grant:
         keys = ResourceKeys(self.prefix, resource)
-        outcome, who, revision = await self._run(
+        outcome, who, _ = await self._run(
             "renew",
             "renew",
             [keys.lease, *self._log_keys(keys)],
@@ -308,7 +308,6 @@ class RedisBackend(redis_db.Probed):
         )
         if text(outcome) != "renewed":
             raise LeaseLost(resource=resource, token=token)
-        self._appended(resource, int(revision))
         return Grant(resource, text(who), token, ttl_ms)
 
     async def release(self, resource: str, token: int, holder: str) -> None:
@@ -373,7 +372,7 @@ class RedisBackend(redis_db.Probed):
         return [got[r] for r in resources]
 
     async def renew_many(self, items: Sequence[RenewItem]) -> list[Grant | LeaseLost]:
-        """renew.lua per lease (each with its RENEWED), pipelined: one round trip per
+        """renew.lua per lease (no event: renewals are not logged), pipelined: one round trip per
         PIPELINE_CHUNK on one Redis; on a cluster the calls go out concurrently."""
         replies = await self._each(
             "renew",
@@ -387,9 +386,8 @@ class RedisBackend(redis_db.Probed):
             ],
         )
         outcomes: list[Grant | LeaseLost] = []
-        for item, (outcome, who, revision) in zip(items, replies, strict=True):
+        for item, (outcome, who, _) in zip(items, replies, strict=True):
             if text(outcome) == "renewed":
-                self._appended(item.resource, int(revision))
                 outcomes.append(Grant(item.resource, text(who), item.token, item.ttl_ms))
             else:
                 outcomes.append(LeaseLost(resource=item.resource, token=item.token))

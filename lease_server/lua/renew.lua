@@ -1,4 +1,5 @@
--- renew.lua: extend the current unexpired lease to now + ttl_ms and append RENEWED.
+-- renew.lua: extend the current unexpired lease to now + ttl_ms. A renewal is not an
+-- event: nothing is appended, the log's head and a follower's fence stay where they are.
 --
 -- KEYS[1]  <prefix>:{<tag>}:lease    hash holder/token/request_id
 -- KEYS[2..5] LOG, HEAD, COMPACT, OWED;  KEYS[6] DUE (one Redis only)  (eventlog.lua)
@@ -8,7 +9,7 @@
 -- ARGV[4]  the resource, raw
 -- ARGV[5]  maxlen of a per-resource log ('0': one shared log)
 -- ARGV[6]  the events channel;  ARGV[7] '1' if the log is per resource
--- Returns  {'renewed', holder, revision} or {'lost', '', '0'} (no live lease, another
+-- Returns  {'renewed', holder, '0'} or {'lost', '', '0'} (no live lease, another
 --          token or holder)
 local lease = redis.call('HMGET', KEYS[1], 'holder', 'token')
 if not lease[2] or lease[2] ~= ARGV[1] or (ARGV[2] ~= '' and lease[1] ~= ARGV[2]) then
@@ -22,7 +23,4 @@ redis.call('HSET', KEYS[5], resource, lease[2] .. ':' .. lease[1])
 if KEYS[6] then
   redis.call('ZADD', KEYS[6], expires, resource)
 end
-local revision = log_append(KEYS[2], KEYS[3], 'renewed', resource, lease[2], lease[1], ARGV[3])
-log_trim(KEYS[2], KEYS[4], revision, ARGV[5])
-log_publish(ARGV[6], ARGV[7], revision, resource)
-return {'renewed', lease[1], revision}
+return {'renewed', lease[1], '0'}

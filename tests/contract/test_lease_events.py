@@ -15,8 +15,14 @@ from typing import Any, Protocol, cast
 import pytest
 
 from fencing.errors import LeaseLost
-from lease_server.backends.base import EventLog, LeaseBackend, event_log_of, resource_log_of
-from lease_server.leases import Grant, LoggedEvent, Scope, TransitionKind
+from lease_server.backends.base import (
+    EventLog,
+    LeaseBackend,
+    LeaseBatches,
+    event_log_of,
+    resource_log_of,
+)
+from lease_server.leases import Grant, LoggedEvent, RenewItem, Scope, TransitionKind
 from tests.backends import LEASE_BACKENDS, TimeControl
 
 
@@ -42,12 +48,7 @@ def logged(lease_backend: tuple[LeaseBackend, TimeControl]) -> Pair:
     return cast(Any, backend), time
 
 
-A, R, L, X = (
-    TransitionKind.ACQUIRED,
-    TransitionKind.RENEWED,
-    TransitionKind.RELEASED,
-    TransitionKind.EXPIRED,
-)
+A, L, X = TransitionKind.ACQUIRED, TransitionKind.RELEASED, TransitionKind.EXPIRED
 
 
 async def grant(
@@ -89,18 +90,29 @@ async def test_the_log_keeps_one_identity_and_another_log_has_another(
         assert await cast(Logged, other).log_id() not in ("", identity)
 
 
-async def test_acquire_renew_release_append_in_order(logged: Pair) -> None:
+async def test_acquire_and_release_append_in_order_and_a_renewal_appends_nothing(
+    logged: Pair,
+) -> None:
     backend, time = logged
+    heard: list[int] = []
+    backend.on_events(heard.append)
     g = await grant(backend, "r", "a", ttl_ms=1000)
     await time.sleep(100)
     await backend.renew("r", g.token, "a", 2000)
+    # A renewal is not an event: the head (a follower's fence) does not move.
+    assert await backend.head_revision() == 1 and heard == [1]
+    assert isinstance(backend, LeaseBatches)
+    assert await backend.renew_many([RenewItem("r", g.token, "a", 2000)]) == [
+        Grant("r", "a", g.token, 2000)
+    ]
+    assert await backend.head_revision() == 1 and heard == [1]
     await backend.release("r", g.token, "a")
     events = await log(backend)
-    assert kinds(events) == [(A, "r", g.token), (R, "r", g.token), (L, "r", g.token)]
-    assert [e.revision for e in events] == [1, 2, 3]
-    assert [e.holder for e in events] == ["a", "a", "a"]
-    assert events[0].ttl_ms == 1000 and events[1].ttl_ms == 2000 and events[2].ttl_ms == 0
-    assert await backend.head_revision() == 3
+    assert kinds(events) == [(A, "r", g.token), (L, "r", g.token)]
+    assert [e.revision for e in events] == [1, 2]
+    assert [e.holder for e in events] == ["a", "a"]
+    assert events[0].ttl_ms == 1000 and events[1].ttl_ms == 0
+    assert await backend.head_revision() == 2 and heard == [1, 2]
 
 
 async def test_refusals_and_replays_append_nothing(logged: Pair) -> None:

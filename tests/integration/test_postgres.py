@@ -451,3 +451,50 @@ async def test_the_sql_fence_rule_is_the_pure_rule(
             assert await store.read(resource, "k") == Record(b"v", token)
         fence = expected
         assert await store.describe_fence(resource) == fence
+
+
+# -- pooled sessions the server closed ---------------------------------------------------------
+
+
+async def _terminate(dsn: str, application_name: str) -> int:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+        cur = await admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name = %s",
+            (application_name,),
+        )
+        row = await cur.fetchone()
+    await asyncio.sleep(0.2)  # their FATAL and EOF reach our sockets
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["quiet-check", "control-no-check"])
+async def test_sessions_the_server_closed_are_replaced_without_failing_a_call(
+    schema: tuple[str, str], monkeypatch: pytest.MonkeyPatch, checked: bool
+) -> None:
+    """pg_terminate_backend of every pooled session (what a restart does to them): the
+    next calls get fresh connections and succeed, with no round trip spent checking a
+    connection before each call. The control takes the check away: a call then fails."""
+    dsn, name = schema
+    if not checked:
+
+        async def unchecked(conn: object) -> None:
+            pass
+
+        monkeypatch.setattr(postgres_db, "quiet_check", unchecked)
+    app = f"fencing_test_{secrets.token_hex(4)}"
+    backend = PostgresBackend(make_conninfo(dsn, application_name=app), name)
+    await backend.open()
+    try:
+        await asyncio.gather(*(backend.describe(f"r{i}") for i in range(8)))  # fill the pool
+        assert await _terminate(dsn, app) >= 2
+        if checked:
+            for i in range(3):
+                assert isinstance(await backend.acquire(f"a{i}", "h", 5000, ""), Grant)
+            await asyncio.gather(*(backend.describe(f"r{i}") for i in range(8)))
+        else:
+            with pytest.raises(BackendUnavailableError):
+                for i in range(8):
+                    await backend.describe(f"r{i}")
+    finally:
+        await backend.close()

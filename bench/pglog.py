@@ -1,0 +1,450 @@
+"""PostgreSQL's lease path next to SQLite's, and the code before against the code now.
+
+Everything is measured in one run, each figure against a baseline from the same run:
+
+* **P7, through gRPC**: Acquire+Release from N clients against a lease server on
+  SQLite, on PostgreSQL, and (``before``) on PostgreSQL running an earlier commit of
+  this repository (its own schema, its own migrations), plus an empty call and a
+  one-op guarded Write on each backend's guard. Every row also says the server's CPU
+  per call (``/proc`` of the server processes), i.e. what one call costs the server;
+* **P7b, in process**: the backend object alone (``acquire`` + ``release``) from 8 tasks
+  and from 1, SQLite against PostgreSQL (and ``before``, in a subprocess of its own);
+* **two lease servers on one database**: 16 clients split over two processes on one
+  schema against 16 on one;
+* **P6 latency**: a waiter blocked in ``Acquire(wait_ms)`` while the holder releases:
+  from the Release call's start to the waiter's grant, p50/p99, per backend and with
+  holder and waiter on two servers of one PostgreSQL schema; and a Watch stream's
+  delivery delay: from the Release call's return to its RELEASED event on the stream
+  (what a guard in ``watch`` mode follows), on the same server and on another one.
+
+``python -m bench.pglog [--duration S] [--clients 1,16] [--before REF]``; ``REF`` (a
+commit, default none) is exported with ``git archive`` to a temporary directory and
+its servers run from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench import postgres as pg_bench
+from bench.harness import Op, Result, measure, progress, server, table
+from fencing.v1 import guard_pb2, guard_pb2_grpc, lease_pb2, lease_pb2_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+FLOOR = "empty gRPC call (floor)"
+WAITS = 150  # release -> waiter grant samples per backend
+WATCHES = 150  # release -> watch event samples
+
+
+@contextlib.contextmanager
+def checkout(ref: str) -> Iterator[Path]:
+    """``ref`` of this repository, exported to a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="fencing-before-") as tmp:
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        yield Path(tmp)
+
+
+@contextlib.contextmanager
+def code_from(tree: Path | None) -> Iterator[None]:
+    """Servers started inside run ``tree``'s code (PYTHONPATH), or this one's."""
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tree or ROOT)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+@dataclass
+class Backend:
+    label: str
+    lease_url: str
+    guard_url: str
+    tree: Path | None = None
+
+
+async def _with_cpu(pids: Sequence[int], coro_name: str, run: object) -> Result:
+    from bench.harness import cpu_seconds
+
+    before = sum(cpu_seconds(p) for p in pids)
+    assert asyncio.iscoroutine(run)
+    result: Result = await run
+    used = sum(cpu_seconds(p) for p in pids) - before
+    calls = result.ops / result.per_call
+    result.note = f"server {used / calls * 1e6:,.0f} us CPU/call" if calls else ""
+    del coro_name
+    return result
+
+
+def _empty_op(health: list[health_pb2_grpc.HealthStub]) -> Op:
+    async def empty(i: int) -> None:
+        await health[i].Check(health_pb2.HealthCheckRequest(service=""))
+
+    return empty
+
+
+def _acquire_release_op(stubs: list[lease_pb2_grpc.LeaseServiceAsyncStub], prefix: str) -> Op:
+    async def acquire_release(i: int) -> None:
+        got = await stubs[i].Acquire(
+            lease_pb2.AcquireRequest(resource=f"{prefix}-{i}", holder=f"c{i}", ttl_ms=10_000)
+        )
+        await stubs[i].Release(
+            lease_pb2.ReleaseRequest(resource=got.resource, token=got.token, holder=f"c{i}")
+        )
+
+    return acquire_release
+
+
+def _write_op(guards: list[guard_pb2_grpc.GuardServiceAsyncStub]) -> Op:
+    async def write(i: int) -> None:
+        await guards[i].Write(
+            guard_pb2.WriteRequest(
+                resource=f"p7-{i}",
+                token=1,
+                ops=[guard_pb2.Op(put=guard_pb2.Put(key="k", value=b"v" * 64))],
+            )
+        )
+
+    return write
+
+
+async def _grpc_rows(b: Backend, clients: Sequence[int], duration: float) -> list[Result]:
+    rows: list[Result] = []
+    with (
+        code_from(b.tree),
+        server("lease_server", "--backend", b.lease_url) as lease,
+        server("guard", "--store", b.guard_url) as guard,
+    ):
+        for n in clients:
+            chans = [grpc.aio.insecure_channel(lease.address) for _ in range(n)]
+            gchans = [grpc.aio.insecure_channel(guard.address) for _ in range(n)]
+            health = [health_pb2_grpc.HealthStub(c) for c in chans]
+            stubs = [lease_pb2_grpc.LeaseServiceStub(c) for c in chans]
+            guards = [guard_pb2_grpc.GuardServiceStub(c) for c in gchans]
+
+            empty = _empty_op(health)
+            acquire_release = _acquire_release_op(stubs, "p7")
+            write = _write_op(guards)
+
+            try:
+                progress(f"{b.label}: empty call, {n} clients")
+                rows.append(
+                    await _with_cpu(
+                        lease.pids, "", measure(f"{b.label}: {FLOOR}", empty, n, duration)
+                    )
+                )
+                progress(f"{b.label}: Acquire+Release, {n} clients")
+                r = await measure(
+                    f"{b.label}: Acquire+Release",
+                    acquire_release,
+                    n,
+                    duration,
+                    baseline="sqlite: Acquire+Release",
+                )
+                rows.append(r)
+                # Its CPU per call: a second short run (the first one's ratio stays clean).
+                cpu = await _with_cpu(
+                    lease.pids,
+                    "",
+                    measure("cpu", acquire_release, n, min(duration, 2.0), per_call=2),
+                )
+                r.note = cpu.note.replace("call", "call (Acquire or Release)")
+                progress(f"{b.label}: Write, {n} clients")
+                rows.append(
+                    await _with_cpu(
+                        guard.pids,
+                        "",
+                        measure(
+                            f"{b.label}: Write (1 op)",
+                            write,
+                            n,
+                            duration,
+                            baseline="sqlite: Write (1 op)",
+                        ),
+                    )
+                )
+            finally:
+                for c in chans + gchans:
+                    await c.close()
+    return rows
+
+
+async def _two_servers(b: Backend, n: int, duration: float) -> list[Result]:
+    """n clients on one server, then split over two on the same schema."""
+    rows: list[Result] = []
+    with (
+        code_from(b.tree),
+        server("lease_server", "--backend", b.lease_url) as one,
+        server("lease_server", "--backend", b.lease_url) as two,
+    ):
+        for label, addrs in (
+            ("1 server", [one.address]),
+            ("2 servers", [one.address, two.address]),
+        ):
+            chans = [grpc.aio.insecure_channel(addrs[i % len(addrs)]) for i in range(n)]
+            stubs = [lease_pb2_grpc.LeaseServiceStub(c) for c in chans]
+
+            acquire_release = _acquire_release_op(stubs, "two")
+
+            progress(f"{b.label}: Acquire+Release on {label}, {n} clients")
+            try:
+                rows.append(
+                    await measure(
+                        f"{b.label}: Acquire+Release, {label}",
+                        acquire_release,
+                        n,
+                        duration,
+                        baseline=f"{b.label}: Acquire+Release, 1 server",
+                    )
+                )
+            finally:
+                for c in chans:
+                    await c.close()
+    return rows
+
+
+def _pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else 0.0
+
+
+async def _latencies(b: Backend, two: bool) -> list[str]:
+    """P6: release -> next waiter's grant, and release -> watch event (ms, p50/p99)."""
+    lines: list[str] = []
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(code_from(b.tree))
+        first = stack.enter_context(server("lease_server", "--backend", b.lease_url))
+        second = (
+            stack.enter_context(server("lease_server", "--backend", b.lease_url)) if two else first
+        )
+        where = "two servers" if two else "one server"
+        holder_ch = grpc.aio.insecure_channel(first.address)
+        waiter_ch = grpc.aio.insecure_channel(second.address)
+        holder = lease_pb2_grpc.LeaseServiceStub(holder_ch)
+        waiter = lease_pb2_grpc.LeaseServiceStub(waiter_ch)
+        try:
+            grants: list[float] = []
+            for k in range(WAITS):
+                r = f"p6-{k % 8}"
+                got = await holder.Acquire(
+                    lease_pb2.AcquireRequest(resource=r, holder="h", ttl_ms=10_000)
+                )
+                waiting = asyncio.ensure_future(
+                    waiter.Acquire(
+                        lease_pb2.AcquireRequest(
+                            resource=r, holder="w", ttl_ms=10_000, wait_ms=5000
+                        )
+                    )
+                )
+                await asyncio.sleep(0.01)  # the waiter is queued on the server
+                start = time.perf_counter()
+                await holder.Release(
+                    lease_pb2.ReleaseRequest(resource=r, token=got.token, holder="h")
+                )
+                won = await waiting
+                grants.append(time.perf_counter() - start)
+                await waiter.Release(
+                    lease_pb2.ReleaseRequest(resource=r, token=won.token, holder="w")
+                )
+            lines.append(
+                f"{b.label}, {where}: Release -> waiter's grant p50 {_pct(grants, 0.5):.1f} ms,"
+                f" p99 {_pct(grants, 0.99):.1f} ms ({len(grants)} samples)"
+            )
+            stream = waiter.Watch(lease_pb2.WatchRequest(prefix="p6w-"))
+            await stream.initial_metadata()
+            delays: list[float] = []
+            for k in range(WATCHES):
+                got = await holder.Acquire(
+                    lease_pb2.AcquireRequest(resource=f"p6w-{k % 8}", holder="h", ttl_ms=10_000)
+                )
+                await stream.read()  # its ACQUIRED
+                await holder.Release(
+                    lease_pb2.ReleaseRequest(resource=got.resource, token=got.token, holder="h")
+                )
+                done = time.perf_counter()
+                event = await stream.read()
+                assert not isinstance(event, type(grpc.aio.EOF))
+                delays.append(max(0.0, time.perf_counter() - done))
+            stream.cancel()
+            lines.append(
+                f"{b.label}, {where}: Release returned -> Watch event p50"
+                f" {_pct(delays, 0.5):.1f} ms, p99 {_pct(delays, 0.99):.1f} ms"
+                f" ({len(delays)} samples)"
+            )
+        finally:
+            await holder_ch.close()
+            await waiter_ch.close()
+    return lines
+
+
+_INPROC = r"""
+import asyncio, json, sys, tempfile
+from pathlib import Path
+from bench.harness import measure
+async def main(kind, url, n, duration):
+    if kind == "sqlite":
+        from lease_server.backends.sqlite import SQLiteBackend
+        tmp = tempfile.mkdtemp()
+        backend = SQLiteBackend(Path(tmp) / "leases.db")
+    else:
+        from lease_server.backends.postgres import PostgresBackend
+        backend = PostgresBackend(url)
+    await backend.open()
+    backend.on_events(lambda head: None)  # as the server's watch feed does
+    async def op(i):
+        g = await backend.acquire(f"p7b-{i}", f"t{i}", 10000, "")
+        await backend.release(g.resource, g.token, g.holder)
+    try:
+        r = await measure("x", op, n, duration)
+    finally:
+        await backend.close()
+    print(json.dumps([r.ops, r.seconds, r.percentile(0.5), r.percentile(0.99)]))
+kind, url, n, duration = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+asyncio.run(main(kind, url, n, duration))
+"""
+
+
+def _inproc(label: str, kind: str, url: str, n: int, duration: float, tree: Path | None) -> Result:
+    """The backend alone, in a process of its own (so ``before`` runs its own code)."""
+    progress(f"{label}: backend acquire+release in process, {n} tasks")
+    env = dict(os.environ, PYTHONPATH=f"{tree or ROOT}{os.pathsep}{ROOT}")
+    out = subprocess.run(
+        [sys.executable, "-c", _INPROC, kind, url, str(n), str(duration)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tree or ROOT),
+    ).stdout
+    ops, seconds, p50, p99 = json.loads(out.strip().splitlines()[-1])
+    # Latencies as two points, enough for the table's p50 and p99 columns.
+    lat = [p50] * 98 + [p99] * 2
+    return Result(f"{label}: in process", n, int(ops), float(seconds), lat)
+
+
+async def run(
+    clients: Sequence[int], duration: float, before: str = "", dsn: str | None = None
+) -> tuple[list[Result], list[str]]:
+    """Every measurement of the module doc; rows and the latency lines."""
+    dsn = dsn or pg_bench.default_dsn()
+    rows: list[Result] = []
+    lines: list[str] = []
+    async with contextlib.AsyncExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fencing-pglog-")))
+        tree = stack.enter_context(checkout(before)) if before else None
+        schemas = []
+        for _ in range(2 if before else 1):
+            schemas.append(await stack.enter_async_context(_schema_cm(dsn)))
+        sqlite = Backend("sqlite", f"sqlite:{tmp / 'leases.db'}", f"sqlite:{tmp / 'guard.db'}")
+        now = Backend("postgres", _url(dsn, schemas[0]), _url(dsn, schemas[0]))
+        backends = [sqlite, now]
+        if tree is not None:
+            backends.append(
+                Backend("postgres before", _url(dsn, schemas[1]), _url(dsn, schemas[1]), tree)
+            )
+        for b in backends:
+            rows += await _grpc_rows(b, clients, duration)
+        for b in backends[1:]:
+            rows += await _two_servers(b, max(clients), duration)
+        for n in (8, 1):
+            for b in backends:
+                kind = "sqlite" if b is sqlite else "postgres"
+                url = f"{tmp}" if b is sqlite else b.lease_url
+                r = _inproc(b.label, kind, url, n, duration, b.tree)
+                r.baseline = "sqlite: in process" if b is not sqlite else ""
+                rows.append(r)
+        for b in backends:
+            lines += await _latencies(b, two=False)
+        for b in backends[1:]:
+            lines += await _latencies(b, two=True)
+        # Redis, for the P6 line per backend, if one answers.
+        with contextlib.suppress(OSError, RuntimeError, grpc.aio.AioRpcError):
+            url = os.environ.get("FENCING_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+            prefix = f"bench-pglog-{os.getpid()}"  # a private prefix on a shared Redis
+            redis = Backend("redis", f"{url}{'&' if '?' in url else '?'}prefix={prefix}", "")
+            lines += await _latencies(redis, two=False)
+    return rows, lines
+
+
+@contextlib.asynccontextmanager
+async def _schema_cm(dsn: str):  # type: ignore[no-untyped-def]
+    async with pg_bench.bench_schema(dsn) as schema:
+        yield schema
+
+
+def _url(dsn: str, schema: str) -> str:
+    return f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
+
+
+def ratios(rows: Sequence[Result]) -> list[str]:
+    """The brief's figures: P7, P7b and two servers, as ratios of this run's rows."""
+
+    def rate(name: str, n: int) -> float:
+        return next((r.rate for r in rows if r.name == name and r.concurrency == n), 0.0)
+
+    out = []
+    n = max(r.concurrency for r in rows)
+    for label in ("postgres", "postgres before"):
+        pg, lite = rate(f"{label}: Acquire+Release", n), rate("sqlite: Acquire+Release", n)
+        if pg and lite:
+            out.append(f"P7 {label}/sqlite, gRPC Acquire+Release at {n} clients: {pg / lite:.2f}x")
+        pg8, lite8, pg1 = (
+            rate(f"{label}: in process", 8),
+            rate("sqlite: in process", 8),
+            rate(f"{label}: in process", 1),
+        )
+        if pg8 and lite8 and pg1:
+            out.append(
+                f"P7b {label}: 8 tasks/sqlite 8 tasks {pg8 / lite8:.2f}x;"
+                f" 8 tasks/1 task {pg8 / pg1:.2f}x"
+            )
+        one = rate(f"{label}: Acquire+Release, 1 server", n)
+        two = rate(f"{label}: Acquire+Release, 2 servers", n)
+        if one and two:
+            out.append(f"{label}: two servers on one schema / one, {n} clients: {two / one:.2f}x")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.pglog", description=__doc__)
+    p.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
+    p.add_argument("--clients", default="1,16", help="comma-separated client counts")
+    p.add_argument("--before", default="", help="a commit to measure as 'postgres before'")
+    args = p.parse_args(argv)
+    clients = [int(c) for c in args.clients.split(",") if c]
+    started = time.perf_counter()
+    rows, lines = asyncio.run(run(clients, args.duration, args.before))
+    print(table(rows, "PostgreSQL lease path against SQLite (and the code before)"))
+    for line in [*ratios(rows), *lines]:
+        print(line)
+    print(
+        f"took {time.perf_counter() - started:.0f} s; load average {os.getloadavg()[0]:.2f},"
+        f" {os.getloadavg()[1]:.2f}, {os.getloadavg()[2]:.2f};"
+        f" median rate {statistics.median(r.rate for r in rows):,.0f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
