@@ -16,18 +16,16 @@ value is stored, and why: see :mod:`fencing.election`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
 from typing import Any
 
-import grpc
-
-from fencing.client import _core
 from fencing.client.async_guard import AsyncGuardClient
 from fencing.client.async_lease import AsyncHold, AsyncLease, AsyncLeaseClient
-from fencing.election import LEADER_KEY, Leader, leader_of
-from fencing.errors import LeaseLost
+from fencing.election import DEFAULT_POLL_S, LEADER_KEY, Leader, leader_of
+from fencing.errors import InvalidArgumentError, LeaseLost
 
 
 class AsyncLeadership:
@@ -66,7 +64,6 @@ class AsyncLeadership:
         :meth:`fencing.election.Leadership.proclaim`."""
         self.lease.check()
         await self.election.guard.put(self, LEADER_KEY, value.encode())
-        await self.lease.renew()
 
     async def resign(self) -> None:
         """Give the leadership up now. Never raises ``LeaseLost``."""
@@ -142,26 +139,43 @@ class AsyncElection:
             return None
         return leader_of(self.name, state, await self.guard.read(self.name, LEADER_KEY))
 
-    async def observe(self) -> AsyncGenerator[Leader | None, None]:
+    async def observe(self, *, poll: float = DEFAULT_POLL_S) -> AsyncGenerator[Leader | None, None]:
         """Yield the current leader at once, then each change; see
         :meth:`fencing.election.Election.observe`."""
-        call = self.leases._stub.Watch(_core.watch_request(self.name, "", 0))
+        if poll <= 0:
+            raise InvalidArgumentError(f"poll must be > 0, got {poll}", field="poll")
+        events: asyncio.Queue[BaseException | None] = asyncio.Queue()
+        stream = await self.leases.watch_stream(self.name)
+
+        async def follow() -> None:
+            try:
+                async for _event in stream:
+                    events.put_nowait(None)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # handed to the reader, which raises it
+                events.put_nowait(exc)
+
+        reader = asyncio.create_task(follow())
         try:
-            # Sent once the stream is positioned at the head: no change is missed.
-            await call.initial_metadata()
             last = await self.leader()
             yield last
-            async for msg in call:
-                if _core.lease_event(msg) is None:
-                    continue
+            while True:
+                try:
+                    failure = await asyncio.wait_for(events.get(), poll)
+                except TimeoutError:
+                    failure = None
+                if failure is not None:
+                    raise failure
                 now = await self.leader()
                 if now != last:
                     last = now
                     yield now
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
         finally:
-            call.cancel()
+            reader.cancel()
+            await stream.aclose()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
 
 
 __all__ = ["AsyncElection", "AsyncLeadership"]

@@ -46,22 +46,24 @@ deadline passed). ``lost`` is set, ``on_lost`` callbacks run, ``check()`` raises
 from __future__ import annotations
 
 import contextlib
+import queue
 import sys
+import threading
 from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-import grpc
-
-from fencing.client import _core
 from fencing.client.guard import GuardClient
 from fencing.client.lease import Lease, LeaseClient
-from fencing.errors import LeaseLost
+from fencing.errors import InvalidArgumentError, LeaseLost
 from fencing.types import LeaseState, Record
 
 #: The guard key, in the election's resource, that holds the proclaimed value.
+#: How often :meth:`Election.observe` reads the proclaimed value while no event comes.
+DEFAULT_POLL_S = 0.25
+
 LEADER_KEY = "fencing.election/leader"
 
 
@@ -125,11 +127,10 @@ class Leadership:
 
     def proclaim(self, value: str) -> None:
         """Publish ``value`` (e.g. this leader's address) as this term's, fenced by the
-        term: refused with :class:`StaleTokenError` once a later term exists. Renews the
-        lease afterwards, so observers hear of the new value (a RENEWED event)."""
+        term: refused with :class:`StaleTokenError` once a later term exists. Observers
+        read it within their ``poll``."""
         self.lease.check()
         self.election.guard.put(self, LEADER_KEY, value.encode())
-        self.lease.renew()
 
     def resign(self) -> None:
         """Give the leadership up now (release the lease). Never raises ``LeaseLost``:
@@ -210,37 +211,51 @@ class Election:
             return None
         return leader_of(self.name, state, self.guard.read(self.name, LEADER_KEY))
 
-    def observe(self) -> Generator[Leader | None, None, None]:
+    def observe(self, *, poll: float = DEFAULT_POLL_S) -> Generator[Leader | None, None, None]:
         """Yield the current leader at once (None: nobody leads), then each change:
         a new term, a new proclaimed value, or nobody (a resignation or an expiry).
-        Each yield is the state read when an event arrives, so changes quicker than
+        Each yield is the state read when something changed, so changes quicker than
         the reader fold into the latest: an observer always ends at the current
         leader, but may skip one that came and went in between.
 
-        Follows the lease server's Watch stream on the election's resource; the first
-        leader is read once the stream has started, so no change can fall between
-        the read and the stream. Ends only with an error (``BackendUnavailableError``
-        when a server stops); closing the generator cancels the stream.
+        Terms come from the lease server's Watch stream on the election's resource
+        (opened before the first read, so no grant, release or expiry falls between
+        them). A proclaimed value is a guarded record, and renewals are not events,
+        so the value is also read every ``poll`` seconds while no event comes. Ends
+        only with an error (``BackendUnavailableError`` when a server stops);
+        closing the generator cancels the stream.
         """
-        leases = self.leases
-        call = leases._stub.Watch(_core.watch_request(self.name, "", 0))
+        if poll <= 0:
+            raise InvalidArgumentError(f"poll must be > 0, got {poll}", field="poll")
+        events: queue.Queue[BaseException | None] = queue.Queue()
+        stream = self.leases.watch_stream(self.name)
+
+        def follow() -> None:
+            try:
+                for _event in stream:
+                    events.put(None)
+            except BaseException as exc:  # handed to the reader, which raises it
+                events.put(exc)
+
+        reader = threading.Thread(target=follow, daemon=True, name=f"observe-{self.name}")
+        reader.start()
         try:
-            # The server sends its initial metadata once the stream is positioned at
-            # its head: every change after this read is an event of the stream.
-            call.initial_metadata()
             last = self.leader()
             yield last
-            for msg in call:
-                if _core.lease_event(msg) is None:
-                    continue
+            while True:
+                try:
+                    failure = events.get(timeout=poll)
+                except queue.Empty:
+                    failure = None
+                if failure is not None:
+                    raise failure
                 now = self.leader()
                 if now != last:
                     last = now
                     yield now
-        except grpc.RpcError as err:
-            raise _core.translate(err) from err
         finally:
-            call.cancel()
+            stream.close()
+            reader.join(5)
 
 
-__all__ = ["LEADER_KEY", "Election", "Leader", "Leadership", "leader_of"]
+__all__ = ["DEFAULT_POLL_S", "LEADER_KEY", "Election", "Leader", "Leadership", "leader_of"]
