@@ -62,12 +62,15 @@ from typing import Final
 from chaos import faults
 from chaos.checker import CheckResult, ViolationKind, check
 from chaos.faults import ClientNode, Cluster, FaultLog, FaultWindow, Topology
-from chaos.history import Event, HistoryWriter, Recorder, read_history
+from chaos.history import Event, HistoryFollower, HistoryWriter, Recorder, read_history
 from chaos.workload import (
     COUNTER_KEY,
     EFFECT_KEY,
+    JOB_OVERRUN_S,
+    Intent,
     Profile,
     client_of,
+    pending_intent,
     pending_write,
     record_final_reads,
 )
@@ -143,6 +146,12 @@ harness times the run from their start."""
 RESTART_S: Final = 1.0
 """Allowance for a server process to start again and its clients to reconnect."""
 
+RESCUE_S: Final = 8.0
+"""Bound on the wait, past a claim's TTL, for a paused worker's job to be rescued and the
+rescuer's write acknowledged: generous, since on a loaded machine every step of it
+(another worker's claim, its promise, its read and write) is slow; never past the
+clients' last job."""
+
 
 class HarnessError(RuntimeError):
     """The harness itself failed (a process would not start, a fault could not be applied)."""
@@ -163,7 +172,9 @@ class RunContext:
     journal_dir: Path
     deadline: float
     fence_mode: str = "monotonic"
+    history_dir: Path | None = None
     stop: threading.Event = field(default_factory=threading.Event)
+    _follower: HistoryFollower | None = field(default=None, init=False, repr=False)
 
     @property
     def ttl_max_s(self) -> float:
@@ -243,15 +254,22 @@ class RunContext:
 
         For the jobs workload, whose claims the lease server's ``Describe`` does not
         show: a journal note means the client holds a claim and is inside a step.
-        Bounded like :meth:`strikes`.
+        Each note is offered once: a strike that came too late (see
+        :meth:`unsent_write`) moves on to the next one. Bounded like :meth:`strikes`.
         """
+        offered: set[tuple[str, Intent]] = set()
         for _ in range(MAX_CYCLES):
             found: ClientNode | None = None
             while found is None and not self.stop.is_set():
                 if self.time_left() < needs_s:
                     return
-                for node in self.cluster.clients.values():
-                    if node.proc.alive and pending_write(self.journal_dir, node.name):
+                # A snapshot: the clients are still being started while this runs.
+                for node in list(self.cluster.clients.values()):
+                    intent = pending_intent(self.journal_dir, node.name)
+                    if node.proc.alive and intent is not None:
+                        if (node.name, intent) in offered:
+                            continue
+                        offered.add((node.name, intent))
                         found = node
                         break
                 else:
@@ -259,6 +277,59 @@ class RunContext:
             if found is None:
                 return
             yield found
+
+    def unsent_write(self, client: str) -> Intent | None:
+        """The write ``client`` has prepared and certainly not sent yet, or None.
+
+        Call it while the client is paused. Its journal holds a prepared write until
+        the outcome is known, and its history records a write's invocation before the
+        request goes out: a noted write that the history does not show invoked has not
+        reached the guard, so the client will send it, under the token it was prepared
+        with, once it runs again. None means the strike came too late.
+        """
+        intent = pending_intent(self.journal_dir, client)
+        if intent is None:
+            return None
+        for event in read_history(self.history_files(client)):
+            if (
+                event.op == "write"
+                and event.type == "invoke"
+                and event.resource == intent.resource
+                and event.value == intent.value
+            ):
+                return None
+        return intent
+
+    def history_files(self, client: str) -> list[Path]:
+        """The history files of ``client``'s incarnations so far."""
+        if self.history_dir is None:
+            raise HarnessError("this schedule needs the run's history directory")
+        first = self.history_dir / f"{client}.jsonl"
+        later = sorted(self.history_dir.glob(f"{client}~*.jsonl"))
+        return [first, *later] if first.exists() else later
+
+    def history(self) -> HistoryFollower:
+        """What the clients have recorded so far (polled; see :class:`HistoryFollower`)."""
+        if self._follower is None:
+            if self.history_dir is None:
+                raise HarnessError("this schedule needs the run's history directory")
+            self._follower = HistoryFollower(self.history_dir)
+        self._follower.poll()
+        return self._follower
+
+    def wait_until(self, condition: Callable[[], bool], until: float) -> bool:
+        """Poll ``condition`` every 10 ms until it holds (True) or ``until`` (monotonic
+        seconds) passes or the run stops (False)."""
+        while not condition():
+            if time.monotonic() >= until or self.stop.is_set():
+                return False
+            self.stop.wait(0.01)
+        return True
+
+    def wait_for_acked_write_above(self, resource: str, token: int, until: float) -> bool:
+        """Wait (until ``until``) for a client's write to ``resource`` with a token above
+        ``token`` to be acknowledged, as its history shows: a newer holder has written."""
+        return self.wait_until(lambda: self.history().acked_token(resource) > token, until)
 
     def strikes(self, needs_s: float) -> Iterator[tuple[ClientNode, str, int]]:
         """Fresh holders to strike (see :meth:`fresh_holder`), one per fault cycle.
@@ -429,13 +500,23 @@ def _lock_counter(ctx: RunContext) -> None:
 
 
 def _pause_worker(ctx: RunContext) -> None:
-    # Past its claim's TTL, so the next claim rescues the job with a newer token and
-    # the rescuer writes; then the worker wakes and sends the increment it prepared.
-    pause_s = ctx.ttl_max_s * ctx.rng.uniform(1.9, 2.3)
+    # Paused past its claim's TTL until the next claim has rescued the job with a
+    # newer token and the rescuer's write is acknowledged; then the worker wakes and
+    # sends the increment it prepared under the old claim. Waiting for the rescue
+    # rather than for a fixed time: on a loaded machine each step of it (the TTL,
+    # another worker's claim, its promise, read and write) takes longer. A strike
+    # that came after the prepared write was sent proves nothing: resume at once.
     for node in ctx.busy_workers(TAKEOVER_S):
         with faults.paused(node.proc, ctx.log, label=node.name):
-            time.sleep(pause_s)
-        ctx.sleep(ctx.rng.uniform(0.3, 0.8))
+            intent = ctx.unsent_write(node.name)
+            if intent is not None:
+                until = min(
+                    time.monotonic() + ctx.ttl_max_s + RESCUE_S, ctx.deadline + JOB_OVERRUN_S
+                )
+                if ctx.wait_for_acked_write_above(intent.resource, intent.token, until):
+                    time.sleep(ctx.rng.uniform(0.0, 0.3))  # somewhere in the rescuer's job
+        if intent is not None:
+            ctx.sleep(ctx.rng.uniform(0.3, 0.8))
 
 
 def _clock_skew(ctx: RunContext) -> None:
@@ -789,6 +870,7 @@ def _drive(
         resources=config.resource_names(),
         profile=scenario.profile,
         journal_dir=workdir / "journal",
+        history_dir=history_dir,
         # Provisional, until the clients have started (below): a schedule must not
         # give up on strikes while the clients are still importing.
         deadline=begin + config.duration + CLIENT_START_S,
