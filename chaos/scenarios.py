@@ -74,7 +74,7 @@ from chaos.workload import (
     pending_write,
     record_final_reads,
 )
-from fencing import GuardClient, LeaseClient
+from fencing import FencingError, GuardClient, LeaseClient
 
 GUARD_MODES: Final = {"promise": "monotonic"}
 """Modes that are a client's doing: the guard they run against (promise = monotonic
@@ -151,6 +151,15 @@ RESCUE_S: Final = 8.0
 rescuer's write acknowledged: generous, since on a loaded machine every step of it
 (another worker's claim, its promise, its read and write) is slow; never past the
 clients' last job."""
+
+QUIET_LEAD_S: Final = 1.5
+"""How long before a held write is due to land the harness starts taking the resource's
+lease (a client may hold it until its job ends)."""
+
+QUIET_S: Final = 1.0
+"""How long after a held write is due the harness keeps the resource quiet, unless a
+read showed the late value sooner (it never does in the fenced run: the guard refused
+it)."""
 
 
 class HarnessError(RuntimeError):
@@ -331,6 +340,42 @@ class RunContext:
         ``token`` to be acknowledged, as its history shows: a newer holder has written."""
         return self.wait_until(lambda: self.history().acked_token(resource) > token, until)
 
+    def wait_for_read(
+        self, resource: str, values: frozenset[str], since: float, until: float
+    ) -> bool:
+        """Wait (until ``until``) for a read of ``resource`` invoked after ``since``
+        (monotonic seconds) to return one of ``values``, as its history shows."""
+        since_ns = int(since * 1e9)
+        return self.wait_until(lambda: self.history().read_since(resource, since_ns, values), until)
+
+    @contextlib.contextmanager
+    def quiet(self, resource: str, by: float) -> Iterator[bool]:
+        """Hold ``resource``'s lease as the harness (no client can take it) for the block.
+
+        Tries to acquire it until ``by`` (monotonic seconds) and yields whether it did;
+        releases it on exit. The harness never writes: while it holds the lease a late
+        write that lands stays in place until a read has seen it.
+        """
+        with LeaseClient(self.cluster.lease_target, holder="harness", rpc_timeout=1.0) as leases:
+            lease = None
+            wait = by - time.monotonic()
+            if wait > 0:
+                # Taken, or not in time (a timeout is a LeaseHeldError, a FencingError).
+                with contextlib.suppress(FencingError, TimeoutError):
+                    # Long enough for the block; released explicitly, never renewed.
+                    lease = leases.acquire(resource, wait + QUIET_S + 3.0, timeout=wait)
+            try:
+                if lease is None:
+                    yield False
+                else:
+                    # Shown on the timeline like a fault: nobody else may write meanwhile.
+                    with self.log.window("quiet", resource, "the harness holds the lease"):
+                        yield True
+            finally:
+                if lease is not None:
+                    with contextlib.suppress(Exception):
+                        lease.release()
+
     def strikes(self, needs_s: float) -> Iterator[tuple[ClientNode, str, int]]:
         """Fresh holders to strike (see :meth:`fresh_holder`), one per fault cycle.
 
@@ -425,13 +470,39 @@ def _delay_holder_to_guard(ctx: RunContext) -> None:
     # The cycle needs the clients only until a newer holder has written (the struck
     # holder's job ends after a few timeouts, then a waiter takes over); the late
     # bytes may land after the clients stopped: the observer and final reads see them.
-    for node, _, _ in ctx.strikes(3.0):
+    for node, resource, token in ctx.strikes(3.0):
         assert node.guard_proxy is not None
         target = f"{node.name} <-> guard"
+        began_ns = time.monotonic_ns()
         with faults.delayed(node.guard_proxy, ctx.log, target, delay_ms):
             # Everything it sends in this window arrives delay_ms later.
             time.sleep(delay_ms / 1000 / 2)
-        time.sleep(delay_ms / 1000 / 2 + 0.5)  # let the held bytes land
+        # When the held writes land follows from when they were sent (their history).
+        held = [
+            e
+            for e in read_history(ctx.history_files(node.name))
+            if e.op == "write"
+            and e.type == "invoke"
+            and e.resource == resource
+            and e.t_mono_ns >= began_ns
+        ]
+        if not held:
+            ctx.sleep(0.2)  # it had sent its write already: nothing was held
+            continue
+        landing = held[0].t_mono_ns / 1e9 + delay_ms / 1000
+        late_values = frozenset(e.value for e in held if e.value is not None)
+        # Once a newer holder has written, keep the resource quiet while the first held
+        # write lands: a client of the resource is between its read and its write most
+        # of the time, and on a loaded machine it may overwrite the late value before
+        # the observer (slowed too) reads it. The harness holds the lease and writes
+        # nothing, so the late value, if accepted, stays until a read has seen it.
+        ctx.sleep(landing - QUIET_LEAD_S - time.monotonic())
+        if ctx.wait_for_acked_write_above(resource, token, landing - 0.2):
+            with ctx.quiet(resource, by=landing - 0.05) as quiet:
+                if quiet:
+                    ctx.wait_for_read(resource, late_values, began_ns / 1e9, landing + QUIET_S)
+        # Let every held byte land before the next cycle.
+        time.sleep(max(0.0, held[-1].t_mono_ns / 1e9 + delay_ms / 1000 + 0.5 - time.monotonic()))
 
 
 def _restart_lease_server(ctx: RunContext) -> None:
