@@ -720,6 +720,9 @@ class RunOutcome:
     started_ns: int
     ended_ns: int
     errors: list[str] = field(default_factory=list)
+    seed: int | None = None
+    """The seed this run used: its config's, but for a control the matrix ran again with
+    a fresh one (None when not recorded)."""
 
     @property
     def valid(self) -> bool:
@@ -908,6 +911,7 @@ def run_once(
         started_ns=started_ns,
         ended_ns=ended_ns,
         errors=errors,
+        seed=config.seed,
     )
 
 
@@ -1008,14 +1012,9 @@ def _drive(
             errors.append(f"only {read} of {2 * len(resources)} final reads succeeded")
 
 
-def run_scenario(
-    config: RunConfig, out_dir: Path, *, progress: Progress | None = None
-) -> ScenarioResult:
-    """Run ``config.scenario``: the fenced run, then (unless disabled) the control.
-
-    Each run gets a fresh directory under ``out_dir`` (``fenced/``, ``control/``)
-    with its histories, fault log, process logs and databases.
-    """
+def validated(config: RunConfig) -> Scenario:
+    """``config``'s scenario, or ``ValueError`` naming what does not apply (the scenario,
+    its backends and modes, the fence modes this build has)."""
     try:
         scenario = SCENARIOS[config.scenario]
     except KeyError:
@@ -1040,6 +1039,18 @@ def run_scenario(
         raise ValueError(
             f"watch mode needs a lease backend with an event log; {config.backend} keeps none"
         )
+    return scenario
+
+
+def run_scenario(
+    config: RunConfig, out_dir: Path, *, progress: Progress | None = None
+) -> ScenarioResult:
+    """Run ``config.scenario``: the fenced run, then (unless disabled) the control.
+
+    Each run gets a fresh directory under ``out_dir`` (``fenced/``, ``control/``)
+    with its histories, fault log, process logs and databases.
+    """
+    scenario = validated(config)
     guard_mode = GUARD_MODES.get(config.fence_mode, config.fence_mode)
     fenced = run_once(
         config,
@@ -1051,15 +1062,22 @@ def run_scenario(
     )
     control = None
     if config.control:
-        control = run_once(
-            config,
-            scenario,
-            label="control",
-            guard_mode="off",
-            workdir=out_dir / "control",
-            progress=progress,
-        )
+        control = run_control(config, out_dir / "control", progress=progress)
     return ScenarioResult(config, scenario, fenced, control)
+
+
+def run_control(
+    config: RunConfig, workdir: Path, *, progress: Progress | None = None
+) -> RunOutcome:
+    """The control alone: ``config`` with the guard's fencing off, in ``workdir``.
+
+    :func:`run_scenario` runs it after the fenced run; the matrix runs it again,
+    with a fresh seed, when a control caught nothing (:mod:`chaos.matrix`).
+    """
+    scenario = validated(config)
+    return run_once(
+        config, scenario, label="control", guard_mode="off", workdir=workdir, progress=progress
+    )
 
 
 __all__ = [
@@ -1081,6 +1099,8 @@ __all__ = [
     "available_modes",
     "client_argv",
     "keeps_event_log",
+    "run_control",
     "run_once",
     "run_scenario",
+    "validated",
 ]
