@@ -34,8 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Scenarios name the backends of a run as faults.BACKENDS: it lives with the cluster.
-from chaos.cluster import BACKENDS
 from chaos.processes import READY_TIMEOUT_S, Proc
 from chaos.proxy import Direction, ThreadedFaultProxy
 
@@ -252,7 +250,6 @@ def clock_skewed(proc: Proc, log: FaultLog, *, detail: str = "") -> Iterator[Non
 
 
 __all__ = [
-    "BACKENDS",
     "FaultLog",
     "FaultWindow",
     "clock_skewed",

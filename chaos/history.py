@@ -300,6 +300,74 @@ def _decodes(raw: bytes) -> bool:
     return True
 
 
+class HistoryFollower:
+    """Follow a run's history files while they grow: what the clients have recorded so far.
+
+    For the harness's fault schedules, which wait for what a client was told (a
+    newer holder's write acknowledged, a read that returned a value), not for a
+    guessed amount of time. :meth:`poll` reads only the lines added since the last
+    call and only whole ones (a line not yet ended by its newline is read next
+    time; a line torn by a SIGKILL is skipped), picks up files that appear later (a
+    restarted client's), and pairs each completion with its invocation.
+    """
+
+    def __init__(self, directory: StrPath) -> None:
+        self._dir = Path(directory)
+        self._offsets: dict[Path, int] = {}
+        self._invokes: dict[str, Event] = {}
+        self._acked: dict[str, int] = {}
+        self._reads: dict[str, list[tuple[int, str | None]]] = {}
+
+    def poll(self) -> list[tuple[Event, Event]]:
+        """(invoke, completion) pairs of the operations completed since the last call."""
+        done: list[tuple[Event, Event]] = []
+        for path in sorted(self._dir.glob("*.jsonl")):
+            offset = self._offsets.get(path, 0)
+            try:
+                with path.open("rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n")
+            if end < 0:
+                continue
+            self._offsets[path] = offset + end + 1
+            for raw in data[:end].split(b"\n"):
+                if not raw.strip():
+                    continue
+                try:
+                    event = _decode(raw)
+                except (UnicodeDecodeError, json.JSONDecodeError, HistoryError):
+                    continue
+                if event.type == "invoke":
+                    self._invokes[event.op_id] = event
+                    continue
+                invoke = self._invokes.pop(event.op_id, None)
+                if invoke is not None:
+                    self._note(invoke, event)
+                    done.append((invoke, event))
+        return done
+
+    def _note(self, invoke: Event, completion: Event) -> None:
+        if completion.type != "ok":
+            return
+        if invoke.op == "write" and invoke.token is not None:
+            self._acked[invoke.resource] = max(self._acked.get(invoke.resource, 0), invoke.token)
+        elif invoke.op == "read":
+            self._reads.setdefault(invoke.resource, []).append((invoke.t_mono_ns, completion.value))
+
+    def acked_token(self, resource: str) -> int:
+        """The highest token of an acknowledged (``ok``) write to ``resource`` seen so far
+        (0 if none); call :meth:`poll` first."""
+        return self._acked.get(resource, 0)
+
+    def read_since(self, resource: str, since_ns: int, values: frozenset[str]) -> bool:
+        """Whether a read of ``resource`` invoked at or after ``since_ns`` (monotonic ns)
+        returned one of ``values``; call :meth:`poll` first."""
+        return any(t >= since_ns and value in values for t, value in self._reads.get(resource, ()))
+
+
 class _Unset:
     """Marker for "not given": ``None`` is a meaningful value (e.g. a read found nothing)."""
 
@@ -571,6 +639,7 @@ __all__ = [
     "Event",
     "ExtraValue",
     "HistoryError",
+    "HistoryFollower",
     "HistoryWriter",
     "Operation",
     "Recorder",

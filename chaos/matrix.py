@@ -7,6 +7,16 @@ passes when its fenced run is valid and its control was flagged; findings (the
 monotonic window's lost updates, see :mod:`chaos.checker`) are shown, never
 failures. The matrix passes when every cell does.
 
+A control shows that the scenario *can* produce the violation; whether one run of a
+few seconds does is partly chance (where a fault strikes, how a loaded machine
+schedules the processes). So a control that ran cleanly and caught nothing is run
+again with a fresh seed (:func:`control_seed`), up to :data:`CONTROL_ATTEMPTS` runs
+in all, and the cell passes if one of them was flagged. Each attempt is listed (the
+table's ``tries`` column, ``control_attempts`` in ``matrix.json``; the weak ones
+stay on disk as ``control-try<N>/``). The fenced run is never re-run: a violation
+in it, or a harness failure in either run, fails the cell at once
+(:func:`control_retry_allowed`).
+
 :data:`SHORT` is the subset CI runs: every backend and every mode at least once,
 the read-modify-write scenarios first.
 """
@@ -20,19 +30,22 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
+from chaos import cluster
 from chaos.report import write_report
 from chaos.scenarios import (
     SCENARIOS,
     SHARED_BACKEND_MODES,
     Progress,
     RunConfig,
+    RunOutcome,
     ScenarioResult,
     available_modes,
     keeps_event_log,
+    run_control,
     run_scenario,
 )
 
-BACKENDS: Final = ("sqlite", "postgres", "redis")
+BACKENDS: Final = cluster.BACKENDS
 MODES: Final = ("monotonic", "promise", "watch", "strict")
 
 SHORT: Final = (
@@ -42,6 +55,37 @@ SHORT: Final = (
     ("pause-worker", "sqlite", "promise"),
 )
 """(scenario, backend, mode) cells of ``--short``, as far as this build has them."""
+
+CONTROL_ATTEMPTS: Final = 3
+"""Control runs a cell may use: the first, with the cell's seed, and at most two more,
+each with a fresh seed, while none was flagged."""
+
+CONTROL_SEED_STRIDE: Final = 1000
+"""Attempt ``n`` (0 = the first) of a control runs with seed ``seed + n * 1000``: new
+fault timings and client choices, and reproducible (``--seed 1001``)."""
+
+
+def control_seed(seed: int, attempt: int) -> int:
+    """The seed of control attempt ``attempt`` (0 = the first) of a cell seeded ``seed``."""
+    return seed + attempt * CONTROL_SEED_STRIDE
+
+
+def control_retry_allowed(result: ScenarioResult) -> bool:
+    """Whether the matrix may run ``result``'s control again: only when the control ran
+    cleanly and caught nothing, and the fenced run is valid and ran cleanly.
+
+    An invalid fenced run is a failure whatever its control shows, and a harness
+    failure (a server that would not start, a schedule that raised) is a bug to see,
+    not bad luck to retry.
+    """
+    control = result.control
+    return (
+        control is not None
+        and not result.control_flagged
+        and not control.errors
+        and result.fenced.valid
+        and not result.fenced.errors
+    )
 
 
 def applies(scenario: str, backend: str, mode: str) -> bool:
@@ -83,13 +127,86 @@ def cells(
 
 
 @dataclass(frozen=True, slots=True)
+class ControlAttempt:
+    """One control run of a cell: its seed, whether it was flagged, where it lies."""
+
+    seed: int
+    flagged: bool
+    counts: dict[str, int]
+    """Violations per rule (only rules broken)."""
+    out: Path
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "flagged": self.flagged,
+            "violations": self.counts,
+            "out": str(self.out),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Cell:
-    """One run of the matrix: its result and how long it took (both runs)."""
+    """One cell of the matrix: its result (with the deciding control), how long it took
+    (every run), where it lies, and each control attempt in order."""
 
     config: RunConfig
     result: ScenarioResult
     seconds: float
     out: Path
+    controls: tuple[ControlAttempt, ...] = ()
+
+    @property
+    def control_reruns(self) -> int:
+        """Control runs beyond the first."""
+        return max(0, len(self.controls) - 1)
+
+
+RunScenario = Callable[..., ScenarioResult]
+"""``run_scenario(config, out_dir, progress=...)``, as :func:`chaos.scenarios.run_scenario`."""
+
+RunControl = Callable[..., RunOutcome]
+"""``run_control(config, workdir, progress=...)``, as :func:`chaos.scenarios.run_control`."""
+
+
+def _attempt(result: ScenarioResult, seed: int, out: Path) -> ControlAttempt:
+    assert result.control is not None
+    counts = {k: n for k, n in result.control.result.counts().items() if n}
+    return ControlAttempt(seed, result.control_flagged, counts, out)
+
+
+def run_cell(
+    config: RunConfig,
+    out: Path,
+    *,
+    progress: Progress | None = None,
+    attempts: int = CONTROL_ATTEMPTS,
+    scenario_runner: RunScenario = run_scenario,
+    control_runner: RunControl = run_control,
+) -> Cell:
+    """Run one cell in ``out``: the scenario and its control, then the control again with
+    a fresh seed while :func:`control_retry_allowed`, up to ``attempts`` control runs.
+
+    The deciding control (the flagged one, or the last) is the cell's ``control/``; a
+    weak attempt before it is kept as ``control-try<N>/`` (N from 1).
+    """
+    began = time.monotonic()
+    result = scenario_runner(config, out, progress=progress)
+    controls: list[ControlAttempt] = []
+    if result.control is not None:
+        controls.append(_attempt(result, config.seed, out / "control"))
+    while control_retry_allowed(result) and len(controls) < attempts:
+        n = len(controls)
+        kept = out / f"control-try{n}"
+        if (out / "control").exists():
+            (out / "control").rename(kept)
+        controls[-1] = replace(controls[-1], out=kept)
+        seed = control_seed(config.seed, n)
+        control = control_runner(replace(config, seed=seed), out / "control", progress=progress)
+        result = replace(result, control=control)
+        controls.append(_attempt(result, seed, out / "control"))
+    write_report(result, out)
+    return Cell(config, result, time.monotonic() - began, out, tuple(controls))
 
 
 def run_matrix(
@@ -98,18 +215,27 @@ def run_matrix(
     *,
     progress: Progress | None = None,
     on_cell: Callable[[Cell], None] | None = None,
+    attempts: int = CONTROL_ATTEMPTS,
+    scenario_runner: RunScenario = run_scenario,
+    control_runner: RunControl = run_control,
 ) -> list[Cell]:
-    """Run every config (fenced and control) in ``out_dir/<scenario>-<backend>-<mode>/``."""
+    """Run every cell (see :func:`run_cell`) in ``out_dir/<scenario>-<backend>-<mode>/``
+    and write ``out_dir/matrix.json``."""
     done: list[Cell] = []
     for config in configs:
         out = out_dir / f"{config.scenario}-{config.backend}-{config.fence_mode}"
-        began = time.monotonic()
-        result = run_scenario(config, out, progress=progress)
-        write_report(result, out)
-        cell = Cell(config, result, time.monotonic() - began, out)
+        cell = run_cell(
+            config,
+            out,
+            progress=progress,
+            attempts=attempts,
+            scenario_runner=scenario_runner,
+            control_runner=control_runner,
+        )
         done.append(cell)
         if on_cell is not None:
             on_cell(cell)
+    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "matrix.json").write_text(json.dumps(matrix_json(done), indent=2) + "\n")
     return done
 
@@ -136,6 +262,7 @@ def cell_row(cell: Cell) -> dict[str, str]:
         "fenced": "valid" if r.fenced.valid else "INVALID: " + _kinds(fenced.counts()),
         "findings": _kinds(findings),
         "control": control,
+        "tries": str(len(cell.controls)) if cell.controls else "-",
         "verdict": "PASS" if r.passed else "FAIL",
         "s": f"{cell.seconds:.0f}",
     }
@@ -154,26 +281,42 @@ def matrix_table(done: Sequence[Cell]) -> str:
     total = sum(c.seconds for c in done)
     lines.append(
         f"{'PASS' if not failed else 'FAIL'}: {len(done) - len(failed)} of {len(done)} cells "
-        f"passed in {total:.0f} s"
+        f"passed in {total:.0f} s; {rerun_summary(done)}"
     )
     for c in failed:
+        tries = f" (control runs: {len(c.controls)})" if c.control_reruns else ""
         lines.append(
             f"  {c.config.scenario} on {c.config.backend} ({c.config.fence_mode}): "
             + "; ".join(c.result.problems)
+            + tries
             + f" [{c.out}]"
         )
     return "\n".join(lines)
+
+
+def rerun_summary(done: Sequence[Cell]) -> str:
+    """How many controls were run again, e.g. ``2 controls re-run (3 extra runs)``."""
+    cells_rerun = [c for c in done if c.control_reruns]
+    if not cells_rerun:
+        return "no control re-run"
+    extra = sum(c.control_reruns for c in cells_rerun)
+    noun = "control" if len(cells_rerun) == 1 else "controls"
+    runs = "run" if extra == 1 else "runs"
+    return f"{len(cells_rerun)} {noun} re-run ({extra} extra {runs})"
 
 
 def matrix_json(done: Sequence[Cell]) -> dict[str, Any]:
     return {
         "passed": all(c.result.passed for c in done),
         "seconds": round(sum(c.seconds for c in done), 1),
+        "control_attempts_max": CONTROL_ATTEMPTS,
+        "control_reruns": sum(c.control_reruns for c in done),
         "cells": [
             {
                 **cell_row(c),
                 "problems": c.result.problems,
                 "findings": dict(c.result.fenced.result.finding_counts()),
+                "control_attempts": [a.to_json() for a in c.controls],
                 "out": str(c.out),
             }
             for c in done
@@ -183,13 +326,20 @@ def matrix_json(done: Sequence[Cell]) -> dict[str, Any]:
 
 __all__ = [
     "BACKENDS",
+    "CONTROL_ATTEMPTS",
+    "CONTROL_SEED_STRIDE",
     "MODES",
     "SHORT",
     "Cell",
+    "ControlAttempt",
     "applies",
     "cell_row",
     "cells",
+    "control_retry_allowed",
+    "control_seed",
     "matrix_json",
     "matrix_table",
+    "rerun_summary",
+    "run_cell",
     "run_matrix",
 ]

@@ -82,10 +82,14 @@ def verdict_rows(result: ScenarioResult) -> list[dict[str, str]]:
 
 def headline(result: ScenarioResult) -> str:
     c = result.config
-    return (
+    line = (
         f"scenario {c.scenario} on {c.backend}, fence mode {c.fence_mode}: "
         f"{c.clients} clients, {c.resources} resources, {c.duration:g} s, seed {c.seed}"
     )
+    control = result.control
+    if control is not None and control.seed is not None and control.seed != c.seed:
+        line += f" (control re-run with seed {control.seed})"
+    return line
 
 
 def conclusion(result: ScenarioResult) -> str:
@@ -163,6 +167,7 @@ def _run_json(run: RunOutcome) -> dict[str, Any]:
         "ended_ns": run.ended_ns,
         "workdir": str(run.workdir),
         "errors": run.errors,
+        "seed": run.seed,
     }
 
 
@@ -759,6 +764,7 @@ def load_result(out_dir: Path) -> ScenarioResult:
             started_ns=int(r.get("started_ns", 0)),
             ended_ns=int(r.get("ended_ns", 0)),
             errors=list(r.get("errors", [])),
+            seed=r.get("seed"),
         )
     return ScenarioResult(config, SCENARIOS[config.scenario], runs["fenced"], runs.get("control"))
 

@@ -59,20 +59,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
-from chaos import faults
+from chaos import cluster, faults
 from chaos.checker import CheckResult, ViolationKind, check
 from chaos.cluster import ClientNode, Cluster, Topology
 from chaos.faults import FaultLog, FaultWindow
-from chaos.history import Event, HistoryWriter, Recorder, read_history
+from chaos.history import Event, HistoryFollower, HistoryWriter, Recorder, read_history
 from chaos.workload import (
     COUNTER_KEY,
     EFFECT_KEY,
+    JOB_OVERRUN_S,
+    Intent,
     Profile,
     client_of,
+    pending_intent,
     pending_write,
     record_final_reads,
 )
-from fencing import GuardClient, LeaseClient
+from fencing import FencingError, GuardClient, LeaseClient
 
 GUARD_MODES: Final = {"promise": "monotonic"}
 """Modes that are a client's doing: the guard they run against (promise = monotonic
@@ -144,6 +147,21 @@ harness times the run from their start."""
 RESTART_S: Final = 1.0
 """Allowance for a server process to start again and its clients to reconnect."""
 
+RESCUE_S: Final = 8.0
+"""Bound on the wait, past a claim's TTL, for a paused worker's job to be rescued and the
+rescuer's write acknowledged: generous, since on a loaded machine every step of it
+(another worker's claim, its promise, its read and write) is slow; never past the
+clients' last job."""
+
+QUIET_LEAD_S: Final = 1.5
+"""How long before a held write is due to land the harness starts taking the resource's
+lease (a client may hold it until its job ends)."""
+
+QUIET_S: Final = 1.0
+"""How long after a held write is due the harness keeps the resource quiet, unless a
+read showed the late value sooner (it never does in the fenced run: the guard refused
+it)."""
+
 
 class HarnessError(RuntimeError):
     """The harness itself failed (a process would not start, a fault could not be applied)."""
@@ -164,7 +182,9 @@ class RunContext:
     journal_dir: Path
     deadline: float
     fence_mode: str = "monotonic"
+    history_dir: Path | None = None
     stop: threading.Event = field(default_factory=threading.Event)
+    _follower: HistoryFollower | None = field(default=None, init=False, repr=False)
 
     @property
     def ttl_max_s(self) -> float:
@@ -244,15 +264,22 @@ class RunContext:
 
         For the jobs workload, whose claims the lease server's ``Describe`` does not
         show: a journal note means the client holds a claim and is inside a step.
-        Bounded like :meth:`strikes`.
+        Each note is offered once: a strike that came too late (see
+        :meth:`unsent_write`) moves on to the next one. Bounded like :meth:`strikes`.
         """
+        offered: set[tuple[str, Intent]] = set()
         for _ in range(MAX_CYCLES):
             found: ClientNode | None = None
             while found is None and not self.stop.is_set():
                 if self.time_left() < needs_s:
                     return
-                for node in self.cluster.clients.values():
-                    if node.proc.alive and pending_write(self.journal_dir, node.name):
+                # A snapshot: the clients are still being started while this runs.
+                for node in list(self.cluster.clients.values()):
+                    intent = pending_intent(self.journal_dir, node.name)
+                    if node.proc.alive and intent is not None:
+                        if (node.name, intent) in offered:
+                            continue
+                        offered.add((node.name, intent))
                         found = node
                         break
                 else:
@@ -260,6 +287,95 @@ class RunContext:
             if found is None:
                 return
             yield found
+
+    def unsent_write(self, client: str) -> Intent | None:
+        """The write ``client`` has prepared and certainly not sent yet, or None.
+
+        Call it while the client is paused. Its journal holds a prepared write until
+        the outcome is known, and its history records a write's invocation before the
+        request goes out: a noted write that the history does not show invoked has not
+        reached the guard, so the client will send it, under the token it was prepared
+        with, once it runs again. None means the strike came too late.
+        """
+        intent = pending_intent(self.journal_dir, client)
+        if intent is None:
+            return None
+        for event in read_history(self.history_files(client)):
+            if (
+                event.op == "write"
+                and event.type == "invoke"
+                and event.resource == intent.resource
+                and event.value == intent.value
+            ):
+                return None
+        return intent
+
+    def history_files(self, client: str) -> list[Path]:
+        """The history files of ``client``'s incarnations so far."""
+        if self.history_dir is None:
+            raise HarnessError("this schedule needs the run's history directory")
+        first = self.history_dir / f"{client}.jsonl"
+        later = sorted(self.history_dir.glob(f"{client}~*.jsonl"))
+        return [first, *later] if first.exists() else later
+
+    def history(self) -> HistoryFollower:
+        """What the clients have recorded so far (polled; see :class:`HistoryFollower`)."""
+        if self._follower is None:
+            if self.history_dir is None:
+                raise HarnessError("this schedule needs the run's history directory")
+            self._follower = HistoryFollower(self.history_dir)
+        self._follower.poll()
+        return self._follower
+
+    def wait_until(self, condition: Callable[[], bool], until: float) -> bool:
+        """Poll ``condition`` every 10 ms until it holds (True) or ``until`` (monotonic
+        seconds) passes or the run stops (False)."""
+        while not condition():
+            if time.monotonic() >= until or self.stop.is_set():
+                return False
+            self.stop.wait(0.01)
+        return True
+
+    def wait_for_acked_write_above(self, resource: str, token: int, until: float) -> bool:
+        """Wait (until ``until``) for a client's write to ``resource`` with a token above
+        ``token`` to be acknowledged, as its history shows: a newer holder has written."""
+        return self.wait_until(lambda: self.history().acked_token(resource) > token, until)
+
+    def wait_for_read(
+        self, resource: str, values: frozenset[str], since: float, until: float
+    ) -> bool:
+        """Wait (until ``until``) for a read of ``resource`` invoked after ``since``
+        (monotonic seconds) to return one of ``values``, as its history shows."""
+        since_ns = int(since * 1e9)
+        return self.wait_until(lambda: self.history().read_since(resource, since_ns, values), until)
+
+    @contextlib.contextmanager
+    def quiet(self, resource: str, by: float) -> Iterator[bool]:
+        """Hold ``resource``'s lease as the harness (no client can take it) for the block.
+
+        Tries to acquire it until ``by`` (monotonic seconds) and yields whether it did;
+        releases it on exit. The harness never writes: while it holds the lease a late
+        write that lands stays in place until a read has seen it.
+        """
+        with LeaseClient(self.cluster.lease_target, holder="harness", rpc_timeout=1.0) as leases:
+            lease = None
+            wait = by - time.monotonic()
+            if wait > 0:
+                # Taken, or not in time (a timeout is a LeaseHeldError, a FencingError).
+                with contextlib.suppress(FencingError, TimeoutError):
+                    # Long enough for the block; released explicitly, never renewed.
+                    lease = leases.acquire(resource, wait + QUIET_S + 3.0, timeout=wait)
+            try:
+                if lease is None:
+                    yield False
+                else:
+                    # Shown on the timeline like a fault: nobody else may write meanwhile.
+                    with self.log.window("quiet", resource, "the harness holds the lease"):
+                        yield True
+            finally:
+                if lease is not None:
+                    with contextlib.suppress(Exception):
+                        lease.release()
 
     def strikes(self, needs_s: float) -> Iterator[tuple[ClientNode, str, int]]:
         """Fresh holders to strike (see :meth:`fresh_holder`), one per fault cycle.
@@ -302,7 +418,7 @@ class Scenario:
     skew_rate: float = 1.0
     skew_offset: float = 0.0
     expected: frozenset[str] = frozenset({ViolationKind.STALE_WRITE_ACCEPTED.value})
-    backends: tuple[str, ...] = faults.BACKENDS
+    backends: tuple[str, ...] = cluster.BACKENDS
     workload: str = "effects"
     modes: frozenset[str] | None = None
     """Fence modes the scenario applies to (``None``: every mode the build has)."""
@@ -355,13 +471,39 @@ def _delay_holder_to_guard(ctx: RunContext) -> None:
     # The cycle needs the clients only until a newer holder has written (the struck
     # holder's job ends after a few timeouts, then a waiter takes over); the late
     # bytes may land after the clients stopped: the observer and final reads see them.
-    for node, _, _ in ctx.strikes(3.0):
+    for node, resource, token in ctx.strikes(3.0):
         assert node.guard_proxy is not None
         target = f"{node.name} <-> guard"
+        began_ns = time.monotonic_ns()
         with faults.delayed(node.guard_proxy, ctx.log, target, delay_ms):
             # Everything it sends in this window arrives delay_ms later.
             time.sleep(delay_ms / 1000 / 2)
-        time.sleep(delay_ms / 1000 / 2 + 0.5)  # let the held bytes land
+        # When the held writes land follows from when they were sent (their history).
+        held = [
+            e
+            for e in read_history(ctx.history_files(node.name))
+            if e.op == "write"
+            and e.type == "invoke"
+            and e.resource == resource
+            and e.t_mono_ns >= began_ns
+        ]
+        if not held:
+            ctx.sleep(0.2)  # it had sent its write already: nothing was held
+            continue
+        landing = held[0].t_mono_ns / 1e9 + delay_ms / 1000
+        late_values = frozenset(e.value for e in held if e.value is not None)
+        # Once a newer holder has written, keep the resource quiet while the first held
+        # write lands: a client of the resource is between its read and its write most
+        # of the time, and on a loaded machine it may overwrite the late value before
+        # the observer (slowed too) reads it. The harness holds the lease and writes
+        # nothing, so the late value, if accepted, stays until a read has seen it.
+        ctx.sleep(landing - QUIET_LEAD_S - time.monotonic())
+        if ctx.wait_for_acked_write_above(resource, token, landing - 0.2):
+            with ctx.quiet(resource, by=landing - 0.05) as quiet:
+                if quiet:
+                    ctx.wait_for_read(resource, late_values, began_ns / 1e9, landing + QUIET_S)
+        # Let every held byte land before the next cycle.
+        time.sleep(max(0.0, held[-1].t_mono_ns / 1e9 + delay_ms / 1000 + 0.5 - time.monotonic()))
 
 
 def _restart_lease_server(ctx: RunContext) -> None:
@@ -430,13 +572,23 @@ def _lock_counter(ctx: RunContext) -> None:
 
 
 def _pause_worker(ctx: RunContext) -> None:
-    # Past its claim's TTL, so the next claim rescues the job with a newer token and
-    # the rescuer writes; then the worker wakes and sends the increment it prepared.
-    pause_s = ctx.ttl_max_s * ctx.rng.uniform(1.9, 2.3)
+    # Paused past its claim's TTL until the next claim has rescued the job with a
+    # newer token and the rescuer's write is acknowledged; then the worker wakes and
+    # sends the increment it prepared under the old claim. Waiting for the rescue
+    # rather than for a fixed time: on a loaded machine each step of it (the TTL,
+    # another worker's claim, its promise, read and write) takes longer. A strike
+    # that came after the prepared write was sent proves nothing: resume at once.
     for node in ctx.busy_workers(TAKEOVER_S):
         with faults.paused(node.proc, ctx.log, label=node.name):
-            time.sleep(pause_s)
-        ctx.sleep(ctx.rng.uniform(0.3, 0.8))
+            intent = ctx.unsent_write(node.name)
+            if intent is not None:
+                until = min(
+                    time.monotonic() + ctx.ttl_max_s + RESCUE_S, ctx.deadline + JOB_OVERRUN_S
+                )
+                if ctx.wait_for_acked_write_above(intent.resource, intent.token, until):
+                    time.sleep(ctx.rng.uniform(0.0, 0.3))  # somewhere in the rescuer's job
+        if intent is not None:
+            ctx.sleep(ctx.rng.uniform(0.3, 0.8))
 
 
 def _clock_skew(ctx: RunContext) -> None:
@@ -569,6 +721,9 @@ class RunOutcome:
     started_ns: int
     ended_ns: int
     errors: list[str] = field(default_factory=list)
+    seed: int | None = None
+    """The seed this run used: its config's, but for a control the matrix ran again with
+    a fresh one (None when not recorded)."""
 
     @property
     def valid(self) -> bool:
@@ -757,6 +912,7 @@ def run_once(
         started_ns=started_ns,
         ended_ns=ended_ns,
         errors=errors,
+        seed=config.seed,
     )
 
 
@@ -790,6 +946,7 @@ def _drive(
         resources=config.resource_names(),
         profile=scenario.profile,
         journal_dir=workdir / "journal",
+        history_dir=history_dir,
         # Provisional, until the clients have started (below): a schedule must not
         # give up on strikes while the clients are still importing.
         deadline=begin + config.duration + CLIENT_START_S,
@@ -856,14 +1013,9 @@ def _drive(
             errors.append(f"only {read} of {2 * len(resources)} final reads succeeded")
 
 
-def run_scenario(
-    config: RunConfig, out_dir: Path, *, progress: Progress | None = None
-) -> ScenarioResult:
-    """Run ``config.scenario``: the fenced run, then (unless disabled) the control.
-
-    Each run gets a fresh directory under ``out_dir`` (``fenced/``, ``control/``)
-    with its histories, fault log, process logs and databases.
-    """
+def validated(config: RunConfig) -> Scenario:
+    """``config``'s scenario, or ``ValueError`` naming what does not apply (the scenario,
+    its backends and modes, the fence modes this build has)."""
     try:
         scenario = SCENARIOS[config.scenario]
     except KeyError:
@@ -888,6 +1040,18 @@ def run_scenario(
         raise ValueError(
             f"watch mode needs a lease backend with an event log; {config.backend} keeps none"
         )
+    return scenario
+
+
+def run_scenario(
+    config: RunConfig, out_dir: Path, *, progress: Progress | None = None
+) -> ScenarioResult:
+    """Run ``config.scenario``: the fenced run, then (unless disabled) the control.
+
+    Each run gets a fresh directory under ``out_dir`` (``fenced/``, ``control/``)
+    with its histories, fault log, process logs and databases.
+    """
+    scenario = validated(config)
     guard_mode = GUARD_MODES.get(config.fence_mode, config.fence_mode)
     fenced = run_once(
         config,
@@ -899,15 +1063,22 @@ def run_scenario(
     )
     control = None
     if config.control:
-        control = run_once(
-            config,
-            scenario,
-            label="control",
-            guard_mode="off",
-            workdir=out_dir / "control",
-            progress=progress,
-        )
+        control = run_control(config, out_dir / "control", progress=progress)
     return ScenarioResult(config, scenario, fenced, control)
+
+
+def run_control(
+    config: RunConfig, workdir: Path, *, progress: Progress | None = None
+) -> RunOutcome:
+    """The control alone: ``config`` with the guard's fencing off, in ``workdir``.
+
+    :func:`run_scenario` runs it after the fenced run; the matrix runs it again,
+    with a fresh seed, when a control caught nothing (:mod:`chaos.matrix`).
+    """
+    scenario = validated(config)
+    return run_once(
+        config, scenario, label="control", guard_mode="off", workdir=workdir, progress=progress
+    )
 
 
 __all__ = [
@@ -929,6 +1100,8 @@ __all__ = [
     "available_modes",
     "client_argv",
     "keeps_event_log",
+    "run_control",
     "run_once",
     "run_scenario",
+    "validated",
 ]

@@ -333,16 +333,21 @@ class Journal:
             self.path.unlink()
 
     def pending(self) -> Intent | None:
-        try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-        return Intent(**raw)
+        return pending_intent(self.path.parent, self.path.stem)
 
 
 def pending_write(journal_dir: Path, name: str) -> bool:
     """True while client ``name`` has a write prepared and not yet answered."""
     return (journal_dir / f"{name}.json").exists()
+
+
+def pending_intent(journal_dir: Path, name: str) -> Intent | None:
+    """The write client ``name`` has prepared and not yet seen answered, or None."""
+    try:
+        raw = json.loads((journal_dir / f"{name}.json").read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return Intent(**raw)
 
 
 # -- the client -------------------------------------------------------------------------------
