@@ -7,7 +7,6 @@ order of precedence (see :mod:`serving.config` and docs/configuration.md).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import sys
 
@@ -17,9 +16,9 @@ from guard.fence import FenceMode
 from guard.server import DEFAULT_IDEMPOTENCY_RETENTION_S, check_mode, start_guard
 from guard.stores import GuardStore, open_store
 from serving import config, exits
-from serving.logs import banner, configure_logging
+from serving.command import ServerCommand, run_server_command
+from serving.logs import banner
 from serving.server import ServerOptions, serve_until_signal
-from serving.supervisor import run_workers
 
 COMMAND = "fencing-guard"
 
@@ -136,34 +135,14 @@ async def _run(args: argparse.Namespace, store: GuardStore, options: ServerOptio
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser()
-    settled = config.settle(p, p.parse_args(argv), OPTIONS, ["listen"], _store)
-    if settled.args.check_config:
-        return settled.report(COMMAND)
-    if settled.args.workers > 1:
-        if settled.args.store.startswith("memory:"):
-            p.error("--workers needs a store the workers can share (not memory://)")
-        return run_workers(
-            "guard",
-            sys.argv[1:] if argv is None else argv,
-            settled.args.listen,
-            settled.args.workers,
-            "guard",
-            metrics_port=settled.args.metrics_port,
-        )
-    args = settled.args
-    configure_logging(args.log_level, args.log_format)
-    try:
-        asyncio.run(_run(args, settled.extra, settled.server))
-    except Exception as exc:
-        return exits.startup_exit(
-            COMMAND,
-            exc,
-            debug=args.log_level == "DEBUG",
-            listen=[exits.Setting("--listen", "FENCING_GUARD_LISTEN", args.listen)],
-            backend=exits.Setting("--store", "FENCING_STORE", args.store),
-        )
-    return 0
+    return run_server_command(
+        ServerCommand(COMMAND, "guard", "guard", "store", "FENCING_STORE", "FENCING_GUARD_LISTEN"),
+        parser(),
+        argv,
+        OPTIONS,
+        _store,
+        _run,
+    )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ order of precedence (see :mod:`serving.config` and docs/configuration.md).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import sys
 
@@ -18,9 +17,9 @@ from lease_server.queue.backends import queue_url_for
 from lease_server.queue.service import QUEUE_OPTIONS, QueueOptions
 from lease_server.server import QUEUE_OFF, start_lease_server
 from serving import config, exits
-from serving.logs import banner, configure_logging
+from serving.command import ServerCommand, run_server_command
+from serving.logs import banner
 from serving.server import ServerOptions, serve_until_signal
-from serving.supervisor import run_workers
 
 COMMAND = "lease-server"
 
@@ -110,36 +109,21 @@ async def _run(args: argparse.Namespace, backend: LeaseBackend, options: ServerO
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser()
-    settled = config.settle(
-        p, p.parse_args(argv), OPTIONS, ["listen"], lambda args: open_backend(args.backend)
-    )
-    if settled.args.check_config:
-        return settled.report(COMMAND)
-    if settled.args.workers > 1:
-        if settled.args.backend.startswith("memory:"):
-            p.error("--workers needs a backend the workers can share (not memory://)")
-        return run_workers(
-            "lease_server",
-            sys.argv[1:] if argv is None else argv,
-            settled.args.listen,
-            settled.args.workers,
-            "lease server",
-            metrics_port=settled.args.metrics_port,
-        )
-    args = settled.args
-    configure_logging(args.log_level, args.log_format)
-    try:
-        asyncio.run(_run(args, settled.extra, settled.server))
-    except Exception as exc:
-        return exits.startup_exit(
+    return run_server_command(
+        ServerCommand(
             COMMAND,
-            exc,
-            debug=args.log_level == "DEBUG",
-            listen=[exits.Setting("--listen", "FENCING_LEASE_LISTEN", args.listen)],
-            backend=exits.Setting("--backend", "FENCING_BACKEND", args.backend),
-        )
-    return 0
+            "lease_server",
+            "lease server",
+            "backend",
+            "FENCING_BACKEND",
+            "FENCING_LEASE_LISTEN",
+        ),
+        parser(),
+        argv,
+        OPTIONS,
+        lambda args: open_backend(args.backend),
+        _run,
+    )
 
 
 if __name__ == "__main__":
