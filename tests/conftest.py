@@ -19,7 +19,7 @@ from tests.redis_server import (  # noqa: F401  (fixtures)
 )
 
 #: Every test under these folders carries the folder's mark, so the default loop
-#: (``-m "not e2e and not chaos"`` in pyproject.toml) leaves whole suites out.
+#: (``-m "not e2e and not chaos and not slow"`` in pyproject.toml) leaves whole suites out.
 FOLDER_MARKS = {"e2e": "e2e", "chaos": "chaos"}
 
 

@@ -17,6 +17,9 @@ from fencing.testing import RunningServers, running_servers
 from fencing.worker import AsyncWorker, Worker
 from lease_server.queue.service import QueueOptions
 
+# slow: claims that wait past their ttl (the default loop leaves it out).
+pytestmark = pytest.mark.slow
+
 FAST = QueueOptions(
     retry=Backoff(base=50, cap=100, jitter=0.0), reap_interval_s=0.05, poll_interval_s=0.05
 )

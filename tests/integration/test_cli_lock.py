@@ -27,6 +27,9 @@ from guard.fence import FenceMode
 from serving import exits
 from tests.waiting import HANG_GUARD
 
+# slow: real processes paused past their ttl (the default loop leaves it out).
+pytestmark = pytest.mark.slow
+
 FENCING = f"{shlex.quote(sys.executable)} -m fencingctl"
 
 

@@ -20,6 +20,9 @@ from fencing.v1 import lease_pb2, lease_pb2_grpc, queue_pb2, queue_pb2_grpc
 from tests import pg as testpg
 from tests.redis_server import SERVERS, drop_prefix, unique_prefix
 
+# slow: acquires that wait seconds on purpose (the default loop leaves it out).
+pytestmark = pytest.mark.slow
+
 HELD = 1.0  # seconds another holder keeps the resource
 
 

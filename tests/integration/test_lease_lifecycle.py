@@ -23,6 +23,9 @@ from fencing._renewal import RenewalPolicy
 from fencing.testing import RunningServers
 from tests.integration.conftest import LeaseClientFactory
 
+# slow: real waits past real ttls, a delay proxy (the default loop leaves it out).
+pytestmark = pytest.mark.slow
+
 HANG_GUARD = 30.0  # seconds a body would sleep if nobody cancelled it
 
 

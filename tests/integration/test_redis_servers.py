@@ -28,7 +28,8 @@ from lease_server.backends.redis import RedisBackend
 from lease_server.server import LeaseServer, start_lease_server
 from tests.redis_server import SERVERS, RedisProcess, drop_prefix, unique_prefix
 
-pytestmark = pytest.mark.redis
+# slow: Redis servers restarted under load (the default loop leaves it out).
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("which", ["redis", "redis-cluster"])

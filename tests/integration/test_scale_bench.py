@@ -11,6 +11,9 @@ from bench import __main__ as bench_main
 from bench import peers, scale, sessions, throughput
 from bench.harness import Result
 
+# slow: smoke runs of the benches (the default loop leaves it out).
+pytestmark = pytest.mark.slow
+
 
 async def test_sessions_bench_holds_and_counts() -> None:
     (run,) = await sessions.run(leases=120, ttl=1.0, hold_s=1.5, backends=("sqlite",))
