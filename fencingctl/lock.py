@@ -40,7 +40,7 @@ from typing import Any
 
 from fencing.client import GuardClient, Lease
 from fencing.errors import AcquireTimeoutError, FencingError, LeaseLost
-from fencingctl import connect, ops
+from fencingctl import connect
 from serving import exits
 
 #: Exit code when the lease was not acquired within ``--timeout`` (serving.exits.TABLE).
@@ -204,7 +204,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"fencing lock: not acquired: {exc}", file=sys.stderr)
         return EXIT_NOT_ACQUIRED
     except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
-        return ops.failure(exc)
+        return exits.fail(exc)
     except KeyboardInterrupt:  # while waiting for the lease: nothing was started
         return exits.CODES["INTERRUPTED"]
 

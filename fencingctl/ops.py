@@ -51,14 +51,6 @@ def _guarded(
     return run
 
 
-def failure(exc: FencingError | ValueError, *, as_json: bool = False) -> int:
-    """Report a client command's failure and return its exit code, as :func:`_guarded`
-    does (:func:`serving.exits.fail`). Used by the commands that print more than one
-    line (``lease list``, ``watch``, ``leader --watch``) and by those that run a command
-    (``lock``, ``elect``)."""
-    return exits.fail(exc, as_json=as_json)
-
-
 def _lease_client(args: argparse.Namespace) -> LeaseClient:
     return connect.lease_client(args, holder=getattr(args, "holder", None))
 
@@ -98,7 +90,7 @@ def _list(args: argparse.Namespace) -> int:
                     },
                 )
     except (FencingError, ValueError) as exc:
-        return failure(exc)
+        return exits.fail(exc)
     return 0
 
 

@@ -22,7 +22,8 @@ from typing import Any
 
 from fencing.client import LeaseEvent
 from fencing.errors import FencingError, InvalidArgumentError
-from fencingctl import connect, ops
+from fencingctl import connect
+from serving import exits
 
 
 def event_fields(event: LeaseEvent) -> dict[str, Any]:
@@ -54,7 +55,7 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
-        return ops.failure(exc)
+        return exits.fail(exc)
     return 0
 
 

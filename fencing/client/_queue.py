@@ -248,6 +248,11 @@ def queue_of(jobs: Sequence[Job]) -> str:
     return queues.pop() if queues else ""
 
 
+def complete_request(jobs: Sequence[Job]) -> queue_pb2.CompleteRequest:
+    """A Complete of ``jobs`` (all of one queue)."""
+    return queue_pb2.CompleteRequest(jobs=refs(jobs), queue=queue_of(jobs))
+
+
 def error_text(error: str | BaseException) -> str:
     """The text a Fail carries: ``Type: message`` for an exception (never a traceback)."""
     if isinstance(error, BaseException):
@@ -390,11 +395,7 @@ class QueueSteps:
             verdicts = []
             for job in items:
                 try:
-                    yield from self.settle(
-                        [job],
-                        client._stub.Complete,
-                        queue_pb2.CompleteRequest(jobs=refs([job]), queue=job.queue),
-                    )
+                    yield from self.settle([job], client._stub.Complete, complete_request([job]))
                     verdicts.append(None)
                 except LeaseLost as exc:
                     verdicts.append(exc)

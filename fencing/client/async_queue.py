@@ -116,7 +116,7 @@ class AsyncQueueClient(AsyncCalls):
 
     async def complete(self, jobs: Job | Sequence[Job]) -> None:
         items = core.job_list(jobs)
-        request = queue_pb2.CompleteRequest(jobs=core.refs(items), queue=core.queue_of(items))
+        request = core.complete_request(items)
         await self._settle(items, self._stub.Complete, request)
 
     async def fail(

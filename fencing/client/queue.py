@@ -161,7 +161,7 @@ class QueueClient(BlockingCalls):
     def complete(self, jobs: Job | Sequence[Job]) -> None:
         """Mark ``jobs`` succeeded (all or none); ``LeaseLost`` (naming one) if any is stale."""
         items = core.job_list(jobs)
-        request = queue_pb2.CompleteRequest(jobs=core.refs(items), queue=core.queue_of(items))
+        request = core.complete_request(items)
         self._settle(items, self._stub.Complete, request)
 
     def fail(
