@@ -247,3 +247,32 @@ def test_a_lost_lease_stops_the_command(
     assert holder.returncode == EXIT_LOST
     assert "SIGTERM" in err
     assert ("SIGKILL" in err) is ignores_term
+
+
+@pytest.mark.parametrize("command", ["lock", "elect"])
+def test_ctrl_c_while_waiting_exits_130_and_runs_nothing(
+    servers: RunningServers, tmp_path: Path, command: str
+) -> None:
+    """SIGINT while still waiting for the lease: exit 130 (INTERRUPTED), CMD never started,
+    and the resource is left to its holder (no lease of ours stays behind)."""
+    argv = [sys.executable, "-m", "fencingctl", command, "busy", "--timeout", "60"]
+    if command == "elect":
+        argv += ["--value", "me"]
+    argv += ["--lease-addr", servers.lease_address, "--guard-addr", servers.guard_address]
+    argv += ["--", "touch", "ran"]
+    waiters = servers.lease.service.waiters
+    with LeaseClient(servers.lease_address, holder="other") as leases:
+        held = leases.acquire("busy", ttl=30)
+        with subprocess.Popen(argv, env=env(), cwd=tmp_path) as waiting:
+            try:
+                end = time.monotonic() + HANG_GUARD
+                while waiters.waiting("busy") == 0:  # its acquire is in line behind "other"
+                    assert waiting.poll() is None and time.monotonic() < end, "never queued"
+                    time.sleep(0.05)
+                waiting.send_signal(signal.SIGINT)
+                assert waiting.wait(HANG_GUARD) == exits.CODES["INTERRUPTED"] == 130
+            finally:
+                waiting.kill()
+        assert not (tmp_path / "ran").exists()
+        state = leases.describe("busy")
+        assert state.holder == "other" and state.token == held.token
