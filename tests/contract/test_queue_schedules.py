@@ -38,7 +38,8 @@ async def test_put_list_delete(queue_backend: Pair) -> None:
     now, listed = await backend.list_schedules()
     assert now > 0 and abs(now - record.created_at_ms) < 60_000
     assert [r.schedule for r in listed] == [cron, EVERY]  # sorted by name
-    assert await backend.delete_schedule("a-cron") is True
+    assert await backend.delete_schedule("a-cron", queue="periodic") is False  # not its queue
+    assert await backend.delete_schedule("a-cron", queue="q2") is True
     assert await backend.delete_schedule("a-cron") is False
     assert [r.name for r in (await backend.list_schedules())[1]] == ["tick"]
 

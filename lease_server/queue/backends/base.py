@@ -130,8 +130,9 @@ class QueueBackend(Protocol):
         replaced schedule keeps its creation time and its last period, so changing it
         does not enqueue a period again."""
 
-    async def delete_schedule(self, name: str) -> bool:
-        """Remove a schedule (its jobs stay); False if there was none."""
+    async def delete_schedule(self, name: str, queue: str = "") -> bool:
+        """Remove a schedule (its jobs stay); False if there was none. With ``queue``, a
+        schedule of another queue is not removed (False)."""
 
     async def list_schedules(self) -> tuple[int, list[ScheduleRecord]]:
         """The backend's clock now (Unix ms) and every schedule, sorted by name."""

@@ -227,8 +227,12 @@ class MemoryQueue:
         self._schedules[schedule.name] = record
         return record
 
-    async def delete_schedule(self, name: str) -> bool:
-        return self._schedules.pop(name, None) is not None
+    async def delete_schedule(self, name: str, queue: str = "") -> bool:
+        record = self._schedules.get(name)
+        if record is None or queue not in ("", record.schedule.queue):
+            return False
+        del self._schedules[name]
+        return True
 
     async def list_schedules(self) -> tuple[int, list[ScheduleRecord]]:
         return self._clock.now_ms(), [self._schedules[n] for n in sorted(self._schedules)]

@@ -108,7 +108,9 @@ class PostgresQueue:
             f"SELECT {columns} FROM {{schema}}.job_schedule_put"
             "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         )
-        self._delete_schedule_sql = q("DELETE FROM {schema}.job_schedules WHERE name = %s")
+        self._delete_schedule_sql = q(
+            "DELETE FROM {schema}.job_schedules WHERE name = %s AND (%s = '' OR queue = %s)"
+        )
         self._now_sql = q("SELECT {schema}.job_ms(now())")
         self._schedules_sql = q(f"SELECT {columns} FROM {{schema}}.job_schedules ORDER BY name")
         self._schedule_queue_sql = q("SELECT queue FROM {schema}.job_schedules WHERE name = %s")
@@ -318,9 +320,9 @@ class PostgresQueue:
         assert row is not None
         return schedule_record(row)
 
-    async def delete_schedule(self, name: str) -> bool:
+    async def delete_schedule(self, name: str, queue: str = "") -> bool:
         async with self._db.connection() as conn:
-            cur = await conn.execute(self._delete_schedule_sql, (name,))
+            cur = await conn.execute(self._delete_schedule_sql, (name, queue, queue))
             return cur.rowcount > 0
 
     async def list_schedules(self) -> tuple[int, list[ScheduleRecord]]:

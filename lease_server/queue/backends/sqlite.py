@@ -429,9 +429,9 @@ class SQLiteQueue:
 
         return await self._db.transaction(tx)
 
-    async def delete_schedule(self, name: str) -> bool:
+    async def delete_schedule(self, name: str, queue: str = "") -> bool:
         def tx(conn: sqlite3.Connection) -> bool:
-            return int(conn.execute(SQL["delete_schedule"], (name,)).rowcount) > 0
+            return int(conn.execute(SQL["delete_schedule"], (name, queue, queue)).rowcount) > 0
 
         return await self._db.transaction(tx)
 

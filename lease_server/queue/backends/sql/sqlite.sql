@@ -230,8 +230,9 @@ RETURNING name, queue, cron, every_ms, timezone, payload, priority, max_attempts
           resource, catch_up, created_at_ms, last_period_ms, last_job_id
 
 -- name: delete_schedule
--- Remove a schedule. Takes name. Row count = 1 if it existed.
-DELETE FROM schedules WHERE name = ?
+-- Remove a schedule, of any queue when queue is ''. Takes name, queue, queue.
+-- Row count = 1 if it existed.
+DELETE FROM schedules WHERE name = ? AND (? = '' OR queue = ?)
 
 -- name: select_schedules
 -- Every schedule, by name.
