@@ -5,6 +5,7 @@ edge naming the field, the reserved key prefix, and the auth scope of the calls.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,7 +53,7 @@ def test_a_schedule_enqueues_one_job_per_period(servers: RunningServers) -> None
         jobs = queue.claim("ticks", batch=100)
         periods = sorted(int(j.idempotency_key.rsplit(":", 1)[1]) for j in jobs)
         assert 2 <= len(periods) <= 4, periods
-        assert all(b - a == 1000 for a, b in zip(periods, periods[1:], strict=False))
+        assert all(b - a == 1000 for a, b in itertools.pairwise(periods))
         assert all(j.payload == b"hello" and j.priority == 5 and j.max_attempts == 2 for j in jobs)
         assert max(periods) / 1000 >= listed.last_period
         queue.complete(jobs)
@@ -92,12 +93,11 @@ def test_the_async_twin_puts_lists_and_deletes() -> None:
         ({"cron": "* * * * *", "catch_up": 1000}, "schedule.catch_up"),
     ],
 )
-def test_bad_schedules_are_refused_naming_the_field(
-    kwargs: dict[str, object], field: str
-) -> None:
-    with running_servers("memory://", "memory://") as servers, QueueClient(
-        servers.queue_address
-    ) as queue:
+def test_bad_schedules_are_refused_naming_the_field(kwargs: dict[str, object], field: str) -> None:
+    with (
+        running_servers("memory://", "memory://") as servers,
+        QueueClient(servers.queue_address) as queue,
+    ):
         with pytest.raises(InvalidArgumentError) as info:
             queue.put_schedule("bad", "q", **kwargs)  # type: ignore[arg-type]
         assert info.value.field == field
@@ -108,9 +108,10 @@ def test_bad_schedules_are_refused_naming_the_field(
 
 
 def test_the_periodic_key_prefix_is_reserved() -> None:
-    with running_servers("memory://", "memory://") as servers, QueueClient(
-        servers.queue_address
-    ) as queue:
+    with (
+        running_servers("memory://", "memory://") as servers,
+        QueueClient(servers.queue_address) as queue,
+    ):
         with pytest.raises(InvalidArgumentError) as info:
             queue.enqueue("q", b"x", idempotency_key="periodic:tick:1000")
         assert info.value.field == "jobs[0].idempotency_key"

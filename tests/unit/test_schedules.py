@@ -23,8 +23,8 @@ EVERY_S = Schedule(name="s", queue="q", every_ms=1000)
 HOURLY = Schedule(name="h", queue="q", cron="0 * * * *")
 
 
-def ms(*args: int) -> int:
-    return int(datetime(*args, tzinfo=UTC).timestamp() * 1000)  # type: ignore[misc]
+def ms(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> int:
+    return int(datetime(year, month, day, hour, minute, tzinfo=UTC).timestamp() * 1000)
 
 
 @pytest.mark.parametrize(
