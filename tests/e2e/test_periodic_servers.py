@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psycopg
@@ -30,7 +30,6 @@ from fencing import AsyncQueueClient, QueueClient
 from lease_server.queue.schedules import period_key
 from lease_server.queue.service import QueueOptions
 from lease_server.server import LeaseServer, start_lease_server
-from tests import pg
 from tests.e2e.test_postgres_servers import lease_servers, url  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -140,16 +139,10 @@ async def test_three_servers_on_one_sqlite_file(tmp_path: Path, unique: bool) ->
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
-        yield f"sqlite:{tmp_path / 'leases.db'}"
-        return
-    dsn = pg.test_dsn()
-    schema = f"{pg.SCHEMA_PREFIX}periodic_{time.time_ns() % 16**8:08x}"
-    try:
-        yield pg.with_schema(dsn, schema)
-    finally:
-        asyncio.run(pg.drop_schema(dsn, schema))
+        return f"sqlite:{tmp_path / 'leases.db'}"
+    return str(request.getfixturevalue("url"))
 
 
 def jobs_of(backend: str, tmp_path: Path) -> list[Row]:
