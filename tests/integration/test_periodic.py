@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,9 +15,11 @@ import pytest
 
 from fencing import AsyncQueueClient, QueueClient
 from fencing.client import ScheduleInfo
-from fencing.errors import InvalidArgumentError
+from fencing.errors import InvalidArgumentError, PermissionDeniedError
 from fencing.testing import RunningServers, running_servers
 from lease_server.queue.service import QueueOptions
+from serving.auth import AuthPolicy
+from serving.server import ServerOptions
 
 pytestmark = pytest.mark.slow  # real periods of a second
 
@@ -116,3 +119,37 @@ def test_the_periodic_key_prefix_is_reserved() -> None:
             queue.enqueue("q", b"x", idempotency_key="periodic:tick:1000")
         assert info.value.field == "jobs[0].idempotency_key"
         assert queue.enqueue("q", b"x", idempotency_key="periodical").created
+
+
+POLICY = """
+[principals.reports]
+tokens = ["reports-token"]
+allow = [{ prefix = "reports", actions = ["enqueue", "describe"] }]
+
+[principals.ops]
+tokens = ["ops-token"]
+allow = [{ prefix = "", actions = ["*"] }]
+"""
+
+
+def test_schedule_calls_are_authorised_by_the_schedules_queue() -> None:
+    policy = AuthPolicy.from_dict(tomllib.loads(POLICY))
+    with (
+        running_servers(options=ServerOptions(auth=policy)) as servers,
+        QueueClient(servers.queue_address, token="reports-token") as reports,
+        QueueClient(servers.queue_address, token="ops-token") as ops,
+    ):
+        reports.put_schedule("daily", "reports", cron="0 6 * * *")
+        with pytest.raises(PermissionDeniedError):
+            reports.put_schedule("sneaky", "billing", every=60)
+        ops.put_schedule("billing-run", "billing", every=60)
+        assert [s.name for s in reports.list_schedules("reports")] == ["daily"]
+        with pytest.raises(PermissionDeniedError):
+            reports.list_schedules()  # every queue: only a grant on everything
+        with pytest.raises(PermissionDeniedError):
+            reports.delete_schedule("billing-run", queue="billing")
+        with pytest.raises(PermissionDeniedError):
+            reports.delete_schedule("billing-run")  # any queue
+        assert reports.delete_schedule("billing-run", queue="reports") is False  # not its
+        assert reports.delete_schedule("daily", queue="reports") is True
+        assert [s.name for s in ops.list_schedules()] == ["billing-run"]
