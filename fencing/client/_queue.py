@@ -77,6 +77,26 @@ class Job:
         )
 
     @property
+    def schedule_name(self) -> str:
+        """The name of the schedule that enqueued this job ("" for a job enqueued by hand)."""
+        return self._periodic()[0]
+
+    @property
+    def period(self) -> float | None:
+        """The start of the period this periodic job is for (Unix seconds; None for a job
+        enqueued by hand): a handler keys its effect by it."""
+        ms = self._periodic()[1]
+        return None if ms is None else ms / 1000
+
+    def _periodic(self) -> tuple[str, int | None]:
+        # The server's key of a period's job: "periodic:<schedule>:<period start in ms>".
+        prefix, _, rest = self.idempotency_key.partition(":")
+        name, _, period = rest.rpartition(":")
+        if prefix != "periodic" or not name or not period.isdigit():
+            return "", None
+        return name, int(period)
+
+    @property
     def final_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
 

@@ -58,6 +58,8 @@ def test_a_schedule_enqueues_one_job_per_period(servers: RunningServers) -> None
         assert 2 <= len(periods) <= 4, periods
         assert all(b - a == 1000 for a, b in itertools.pairwise(periods))
         assert all(j.payload == b"hello" and j.priority == 5 and j.max_attempts == 2 for j in jobs)
+        assert sorted(j.period or 0.0 for j in jobs) == [p / 1000 for p in periods]
+        assert {j.schedule_name for j in jobs} == {"tick"}
         assert max(periods) / 1000 >= listed.last_period
         queue.complete(jobs)
         assert queue.delete_schedule("tick", queue="other") is False  # not of that queue
@@ -119,6 +121,8 @@ def test_the_periodic_key_prefix_is_reserved() -> None:
             queue.enqueue("q", b"x", idempotency_key="periodic:tick:1000")
         assert info.value.field == "jobs[0].idempotency_key"
         assert queue.enqueue("q", b"x", idempotency_key="periodical").created
+        (job,) = queue.claim("q")
+        assert (job.schedule_name, job.period) == ("", None)
 
 
 POLICY = """
