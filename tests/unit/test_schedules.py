@@ -9,13 +9,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fencing.client import Job
 from fencing.errors import InvalidArgumentError
+from fencing.v1 import queue_pb2
 from lease_server.queue.schedules import (
     Schedule,
     ScheduleRecord,
     due_periods,
     next_period,
     period_job,
+    period_key,
     validate,
 )
 
@@ -127,3 +130,19 @@ def test_interval_periods_are_aligned_in_order_and_bounded(
         assert skipped == (missed > max(1, catch_up))
     else:
         assert periods == [] and not skipped
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        (period_key("nightly", 1_700_000_000_000), ("nightly", 1_700_000_000.0)),
+        (period_key("a:b", 5000), ("a:b", 5.0)),  # a name may hold the separator
+        ("periodic::5000", ("", None)),
+        ("periodic:x:soon", ("", None)),
+        ("mine-5000", ("", None)),
+        ("", ("", None)),
+    ],
+)
+def test_the_sdk_reads_the_servers_period_key(key: str, expected: tuple[str, float | None]) -> None:
+    job = Job(queue_pb2.Job(id=1, queue="q", token=1, ttl_ms=1000, idempotency_key=key), 0.0)
+    assert (job.schedule_name, job.period) == expected
