@@ -43,6 +43,7 @@ cron               5 fields (minute hour day-of-month month day-of-week), at mos
 every_ms           1,000 .. 31,536,000,000 (1 s to 365 days)
 timezone           an IANA name (empty: UTC), at most 64 bytes
 catch_up           0 (only the latest due period) .. 100 missed periods
+schedules          at most 1,000 per queue backend (RESOURCE_EXHAUSTED past it)
 =================  ==========================================================
 
 A whole request is also bounded by the gRPC message limit (16 MiB), so a batch of
@@ -94,6 +95,7 @@ MIN_INTERVAL_MS = 1000
 MAX_INTERVAL_MS = MAX_DELAY_MS
 MAX_TIMEZONE_BYTES = 64
 MAX_CATCH_UP = 100
+MAX_SCHEDULES = 1000
 #: Largest gRPC message the servers accept: one write of MAX_OPS values would not fit,
 #: so the byte budget of a whole write is this, not MAX_OPS * MAX_VALUE_BYTES.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024

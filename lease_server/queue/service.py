@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from fencing import limits
 from fencing._backoff import Backoff
-from fencing.errors import InvalidArgumentError, LeaseLost
+from fencing.errors import InvalidArgumentError, LeaseLost, ResourceExhaustedError
 from fencing.v1 import queue_pb2, queue_pb2_grpc
 from lease_server.queue import jobs, schedules
 from lease_server.queue.backends.base import CompleteGroup, QueueBackend
@@ -65,6 +65,8 @@ class QueueOptions:
     stats_interval_s: float = 15.0
     schedule_refresh_s: float = 1.0
     periodic_unique: bool = True
+    #: Schedules a backend holds at most (every server reads them all each step).
+    max_schedules: int = limits.MAX_SCHEDULES
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> QueueOptions:
@@ -525,6 +527,16 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         self, request: queue_pb2.PutScheduleRequest, context: Context
     ) -> queue_pb2.ScheduleInfo:
         schedule = schedule_from_proto(request.schedule)
+        _, existing = await self.backend.list_schedules()
+        cap = self.options.max_schedules
+        # A bound on what every scheduler reads each step, not a safety rule: puts that
+        # race past it add a few more.
+        if len(existing) >= cap and all(r.name != schedule.name for r in existing):
+            raise ResourceExhaustedError(
+                f"the queue backend holds {len(existing)} schedules, the most it takes "
+                f"({cap}); delete some first",
+                limit="schedules",
+            )
         record = await self.backend.put_schedule(schedule)
         self.schedules_changed()
         log.info(

@@ -15,7 +15,7 @@ import pytest
 
 from fencing import AsyncQueueClient, QueueClient
 from fencing.client import ScheduleInfo
-from fencing.errors import InvalidArgumentError, PermissionDeniedError
+from fencing.errors import InvalidArgumentError, PermissionDeniedError, ResourceExhaustedError
 from fencing.testing import RunningServers, running_servers
 from lease_server.queue.service import QueueOptions
 from serving.auth import AuthPolicy
@@ -157,3 +157,18 @@ def test_schedule_calls_are_authorised_by_the_schedules_queue() -> None:
         assert reports.delete_schedule("billing-run", queue="reports") is False  # not its
         assert reports.delete_schedule("daily", queue="reports") is True
         assert [s.name for s in ops.list_schedules()] == ["billing-run"]
+
+
+def test_the_number_of_schedules_is_bounded() -> None:
+    options = QueueOptions(max_schedules=2)
+    with (
+        running_servers(queue_options=options) as servers,
+        QueueClient(servers.queue_address) as queue,
+    ):
+        queue.put_schedule("a", "q", every=60)
+        queue.put_schedule("b", "q", every=60)
+        with pytest.raises(ResourceExhaustedError) as info:
+            queue.put_schedule("c", "q", every=60)
+        assert info.value.limit == "schedules"
+        queue.put_schedule("b", "q", every=120)  # replacing one is not adding one
+        assert [(s.name, s.every) for s in queue.list_schedules()] == [("a", 60), ("b", 120)]
