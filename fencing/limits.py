@@ -37,6 +37,13 @@ delay_ms           0 .. 31,536,000,000 (365 days); run_at_ms at most that far ah
 batch              1 .. 1,000 jobs per Enqueue, Claim, Heartbeat, Complete, Release
 error              kept truncated to 4,096 bytes of UTF-8 (never rejected)
 window_ms          0 (default 5 min) or 1,000 .. 604,800,000 (7 days)
+schedule name      1-128 bytes of UTF-8, no control characters
+cron               5 fields (minute hour day-of-month month day-of-week), at most
+                   256 bytes; exactly one of cron and every_ms
+every_ms           1,000 .. 31,536,000,000 (1 s to 365 days)
+timezone           an IANA name (empty: UTC), at most 64 bytes
+catch_up           0 (only the latest due period) .. 100 missed periods
+schedules          at most 1,000 per queue backend (RESOURCE_EXHAUSTED past it)
 =================  ==========================================================
 
 A whole request is also bounded by the gRPC message limit (16 MiB), so a batch of
@@ -82,6 +89,13 @@ MAX_ERROR_BYTES = 4096
 MIN_WINDOW_MS = 1000
 MAX_WINDOW_MS = 7 * 24 * 3600 * 1000
 DEFAULT_WINDOW_MS = 5 * 60 * 1000
+MAX_SCHEDULE_NAME_BYTES = 128
+MAX_CRON_BYTES = 256
+MIN_INTERVAL_MS = 1000
+MAX_INTERVAL_MS = MAX_DELAY_MS
+MAX_TIMEZONE_BYTES = 64
+MAX_CATCH_UP = 100
+MAX_SCHEDULES = 1000
 #: Largest gRPC message the servers accept: one write of MAX_OPS values would not fit,
 #: so the byte budget of a whole write is this, not MAX_OPS * MAX_VALUE_BYTES.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -283,6 +297,18 @@ def check_window_ms(value: int, field: str = "window_ms") -> int:
     if value == 0:
         return DEFAULT_WINDOW_MS
     return check_range(field, value, MIN_WINDOW_MS, MAX_WINDOW_MS)
+
+
+def check_schedule_name(value: str, field: str = "name") -> str:
+    return check_name(field, value, MAX_SCHEDULE_NAME_BYTES)
+
+
+def check_interval_ms(value: int, field: str = "every_ms") -> int:
+    return check_range(field, value, MIN_INTERVAL_MS, MAX_INTERVAL_MS)
+
+
+def check_catch_up(value: int, field: str = "catch_up") -> int:
+    return check_range(field, value, 0, MAX_CATCH_UP)
 
 
 def truncate_error(text: str, max_bytes: int = MAX_ERROR_BYTES) -> str:

@@ -19,7 +19,7 @@ import grpc
 
 from fencing.client.queue import QueueClient
 from fencing.errors import FencingError
-from fencingctl import connect
+from fencingctl import connect, schedules
 from serving import exits
 
 COLUMNS = (
@@ -102,7 +102,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    queue = sub.add_parser("queue", help="queue stats, enqueue a job")
+    queue = sub.add_parser("queue", help="queue stats, enqueue a job, periodic jobs")
     qsub = queue.add_subparsers(dest="queue_command", required=True, metavar="ACTION")
 
     p = qsub.add_parser("stats", help="ready, running, expired, dead, oldest ready age per queue")
@@ -124,3 +124,5 @@ def register(sub: Any) -> None:
     p.add_argument("--resource", default="", help="guard resource its token fences")
     _common(p)
     p.set_defaults(run=_enqueue)
+
+    schedules.register(qsub, _common)

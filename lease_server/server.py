@@ -20,6 +20,7 @@ from lease_server.queue.backends import QueueBackend, open_queue, queue_url_for
 from lease_server.queue.backends.base import LogsJobEvents
 from lease_server.queue.metrics import QueueMetrics
 from lease_server.queue.reaper import Reaper
+from lease_server.queue.scheduler import Scheduler
 from lease_server.queue.service import QueueOptions, QueueService
 from lease_server.service import LeaseService
 from serving.metrics import Metrics
@@ -69,7 +70,7 @@ class LeaseServer:
         ``BACKEND_UNAVAILABLE`` (retry, with the same request id, elsewhere or later)
         rather than cut off at the end of the drain. New calls are refused, and Watch
         streams end at once with ``UNAVAILABLE`` (a follower resumes elsewhere or later).
-        The queue's reaper stops with the other background tasks; Claims waiting for
+        The queue's reaper and scheduler stop with the other background tasks; Claims waiting for
         work return what they have (nothing) when the drain ends.
         """
         await self.built.enter_shutdown()
@@ -135,7 +136,8 @@ async def start_lease_server(
     derived from a backend URL (:func:`lease_server.queue.backends.queue_url_for`: beside the
     leases), and there is none for a backend object. ``"off"``: no queue service.
     Its calls get the same deadline as the lease backend's; the reaper runs as a
-    background task (``queue_options``: retry backoff, retention, reap interval).
+    background task, and so does the scheduler of periodic jobs (``queue_options``: retry
+    backoff, retention, reap interval, schedule refresh).
     """
     options, metrics = (options or ServerOptions()).with_metrics()
     be = open_backend(backend) if isinstance(backend, str) else backend
@@ -172,6 +174,9 @@ async def start_lease_server(
     built.spawn(service.run())
     if qservice is not None:
         built.spawn(Reaper(qservice.backend, qservice.options).run())
+        scheduler = Scheduler(qservice.backend, qservice.options, qservice.metrics)
+        qservice.schedules_changed = scheduler.wake
+        built.spawn(scheduler.run())
         built.spawn(qservice.refresh_gauges_forever())
     host = address.rsplit(":", 1)[0]
     bound = f"{host}:{built.port}"

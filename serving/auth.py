@@ -45,8 +45,9 @@ action                        methods
                               WriteStream (each streamed write, judged on its own:
                               a write outside the grants gets PERMISSION_DENIED as
                               its verdict); Read and DescribeFence; Fence
-``enqueue`` ``claim``         QueueService Enqueue; Claim, Heartbeat, Complete, Fail, Release
-``describe``                  QueueService Stats
+``enqueue`` ``claim``         QueueService Enqueue, PutSchedule, DeleteSchedule (by the
+                              schedule's queue); Claim, Heartbeat, Complete, Fail, Release
+``describe``                  QueueService Stats, ListSchedules
 ``reset_fence``               GuardService ResetFence (an operator's recovery: it may
                               lower a fence); never part of ``"*"``, it must be named
 ============================  =========================================
@@ -118,6 +119,9 @@ METHOD_ACTIONS: dict[str, Action] = {
     _QUEUE + "Fail": Action.CLAIM,
     _QUEUE + "Release": Action.CLAIM,
     _QUEUE + "Stats": Action.DESCRIBE,
+    _QUEUE + "PutSchedule": Action.ENQUEUE,
+    _QUEUE + "DeleteSchedule": Action.ENQUEUE,
+    _QUEUE + "ListSchedules": Action.DESCRIBE,
 }
 
 #: Methods anyone may call without credentials: probes and schema discovery.
@@ -163,6 +167,7 @@ _BATCH_SCOPES: dict[str, Callable[[Any], list[str]]] = {
     "fencing.v1.AcquireManyRequest": lambda r: list(r.resources),
     "fencing.v1.RenewManyRequest": lambda r: [i.resource for i in r.renewals],
     "fencing.v1.ReleaseManyRequest": lambda r: [i.resource for i in r.releases],
+    "fencing.v1.PutScheduleRequest": lambda r: [r.schedule.queue],
 }
 
 

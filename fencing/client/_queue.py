@@ -77,6 +77,26 @@ class Job:
         )
 
     @property
+    def schedule_name(self) -> str:
+        """The name of the schedule that enqueued this job ("" for a job enqueued by hand)."""
+        return self._periodic()[0]
+
+    @property
+    def period(self) -> float | None:
+        """The start of the period this periodic job is for (Unix seconds; None for a job
+        enqueued by hand): a handler keys its effect by it."""
+        ms = self._periodic()[1]
+        return None if ms is None else ms / 1000
+
+    def _periodic(self) -> tuple[str, int | None]:
+        # The server's key of a period's job: "periodic:<schedule>:<period start in ms>".
+        prefix, _, rest = self.idempotency_key.partition(":")
+        name, _, period = rest.rpartition(":")
+        if prefix != "periodic" or not name or not period.isdigit():
+            return "", None
+        return name, int(period)
+
+    @property
     def final_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
 
@@ -190,6 +210,85 @@ def stats(msg: queue_pb2.QueueStats) -> QueueStats:
         retry_rate=msg.retry_rate,
         finished_in_window=msg.finished_in_window,
         window=msg.window_ms / 1000,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    """A periodic job's schedule as the server keeps it (see ``fencing.v1.ScheduleInfo``).
+
+    Exactly one of ``cron`` (5 fields, in ``timezone``; "" is UTC) and ``every`` (seconds)
+    is set. ``next_run`` is the start of the next period not yet enqueued, ``last_period``
+    the latest one enqueued (None: none yet) with its job ``last_job_id``; Unix seconds.
+    """
+
+    name: str
+    queue: str
+    cron: str
+    every: float
+    timezone: str
+    payload: bytes
+    priority: int
+    max_attempts: int
+    resource: str
+    catch_up: int
+    created_at: float
+    next_run: float
+    last_period: float | None
+    last_job_id: int
+
+
+def schedule_info(msg: queue_pb2.ScheduleInfo) -> ScheduleInfo:
+    s = msg.schedule
+    return ScheduleInfo(
+        name=s.name,
+        queue=s.queue,
+        cron=s.cron,
+        every=s.every_ms / 1000,
+        timezone=s.timezone,
+        payload=s.payload,
+        priority=s.priority,
+        max_attempts=s.max_attempts,
+        resource=s.resource,
+        catch_up=s.catch_up,
+        created_at=msg.created_at_ms / 1000,
+        next_run=msg.next_run_ms / 1000,
+        last_period=msg.last_period_ms / 1000 if msg.last_period_ms else None,
+        last_job_id=msg.last_job_id,
+    )
+
+
+def put_schedule_request(
+    name: str,
+    queue: str,
+    *,
+    cron: str = "",
+    every: float = 0.0,
+    timezone: str = "",
+    payload: bytes | str = b"",
+    priority: int = 0,
+    max_attempts: int = 0,
+    resource: str = "",
+    catch_up: int = 0,
+) -> queue_pb2.PutScheduleRequest:
+    """A PutSchedule: ``cron`` (5 fields) or ``every`` (seconds, at least 1), not both."""
+    if isinstance(payload, str):
+        payload = payload.encode("utf-8")
+    if every < 0:
+        raise InvalidArgumentError("every must not be negative", field="every")
+    return queue_pb2.PutScheduleRequest(
+        schedule=queue_pb2.Schedule(
+            name=name,
+            queue=queue,
+            cron=cron,
+            every_ms=round(every * 1000),
+            timezone=timezone,
+            payload=payload,
+            priority=priority,
+            max_attempts=max_attempts,
+            resource=resource,
+            catch_up=catch_up,
+        )
     )
 
 

@@ -29,7 +29,7 @@ from fencing._renewal import RenewalPolicy
 from fencing.client import _core
 from fencing.client import _queue as core
 from fencing.client._calls import BlockingCalls
-from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
+from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats, ScheduleInfo
 from fencing.errors import FencingError, LeaseLost
 from fencing.tls import TLSConfig
 from fencing.v1 import queue_pb2, queue_pb2_grpc
@@ -200,6 +200,60 @@ class QueueClient(BlockingCalls):
         request = queue_pb2.QueueStatsRequest(queue=queue, window_ms=round(window * 1000))
         response = self._call(self._stub.Stats, request, retry=True)
         return [core.stats(s) for s in response.queues]
+
+    # -- periodic jobs -----------------------------------------------------------------------
+
+    def put_schedule(
+        self,
+        name: str,
+        queue: str,
+        *,
+        cron: str = "",
+        every: float = 0.0,
+        timezone: str = "",
+        payload: bytes | str = b"",
+        priority: int = 0,
+        max_attempts: int = 0,
+        resource: str = "",
+        catch_up: int = 0,
+    ) -> ScheduleInfo:
+        """Add the schedule of a periodic job, or replace the one named ``name``.
+
+        Every lease server sharing the queue backend enqueues one job per period into
+        ``queue`` (its idempotency key is ``periodic:<name>:<period start in ms>``, its
+        due time the period's start): ``cron`` is a 5-field expression evaluated in
+        ``timezone`` (default UTC), ``every`` a fixed interval in seconds (at least 1,
+        periods aligned to the Unix epoch). After downtime only the latest missed period
+        is enqueued, or with ``catch_up=N`` each missed one, the latest N (at most 100).
+        A replaced schedule keeps its last period: no period is enqueued twice.
+        """
+        request = core.put_schedule_request(
+            name,
+            queue,
+            cron=cron,
+            every=every,
+            timezone=timezone,
+            payload=payload,
+            priority=priority,
+            max_attempts=max_attempts,
+            resource=resource,
+            catch_up=catch_up,
+        )
+        response = self._call(self._stub.PutSchedule, request, retry=True)
+        return core.schedule_info(response)
+
+    def delete_schedule(self, name: str, *, queue: str = "") -> bool:
+        """Remove a schedule (the jobs it enqueued stay); False if there was none (of
+        ``queue``, when given: an auth policy scopes the call by it)."""
+        request = queue_pb2.DeleteScheduleRequest(name=name, queue=queue)
+        response = self._call(self._stub.DeleteSchedule, request, retry=True)
+        return bool(response.deleted)
+
+    def list_schedules(self, queue: str = "") -> list[ScheduleInfo]:
+        """The schedules (of ``queue``, or all), by name, with next run and last period."""
+        request = queue_pb2.ListSchedulesRequest(queue=queue)
+        response = self._call(self._stub.ListSchedules, request, retry=True)
+        return [core.schedule_info(s) for s in response.schedules]
 
 
 __all__ = ["FencingError", "Job", "QueueClient"]

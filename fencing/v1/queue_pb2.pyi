@@ -638,3 +638,207 @@ class QueueStatsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___QueueStatsResponse: _TypeAlias = QueueStatsResponse  # noqa: Y015
+
+@_typing.final
+class Schedule(_message.Message):
+    """A periodic job: a job template enqueued once per period of a cron expression or of a
+    fixed interval.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    CRON_FIELD_NUMBER: _builtins.int
+    EVERY_MS_FIELD_NUMBER: _builtins.int
+    TIMEZONE_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    CATCH_UP_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """1-128 bytes; the key of the schedule."""
+    queue: _builtins.str
+    cron: _builtins.str
+    """5 fields (minute hour day-of-month month day-of-week), evaluated in timezone.
+    Exactly one of cron and every_ms.
+    """
+    every_ms: _builtins.int
+    """A fixed interval (>= 1000), periods aligned to the Unix epoch."""
+    timezone: _builtins.str
+    """An IANA time zone for cron (empty: UTC)."""
+    payload: _builtins.bytes
+    """The template of each period's job, as NewJob has them."""
+    priority: _builtins.int
+    max_attempts: _builtins.int
+    """0: the server's default."""
+    resource: _builtins.str
+    catch_up: _builtins.int
+    """After periods were missed (every server down): 0 enqueues only the latest due
+    period; N (at most 100) enqueues each missed one, the latest N.
+    """
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        cron: _builtins.str = ...,
+        every_ms: _builtins.int = ...,
+        timezone: _builtins.str = ...,
+        payload: _builtins.bytes = ...,
+        priority: _builtins.int = ...,
+        max_attempts: _builtins.int = ...,
+        resource: _builtins.str = ...,
+        catch_up: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catch_up", b"catch_up", "cron", b"cron", "every_ms", b"every_ms", "max_attempts", b"max_attempts", "name", b"name", "payload", b"payload", "priority", b"priority", "queue", b"queue", "resource", b"resource", "timezone", b"timezone"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Schedule: _TypeAlias = Schedule  # noqa: Y015
+
+@_typing.final
+class PutScheduleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedule(self) -> Global___Schedule: ...
+    def __init__(
+        self,
+        *,
+        schedule: Global___Schedule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PutScheduleRequest: _TypeAlias = PutScheduleRequest  # noqa: Y015
+
+@_typing.final
+class ScheduleInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    CREATED_AT_MS_FIELD_NUMBER: _builtins.int
+    NEXT_RUN_MS_FIELD_NUMBER: _builtins.int
+    LAST_PERIOD_MS_FIELD_NUMBER: _builtins.int
+    LAST_JOB_ID_FIELD_NUMBER: _builtins.int
+    created_at_ms: _builtins.int
+    next_run_ms: _builtins.int
+    """The start of the next period not yet enqueued (Unix ms, the backend's clock)."""
+    last_period_ms: _builtins.int
+    """The latest period enqueued (0: none yet) and its job."""
+    last_job_id: _builtins.int
+    @_builtins.property
+    def schedule(self) -> Global___Schedule: ...
+    def __init__(
+        self,
+        *,
+        schedule: Global___Schedule | None = ...,
+        created_at_ms: _builtins.int = ...,
+        next_run_ms: _builtins.int = ...,
+        last_period_ms: _builtins.int = ...,
+        last_job_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at_ms", b"created_at_ms", "last_job_id", b"last_job_id", "last_period_ms", b"last_period_ms", "next_run_ms", b"next_run_ms", "schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScheduleInfo: _TypeAlias = ScheduleInfo  # noqa: Y015
+
+@_typing.final
+class DeleteScheduleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    queue: _builtins.str
+    """The schedule's queue (an auth policy scopes the call by it); empty: any queue (only
+    a grant on every resource allows that). A schedule of another queue is not deleted.
+    """
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        queue: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteScheduleRequest: _TypeAlias = DeleteScheduleRequest  # noqa: Y015
+
+@_typing.final
+class DeleteScheduleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_FIELD_NUMBER: _builtins.int
+    deleted: _builtins.bool
+    """False: there was no such schedule (in that queue)."""
+    def __init__(
+        self,
+        *,
+        deleted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteScheduleResponse: _TypeAlias = DeleteScheduleResponse  # noqa: Y015
+
+@_typing.final
+class ListSchedulesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
+    """Only the schedules of this queue (empty: all)."""
+    def __init__(
+        self,
+        *,
+        queue: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSchedulesRequest: _TypeAlias = ListSchedulesRequest  # noqa: Y015
+
+@_typing.final
+class ListSchedulesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULES_FIELD_NUMBER: _builtins.int
+    NOW_MS_FIELD_NUMBER: _builtins.int
+    now_ms: _builtins.int
+    """The backend's clock when listed (Unix ms)."""
+    @_builtins.property
+    def schedules(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScheduleInfo]: ...
+    def __init__(
+        self,
+        *,
+        schedules: _abc.Iterable[Global___ScheduleInfo] | None = ...,
+        now_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["now_ms", b"now_ms", "schedules", b"schedules"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSchedulesResponse: _TypeAlias = ListSchedulesResponse  # noqa: Y015

@@ -69,6 +69,21 @@ class QueueServiceStub:
                 request_serializer=fencing_dot_v1_dot_queue__pb2.QueueStatsRequest.SerializeToString,
                 response_deserializer=fencing_dot_v1_dot_queue__pb2.QueueStatsResponse.FromString,
                 _registered_method=True)
+        self.PutSchedule = channel.unary_unary(
+                '/fencing.v1.QueueService/PutSchedule',
+                request_serializer=fencing_dot_v1_dot_queue__pb2.PutScheduleRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_queue__pb2.ScheduleInfo.FromString,
+                _registered_method=True)
+        self.DeleteSchedule = channel.unary_unary(
+                '/fencing.v1.QueueService/DeleteSchedule',
+                request_serializer=fencing_dot_v1_dot_queue__pb2.DeleteScheduleRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_queue__pb2.DeleteScheduleResponse.FromString,
+                _registered_method=True)
+        self.ListSchedules = channel.unary_unary(
+                '/fencing.v1.QueueService/ListSchedules',
+                request_serializer=fencing_dot_v1_dot_queue__pb2.ListSchedulesRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_queue__pb2.ListSchedulesResponse.FromString,
+                _registered_method=True)
 
 
 class QueueServiceServicer:
@@ -128,6 +143,29 @@ class QueueServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutSchedule(self, request, context):
+        """Add the schedule of a periodic job, or replace the one of that name (upsert). Every
+        lease server on the backend enqueues its periods: one job per period, whose
+        idempotency_key is "periodic:<name>:<period start in Unix ms>".
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchedule(self, request, context):
+        """Remove a schedule (the jobs it enqueued stay).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSchedules(self, request, context):
+        """The schedules, by name, with their next run and the last period enqueued.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -165,6 +203,21 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=fencing_dot_v1_dot_queue__pb2.QueueStatsRequest.FromString,
                     response_serializer=fencing_dot_v1_dot_queue__pb2.QueueStatsResponse.SerializeToString,
+            ),
+            'PutSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutSchedule,
+                    request_deserializer=fencing_dot_v1_dot_queue__pb2.PutScheduleRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_queue__pb2.ScheduleInfo.SerializeToString,
+            ),
+            'DeleteSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchedule,
+                    request_deserializer=fencing_dot_v1_dot_queue__pb2.DeleteScheduleRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_queue__pb2.DeleteScheduleResponse.SerializeToString,
+            ),
+            'ListSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchedules,
+                    request_deserializer=fencing_dot_v1_dot_queue__pb2.ListSchedulesRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_queue__pb2.ListSchedulesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -356,6 +409,87 @@ class QueueService:
             '/fencing.v1.QueueService/Stats',
             fencing_dot_v1_dot_queue__pb2.QueueStatsRequest.SerializeToString,
             fencing_dot_v1_dot_queue__pb2.QueueStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.QueueService/PutSchedule',
+            fencing_dot_v1_dot_queue__pb2.PutScheduleRequest.SerializeToString,
+            fencing_dot_v1_dot_queue__pb2.ScheduleInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.QueueService/DeleteSchedule',
+            fencing_dot_v1_dot_queue__pb2.DeleteScheduleRequest.SerializeToString,
+            fencing_dot_v1_dot_queue__pb2.DeleteScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.QueueService/ListSchedules',
+            fencing_dot_v1_dot_queue__pb2.ListSchedulesRequest.SerializeToString,
+            fencing_dot_v1_dot_queue__pb2.ListSchedulesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -69,6 +69,15 @@ class QueueServiceStub:
     """Give claimed jobs back at once, the attempt not counted (graceful shutdown)."""
     Stats: _grpc.UnaryUnaryMultiCallable[_queue_pb2.QueueStatsRequest, _queue_pb2.QueueStatsResponse]
     """Counts and ages per queue."""
+    PutSchedule: _grpc.UnaryUnaryMultiCallable[_queue_pb2.PutScheduleRequest, _queue_pb2.ScheduleInfo]
+    """Add the schedule of a periodic job, or replace the one of that name (upsert). Every
+    lease server on the backend enqueues its periods: one job per period, whose
+    idempotency_key is "periodic:<name>:<period start in Unix ms>".
+    """
+    DeleteSchedule: _grpc.UnaryUnaryMultiCallable[_queue_pb2.DeleteScheduleRequest, _queue_pb2.DeleteScheduleResponse]
+    """Remove a schedule (the jobs it enqueued stay)."""
+    ListSchedules: _grpc.UnaryUnaryMultiCallable[_queue_pb2.ListSchedulesRequest, _queue_pb2.ListSchedulesResponse]
+    """The schedules, by name, with their next run and the last period enqueued."""
 
 @_typing.type_check_only
 class QueueServiceAsyncStub(QueueServiceStub):
@@ -94,6 +103,15 @@ class QueueServiceAsyncStub(QueueServiceStub):
     """Give claimed jobs back at once, the attempt not counted (graceful shutdown)."""
     Stats: _aio.UnaryUnaryMultiCallable[_queue_pb2.QueueStatsRequest, _queue_pb2.QueueStatsResponse]  # type: ignore[assignment]
     """Counts and ages per queue."""
+    PutSchedule: _aio.UnaryUnaryMultiCallable[_queue_pb2.PutScheduleRequest, _queue_pb2.ScheduleInfo]  # type: ignore[assignment]
+    """Add the schedule of a periodic job, or replace the one of that name (upsert). Every
+    lease server on the backend enqueues its periods: one job per period, whose
+    idempotency_key is "periodic:<name>:<period start in Unix ms>".
+    """
+    DeleteSchedule: _aio.UnaryUnaryMultiCallable[_queue_pb2.DeleteScheduleRequest, _queue_pb2.DeleteScheduleResponse]  # type: ignore[assignment]
+    """Remove a schedule (the jobs it enqueued stay)."""
+    ListSchedules: _aio.UnaryUnaryMultiCallable[_queue_pb2.ListSchedulesRequest, _queue_pb2.ListSchedulesResponse]  # type: ignore[assignment]
+    """The schedules, by name, with their next run and the last period enqueued."""
 
 class QueueServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -158,5 +176,32 @@ class QueueServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_queue_pb2.QueueStatsResponse, _abc.Awaitable[_queue_pb2.QueueStatsResponse]]:
         """Counts and ages per queue."""
+
+    @_abc_1.abstractmethod
+    def PutSchedule(
+        self,
+        request: _queue_pb2.PutScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.ScheduleInfo, _abc.Awaitable[_queue_pb2.ScheduleInfo]]:
+        """Add the schedule of a periodic job, or replace the one of that name (upsert). Every
+        lease server on the backend enqueues its periods: one job per period, whose
+        idempotency_key is "periodic:<name>:<period start in Unix ms>".
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteSchedule(
+        self,
+        request: _queue_pb2.DeleteScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.DeleteScheduleResponse, _abc.Awaitable[_queue_pb2.DeleteScheduleResponse]]:
+        """Remove a schedule (the jobs it enqueued stay)."""
+
+    @_abc_1.abstractmethod
+    def ListSchedules(
+        self,
+        request: _queue_pb2.ListSchedulesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.ListSchedulesResponse, _abc.Awaitable[_queue_pb2.ListSchedulesResponse]]:
+        """The schedules, by name, with their next run and the last period enqueued."""
 
 def add_QueueServiceServicer_to_server(servicer: QueueServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

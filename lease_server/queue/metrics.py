@@ -14,6 +14,11 @@ metric                                         meaning
 ``fencing_queue_running{queue}``               running jobs (gauge)
 ``fencing_queue_expired{queue}``               running jobs whose lease expired (gauge)
 ``fencing_queue_dead{queue}``                  dead jobs kept (gauge)
+``fencing_queue_periodic_total{outcome}``      periods of periodic jobs this server
+                                               ``enqueued``, found ``already_enqueued``
+                                               (another server was first), and
+                                               ``skipped`` (a step that left missed
+                                               periods out: the catch-up policy)
 =============================================  ==========================================
 
 The gauges come from the queue backend's Stats, refreshed every
@@ -31,6 +36,8 @@ from lease_server.queue.jobs import QueueCounts
 
 #: Job outcomes (label values of ``fencing_queue_jobs_total``).
 OUTCOMES = ("enqueued", "claimed", "rescued", "completed", "retried", "dead", "released")
+#: Outcomes of the scheduler's periods (label values of ``fencing_queue_periodic_total``).
+PERIODIC_OUTCOMES = ("enqueued", "already_enqueued", "skipped")
 #: Queues labelled in the gauges at most (bounded cardinality).
 MAX_QUEUES = 100
 
@@ -42,6 +49,14 @@ class QueueMetrics:
         )
         for outcome in OUTCOMES:
             self.jobs.labels(outcome)
+        self.periodic = Counter(
+            "fencing_queue_periodic_total",
+            "Periods of periodic jobs by outcome.",
+            ("outcome",),
+            registry=registry,
+        )
+        for outcome in PERIODIC_OUTCOMES:
+            self.periodic.labels(outcome)
         self.lost = Counter(
             "fencing_queue_lost_total",
             "Queue calls refused because the claim was taken over (LEASE_LOST).",
@@ -83,4 +98,4 @@ class QueueMetrics:
         self._labelled = set(current)
 
 
-__all__ = ["MAX_QUEUES", "OUTCOMES", "QueueMetrics"]
+__all__ = ["MAX_QUEUES", "OUTCOMES", "PERIODIC_OUTCOMES", "QueueMetrics"]

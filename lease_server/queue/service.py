@@ -23,13 +23,14 @@ from prometheus_client import CollectorRegistry
 
 from fencing import limits
 from fencing._backoff import Backoff
-from fencing.errors import InvalidArgumentError, LeaseLost
+from fencing.errors import InvalidArgumentError, LeaseLost, ResourceExhaustedError
 from fencing.v1 import queue_pb2, queue_pb2_grpc
-from lease_server.queue import jobs
+from lease_server.queue import jobs, schedules
 from lease_server.queue.backends.base import CompleteGroup, QueueBackend
 from lease_server.queue.batch import CompleteBatcher
 from lease_server.queue.jobs import DEFAULT_RETRY_BACKOFF, JobRecord, JobRef, JobState, NewJob
 from lease_server.queue.metrics import QueueMetrics
+from lease_server.queue.schedules import Schedule, ScheduleRecord
 from serving import config
 from serving.server import rpc
 
@@ -48,7 +49,10 @@ class QueueOptions:
     ``succeeded_retention_s`` after they finished, dead ones ``dead_retention_s``
     after (None: kept forever); a job's idempotency key is remembered as long as
     its row. The reaper runs every ``reap_interval_s`` and handles at most
-    ``reap_batch`` jobs per step.
+    ``reap_batch`` jobs per step. The scheduler of periodic jobs re-reads the schedules
+    at least every ``schedule_refresh_s``; ``periodic_unique=False`` leaves the unique
+    key (schedule, period) off their jobs, which only the tests' control does (to show
+    the duplicates the key prevents).
     """
 
     retry: Backoff = DEFAULT_RETRY_BACKOFF
@@ -59,6 +63,10 @@ class QueueOptions:
     poll_interval_s: float = 0.25
     #: Seconds between refreshes of the backlog gauges (a Stats query).
     stats_interval_s: float = 15.0
+    schedule_refresh_s: float = 1.0
+    periodic_unique: bool = True
+    #: Schedules a backend holds at most (every server reads them all each step).
+    max_schedules: int = limits.MAX_SCHEDULES
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> QueueOptions:
@@ -156,17 +164,66 @@ def new_job_from_proto(msg: queue_pb2.NewJob, field: str, now_ms: int) -> NewJob
             field=f"{field}.run_at_ms",
         )
     resource = limits.check_job_resource(msg.resource, f"{field}.resource")
+    key = limits.check_idempotency_key(msg.idempotency_key, f"{field}.idempotency_key")
+    if key.startswith(schedules.KEY_PREFIX):
+        raise InvalidArgumentError(
+            f"{field}.idempotency_key: keys starting with {schedules.KEY_PREFIX!r} are the "
+            "periodic jobs' (one per schedule and period)",
+            field=f"{field}.idempotency_key",
+        )
     return NewJob(
         payload=limits.check_payload(msg.payload, f"{field}.payload"),
-        idempotency_key=limits.check_idempotency_key(
-            msg.idempotency_key, f"{field}.idempotency_key"
-        ),
+        idempotency_key=key,
         max_attempts=limits.check_max_attempts(msg.max_attempts, f"{field}.max_attempts"),
         delay_ms=limits.check_delay_ms(msg.delay_ms, f"{field}.delay_ms"),
         run_at_ms=run_at,
         ordering_key=limits.check_ordering_key(msg.ordering_key, f"{field}.ordering_key"),
         priority=limits.check_priority(msg.priority, f"{field}.priority"),
         resource=resource,
+    )
+
+
+def schedule_from_proto(msg: queue_pb2.Schedule) -> Schedule:
+    """Validate a ``Schedule`` (:func:`lease_server.queue.schedules.validate`); the error
+    names the request's field (``schedule.cron``)."""
+    try:
+        return schedules.validate(
+            Schedule(
+                name=msg.name,
+                queue=msg.queue,
+                cron=msg.cron.strip(),
+                every_ms=msg.every_ms,
+                timezone=msg.timezone,
+                payload=msg.payload,
+                priority=msg.priority,
+                max_attempts=msg.max_attempts,
+                resource=msg.resource,
+                catch_up=msg.catch_up,
+            )
+        )
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(str(exc), field=f"schedule.{exc.field}") from None
+
+
+def schedule_to_proto(record: ScheduleRecord, now_ms: int) -> queue_pb2.ScheduleInfo:
+    s = record.schedule
+    return queue_pb2.ScheduleInfo(
+        schedule=queue_pb2.Schedule(
+            name=s.name,
+            queue=s.queue,
+            cron=s.cron,
+            every_ms=s.every_ms,
+            timezone=s.timezone,
+            payload=s.payload,
+            priority=s.priority,
+            max_attempts=s.max_attempts,
+            resource=s.resource,
+            catch_up=s.catch_up,
+        ),
+        created_at_ms=record.created_at_ms,
+        next_run_ms=schedules.next_period(s, max(record.after_ms, now_ms)),
+        last_period_ms=record.last_period_ms,
+        last_job_id=record.last_job_id,
     )
 
 
@@ -255,6 +312,8 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         self.metrics = metrics or QueueMetrics(CollectorRegistry())
         self._rand = rand
         self._wakeups = _Wakeups()
+        #: Called after a schedule is put (the server points it at its scheduler's wake).
+        self.schedules_changed: Callable[[], None] = lambda: None
         self.lost_rejections = 0
         #: Jobs completed by the completes a Claim carried (not by the Complete RPC).
         self.completed_in_claims = 0
@@ -462,3 +521,57 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         window_ms = limits.check_window_ms(request.window_ms)
         counts = await self.backend.stats(queue, window_ms)
         return queue_pb2.QueueStatsResponse(queues=[stats_to_proto(c) for c in counts])
+
+    @rpc
+    async def PutSchedule(
+        self, request: queue_pb2.PutScheduleRequest, context: Context
+    ) -> queue_pb2.ScheduleInfo:
+        schedule = schedule_from_proto(request.schedule)
+        _, existing = await self.backend.list_schedules()
+        cap = self.options.max_schedules
+        # A bound on what every scheduler reads each step, not a safety rule: puts that
+        # race past it add a few more.
+        if len(existing) >= cap and all(r.name != schedule.name for r in existing):
+            raise ResourceExhaustedError(
+                f"the queue backend holds {len(existing)} schedules, the most it takes "
+                f"({cap}); delete some first",
+                limit="schedules",
+            )
+        record = await self.backend.put_schedule(schedule)
+        self.schedules_changed()
+        log.info(
+            "schedule put",
+            extra={
+                "schedule": schedule.name,
+                "queue": schedule.queue,
+                "cron": schedule.cron,
+                "every_ms": schedule.every_ms,
+            },
+        )
+        return schedule_to_proto(record, _wall_ms())
+
+    @rpc
+    async def DeleteSchedule(
+        self, request: queue_pb2.DeleteScheduleRequest, context: Context
+    ) -> queue_pb2.DeleteScheduleResponse:
+        name = limits.check_schedule_name(request.name)
+        queue = _optional_queue(request.queue)
+        deleted = await self.backend.delete_schedule(name, queue)
+        log.info(
+            "schedule deleted" if deleted else "schedule to delete not found",
+            extra={"schedule": name, "queue": queue},
+        )
+        return queue_pb2.DeleteScheduleResponse(deleted=deleted)
+
+    @rpc
+    async def ListSchedules(
+        self, request: queue_pb2.ListSchedulesRequest, context: Context
+    ) -> queue_pb2.ListSchedulesResponse:
+        queue = _optional_queue(request.queue)
+        now, records = await self.backend.list_schedules()
+        return queue_pb2.ListSchedulesResponse(
+            schedules=[
+                schedule_to_proto(r, now) for r in records if not queue or r.schedule.queue == queue
+            ],
+            now_ms=now,
+        )

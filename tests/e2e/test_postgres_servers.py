@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -35,8 +35,11 @@ SERVER_ARGS = ("--listen", "127.0.0.1:0", "--log-level", "WARNING")
 
 
 @contextlib.contextmanager
-def lease_servers(url: str, count: int) -> Iterator[list[str]]:
-    """Start ``count`` lease-server processes on ``url`` at once; yield their addresses."""
+def lease_servers(
+    url: str, count: int, command: Sequence[str] = ("-m", "lease_server", *SERVER_ARGS)
+) -> Iterator[list[str]]:
+    """Start ``count`` lease-server processes on ``url`` at once (``python COMMAND
+    --backend URL``, printing ``listening on HOST:PORT``); yield their addresses."""
     procs: list[subprocess.Popen[str]] = []
     with tempfile.TemporaryDirectory(prefix="fencing-e2e-") as tmp, contextlib.ExitStack() as stack:
         logs = [Path(tmp) / f"server-{i}.log" for i in range(count)]
@@ -44,7 +47,7 @@ def lease_servers(url: str, count: int) -> Iterator[list[str]]:
             for log in logs:
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "lease_server", "--backend", url, *SERVER_ARGS],
+                        [sys.executable, *command, "--backend", url],
                         stdout=subprocess.PIPE,
                         # A file, not a pipe: a chatty server must never block on stderr.
                         stderr=stack.enter_context(log.open("w")),

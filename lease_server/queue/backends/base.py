@@ -25,11 +25,14 @@ from typing import Protocol, runtime_checkable
 from fencing.errors import LeaseLost
 from lease_server.backends.base import LeaseBackend
 from lease_server.queue.jobs import Enqueued, Failed, JobRecord, JobRef, NewJob, QueueCounts
+from lease_server.queue.schedules import Schedule, ScheduleRecord
 
 #: Maps the attempts a failed job has used to the delay (ms) before it is due again.
 RetryDelay = Callable[[int], int]
 #: One Complete in a batch: its jobs and the queue it names ("" for any).
 CompleteGroup = tuple[Sequence[JobRef], str]
+#: One period of a schedule to enqueue: its start (Unix ms) and its job.
+PeriodJob = tuple[int, NewJob]
 
 
 class QueueBackend(Protocol):
@@ -121,6 +124,25 @@ class QueueBackend(Protocol):
         lease service's Describe can report job claims in ``last_token``: a job named by
         its default resource, and every job enqueued with ``resource``. Pruned jobs are
         forgotten."""
+
+    async def put_schedule(self, schedule: Schedule) -> ScheduleRecord:
+        """Add ``schedule`` or replace the one of that name (validated above); a
+        replaced schedule keeps its creation time and its last period, so changing it
+        does not enqueue a period again."""
+
+    async def delete_schedule(self, name: str, queue: str = "") -> bool:
+        """Remove a schedule (its jobs stay); False if there was none. With ``queue``, a
+        schedule of another queue is not removed (False)."""
+
+    async def list_schedules(self) -> tuple[int, list[ScheduleRecord]]:
+        """The backend's clock now (Unix ms) and every schedule, sorted by name."""
+
+    async def enqueue_periods(self, name: str, periods: Sequence[PeriodJob]) -> list[Enqueued]:
+        """Enqueue the jobs of some periods of schedule ``name`` into its queue, as
+        :meth:`enqueue` does (a job whose idempotency key names a job already there is
+        not added: that is what makes one job per period), and in the same transaction
+        raise the schedule's last period to the latest of ``periods`` (never lower it),
+        with that period's job id. Nothing, and ``[]``, if the schedule is gone."""
 
 
 @runtime_checkable

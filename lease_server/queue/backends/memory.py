@@ -10,13 +10,14 @@ in the same atomic step as each change.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from fencing.errors import LeaseLost
 from lease_server.backends.base import LeaseBackend
 from lease_server.backends.memory import MemoryBackend
 from lease_server.clock import Clock, SystemClock
 from lease_server.queue import jobs
-from lease_server.queue.backends.base import CompleteGroup, RetryDelay
+from lease_server.queue.backends.base import CompleteGroup, PeriodJob, RetryDelay
 from lease_server.queue.jobs import (
     Enqueued,
     Failed,
@@ -26,6 +27,7 @@ from lease_server.queue.jobs import (
     NewJob,
     QueueCounts,
 )
+from lease_server.queue.schedules import Schedule, ScheduleRecord
 
 
 class MemoryQueue:
@@ -40,6 +42,7 @@ class MemoryQueue:
         self._last_id = 0
         self._last_token = 0
         self._log: MemoryBackend | None = None
+        self._schedules: dict[str, ScheduleRecord] = {}
 
     def log_events_to(self, backend: LeaseBackend) -> bool:
         if isinstance(backend, MemoryBackend):
@@ -213,3 +216,34 @@ class MemoryQueue:
         return max(
             (r.token for r in self._jobs.values() if r.fenced_resource == resource), default=0
         )
+
+    async def put_schedule(self, schedule: Schedule) -> ScheduleRecord:
+        old = self._schedules.get(schedule.name)
+        record = (
+            ScheduleRecord(schedule, self._clock.now_ms())
+            if old is None
+            else replace(old, schedule=schedule)
+        )
+        self._schedules[schedule.name] = record
+        return record
+
+    async def delete_schedule(self, name: str, queue: str = "") -> bool:
+        record = self._schedules.get(name)
+        if record is None or queue not in ("", record.schedule.queue):
+            return False
+        del self._schedules[name]
+        return True
+
+    async def list_schedules(self) -> tuple[int, list[ScheduleRecord]]:
+        return self._clock.now_ms(), [self._schedules[n] for n in sorted(self._schedules)]
+
+    async def enqueue_periods(self, name: str, periods: Sequence[PeriodJob]) -> list[Enqueued]:
+        record = self._schedules.get(name)
+        if record is None or not periods:
+            return []
+        # Nothing awaits in between: the enqueue and the bookkeeping are one atomic step.
+        enqueued = await self.enqueue(record.schedule.queue, [job for _, job in periods])
+        latest, job_id = max(zip((p for p, _ in periods), (e.id for e in enqueued), strict=True))
+        if latest >= record.last_period_ms:
+            self._schedules[name] = replace(record, last_period_ms=latest, last_job_id=job_id)
+        return enqueued

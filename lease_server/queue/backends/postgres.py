@@ -28,8 +28,8 @@ from typing import Any
 from fencing.errors import LeaseLost
 from lease_server.backends.base import LeaseBackend
 from lease_server.queue import jobs
-from lease_server.queue.backends.base import CompleteGroup, RetryDelay
-from lease_server.queue.backends.sql import job_record
+from lease_server.queue.backends.base import CompleteGroup, PeriodJob, RetryDelay
+from lease_server.queue.backends.sql import job_record, schedule_params, schedule_record
 from lease_server.queue.jobs import (
     Enqueued,
     Failed,
@@ -39,6 +39,7 @@ from lease_server.queue.jobs import (
     NewJob,
     QueueCounts,
 )
+from lease_server.queue.schedules import Schedule, ScheduleRecord
 from serving.postgres_db import PgConfig, PostgresDatabase
 
 
@@ -99,6 +100,24 @@ class PostgresQueue:
             "(SELECT j.token FROM {schema}.jobs AS j"
             " WHERE j.id = %s AND j.queue = %s AND j.resource = ''), 0)"
         )
+        columns = (
+            "name, queue, cron, every_ms, timezone, payload, priority, max_attempts,"
+            " resource, catch_up, created_at_ms, last_period_ms, last_job_id"
+        )
+        self._put_schedule_sql = q(
+            f"SELECT {columns} FROM {{schema}}.job_schedule_put"
+            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        )
+        self._delete_schedule_sql = q(
+            "DELETE FROM {schema}.job_schedules WHERE name = %s AND (%s = '' OR queue = %s)"
+        )
+        self._now_sql = q("SELECT {schema}.job_ms(now())")
+        self._schedules_sql = q(f"SELECT {columns} FROM {{schema}}.job_schedules ORDER BY name")
+        self._schedule_queue_sql = q("SELECT queue FROM {schema}.job_schedules WHERE name = %s")
+        self._schedule_period_sql = q(
+            "UPDATE {schema}.job_schedules SET last_period_ms = %s, last_job_id = %s"
+            " WHERE name = %s AND last_period_ms <= %s"
+        )
 
     @property
     def schema(self) -> str:
@@ -122,8 +141,9 @@ class PostgresQueue:
     async def close(self) -> None:
         await self._db.close()
 
-    async def enqueue(self, queue: str, specs: Sequence[NewJob]) -> list[Enqueued]:
-        params = (
+    @staticmethod
+    def _enqueue_params(queue: str, specs: Sequence[NewJob]) -> tuple[Any, ...]:
+        return (
             queue,
             [s.payload for s in specs],
             [s.idempotency_key or None for s in specs],
@@ -134,10 +154,11 @@ class PostgresQueue:
             [_timestamp(s.run_at_ms) for s in specs],
             [s.resource for s in specs],
         )
+
+    async def enqueue(self, queue: str, specs: Sequence[NewJob]) -> list[Enqueued]:
         async with self._db.connection() as conn:
-            cur = await conn.execute(self._enqueue_sql, params)
-            rows = await cur.fetchall()
-        return [Enqueued(int(r[0]), bool(r[1]), JobState(r[2])) for r in rows]
+            cur = await conn.execute(self._enqueue_sql, self._enqueue_params(queue, specs))
+            return _enqueued(await cur.fetchall())
 
     async def claim(self, queue: str, worker: str, limit: int, ttl_ms: int) -> list[JobRecord]:
         async with self._db.connection() as conn:
@@ -293,6 +314,46 @@ class PostgresQueue:
         queue, job_id = jobs.parse_default_resource(resource) or ("", 0)
         row = await self._db.fetchone(self._last_token_sql, (resource, job_id, queue))
         return int(row[0]) if row is not None and row[0] is not None else 0
+
+    async def put_schedule(self, schedule: Schedule) -> ScheduleRecord:
+        row = await self._db.fetchone(self._put_schedule_sql, schedule_params(schedule))
+        assert row is not None
+        return schedule_record(row)
+
+    async def delete_schedule(self, name: str, queue: str = "") -> bool:
+        async with self._db.connection() as conn:
+            cur = await conn.execute(self._delete_schedule_sql, (name, queue, queue))
+            return cur.rowcount > 0
+
+    async def list_schedules(self) -> tuple[int, list[ScheduleRecord]]:
+        async with self._db.connection() as conn:
+            now = await (await conn.execute(self._now_sql)).fetchone()
+            rows = await (await conn.execute(self._schedules_sql)).fetchall()
+        assert now is not None
+        return int(now[0]), [schedule_record(r) for r in rows]
+
+    async def enqueue_periods(self, name: str, periods: Sequence[PeriodJob]) -> list[Enqueued]:
+        if not periods:
+            return []
+        specs = [job for _, job in periods]
+        # The jobs first, then the bookkeeping (which takes the schedule's row lock): two
+        # schedulers on one period each insert before either waits, and the unique key
+        # alone decides which insert adds the job.
+        async with self._db.connection() as conn, conn.transaction():
+            row = await (await conn.execute(self._schedule_queue_sql, (name,))).fetchone()
+            if row is None:
+                return []
+            cur = await conn.execute(self._enqueue_sql, self._enqueue_params(str(row[0]), specs))
+            enqueued = _enqueued(await cur.fetchall())
+            latest, job_id = max(
+                zip((p for p, _ in periods), (e.id for e in enqueued), strict=True)
+            )
+            await conn.execute(self._schedule_period_sql, (latest, job_id, name, latest))
+        return enqueued
+
+
+def _enqueued(rows: Sequence[Sequence[Any]]) -> list[Enqueued]:
+    return [Enqueued(int(r[0]), bool(r[1]), JobState(r[2])) for r in rows]
 
 
 def _timestamp(ms: int) -> datetime | None:

@@ -31,8 +31,13 @@ from lease_server.backends.sqlite import SQLiteBackend
 from lease_server.clock import Clock, SystemClock
 from lease_server.leases import Transition
 from lease_server.queue import jobs
-from lease_server.queue.backends.base import CompleteGroup, RetryDelay
-from lease_server.queue.backends.sql import job_record, load
+from lease_server.queue.backends.base import CompleteGroup, PeriodJob, RetryDelay
+from lease_server.queue.backends.sql import (
+    job_record,
+    load,
+    schedule_params,
+    schedule_record,
+)
 from lease_server.queue.jobs import (
     Enqueued,
     Failed,
@@ -42,12 +47,13 @@ from lease_server.queue.jobs import (
     NewJob,
     QueueCounts,
 )
+from lease_server.queue.schedules import Schedule, ScheduleRecord
 from serving.sqlite_db import SQLiteDatabase
 
 T = TypeVar("T")
 
 SQL = load("sqlite.sql")
-MIGRATIONS = [SQL["migration_1"], SQL["migration_2"]]
+MIGRATIONS = [SQL["migration_1"], SQL["migration_2"], SQL["migration_4"]]
 #: The name the lease database is attached under, when job events are logged.
 LOG_SCHEMA = "lease_log"
 
@@ -116,6 +122,43 @@ def _promote(conn: sqlite3.Connection, queue: str, key: str) -> bool:
     return False
 
 
+def _enqueue(
+    conn: sqlite3.Connection, queue: str, specs: Sequence[NewJob], now: int
+) -> list[Enqueued]:
+    """Add ``specs`` to ``queue`` inside the caller's write transaction (see enqueue)."""
+    out: list[Enqueued] = []
+    for spec in specs:
+        if spec.idempotency_key:
+            row = conn.execute(
+                SQL["select_by_idempotency_key"], (queue, spec.idempotency_key)
+            ).fetchone()
+            if row is not None:
+                out.append(Enqueued(int(row[0]), False, JobState(row[1])))
+                continue
+        blocked = bool(spec.ordering_key) and (
+            conn.execute(SQL["select_head_of_key"], (queue, spec.ordering_key)).fetchone()
+            is not None
+        )
+        record = jobs.new_job(0, queue, spec, blocked, now)
+        (job_id,) = conn.execute(
+            SQL["insert_job"],
+            (
+                queue,
+                record.payload,
+                record.state.value,
+                record.resource,
+                record.ordering_key,
+                record.idempotency_key or None,
+                record.priority,
+                record.max_attempts,
+                record.available_at_ms,
+                record.created_at_ms,
+            ),
+        ).fetchone()
+        out.append(Enqueued(int(job_id), True, record.state))
+    return out
+
+
 class SQLiteQueue:
     """Jobs in one SQLite file (``sqlite:///path/to/queue.db``)."""
 
@@ -168,38 +211,7 @@ class SQLiteQueue:
 
     async def enqueue(self, queue: str, specs: Sequence[NewJob]) -> list[Enqueued]:
         def tx(conn: sqlite3.Connection) -> list[Enqueued]:
-            now = self._clock.now_ms()
-            out: list[Enqueued] = []
-            for spec in specs:
-                if spec.idempotency_key:
-                    row = conn.execute(
-                        SQL["select_by_idempotency_key"], (queue, spec.idempotency_key)
-                    ).fetchone()
-                    if row is not None:
-                        out.append(Enqueued(int(row[0]), False, JobState(row[1])))
-                        continue
-                blocked = bool(spec.ordering_key) and (
-                    conn.execute(SQL["select_head_of_key"], (queue, spec.ordering_key)).fetchone()
-                    is not None
-                )
-                record = jobs.new_job(0, queue, spec, blocked, now)
-                (job_id,) = conn.execute(
-                    SQL["insert_job"],
-                    (
-                        queue,
-                        record.payload,
-                        record.state.value,
-                        record.resource,
-                        record.ordering_key,
-                        record.idempotency_key or None,
-                        record.priority,
-                        record.max_attempts,
-                        record.available_at_ms,
-                        record.created_at_ms,
-                    ),
-                ).fetchone()
-                out.append(Enqueued(int(job_id), True, record.state))
-            return out
+            return _enqueue(conn, queue, specs, self._clock.now_ms())
 
         return await self._db.transaction(tx)
 
@@ -409,3 +421,38 @@ class SQLiteQueue:
             return max(int(own or 0), by_id)
 
         return await self._db.query(q)
+
+    async def put_schedule(self, schedule: Schedule) -> ScheduleRecord:
+        def tx(conn: sqlite3.Connection) -> ScheduleRecord:
+            params = (*schedule_params(schedule), self._clock.now_ms())
+            return schedule_record(conn.execute(SQL["put_schedule"], params).fetchone())
+
+        return await self._db.transaction(tx)
+
+    async def delete_schedule(self, name: str, queue: str = "") -> bool:
+        def tx(conn: sqlite3.Connection) -> bool:
+            return int(conn.execute(SQL["delete_schedule"], (name, queue, queue)).rowcount) > 0
+
+        return await self._db.transaction(tx)
+
+    async def list_schedules(self) -> tuple[int, list[ScheduleRecord]]:
+        def q(conn: sqlite3.Connection) -> tuple[int, list[ScheduleRecord]]:
+            rows = conn.execute(SQL["select_schedules"]).fetchall()
+            return self._clock.now_ms(), [schedule_record(r) for r in rows]
+
+        return await self._db.query(q)
+
+    async def enqueue_periods(self, name: str, periods: Sequence[PeriodJob]) -> list[Enqueued]:
+        def tx(conn: sqlite3.Connection) -> list[Enqueued]:
+            row = conn.execute(SQL["select_schedule"], (name,)).fetchone()
+            if row is None or not periods:
+                return []
+            queue = schedule_record(row).schedule.queue
+            enqueued = _enqueue(conn, queue, [job for _, job in periods], self._clock.now_ms())
+            latest, job_id = max(
+                zip((p for p, _ in periods), (e.id for e in enqueued), strict=True)
+            )
+            conn.execute(SQL["set_schedule_period"], (latest, job_id, name, latest))
+            return enqueued
+
+        return await self._db.transaction(tx)

@@ -23,6 +23,7 @@ from importlib import resources
 from typing import Any
 
 from lease_server.queue.jobs import JobRecord, JobState
+from lease_server.queue.schedules import Schedule, ScheduleRecord
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -61,4 +62,43 @@ def job_record(row: Sequence[Any]) -> JobRecord:
         last_error=row[14],
         created_at_ms=int(row[15]),
         finished_at_ms=int(row[16]),
+    )
+
+
+def schedule_record(row: Sequence[Any]) -> ScheduleRecord:
+    """A schedule row as both SQL backends select it: name, queue, cron, every_ms,
+    timezone, payload, priority, max_attempts, resource, catch_up, created_at_ms,
+    last_period_ms, last_job_id."""
+    return ScheduleRecord(
+        Schedule(
+            name=row[0],
+            queue=row[1],
+            cron=row[2],
+            every_ms=int(row[3]),
+            timezone=row[4],
+            payload=bytes(row[5]),
+            priority=int(row[6]),
+            max_attempts=int(row[7]),
+            resource=row[8],
+            catch_up=int(row[9]),
+        ),
+        created_at_ms=int(row[10]),
+        last_period_ms=int(row[11]),
+        last_job_id=int(row[12]),
+    )
+
+
+def schedule_params(s: Schedule) -> tuple[Any, ...]:
+    """A schedule's columns from name to catch_up, as the put statements take them."""
+    return (
+        s.name,
+        s.queue,
+        s.cron,
+        s.every_ms,
+        s.timezone,
+        s.payload,
+        s.priority,
+        s.max_attempts,
+        s.resource,
+        s.catch_up,
     )

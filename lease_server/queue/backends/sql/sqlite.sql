@@ -57,6 +57,30 @@ INSERT INTO counters (name, value) VALUES ('token', 0)
 -- Schema v2: jobs by their own guard resource, for the lease service's Describe.
 CREATE INDEX jobs_by_resource ON jobs (resource) WHERE resource <> ''
 
+-- name: migration_4
+-- Schema: the schedules of periodic jobs (lease_server/queue/schedules.py), one row per
+-- name: the job template, a cron expression (with its time zone) or an interval in ms,
+-- the catch-up bound, when it was created and the latest period enqueued with that
+-- period's job. The jobs themselves are ordinary jobs whose idempotency key names the
+-- schedule and the period (jobs_idempotency_key makes it one job per period).
+-- IF NOT EXISTS: safe whatever number this migration ends up with.
+CREATE TABLE IF NOT EXISTS schedules (
+    name           TEXT PRIMARY KEY,
+    queue          TEXT NOT NULL,
+    cron           TEXT NOT NULL DEFAULT '',
+    every_ms       INTEGER NOT NULL DEFAULT 0 CHECK (every_ms >= 0),
+    timezone       TEXT NOT NULL DEFAULT '',
+    payload        BLOB NOT NULL,
+    priority       INTEGER NOT NULL DEFAULT 0,
+    max_attempts   INTEGER NOT NULL CHECK (max_attempts > 0),
+    resource       TEXT NOT NULL DEFAULT '',
+    catch_up       INTEGER NOT NULL DEFAULT 0 CHECK (catch_up >= 0),
+    created_at_ms  INTEGER NOT NULL,
+    last_period_ms INTEGER NOT NULL DEFAULT 0,
+    last_job_id    INTEGER NOT NULL DEFAULT 0,
+    CHECK ((cron <> '') <> (every_ms > 0))
+) WITHOUT ROWID
+
 -- name: select_job
 -- One job by id. Takes id.
 SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
@@ -184,3 +208,46 @@ SELECT max(token) FROM jobs WHERE resource = ? AND resource <> ''
 -- The token of a job whose guard resource is its default (job/<queue>/<id>).
 -- Takes id, queue. Returns token.
 SELECT token FROM jobs WHERE id = ? AND queue = ? AND resource = ''
+
+-- Columns of a schedule, in the order every schedule statement returns them:
+--   name, queue, cron, every_ms, timezone, payload, priority, max_attempts, resource,
+--   catch_up, created_at_ms, last_period_ms, last_job_id
+
+-- name: put_schedule
+-- Add a schedule or replace the template and timing of the one of that name, keeping
+-- its created_at_ms, last_period_ms and last_job_id. Takes name, queue, cron, every_ms,
+-- timezone, payload, priority, max_attempts, resource, catch_up, created_at_ms.
+-- Returns the stored row.
+INSERT INTO schedules (name, queue, cron, every_ms, timezone, payload, priority,
+                       max_attempts, resource, catch_up, created_at_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (name) DO UPDATE SET
+    queue = excluded.queue, cron = excluded.cron, every_ms = excluded.every_ms,
+    timezone = excluded.timezone, payload = excluded.payload,
+    priority = excluded.priority, max_attempts = excluded.max_attempts,
+    resource = excluded.resource, catch_up = excluded.catch_up
+RETURNING name, queue, cron, every_ms, timezone, payload, priority, max_attempts,
+          resource, catch_up, created_at_ms, last_period_ms, last_job_id
+
+-- name: delete_schedule
+-- Remove a schedule, of any queue when queue is ''. Takes name, queue, queue.
+-- Row count = 1 if it existed.
+DELETE FROM schedules WHERE name = ? AND (? = '' OR queue = ?)
+
+-- name: select_schedules
+-- Every schedule, by name.
+SELECT name, queue, cron, every_ms, timezone, payload, priority, max_attempts,
+       resource, catch_up, created_at_ms, last_period_ms, last_job_id
+FROM schedules ORDER BY name
+
+-- name: select_schedule
+-- One schedule. Takes name.
+SELECT name, queue, cron, every_ms, timezone, payload, priority, max_attempts,
+       resource, catch_up, created_at_ms, last_period_ms, last_job_id
+FROM schedules WHERE name = ?
+
+-- name: set_schedule_period
+-- Raise a schedule's last period (never lower it) with that period's job. Takes
+-- period_ms, job_id, name, period_ms.
+UPDATE schedules SET last_period_ms = ?, last_job_id = ?
+WHERE name = ? AND last_period_ms <= ?
