@@ -46,7 +46,10 @@ action                        methods
                               a write outside the grants gets PERMISSION_DENIED as
                               its verdict); Read and DescribeFence; Fence
 ``enqueue`` ``claim``         QueueService Enqueue; Claim, Heartbeat, Complete, Fail, Release
-``describe``                  QueueService Stats
+``describe``                  QueueService Stats, ListJobs, GetJob
+``manage``                    QueueService RetryJob, CancelJob, RequeueDead (an operator's
+                              calls on jobs of the queue; a cancel also needs ``fence``
+                              on the job's resource at a monotonic guard to fence it there)
 ``reset_fence``               GuardService ResetFence (an operator's recovery: it may
                               lower a fence); never part of ``"*"``, it must be named
 ============================  =========================================
@@ -85,6 +88,7 @@ class Action(StrEnum):
     FENCE = "fence"
     ENQUEUE = "enqueue"
     CLAIM = "claim"
+    MANAGE = "manage"
     RESET_FENCE = "reset_fence"
 
 
@@ -118,6 +122,11 @@ METHOD_ACTIONS: dict[str, Action] = {
     _QUEUE + "Fail": Action.CLAIM,
     _QUEUE + "Release": Action.CLAIM,
     _QUEUE + "Stats": Action.DESCRIBE,
+    _QUEUE + "ListJobs": Action.DESCRIBE,
+    _QUEUE + "GetJob": Action.DESCRIBE,
+    _QUEUE + "RetryJob": Action.MANAGE,
+    _QUEUE + "CancelJob": Action.MANAGE,
+    _QUEUE + "RequeueDead": Action.MANAGE,
 }
 
 #: Methods anyone may call without credentials: probes and schema discovery.
