@@ -3,7 +3,7 @@
 and :class:`AsyncQueueClient`."""
 
 from fencing.client._core import EventKind, LeaseEvent, WriteResult
-from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats
+from fencing.client._queue import EnqueuedJob, FailOutcome, Job, JobAction, JobInfo, QueueStats
 from fencing.client._writes import FenceReset, ManyResult
 from fencing.client.async_guard import AsyncGuardClient
 from fencing.client.async_lease import AsyncLease, AsyncLeaseClient, AsyncWatchStream
@@ -28,6 +28,8 @@ __all__ = [
     "FenceReset",
     "GuardClient",
     "Job",
+    "JobAction",
+    "JobInfo",
     "Lease",
     "LeaseClient",
     "LeaseEvent",
