@@ -17,6 +17,7 @@ import tomllib
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,7 +147,7 @@ def test_retry_and_requeue_dead_jobs(queue: QueueClient) -> None:
 
 def test_bad_fields_are_named(queue: QueueClient) -> None:
     stub = queue._stub
-    cases = [
+    cases: list[tuple[Any, Any, str]] = [
         (stub.ListJobs, queue_pb2.ListJobsRequest(queue="mail", page_size=1001), "page_size"),
         (stub.ListJobs, queue_pb2.ListJobsRequest(queue="mail", page_token="x"), "page_token"),
         (stub.ListJobs, queue_pb2.ListJobsRequest(queue="mail", state="gone"), "state"),
