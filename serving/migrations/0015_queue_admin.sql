@@ -4,8 +4,9 @@
 -- Adds state       'cancelled' (an operator cancelled the job: finished, never run again
 --                  unless retried; kept and pruned as dead jobs are)
 --      column      jobs.claimed_at (when the current or last claim was made)
---      indexes     jobs_by_queue, jobs_by_queue_state (a queue's jobs in id order, of any
---                  state or of one: the pages of ListJobs)
+--      index       jobs_by_queue (a queue's jobs in id order: the pages of ListJobs; a
+--                  state filter is applied along it. An index with the state would draw
+--                  the claim's plan away from the partial jobs_ready)
 -- and replaces     job_rows (0003): claimed_at_ms appended, so earlier readers' columns
 --                  keep their places; job_claim (0003): sets claimed_at; job_prune (0003):
 --                  cancelled jobs go with the dead retention; job_stats (0012): a
@@ -28,7 +29,6 @@ ALTER TABLE jobs
         CHECK ((state IN ('succeeded', 'dead', 'cancelled')) = (finished_at IS NOT NULL));
 
 CREATE INDEX jobs_by_queue ON jobs (queue, id);
-CREATE INDEX jobs_by_queue_state ON jobs (queue, state, id);
 DROP INDEX jobs_finished;
 CREATE INDEX jobs_finished ON jobs (state, finished_at)
     WHERE state IN ('succeeded', 'dead', 'cancelled');

@@ -62,7 +62,8 @@ CREATE INDEX jobs_by_resource ON jobs (resource) WHERE resource <> ''
 -- (SQLite cannot change a CHECK in place, so the table is rebuilt: copied into a new
 -- table, which takes the old one's name and the AUTOINCREMENT high-water mark, so
 -- ids stay never reused), claimed_at_ms (when the current or last claim was made),
--- and indexes for listing a queue's jobs in id order, of any state or of one.
+-- and an index for listing a queue's jobs in id order (a state filter is applied
+-- along it: an index with the state would draw claims away from jobs_ready).
 CREATE TABLE jobs_v3 (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
     queue           TEXT NOT NULL,
@@ -110,8 +111,7 @@ CREATE UNIQUE INDEX jobs_one_running_per_key ON jobs (queue, ordering_key)
 CREATE INDEX jobs_finished ON jobs (state, finished_at_ms)
     WHERE state IN ('succeeded', 'dead', 'cancelled');
 CREATE INDEX jobs_by_resource ON jobs (resource) WHERE resource <> '';
-CREATE INDEX jobs_by_queue ON jobs (queue, id);
-CREATE INDEX jobs_by_queue_state ON jobs (queue, state, id)
+CREATE INDEX jobs_by_queue ON jobs (queue, id)
 
 -- name: select_job
 -- One job by id. Takes id.
@@ -220,7 +220,7 @@ GROUP BY queue
 ORDER BY queue
 
 -- name: list_jobs
--- A page of a queue's jobs in id order (jobs_by_queue, jobs_by_queue_state). Takes
+-- A page of a queue's jobs in id order (jobs_by_queue). Takes
 -- :queue, :state ('' for every state), :after (the last id of the previous page, 0
 -- for the first), :limit.
 SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
