@@ -9,7 +9,9 @@ clock floor of :mod:`lease_server.backends.postgres`, per job); Heartbeat, Compl
 and Release lock the named rows in id order, judge every token, and change nothing if
 one is stale.
 Fail runs the pure rule of :mod:`lease_server.queue.jobs` in a transaction (the retry delay
-depends on the attempts used, read under the row lock). Expiry and due times are the
+depends on the attempts used, read under the row lock), and so do the operators' cancel
+and retry (``0015_queue_admin.sql``: a cancel of a running job draws its fresh token from
+``job_tokens``, and the trigger logs the claim's end). Expiry and due times are the
 database's clock. Outages become ``BackendUnavailableError`` (bounded by ``timeout``).
 
 Job events: a trigger on ``jobs`` (``0011_job_events.sql``) appends every change of a
@@ -84,14 +86,6 @@ class PostgresQueue:
             "SELECT r.*, {schema}.job_ms(now()) FROM {schema}.job_rows AS r"
             " WHERE r.id = %s FOR UPDATE"
         )
-        self._store_sql = q(
-            "UPDATE {schema}.jobs SET state = %s, attempts = %s,"
-            " available_at = to_timestamp(%s / 1000.0), lease_owner = %s,"
-            " lease_until = CASE WHEN %s = 'running' THEN lease_until END,"
-            " last_error = %s,"
-            " finished_at = CASE WHEN %s > 0 THEN to_timestamp(%s / 1000.0) END"
-            " WHERE id = %s"
-        )
         self._promote_sql = q("SELECT {schema}.job_promote(%s, %s)")
         self._list_sql = q(
             "SELECT * FROM {schema}.job_rows WHERE queue = %s AND (%s = '' OR state = %s)"
@@ -109,15 +103,20 @@ class PostgresQueue:
             " AND j.ordering_key = %s AND j.id <> %s"
             " AND j.state IN ('waiting', 'ready', 'running'))"
         )
-        # Every mutable column (the token too: the floor trigger of 0010 may raise it);
-        # returns the row as stored, as job_rows gives it.
+        # Write back a job changed by a rule of jobs.py (Fail, cancel, retry): every mutable
+        # column, the token too (the floor trigger of 0010 may raise a new one); returns
+        # the row as stored, as job_rows gives it.
         self._store_all_sql = q(
             "UPDATE {schema}.jobs AS j SET state = %s, attempts = %s, max_attempts = %s,"
             " token = %s, available_at = to_timestamp(%s / 1000.0), lease_owner = %s,"
             " lease_until = CASE WHEN %s = 'running' THEN j.lease_until END,"
             " last_error = %s,"
             " finished_at = CASE WHEN %s > 0 THEN to_timestamp(%s / 1000.0) END"
-            " WHERE j.id = %s"
+            " WHERE j.id = %s RETURNING j.id, j.queue, j.payload, j.state, j.resource,"
+            " j.ordering_key, j.idempotency_key, j.priority, j.attempts, j.max_attempts,"
+            " j.token, {schema}.job_ms(j.available_at), j.lease_owner,"
+            " {schema}.job_ms(j.lease_until), j.last_error, {schema}.job_ms(j.created_at),"
+            " {schema}.job_ms(j.finished_at), {schema}.job_ms(j.claimed_at)"
         )
         self._last_token_sql = q(
             "SELECT greatest("
@@ -250,20 +249,7 @@ class PostgresQueue:
             delay = retry_delay(record.attempts) if record is not None else 0
             new, outcome = jobs.fail(record, ref, error, delay, now, final=final, queue=queue)
             if new is not record:
-                await conn.execute(
-                    self._store_sql,
-                    (
-                        new.state.value,
-                        new.attempts,
-                        new.available_at_ms,
-                        new.lease_owner,
-                        new.state.value,
-                        new.last_error,
-                        new.finished_at_ms,
-                        new.finished_at_ms,
-                        new.id,
-                    ),
-                )
+                await self._store_all(conn, new)
                 if new.state is JobState.DEAD and new.ordering_key:
                     await conn.execute(self._promote_sql, (new.queue, new.ordering_key))
         return outcome
@@ -327,24 +313,23 @@ class PostgresQueue:
         return [job_record(r) for r in rows]
 
     async def _store_all(self, conn: Any, new: JobRecord) -> JobRecord:
-        await conn.execute(
-            self._store_all_sql,
-            (
-                new.state.value,
-                new.attempts,
-                new.max_attempts,
-                new.token,
-                new.available_at_ms,
-                new.lease_owner,
-                new.state.value,
-                new.last_error,
-                new.finished_at_ms,
-                new.finished_at_ms,
-                new.id,
-            ),
+        params = (
+            new.state.value,
+            new.attempts,
+            new.max_attempts,
+            new.token,
+            new.available_at_ms,
+            new.lease_owner,
+            new.state.value,
+            new.last_error,
+            new.finished_at_ms,
+            new.finished_at_ms,
+            new.id,
         )
-        cur = await conn.execute(self._get_sql, (new.id,))
-        return job_record(await cur.fetchone())
+        cur = await conn.execute(self._store_all_sql, params)
+        row = await cur.fetchone()
+        assert row is not None  # the row is locked by the caller's transaction
+        return job_record(row)
 
     async def _locked(self, conn: Any, job_id: int, queue: str) -> tuple[JobRecord | None, int]:
         cur = await conn.execute(self._lock_sql, (job_id,))
