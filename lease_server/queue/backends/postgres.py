@@ -348,7 +348,10 @@ class PostgresQueue:
                 cur = await conn.execute(self._next_token_sql)
                 row = await cur.fetchone()
                 assert row is not None
-                token = int(row[0])
+                # The sequence may be behind the job's token (claims that took the clock
+                # floor, a server without it): pass the job's token, as its trigger makes
+                # a claim do; with the floor the trigger raises it further.
+                token = max(int(row[0]), record.token + 1)
             new = jobs.cancel(record, int(token), reason, now)
             if new is None:
                 return jobs.administered(record, None)
