@@ -253,7 +253,9 @@ def register(sub: Any) -> None:
     )
     qsub = queue.add_subparsers(dest="queue_command", required=True, metavar="ACTION")
 
-    p = qsub.add_parser("stats", help="ready, running, expired, dead, oldest ready age per queue")
+    p = qsub.add_parser(
+        "stats", help="ready, running, expired, dead, cancelled, oldest age per queue"
+    )
     p.add_argument("queue", nargs="?", default="", help="one queue (default: all)")
     p.add_argument(
         "--window", type=float, default=0.0, help="seconds of history for retry_rate (default 300)"
@@ -278,8 +280,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--state",
         default="",
-        choices=["", "waiting", "ready", "running", "succeeded", "dead", "cancelled"],
-        help="only jobs in this state",
+        choices=["waiting", "ready", "running", "succeeded", "dead", "cancelled"],
+        help="only jobs in this state (default: every state)",
     )
     p.add_argument("--page-size", type=int, default=0, help="jobs per request (1..1000)")
     p.add_argument("--limit", type=int, default=0, help="stop after this many (0: all)")

@@ -517,22 +517,26 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
 
     # -- admin --------------------------------------------------------------------------------
 
-    def _audit(self, action: str, queue: str, job_id: int, **fields: Any) -> None:
-        """One INFO line per operator call that changed something: who, what, which job."""
+    def _audit(self, context: Context, action: str, queue: str, job_id: int, **fields: Any) -> None:
+        """One INFO line per operator call that changed something: who (the principal,
+        and the peer: who it is without auth), what, which job or queue."""
         principal = current_principal() or ""
+        peer = context.peer()
         shown = " ".join(f"{k}={v}" for k, v in fields.items())
         log.info(
-            "queue %s queue=%s job=%s by=%s %s",
+            "queue %s queue=%s job=%s by=%s peer=%s %s",
             action,
             queue or "(any)",
             job_id or "-",
             principal or "(no auth)",
+            peer,
             shown,
             extra={
                 "action": action,
                 "queue": queue,
                 "job_id": job_id,
                 "principal": principal,
+                "peer": peer,
                 **fields,
             },
         )
@@ -544,7 +548,12 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         return record
 
     def _acted(
-        self, action: str, job_id: int, queue: str, outcome: Administered | None
+        self,
+        context: Context,
+        action: str,
+        job_id: int,
+        queue: str,
+        outcome: Administered | None,
     ) -> queue_pb2.JobActionResponse:
         if outcome is None:
             raise NotFoundError(f"no job {job_id}" + (f" in queue {queue!r}" if queue else ""))
@@ -555,7 +564,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
             if outcome.fence_token:
                 fields["fence_token"] = outcome.fence_token
                 fields["resource"] = record.fenced_resource
-            self._audit(action, record.queue, record.id, **fields)
+            self._audit(context, action, record.queue, record.id, **fields)
         else:
             log.info(
                 "queue %s of job %d: nothing to do, it is %s",
@@ -603,7 +612,8 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
     ) -> queue_pb2.JobActionResponse:
         job_id = _job_id(request.id)
         queue = _optional_queue(request.queue)
-        response = self._acted("retry", job_id, queue, await self.backend.retry(job_id, queue))
+        outcome = await self.backend.retry(job_id, queue)
+        response = self._acted(context, "retry", job_id, queue, outcome)
         if response.changed:
             self._wakeups.notify(response.job.queue)
         return response
@@ -615,9 +625,8 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         job_id = _job_id(request.id)
         queue = _optional_queue(request.queue)
         reason = limits.truncate_error(request.reason)
-        response = self._acted(
-            "cancel", job_id, queue, await self.backend.cancel(job_id, queue, reason)
-        )
+        outcome = await self.backend.cancel(job_id, queue, reason)
+        response = self._acted(context, "cancel", job_id, queue, outcome)
         if response.changed:
             self._wakeups.notify(response.job.queue)  # the next job of its ordering key
         return response
@@ -632,5 +641,5 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         if requeued:
             self.metrics.jobs.labels("requeued").inc(requeued)
             self._wakeups.notify(queue)
-        self._audit("requeue_dead", queue, 0, requeued=requeued, limit=limit)
+        self._audit(context, "requeue_dead", queue, 0, requeued=requeued, limit=limit)
         return queue_pb2.RequeueDeadResponse(requeued=requeued)
