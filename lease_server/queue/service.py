@@ -518,8 +518,9 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
     # -- admin --------------------------------------------------------------------------------
 
     def _audit(self, context: Context, action: str, queue: str, job_id: int, **fields: Any) -> None:
-        """One INFO line per operator call that changed something: who (the principal,
-        and the peer: who it is without auth), what, which job or queue."""
+        """One INFO line per operator call: who (the principal, and the peer: who it is
+        without auth), what, which job or queue (raise this logger's level to keep only
+        warnings)."""
         principal = current_principal() or ""
         peer = context.peer()
         shown = " ".join(f"{k}={v}" for k, v in fields.items())
@@ -595,6 +596,9 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         after = limits.check_job_page_token(request.page_token)
         records = await self.backend.list_jobs(queue, state, after, size + 1)
         page, more = records[:size], len(records) > size
+        self._audit(
+            context, "list_jobs", queue, 0, state=state or "any", after=after, jobs=len(page)
+        )
         return queue_pb2.ListJobsResponse(
             jobs=[job_info_to_proto(r, request.include_payload) for r in page],
             next_page_token=str(page[-1].id) if more else "",
@@ -604,7 +608,9 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
     async def GetJob(self, request: queue_pb2.GetJobRequest, context: Context) -> queue_pb2.JobInfo:
         job_id = _job_id(request.id)
         queue = _optional_queue(request.queue)
-        return job_info_to_proto(await self._named_job(job_id, queue), request.include_payload)
+        record = await self._named_job(job_id, queue)
+        self._audit(context, "get_job", record.queue, job_id, payload=request.include_payload)
+        return job_info_to_proto(record, request.include_payload)
 
     @rpc
     async def RetryJob(

@@ -211,21 +211,31 @@ def test_admin_calls_are_authorised_per_queue_and_logged(
     ):
         job_id = worker.enqueue("mail", b"x").id
         other = worker.enqueue("billing", b"y").id
-        assert [j.id for j in viewer.list_jobs("mail")] == [job_id]
-        assert viewer.get_job(job_id, queue="mail").state == "ready"
-        with pytest.raises(PermissionDeniedError):
-            viewer.cancel_job(job_id, queue="mail")
-        with pytest.raises(PermissionDeniedError):
-            worker.cancel_job(job_id, queue="mail")  # claim is not manage
-        with pytest.raises(PermissionDeniedError):
-            operator.cancel_job(job_id)  # any queue: only a grant on every resource
-        with pytest.raises(PermissionDeniedError):
-            operator.retry_job(other, queue="billing")
         with caplog.at_level(logging.INFO, logger="lease_server.queue.service"):
+            assert [j.id for j in viewer.list_jobs("mail")] == [job_id]
+            assert viewer.get_job(job_id, queue="mail").state == "ready"
+            with pytest.raises(PermissionDeniedError):
+                viewer.cancel_job(job_id, queue="mail")
+            with pytest.raises(PermissionDeniedError):
+                worker.cancel_job(job_id, queue="mail")  # claim is not manage
+            with pytest.raises(PermissionDeniedError):
+                operator.cancel_job(job_id)  # any queue: only a grant on every resource
+            with pytest.raises(PermissionDeniedError):
+                operator.retry_job(other, queue="billing")
             assert operator.cancel_job(job_id, queue="mail").changed
             assert operator.requeue_dead("mail") == 0
+        audit = [
+            (r.action, r.principal, r.queue, r.job_id)  # type: ignore[attr-defined]
+            for r in caplog.records
+            if hasattr(r, "principal")
+        ]
+        assert audit == [  # one line per call that was allowed, none for the refused
+            ("list_jobs", "viewer", "mail", 0),
+            ("get_job", "viewer", "mail", job_id),
+            ("cancel", "operator", "mail", job_id),
+            ("requeue_dead", "operator", "mail", 0),
+        ]
         (line,) = [r for r in caplog.records if getattr(r, "action", "") == "cancel"]
-        assert (line.principal, line.queue, line.job_id) == ("operator", "mail", job_id)  # type: ignore[attr-defined]
         assert "by=operator" in line.getMessage()
         registry = servers.lease.metrics.registry
         assert registry.get_sample_value("fencing_queue_jobs_total", {"outcome": "cancelled"}) == 1
