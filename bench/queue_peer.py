@@ -83,7 +83,8 @@ class _Recorder:
 def _procrastinate_app(dsn: str, recorder: _Recorder | None = None) -> tuple[Any, Any]:
     import procrastinate
 
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+    # Any: the same types whether or not procrastinate (an optional extra) is installed.
+    app: Any = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
 
     @app.task(name="bench_noop")
     async def noop(t: float = 0.0) -> None:

@@ -24,6 +24,7 @@ from fencing.errors import (
     InvalidArgumentError,
     LeaseHeldError,
     LeaseLost,
+    NotFoundError,
     PermissionDeniedError,
     ResourceExhaustedError,
     StaleTokenError,
@@ -42,6 +43,7 @@ REGISTRY: dict[str, tuple[type[FencingError], grpc.StatusCode]] = {
     UnauthenticatedError.reason: (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
     PermissionDeniedError.reason: (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     ResourceExhaustedError.reason: (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    NotFoundError.reason: (NotFoundError, grpc.StatusCode.NOT_FOUND),
 }
 
 

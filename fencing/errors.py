@@ -13,6 +13,7 @@
     ├── DeadlineExceededError         the call's deadline passed: its effect is unknown
     ├── UnauthenticatedError          no or bad credentials
     ├── PermissionDeniedError         authenticated, but not allowed this action
+    ├── NotFoundError                 no such object (a job id the queue does not have)
     └── ResourceExhaustedError        a per-client cap was hit (.limit); back off and retry
 
 Each maps to exactly one gRPC status code and ``google.rpc.ErrorInfo.reason``
@@ -244,6 +245,13 @@ class PermissionDeniedError(FencingError):
     reason = "PERMISSION_DENIED"
 
 
+class NotFoundError(FencingError, LookupError):
+    """The object the call names does not exist (a job id unknown to the queue, or of
+    another queue than the one named); nothing was done."""
+
+    reason = "NOT_FOUND"
+
+
 class ResourceExhaustedError(FencingError):
     """The caller hit a per-client cap (``limit`` names it: ``waiters``, ``watch_streams``),
     or sent a message larger than the server accepts. Nothing was done; retry after some
@@ -271,6 +279,7 @@ __all__ = [
     "InvalidArgumentError",
     "LeaseHeldError",
     "LeaseLost",
+    "NotFoundError",
     "PermissionDeniedError",
     "ResourceExhaustedError",
     "StaleTokenError",

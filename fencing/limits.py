@@ -24,8 +24,12 @@ renewals           1 .. 10,000 per RenewMany (and releases per ReleaseMany),
                    each resource named once
 idempotency_key    0-256 bytes of UTF-8, no control characters
 prefix             0-256 bytes of UTF-8, no control characters
-page_size          0 (default 100) or 1 .. 1,000 leases per List page
-page_token         0-256 bytes (a previous List page's next_page_token)
+page_size          0 (default 100) or 1 .. 1,000 leases per List page, jobs per
+                   ListJobs page
+page_token         0-256 bytes (a previous List page's next_page_token); of ListJobs,
+                   the one its previous page returned
+job id             1 .. 2**63 - 1
+requeue limit      0 (default 1,000) or 1 .. 1,000 dead jobs per RequeueDead
 queue              1-128 bytes of UTF-8, no control characters
 worker             1-128 bytes of UTF-8, no control characters (like holder)
 payload            at most 1 MiB (1,048,576 bytes) per job
@@ -166,6 +170,23 @@ def check_page_size(value: int, field: str = "page_size") -> int:
 def check_page_token(value: str, field: str = "page_token") -> str:
     """A List cursor: empty (the first page) or a token the server handed out."""
     return check_name(field, value, MAX_RESOURCE_BYTES, required=False)
+
+
+def check_job_page_token(value: str, field: str = "page_token") -> int:
+    """A ListJobs cursor: empty (0: the first page) or the token its previous page
+    returned (the id the next page starts after)."""
+    if not value:
+        return 0
+    if not value.isascii() or not value.isdigit() or len(value) > 19:
+        raise InvalidArgumentError(f"{field} must be a next_page_token of ListJobs", field=field)
+    return check_range(field, int(value), 1, MAX_TOKEN)
+
+
+def check_requeue_limit(value: int, field: str = "limit") -> int:
+    """Dead jobs one RequeueDead moves: 0 means :data:`MAX_BATCH`; at most that."""
+    if value == 0:
+        return MAX_BATCH
+    return check_range(field, value, 1, MAX_BATCH)
 
 
 def check_key(value: str, field: str = "key") -> str:

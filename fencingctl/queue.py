@@ -1,8 +1,14 @@
-"""``fencing queue stats|enqueue``: look at queues and add jobs from a shell.
+"""``fencing queue stats|enqueue|jobs|job|retry|cancel|requeue``: queues from a shell.
 
 ``stats`` prints one line per queue (ready, scheduled, waiting, running, expired
-leases, succeeded, dead, oldest ready age, retrying jobs, retry rate), or JSON with
-``--json``; ``enqueue`` adds one job and prints its id. Errors print
+leases, succeeded, dead, cancelled, oldest ready age, retrying jobs, retry rate), or
+JSON with ``--json``; ``enqueue`` adds one job and prints its id. The operator's
+commands: ``jobs QUEUE [--state S]`` lists a queue's jobs (a page at a time, in id
+order), ``job ID`` shows one, ``retry ID`` makes a dead, cancelled or failed job due
+now, ``cancel ID [--guard-addr A ...]`` cancels a waiting, ready or running job (and
+fences the named monotonic guards to the cancel's token), ``requeue QUEUE`` retries
+the queue's dead jobs. ``retry`` and ``cancel`` of a job in no state they apply to
+change nothing and exit 1 (``FAILURE``); an unknown job is ``NOT_FOUND``. Errors print
 ``error: REASON: message`` to stderr (and a JSON object on stdout with ``--json``) and
 exit with the reason's code in :data:`serving.exits.TABLE`.
 """
@@ -13,11 +19,13 @@ import argparse
 import dataclasses
 import json
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 
-from fencing.client.queue import QueueClient
+from fencing.client.guard import GuardClient
+from fencing.client.queue import JobAction, JobInfo, QueueClient
 from fencing.errors import FencingError
 from fencingctl import connect, schedules
 from serving import exits
@@ -31,6 +39,7 @@ COLUMNS = (
     ("expired", "expired"),
     ("succeeded", "succeeded"),
     ("dead", "dead"),
+    ("cancelled", "cancelled"),
     ("oldest_ready_age", "oldest_s"),
     ("retrying", "retrying"),
     ("retry_rate", "retry_rate"),
@@ -90,6 +99,143 @@ def _enqueue(args: argparse.Namespace) -> int:
     return 0
 
 
+JOB_COLUMNS = ("id", "state", "attempts", "max_attempts", "token", "lease_owner", "last_error")
+
+
+def _time(ms: int) -> str:
+    if ms <= 0:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+def _table(rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    shown = 0
+    rows: list[list[str]] = [list(JOB_COLUMNS)]
+    try:
+        with _client(args) as client:
+            for info in client.list_jobs(args.queue, state=args.state, page_size=args.page_size):
+                if args.json:
+                    print(json.dumps(_info_json(info)), flush=True)  # one object a line
+                else:
+                    row = [str(getattr(info, c)) for c in JOB_COLUMNS]
+                    row[-1] = row[-1][:60]
+                    rows.append(row)
+                shown += 1
+                if args.limit and shown >= args.limit:
+                    break
+    except (FencingError, grpc.RpcError, ValueError) as exc:
+        return exits.fail(exc, as_json=args.json)
+    if not args.json:
+        if shown:
+            _table(rows)
+        else:
+            state = f" {args.state}" if args.state else ""
+            print(f"(no{state} jobs in {args.queue!r})")
+    return 0
+
+
+def _info_json(info: JobInfo) -> dict[str, Any]:
+    fields = dataclasses.asdict(info)
+    fields["payload"] = info.payload.decode("utf-8", "replace")
+    return fields
+
+
+def _print_info(info: JobInfo) -> None:
+    times = ("enqueued_at_ms", "run_at_ms", "claimed_at_ms", "finished_at_ms")
+    for name, value in _info_json(info).items():
+        if name == "payload" and not info.payload:
+            continue
+        if name in times or name == "lease_expires_at_ms":
+            value = _time(value)
+            name = name.removesuffix("_ms")
+        print(f"{name + ':':<22}{value}")
+
+
+def _job(args: argparse.Namespace) -> int:
+    try:
+        with _client(args) as client:
+            info = client.get_job(args.id, queue=args.queue, include_payload=args.payload)
+    except (FencingError, grpc.RpcError, ValueError) as exc:
+        return exits.fail(exc, as_json=args.json)
+    if args.json:
+        print(json.dumps(_info_json(info)))
+    else:
+        _print_info(info)
+    return 0
+
+
+def _acted(args: argparse.Namespace, verb: str, action: JobAction, fenced: list[str]) -> int:
+    job = action.job
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "id": job.id,
+                    "queue": job.queue,
+                    "changed": action.changed,
+                    "state": job.state,
+                    "token": job.token,
+                    "fence_token": action.fence_token,
+                    "resource": job.resource,
+                    "fenced_guards": fenced,
+                }
+            )
+        )
+    elif action.changed:
+        line = f"{verb} job {job.id} of {job.queue!r}: now {job.state}"
+        if action.fence_token:
+            line += f"; its claim fenced with token {action.fence_token} ({job.resource})"
+        print(line)
+        for addr in fenced:
+            print(f"fenced {job.resource} to {job.token} at the guard {addr}")
+    if not action.changed:
+        print(f"error: FAILURE: job {job.id} is {job.state}: nothing to {verb}", file=sys.stderr)
+        return exits.FAILURE
+    return exits.OK
+
+
+def _retry(args: argparse.Namespace) -> int:
+    try:
+        with _client(args) as client:
+            action = client.retry_job(args.id, queue=args.queue)
+    except (FencingError, grpc.RpcError, ValueError) as exc:
+        return exits.fail(exc, as_json=args.json)
+    return _acted(args, "retry", action, [])
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    guards = [GuardClient(addr, **connect.client_options(args)) for addr in args.guard_addr]
+    try:
+        with _client(args) as client:
+            action = client.cancel_job(args.id, queue=args.queue, reason=args.reason, fence=guards)
+    except (FencingError, grpc.RpcError, ValueError) as exc:
+        return exits.fail(exc, as_json=args.json)
+    finally:
+        for guard in guards:
+            guard.close()
+    fenced = list(args.guard_addr) if action.fence is not None else []
+    return _acted(args, "cancel", action, fenced)
+
+
+def _requeue(args: argparse.Namespace) -> int:
+    try:
+        with _client(args) as client:
+            requeued = client.requeue_dead(args.queue, limit=args.limit)
+    except (FencingError, grpc.RpcError, ValueError) as exc:
+        return exits.fail(exc, as_json=args.json)
+    if args.json:
+        print(json.dumps({"queue": args.queue, "requeued": requeued}))
+    else:
+        print(f"requeued {requeued} dead jobs of {args.queue!r}")
+    return 0
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     connect.add_lease_address(
         p,
@@ -102,10 +248,15 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    queue = sub.add_parser("queue", help="queue stats, enqueue a job, periodic jobs")
+    queue = sub.add_parser(
+        "queue",
+        help="queue stats, enqueue a job; list, show, retry, cancel, requeue jobs; periodic jobs",
+    )
     qsub = queue.add_subparsers(dest="queue_command", required=True, metavar="ACTION")
 
-    p = qsub.add_parser("stats", help="ready, running, expired, dead, oldest ready age per queue")
+    p = qsub.add_parser(
+        "stats", help="ready, running, expired, dead, cancelled, oldest age per queue"
+    )
     p.add_argument("queue", nargs="?", default="", help="one queue (default: all)")
     p.add_argument(
         "--window", type=float, default=0.0, help="seconds of history for retry_rate (default 300)"
@@ -124,5 +275,58 @@ def register(sub: Any) -> None:
     p.add_argument("--resource", default="", help="guard resource its token fences")
     _common(p)
     p.set_defaults(run=_enqueue)
+
+    p = qsub.add_parser("jobs", help="list a queue's jobs in id order (one JSON a line: --json)")
+    p.add_argument("queue")
+    p.add_argument(
+        "--state",
+        default="",
+        choices=["waiting", "ready", "running", "succeeded", "dead", "cancelled"],
+        help="only jobs in this state (default: every state)",
+    )
+    p.add_argument("--page-size", type=int, default=0, help="jobs per request (1..1000)")
+    p.add_argument("--limit", type=int, default=0, help="stop after this many (0: all)")
+    _common(p)
+    p.set_defaults(run=_jobs)
+
+    p = qsub.add_parser("job", help="one job: state, attempts, last error, token, worker, times")
+    p.add_argument("id", type=int)
+    p.add_argument("--queue", default="", help="the job's queue (auth policies scope by it)")
+    p.add_argument("--payload", action="store_true", help="show the payload too")
+    _common(p)
+    p.set_defaults(run=_job)
+
+    p = qsub.add_parser(
+        "retry",
+        help="make a dead, cancelled or failed job due now (attempts kept, one more allowed)",
+    )
+    p.add_argument("id", type=int)
+    p.add_argument("--queue", default="", help="the job's queue (auth policies scope by it)")
+    _common(p)
+    p.set_defaults(run=_retry)
+
+    p = qsub.add_parser(
+        "cancel",
+        help="cancel a waiting, ready or running job; a running job's claim is fenced",
+    )
+    p.add_argument("id", type=int)
+    p.add_argument("--queue", default="", help="the job's queue (auth policies scope by it)")
+    p.add_argument("--reason", default="", help="kept as the job's last_error")
+    p.add_argument(
+        "--guard-addr",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a monotonic guard to fence to the cancel's token (repeatable); strict and "
+        "watch guards fence the cancelled claim by themselves",
+    )
+    _common(p)
+    p.set_defaults(run=_cancel)
+
+    p = qsub.add_parser("requeue", help="retry the dead jobs of a queue (up to --limit a call)")
+    p.add_argument("queue")
+    p.add_argument("--limit", type=int, default=0, help="at most this many (1..1000; 0: 1000)")
+    _common(p)
+    p.set_defaults(run=_requeue)
 
     schedules.register(qsub, _common)

@@ -47,7 +47,10 @@ action                        methods
                               its verdict); Read and DescribeFence; Fence
 ``enqueue`` ``claim``         QueueService Enqueue, PutSchedule, DeleteSchedule (by the
                               schedule's queue); Claim, Heartbeat, Complete, Fail, Release
-``describe``                  QueueService Stats, ListSchedules
+``describe``                  QueueService Stats, ListSchedules, ListJobs, GetJob
+``manage``                    QueueService RetryJob, CancelJob, RequeueDead (an operator's
+                              calls on jobs of the queue; a cancel also needs ``fence``
+                              on the job's resource at a monotonic guard to fence it there)
 ``reset_fence``               GuardService ResetFence (an operator's recovery: it may
                               lower a fence); never part of ``"*"``, it must be named
 ============================  =========================================
@@ -86,6 +89,7 @@ class Action(StrEnum):
     FENCE = "fence"
     ENQUEUE = "enqueue"
     CLAIM = "claim"
+    MANAGE = "manage"
     RESET_FENCE = "reset_fence"
 
 
@@ -122,6 +126,11 @@ METHOD_ACTIONS: dict[str, Action] = {
     _QUEUE + "PutSchedule": Action.ENQUEUE,
     _QUEUE + "DeleteSchedule": Action.ENQUEUE,
     _QUEUE + "ListSchedules": Action.DESCRIBE,
+    _QUEUE + "ListJobs": Action.DESCRIBE,
+    _QUEUE + "GetJob": Action.DESCRIBE,
+    _QUEUE + "RetryJob": Action.MANAGE,
+    _QUEUE + "CancelJob": Action.MANAGE,
+    _QUEUE + "RequeueDead": Action.MANAGE,
 }
 
 #: Methods anyone may call without credentials: probes and schema discovery.

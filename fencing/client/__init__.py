@@ -3,7 +3,15 @@
 and :class:`AsyncQueueClient`."""
 
 from fencing.client._core import EventKind, LeaseEvent, WriteResult
-from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats, ScheduleInfo
+from fencing.client._queue import (
+    EnqueuedJob,
+    FailOutcome,
+    Job,
+    JobAction,
+    JobInfo,
+    QueueStats,
+    ScheduleInfo,
+)
 from fencing.client._writes import FenceReset, ManyResult
 from fencing.client.async_guard import AsyncGuardClient
 from fencing.client.async_lease import AsyncLease, AsyncLeaseClient, AsyncWatchStream
@@ -28,6 +36,8 @@ __all__ = [
     "FenceReset",
     "GuardClient",
     "Job",
+    "JobAction",
+    "JobInfo",
     "Lease",
     "LeaseClient",
     "LeaseEvent",

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from fencing._renewal import RenewalPolicy, RenewalSchedule
 from fencing.client._core import Call, Steps, is_transient, ttl_ms_of, unary, wait_ms_of
 from fencing.errors import FencingError, InvalidArgumentError, LeaseLost
+from fencing.types import Claim
 from fencing.v1 import queue_pb2
 
 log = logging.getLogger("fencing.client.queue")
@@ -193,6 +194,7 @@ class QueueStats:
     retry_rate: float
     finished_in_window: int
     window: float
+    cancelled: int = 0
 
 
 def stats(msg: queue_pb2.QueueStats) -> QueueStats:
@@ -210,6 +212,104 @@ def stats(msg: queue_pb2.QueueStats) -> QueueStats:
         retry_rate=msg.retry_rate,
         finished_in_window=msg.finished_in_window,
         window=msg.window_ms / 1000,
+        cancelled=msg.cancelled,
+    )
+
+
+# -- admin: what an operator reads and does ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """One job as stored (``fencing.v1.JobInfo``): never a claim, only a look at it.
+
+    ``state`` is ``waiting``, ``ready``, ``running``, ``succeeded``, ``dead`` or
+    ``cancelled``; ``token`` the job's current token (the live claim's while running);
+    ``lease_owner`` the worker of the current or last claim. Times are Unix
+    milliseconds on the server's clock, 0 when that has not happened; ``payload`` is
+    empty unless asked for (``payload_size`` always says how large it is).
+    """
+
+    id: int
+    queue: str
+    state: str
+    payload_size: int
+    payload: bytes
+    attempts: int
+    max_attempts: int
+    last_error: str
+    token: int
+    lease_owner: str
+    resource: str
+    ordering_key: str
+    priority: int
+    idempotency_key: str
+    enqueued_at_ms: int
+    run_at_ms: int
+    claimed_at_ms: int
+    finished_at_ms: int
+    lease_expires_at_ms: int
+
+
+def job_info(msg: queue_pb2.JobInfo) -> JobInfo:
+    return JobInfo(
+        id=msg.id,
+        queue=msg.queue,
+        state=msg.state,
+        payload_size=msg.payload_size,
+        payload=msg.payload,
+        attempts=msg.attempts,
+        max_attempts=msg.max_attempts,
+        last_error=msg.last_error,
+        token=msg.token,
+        lease_owner=msg.lease_owner,
+        resource=msg.resource,
+        ordering_key=msg.ordering_key,
+        priority=msg.priority,
+        idempotency_key=msg.idempotency_key,
+        enqueued_at_ms=msg.enqueued_at_ms,
+        run_at_ms=msg.run_at_ms,
+        claimed_at_ms=msg.claimed_at_ms,
+        finished_at_ms=msg.finished_at_ms,
+        lease_expires_at_ms=msg.lease_expires_at_ms,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class JobAction:
+    """After RetryJob or CancelJob: the job, whether the call changed it (False: it was in
+    no state the call applies to), and for a cancel of a running job the token that
+    fenced its claim (``fence_token``, for ``resource``)."""
+
+    job: JobInfo
+    changed: bool
+    fence_token: int = 0
+    resource: str = ""
+
+    @property
+    def fence(self) -> Claim | None:
+        """What a monotonic guard must be fenced to so the cancelled job's worker is
+        refused there too: the cancelled job's resource at its last token (None for a
+        job that is not cancelled or never ran). Safe to repeat: nobody holds a claim of
+        a cancelled job, and a retry's next claim takes a larger token."""
+        if self.job.state != "cancelled" or self.job.token <= 0:
+            return None
+        return Claim(self.job.resource, self.job.token)
+
+
+def job_action(msg: queue_pb2.JobActionResponse) -> JobAction:
+    return JobAction(job_info(msg.job), msg.changed, msg.fence_token, msg.resource)
+
+
+def list_jobs_request(
+    queue: str, state: str, page_size: int, page_token: str, include_payload: bool
+) -> queue_pb2.ListJobsRequest:
+    return queue_pb2.ListJobsRequest(
+        queue=queue,
+        state=state,
+        page_size=page_size,
+        page_token=page_token,
+        include_payload=include_payload,
     )
 
 

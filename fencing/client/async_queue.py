@@ -6,9 +6,10 @@ Same methods, same semantics, same I/O-free core (:mod:`fencing.client._queue`);
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import TypeVar, cast
 
@@ -19,8 +20,17 @@ from fencing._renewal import RenewalPolicy
 from fencing.client import _core
 from fencing.client import _queue as core
 from fencing.client._calls import AsyncCalls
-from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats, ScheduleInfo
-from fencing.errors import LeaseLost
+from fencing.client._queue import (
+    EnqueuedJob,
+    FailOutcome,
+    Job,
+    JobAction,
+    JobInfo,
+    QueueStats,
+    ScheduleInfo,
+)
+from fencing.client.async_guard import AsyncGuardClient
+from fencing.errors import LeaseLost, StaleTokenError
 from fencing.tls import TLSConfig
 from fencing.v1 import queue_pb2, queue_pb2_grpc
 
@@ -198,6 +208,58 @@ class AsyncQueueClient(AsyncCalls):
         request = queue_pb2.ListSchedulesRequest(queue=queue)
         response = await self._call(self._stub.ListSchedules, request, retry=True)
         return [core.schedule_info(s) for s in response.schedules]
+
+    # -- admin -----------------------------------------------------------------------------
+
+    async def list_jobs(
+        self, queue: str, *, state: str = "", page_size: int = 0, include_payload: bool = False
+    ) -> AsyncIterator[JobInfo]:
+        """See :meth:`QueueClient.list_jobs`."""
+        page_token = ""
+        while True:
+            request = core.list_jobs_request(queue, state, page_size, page_token, include_payload)
+            page = await self._call(self._stub.ListJobs, request, retry=True)
+            for msg in page.jobs:
+                yield core.job_info(msg)
+            page_token = page.next_page_token
+            if not page_token:
+                return
+
+    async def get_job(
+        self, job_id: int, *, queue: str = "", include_payload: bool = False
+    ) -> JobInfo:
+        """See :meth:`QueueClient.get_job`."""
+        request = queue_pb2.GetJobRequest(id=job_id, queue=queue, include_payload=include_payload)
+        return core.job_info(await self._call(self._stub.GetJob, request, retry=True))
+
+    async def retry_job(self, job_id: int, *, queue: str = "") -> JobAction:
+        """See :meth:`QueueClient.retry_job`."""
+        request = queue_pb2.RetryJobRequest(id=job_id, queue=queue)
+        return core.job_action(await self._call(self._stub.RetryJob, request, retry=True))
+
+    async def cancel_job(
+        self,
+        job_id: int,
+        *,
+        queue: str = "",
+        reason: str = "",
+        fence: Sequence[AsyncGuardClient] = (),
+    ) -> JobAction:
+        """See :meth:`QueueClient.cancel_job`."""
+        request = queue_pb2.CancelJobRequest(id=job_id, queue=queue, reason=reason)
+        action = core.job_action(await self._call(self._stub.CancelJob, request, retry=True))
+        claim = action.fence
+        if claim is not None:
+            for guard in fence:
+                with contextlib.suppress(StaleTokenError):  # already fenced at or past it
+                    await guard.fence(claim)
+        return action
+
+    async def requeue_dead(self, queue: str, *, limit: int = 0) -> int:
+        """See :meth:`QueueClient.requeue_dead`."""
+        request = queue_pb2.RequeueDeadRequest(queue=queue, limit=limit)
+        response = await self._call(self._stub.RequeueDead, request, retry=True)
+        return int(response.requeued)
 
 
 __all__ = ["AsyncQueueClient"]

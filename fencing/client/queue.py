@@ -1,4 +1,5 @@
-"""``QueueClient``: enqueue, claim, heartbeat, complete, fail and release jobs (blocking).
+"""``QueueClient``: enqueue, claim, heartbeat, complete, fail and release jobs (blocking);
+list, inspect, retry and cancel them as an operator.
 
 ::
 
@@ -17,9 +18,10 @@ idempotency key; Claim never (a lost reply's jobs are rescued when their lease e
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import TypeVar, cast
 
@@ -29,8 +31,17 @@ from fencing._renewal import RenewalPolicy
 from fencing.client import _core
 from fencing.client import _queue as core
 from fencing.client._calls import BlockingCalls
-from fencing.client._queue import EnqueuedJob, FailOutcome, Job, QueueStats, ScheduleInfo
-from fencing.errors import FencingError, LeaseLost
+from fencing.client._queue import (
+    EnqueuedJob,
+    FailOutcome,
+    Job,
+    JobAction,
+    JobInfo,
+    QueueStats,
+    ScheduleInfo,
+)
+from fencing.client.guard import GuardClient
+from fencing.errors import FencingError, LeaseLost, StaleTokenError
 from fencing.tls import TLSConfig
 from fencing.v1 import queue_pb2, queue_pb2_grpc
 
@@ -255,5 +266,72 @@ class QueueClient(BlockingCalls):
         response = self._call(self._stub.ListSchedules, request, retry=True)
         return [core.schedule_info(s) for s in response.schedules]
 
+    # -- admin -----------------------------------------------------------------------------
 
-__all__ = ["FencingError", "Job", "QueueClient"]
+    def list_jobs(
+        self, queue: str, *, state: str = "", page_size: int = 0, include_payload: bool = False
+    ) -> Iterator[JobInfo]:
+        """Yield the jobs of ``queue`` (of ``state`` only, if given) in id order.
+
+        Asks for one page at a time (``page_size`` jobs, at most 1,000; 0: the server's
+        default, 100) as the iteration goes on. Each page is read on its own: a job that
+        changes state meanwhile may or may not appear under a state filter, none twice.
+        """
+        page_token = ""
+        while True:
+            request = core.list_jobs_request(queue, state, page_size, page_token, include_payload)
+            page = self._call(self._stub.ListJobs, request, retry=True)
+            for msg in page.jobs:
+                yield core.job_info(msg)
+            page_token = page.next_page_token
+            if not page_token:
+                return
+
+    def get_job(self, job_id: int, *, queue: str = "", include_payload: bool = False) -> JobInfo:
+        """One job as stored; ``NotFoundError`` if there is none (in ``queue``, if named)."""
+        request = queue_pb2.GetJobRequest(id=job_id, queue=queue, include_payload=include_payload)
+        return core.job_info(self._call(self._stub.GetJob, request, retry=True))
+
+    def retry_job(self, job_id: int, *, queue: str = "") -> JobAction:
+        """Make a dead, cancelled or failed job due now (``changed=False`` for any other).
+
+        The attempts used are kept; a job that used them all is allowed one more
+        (``max_attempts = attempts + 1``).
+        """
+        request = queue_pb2.RetryJobRequest(id=job_id, queue=queue)
+        return core.job_action(self._call(self._stub.RetryJob, request, retry=True))
+
+    def cancel_job(
+        self,
+        job_id: int,
+        *,
+        queue: str = "",
+        reason: str = "",
+        fence: Sequence[GuardClient] = (),
+    ) -> JobAction:
+        """Cancel a waiting, ready or running job (``changed=False`` for a finished one).
+
+        A running job's claim is fenced by a new token: its worker's next heartbeat,
+        complete or fail is ``LeaseLost``, and so are its writes at a strict guard; a
+        watch guard fences it from the cancel's event. A monotonic guard only learns
+        from a token it sees: name it in ``fence`` and it is fenced to the new token
+        here, after the cancel (:attr:`JobAction.fence`; a guard already past it is
+        left as it is).
+        """
+        request = queue_pb2.CancelJobRequest(id=job_id, queue=queue, reason=reason)
+        action = core.job_action(self._call(self._stub.CancelJob, request, retry=True))
+        claim = action.fence
+        if claim is not None:
+            for guard in fence:
+                with contextlib.suppress(StaleTokenError):  # already fenced at or past it
+                    guard.fence(claim)
+        return action
+
+    def requeue_dead(self, queue: str, *, limit: int = 0) -> int:
+        """Retry up to ``limit`` dead jobs of ``queue`` (0: 1,000), as :meth:`retry_job`
+        does; returns how many. Call again while it returns ``limit`` to requeue more."""
+        request = queue_pb2.RequeueDeadRequest(queue=queue, limit=limit)
+        return int(self._call(self._stub.RequeueDead, request, retry=True).requeued)
+
+
+__all__ = ["FencingError", "Job", "JobAction", "JobInfo", "QueueClient"]

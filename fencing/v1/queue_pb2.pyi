@@ -7,7 +7,9 @@ attempt token that is a fencing token for the job's resource.
 A job moves ready -> running (Claim) -> succeeded (Complete) | ready (Fail with
 attempts left, after a backoff; Release) | dead (Fail on the last attempt, or
 the last attempt's lease expired). A job behind an earlier live job with the
-same ordering_key waits (state "waiting") until that one finishes.
+same ordering_key waits (state "waiting") until that one finishes. An operator
+may cancel a waiting, ready or running job (-> cancelled) and retry a dead,
+cancelled or failed one (-> ready, due now).
 
 Every claim takes a token larger than every token taken before it, so a job's
 tokens only grow. Heartbeat, Complete, Fail and Release must present the job's
@@ -574,6 +576,7 @@ class QueueStats(_message.Message):
     RETRY_RATE_FIELD_NUMBER: _builtins.int
     FINISHED_IN_WINDOW_FIELD_NUMBER: _builtins.int
     WINDOW_MS_FIELD_NUMBER: _builtins.int
+    CANCELLED_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     ready: _builtins.int
     """Ready and due now."""
@@ -594,6 +597,7 @@ class QueueStats(_message.Message):
     """Of the attempts of jobs finished in the window, the share that were retries."""
     finished_in_window: _builtins.int
     window_ms: _builtins.int
+    cancelled: _builtins.int
     def __init__(
         self,
         *,
@@ -610,10 +614,11 @@ class QueueStats(_message.Message):
         retry_rate: _builtins.float = ...,
         finished_in_window: _builtins.int = ...,
         window_ms: _builtins.int = ...,
+        cancelled: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dead", b"dead", "expired", b"expired", "finished_in_window", b"finished_in_window", "oldest_ready_age_ms", b"oldest_ready_age_ms", "queue", b"queue", "ready", b"ready", "retry_rate", b"retry_rate", "retrying", b"retrying", "running", b"running", "scheduled", b"scheduled", "succeeded", b"succeeded", "waiting", b"waiting", "window_ms", b"window_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "dead", b"dead", "expired", b"expired", "finished_in_window", b"finished_in_window", "oldest_ready_age_ms", b"oldest_ready_age_ms", "queue", b"queue", "ready", b"ready", "retry_rate", b"retry_rate", "retrying", b"retrying", "running", b"running", "scheduled", b"scheduled", "succeeded", b"succeeded", "waiting", b"waiting", "window_ms", b"window_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -842,3 +847,312 @@ class ListSchedulesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListSchedulesResponse: _TypeAlias = ListSchedulesResponse  # noqa: Y015
+
+@_typing.final
+class JobInfo(_message.Message):
+    """-- admin ---------------------------------------------------------------------------
+
+    One job as an operator sees it (never a claim: use Claim for that).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    PAYLOAD_SIZE_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    LEASE_OWNER_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    ORDERING_KEY_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    ENQUEUED_AT_MS_FIELD_NUMBER: _builtins.int
+    RUN_AT_MS_FIELD_NUMBER: _builtins.int
+    CLAIMED_AT_MS_FIELD_NUMBER: _builtins.int
+    FINISHED_AT_MS_FIELD_NUMBER: _builtins.int
+    LEASE_EXPIRES_AT_MS_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    queue: _builtins.str
+    state: _builtins.str
+    """waiting, ready, running, succeeded, dead or cancelled."""
+    payload_size: _builtins.int
+    """The payload's size in bytes; the payload itself only with include_payload."""
+    payload: _builtins.bytes
+    attempts: _builtins.int
+    """Claims that counted (a Release does not), and how many are allowed."""
+    max_attempts: _builtins.int
+    last_error: _builtins.str
+    """Why the last attempt ended (failed, its lease expired, cancelled)."""
+    token: _builtins.int
+    """The job's current token: the live claim's while running; after a cancel of a
+    running job, the cancel's.
+    """
+    lease_owner: _builtins.str
+    """The worker of the current (or last) claim; "" once finished."""
+    resource: _builtins.str
+    """The guard resource its tokens fence."""
+    ordering_key: _builtins.str
+    priority: _builtins.int
+    idempotency_key: _builtins.str
+    enqueued_at_ms: _builtins.int
+    """Unix ms on the backend's clock; 0 when it has not happened."""
+    run_at_ms: _builtins.int
+    """When it is (or was last) due."""
+    claimed_at_ms: _builtins.int
+    """When its current (or last) claim was made."""
+    finished_at_ms: _builtins.int
+    lease_expires_at_ms: _builtins.int
+    """Running: when its lease ends (it may already have: a claim rescues it then)."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        queue: _builtins.str = ...,
+        state: _builtins.str = ...,
+        payload_size: _builtins.int = ...,
+        payload: _builtins.bytes = ...,
+        attempts: _builtins.int = ...,
+        max_attempts: _builtins.int = ...,
+        last_error: _builtins.str = ...,
+        token: _builtins.int = ...,
+        lease_owner: _builtins.str = ...,
+        resource: _builtins.str = ...,
+        ordering_key: _builtins.str = ...,
+        priority: _builtins.int = ...,
+        idempotency_key: _builtins.str = ...,
+        enqueued_at_ms: _builtins.int = ...,
+        run_at_ms: _builtins.int = ...,
+        claimed_at_ms: _builtins.int = ...,
+        finished_at_ms: _builtins.int = ...,
+        lease_expires_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "claimed_at_ms", b"claimed_at_ms", "enqueued_at_ms", b"enqueued_at_ms", "finished_at_ms", b"finished_at_ms", "id", b"id", "idempotency_key", b"idempotency_key", "last_error", b"last_error", "lease_expires_at_ms", b"lease_expires_at_ms", "lease_owner", b"lease_owner", "max_attempts", b"max_attempts", "ordering_key", b"ordering_key", "payload", b"payload", "payload_size", b"payload_size", "priority", b"priority", "queue", b"queue", "resource", b"resource", "run_at_ms", b"run_at_ms", "state", b"state", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobInfo: _TypeAlias = JobInfo  # noqa: Y015
+
+@_typing.final
+class ListJobsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    INCLUDE_PAYLOAD_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
+    state: _builtins.str
+    """One state (see JobInfo.state); empty: every state."""
+    page_size: _builtins.int
+    """1 .. 1000; 0: 100."""
+    page_token: _builtins.str
+    """From ListJobsResponse.next_page_token; empty: the first page."""
+    include_payload: _builtins.bool
+    def __init__(
+        self,
+        *,
+        queue: _builtins.str = ...,
+        state: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+        include_payload: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_payload", b"include_payload", "page_size", b"page_size", "page_token", b"page_token", "queue", b"queue", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListJobsRequest: _TypeAlias = ListJobsRequest  # noqa: Y015
+
+@_typing.final
+class ListJobsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOBS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty when this was the last page. Pages follow id order: a job is listed at
+    most once, even when jobs are added or change state between pages.
+    """
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobInfo]: ...
+    def __init__(
+        self,
+        *,
+        jobs: _abc.Iterable[Global___JobInfo] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListJobsResponse: _TypeAlias = ListJobsResponse  # noqa: Y015
+
+@_typing.final
+class GetJobRequest(_message.Message):
+    """Calls on one job may name its queue: the job must then belong to it, and an auth
+    policy scopes the call by it. Empty: any queue (only a grant on every resource
+    allows that).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    INCLUDE_PAYLOAD_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    queue: _builtins.str
+    include_payload: _builtins.bool
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        queue: _builtins.str = ...,
+        include_payload: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "include_payload", b"include_payload", "queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetJobRequest: _TypeAlias = GetJobRequest  # noqa: Y015
+
+@_typing.final
+class RetryJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    queue: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        queue: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryJobRequest: _TypeAlias = RetryJobRequest  # noqa: Y015
+
+@_typing.final
+class CancelJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    queue: _builtins.str
+    reason: _builtins.str
+    """Kept as the job's last_error (truncated); empty: "cancelled"."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        queue: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "queue", b"queue", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelJobRequest: _TypeAlias = CancelJobRequest  # noqa: Y015
+
+@_typing.final
+class JobActionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    CHANGED_FIELD_NUMBER: _builtins.int
+    FENCE_TOKEN_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    changed: _builtins.bool
+    """False: the job was in no state the call applies to (retry of a running or
+    succeeded job, cancel of a finished one) and nothing changed.
+    """
+    fence_token: _builtins.int
+    """CancelJob of a running job: the new token that fenced its claim (also
+    job.token); pass it to Fence on a monotonic guard. 0 otherwise.
+    """
+    resource: _builtins.str
+    """The guard resource fence_token is for."""
+    @_builtins.property
+    def job(self) -> Global___JobInfo:
+        """The job after the call."""
+
+    def __init__(
+        self,
+        *,
+        job: Global___JobInfo | None = ...,
+        changed: _builtins.bool = ...,
+        fence_token: _builtins.int = ...,
+        resource: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "fence_token", b"fence_token", "job", b"job", "resource", b"resource"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobActionResponse: _TypeAlias = JobActionResponse  # noqa: Y015
+
+@_typing.final
+class RequeueDeadRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
+    limit: _builtins.int
+    """1 .. 1000; 0: 1000. Call again while requeued == limit to requeue more."""
+    def __init__(
+        self,
+        *,
+        queue: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequeueDeadRequest: _TypeAlias = RequeueDeadRequest  # noqa: Y015
+
+@_typing.final
+class RequeueDeadResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEUED_FIELD_NUMBER: _builtins.int
+    requeued: _builtins.int
+    def __init__(
+        self,
+        *,
+        requeued: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["requeued", b"requeued"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequeueDeadResponse: _TypeAlias = RequeueDeadResponse  # noqa: Y015

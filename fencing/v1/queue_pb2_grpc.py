@@ -84,6 +84,31 @@ class QueueServiceStub:
                 request_serializer=fencing_dot_v1_dot_queue__pb2.ListSchedulesRequest.SerializeToString,
                 response_deserializer=fencing_dot_v1_dot_queue__pb2.ListSchedulesResponse.FromString,
                 _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/fencing.v1.QueueService/ListJobs',
+                request_serializer=fencing_dot_v1_dot_queue__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_queue__pb2.ListJobsResponse.FromString,
+                _registered_method=True)
+        self.GetJob = channel.unary_unary(
+                '/fencing.v1.QueueService/GetJob',
+                request_serializer=fencing_dot_v1_dot_queue__pb2.GetJobRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_queue__pb2.JobInfo.FromString,
+                _registered_method=True)
+        self.RetryJob = channel.unary_unary(
+                '/fencing.v1.QueueService/RetryJob',
+                request_serializer=fencing_dot_v1_dot_queue__pb2.RetryJobRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_queue__pb2.JobActionResponse.FromString,
+                _registered_method=True)
+        self.CancelJob = channel.unary_unary(
+                '/fencing.v1.QueueService/CancelJob',
+                request_serializer=fencing_dot_v1_dot_queue__pb2.CancelJobRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_queue__pb2.JobActionResponse.FromString,
+                _registered_method=True)
+        self.RequeueDead = channel.unary_unary(
+                '/fencing.v1.QueueService/RequeueDead',
+                request_serializer=fencing_dot_v1_dot_queue__pb2.RequeueDeadRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_queue__pb2.RequeueDeadResponse.FromString,
+                _registered_method=True)
 
 
 class QueueServiceServicer:
@@ -166,6 +191,48 @@ class QueueServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListJobs(self, request, context):
+        """-- admin: look at jobs and act on them (an operator's calls) ---------------------
+        Jobs of a queue, optionally of one state, in id order, one page at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJob(self, request, context):
+        """One job as stored (NOT_FOUND if there is none, or it is of another queue).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetryJob(self, request, context):
+        """Make a dead, cancelled or failed (ready, waiting out its retry backoff) job due
+        now. Its attempts are kept; an exhausted job gets max_attempts = attempts + 1.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelJob(self, request, context):
+        """Cancel a waiting, ready or running job: it becomes "cancelled" and never runs
+        again unless retried. A running job's claim is fenced: the cancel takes a new
+        token for the job's resource (fence_token), so its worker's Heartbeat, Complete
+        and Fail get LEASE_LOST, a strict guard refuses its writes (not the live claim),
+        and a watch guard fences the resource past its token (the cancel is the claim's
+        EXPIRED event); a monotonic guard learns only from Fence(resource, fence_token).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RequeueDead(self, request, context):
+        """Retry up to limit dead jobs of a queue (oldest id first), as RetryJob does.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -218,6 +285,31 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.ListSchedules,
                     request_deserializer=fencing_dot_v1_dot_queue__pb2.ListSchedulesRequest.FromString,
                     response_serializer=fencing_dot_v1_dot_queue__pb2.ListSchedulesResponse.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=fencing_dot_v1_dot_queue__pb2.ListJobsRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_queue__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'GetJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJob,
+                    request_deserializer=fencing_dot_v1_dot_queue__pb2.GetJobRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_queue__pb2.JobInfo.SerializeToString,
+            ),
+            'RetryJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryJob,
+                    request_deserializer=fencing_dot_v1_dot_queue__pb2.RetryJobRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_queue__pb2.JobActionResponse.SerializeToString,
+            ),
+            'CancelJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelJob,
+                    request_deserializer=fencing_dot_v1_dot_queue__pb2.CancelJobRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_queue__pb2.JobActionResponse.SerializeToString,
+            ),
+            'RequeueDead': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequeueDead,
+                    request_deserializer=fencing_dot_v1_dot_queue__pb2.RequeueDeadRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_queue__pb2.RequeueDeadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -490,6 +582,141 @@ class QueueService:
             '/fencing.v1.QueueService/ListSchedules',
             fencing_dot_v1_dot_queue__pb2.ListSchedulesRequest.SerializeToString,
             fencing_dot_v1_dot_queue__pb2.ListSchedulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.QueueService/ListJobs',
+            fencing_dot_v1_dot_queue__pb2.ListJobsRequest.SerializeToString,
+            fencing_dot_v1_dot_queue__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.QueueService/GetJob',
+            fencing_dot_v1_dot_queue__pb2.GetJobRequest.SerializeToString,
+            fencing_dot_v1_dot_queue__pb2.JobInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.QueueService/RetryJob',
+            fencing_dot_v1_dot_queue__pb2.RetryJobRequest.SerializeToString,
+            fencing_dot_v1_dot_queue__pb2.JobActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.QueueService/CancelJob',
+            fencing_dot_v1_dot_queue__pb2.CancelJobRequest.SerializeToString,
+            fencing_dot_v1_dot_queue__pb2.JobActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequeueDead(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.QueueService/RequeueDead',
+            fencing_dot_v1_dot_queue__pb2.RequeueDeadRequest.SerializeToString,
+            fencing_dot_v1_dot_queue__pb2.RequeueDeadResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,7 +7,9 @@ attempt token that is a fencing token for the job's resource.
 A job moves ready -> running (Claim) -> succeeded (Complete) | ready (Fail with
 attempts left, after a backoff; Release) | dead (Fail on the last attempt, or
 the last attempt's lease expired). A job behind an earlier live job with the
-same ordering_key waits (state "waiting") until that one finishes.
+same ordering_key waits (state "waiting") until that one finishes. An operator
+may cancel a waiting, ready or running job (-> cancelled) and retry a dead,
+cancelled or failed one (-> ready, due now).
 
 Every claim takes a token larger than every token taken before it, so a job's
 tokens only grow. Heartbeat, Complete, Fail and Release must present the job's
@@ -78,6 +80,26 @@ class QueueServiceStub:
     """Remove a schedule (the jobs it enqueued stay)."""
     ListSchedules: _grpc.UnaryUnaryMultiCallable[_queue_pb2.ListSchedulesRequest, _queue_pb2.ListSchedulesResponse]
     """The schedules, by name, with their next run and the last period enqueued."""
+    ListJobs: _grpc.UnaryUnaryMultiCallable[_queue_pb2.ListJobsRequest, _queue_pb2.ListJobsResponse]
+    """-- admin: look at jobs and act on them (an operator's calls) ---------------------
+    Jobs of a queue, optionally of one state, in id order, one page at a time.
+    """
+    GetJob: _grpc.UnaryUnaryMultiCallable[_queue_pb2.GetJobRequest, _queue_pb2.JobInfo]
+    """One job as stored (NOT_FOUND if there is none, or it is of another queue)."""
+    RetryJob: _grpc.UnaryUnaryMultiCallable[_queue_pb2.RetryJobRequest, _queue_pb2.JobActionResponse]
+    """Make a dead, cancelled or failed (ready, waiting out its retry backoff) job due
+    now. Its attempts are kept; an exhausted job gets max_attempts = attempts + 1.
+    """
+    CancelJob: _grpc.UnaryUnaryMultiCallable[_queue_pb2.CancelJobRequest, _queue_pb2.JobActionResponse]
+    """Cancel a waiting, ready or running job: it becomes "cancelled" and never runs
+    again unless retried. A running job's claim is fenced: the cancel takes a new
+    token for the job's resource (fence_token), so its worker's Heartbeat, Complete
+    and Fail get LEASE_LOST, a strict guard refuses its writes (not the live claim),
+    and a watch guard fences the resource past its token (the cancel is the claim's
+    EXPIRED event); a monotonic guard learns only from Fence(resource, fence_token).
+    """
+    RequeueDead: _grpc.UnaryUnaryMultiCallable[_queue_pb2.RequeueDeadRequest, _queue_pb2.RequeueDeadResponse]
+    """Retry up to limit dead jobs of a queue (oldest id first), as RetryJob does."""
 
 @_typing.type_check_only
 class QueueServiceAsyncStub(QueueServiceStub):
@@ -112,6 +134,26 @@ class QueueServiceAsyncStub(QueueServiceStub):
     """Remove a schedule (the jobs it enqueued stay)."""
     ListSchedules: _aio.UnaryUnaryMultiCallable[_queue_pb2.ListSchedulesRequest, _queue_pb2.ListSchedulesResponse]  # type: ignore[assignment]
     """The schedules, by name, with their next run and the last period enqueued."""
+    ListJobs: _aio.UnaryUnaryMultiCallable[_queue_pb2.ListJobsRequest, _queue_pb2.ListJobsResponse]  # type: ignore[assignment]
+    """-- admin: look at jobs and act on them (an operator's calls) ---------------------
+    Jobs of a queue, optionally of one state, in id order, one page at a time.
+    """
+    GetJob: _aio.UnaryUnaryMultiCallable[_queue_pb2.GetJobRequest, _queue_pb2.JobInfo]  # type: ignore[assignment]
+    """One job as stored (NOT_FOUND if there is none, or it is of another queue)."""
+    RetryJob: _aio.UnaryUnaryMultiCallable[_queue_pb2.RetryJobRequest, _queue_pb2.JobActionResponse]  # type: ignore[assignment]
+    """Make a dead, cancelled or failed (ready, waiting out its retry backoff) job due
+    now. Its attempts are kept; an exhausted job gets max_attempts = attempts + 1.
+    """
+    CancelJob: _aio.UnaryUnaryMultiCallable[_queue_pb2.CancelJobRequest, _queue_pb2.JobActionResponse]  # type: ignore[assignment]
+    """Cancel a waiting, ready or running job: it becomes "cancelled" and never runs
+    again unless retried. A running job's claim is fenced: the cancel takes a new
+    token for the job's resource (fence_token), so its worker's Heartbeat, Complete
+    and Fail get LEASE_LOST, a strict guard refuses its writes (not the live claim),
+    and a watch guard fences the resource past its token (the cancel is the claim's
+    EXPIRED event); a monotonic guard learns only from Fence(resource, fence_token).
+    """
+    RequeueDead: _aio.UnaryUnaryMultiCallable[_queue_pb2.RequeueDeadRequest, _queue_pb2.RequeueDeadResponse]  # type: ignore[assignment]
+    """Retry up to limit dead jobs of a queue (oldest id first), as RetryJob does."""
 
 class QueueServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -203,5 +245,55 @@ class QueueServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_queue_pb2.ListSchedulesResponse, _abc.Awaitable[_queue_pb2.ListSchedulesResponse]]:
         """The schedules, by name, with their next run and the last period enqueued."""
+
+    @_abc_1.abstractmethod
+    def ListJobs(
+        self,
+        request: _queue_pb2.ListJobsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.ListJobsResponse, _abc.Awaitable[_queue_pb2.ListJobsResponse]]:
+        """-- admin: look at jobs and act on them (an operator's calls) ---------------------
+        Jobs of a queue, optionally of one state, in id order, one page at a time.
+        """
+
+    @_abc_1.abstractmethod
+    def GetJob(
+        self,
+        request: _queue_pb2.GetJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.JobInfo, _abc.Awaitable[_queue_pb2.JobInfo]]:
+        """One job as stored (NOT_FOUND if there is none, or it is of another queue)."""
+
+    @_abc_1.abstractmethod
+    def RetryJob(
+        self,
+        request: _queue_pb2.RetryJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.JobActionResponse, _abc.Awaitable[_queue_pb2.JobActionResponse]]:
+        """Make a dead, cancelled or failed (ready, waiting out its retry backoff) job due
+        now. Its attempts are kept; an exhausted job gets max_attempts = attempts + 1.
+        """
+
+    @_abc_1.abstractmethod
+    def CancelJob(
+        self,
+        request: _queue_pb2.CancelJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.JobActionResponse, _abc.Awaitable[_queue_pb2.JobActionResponse]]:
+        """Cancel a waiting, ready or running job: it becomes "cancelled" and never runs
+        again unless retried. A running job's claim is fenced: the cancel takes a new
+        token for the job's resource (fence_token), so its worker's Heartbeat, Complete
+        and Fail get LEASE_LOST, a strict guard refuses its writes (not the live claim),
+        and a watch guard fences the resource past its token (the cancel is the claim's
+        EXPIRED event); a monotonic guard learns only from Fence(resource, fence_token).
+        """
+
+    @_abc_1.abstractmethod
+    def RequeueDead(
+        self,
+        request: _queue_pb2.RequeueDeadRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.RequeueDeadResponse, _abc.Awaitable[_queue_pb2.RequeueDeadResponse]]:
+        """Retry up to limit dead jobs of a queue (oldest id first), as RetryJob does."""
 
 def add_QueueServiceServicer_to_server(servicer: QueueServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

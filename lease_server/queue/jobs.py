@@ -11,7 +11,18 @@ States of the classic SKIP LOCKED job queue, plus ``waiting`` for ordering keys:
     running --fail, last attempt (or final)--> dead
     running --release--> ready                  due now; the attempt does not count
     running --reaper, lease expired, no attempts left--> dead
-    succeeded, dead --reaper, older than the retention--> deleted
+    waiting, ready, running --cancel (an operator)--> cancelled
+    dead, cancelled, ready --retry (an operator)--> ready      due now; attempts kept
+    succeeded, dead, cancelled --reaper, older than the retention--> deleted
+
+**Admin** (:func:`cancel`, :func:`retry`): a cancel of a running job fences its claim
+as a rescue does: it takes a fresh token (the caller draws it from the same counter),
+so the worker's next call is stale, the event log gets EXPIRED of the claim (a watch
+guard fences past it), a strict guard no longer finds a live claim, and a monotonic
+guard can be fenced to the new token. A retry keeps the attempts used (the history
+stays true, as River's JobRetry and Oban's retry_job keep it) and, when they are
+exhausted, allows one more (``max_attempts = attempts + 1``). Cancelled jobs are kept
+as long as dead ones.
 
 The **token** of a claim comes from one counter per queue backend that only grows
 (the backend passes it in), so every claim of a job gets a token larger than every
@@ -67,10 +78,16 @@ class JobState(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     DEAD = "dead"
+    CANCELLED = "cancelled"
 
 
 LIVE_STATES = (JobState.WAITING, JobState.READY, JobState.RUNNING)
 FINISHED_STATES = (JobState.SUCCEEDED, JobState.DEAD)
+#: States a cancel applies to, and states a retry applies to.
+CANCELLABLE_STATES = LIVE_STATES
+RETRYABLE_STATES = (JobState.DEAD, JobState.CANCELLED, JobState.READY)
+#: last_error of a cancelled job when the operator gave no reason.
+CANCELLED_ERROR = "cancelled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +136,8 @@ class JobRecord:
     last_error: str = ""
     created_at_ms: int = 0
     finished_at_ms: int = 0
+    #: When the current (or last) claim was made (0: never claimed).
+    claimed_at_ms: int = 0
 
     @property
     def fenced_resource(self) -> str:
@@ -155,6 +174,25 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
+class Administered:
+    """The outcome of an operator's call on one job: the job after it, whether it
+    changed, and (a cancel of a running job) the token that fenced the claim."""
+
+    record: JobRecord
+    changed: bool
+    fence_token: int = 0
+
+
+def administered(old: JobRecord, new: JobRecord | None) -> Administered:
+    """What :func:`cancel` or :func:`retry` turning ``old`` into ``new`` (None: not
+    applicable) amounts to."""
+    if new is None:
+        return Administered(old, False)
+    fenced = old.state is JobState.RUNNING and new.token != old.token
+    return Administered(new, True, new.token if fenced else 0)
+
+
+@dataclass(frozen=True, slots=True)
 class QueueCounts:
     """Stats of one queue (see the proto's ``QueueStats``)."""
 
@@ -166,6 +204,7 @@ class QueueCounts:
     expired: int = 0
     succeeded: int = 0
     dead: int = 0
+    cancelled: int = 0
     oldest_ready_age_ms: int = 0
     retrying: int = 0
     finished_in_window: int = 0
@@ -246,6 +285,7 @@ def claim(record: JobRecord, worker: str, ttl_ms: int, token: int, now_ms: int) 
         lease_owner=worker,
         lease_until_ms=now_ms + ttl_ms,
         last_error=last_error,
+        claimed_at_ms=now_ms,
     )
 
 
@@ -377,6 +417,56 @@ def reap(record: JobRecord, now_ms: int) -> JobRecord:
     )
 
 
+def cancel(record: JobRecord, token: int, reason: str, now_ms: int) -> JobRecord | None:
+    """The job cancelled, or None when it is in no cancellable state (nothing changes).
+
+    ``token`` (> every earlier token, drawn from the claims' counter) replaces a running
+    job's token, so its claim is stale from this step on; other jobs keep theirs.
+    """
+    if record.state not in CANCELLABLE_STATES:
+        return None
+    if record.state is JobState.RUNNING and token <= record.token:
+        raise ValueError(f"token {token} does not exceed job {record.id}'s token {record.token}")
+    return replace(
+        record,
+        state=JobState.CANCELLED,
+        token=token if record.state is JobState.RUNNING else record.token,
+        lease_owner="",
+        lease_until_ms=0,
+        last_error=limits.truncate_error(reason or CANCELLED_ERROR),
+        finished_at_ms=now_ms,
+    )
+
+
+def retry(record: JobRecord, blocked: bool, now_ms: int) -> JobRecord | None:
+    """The job due now, or None when it is in no retryable state (nothing changes).
+
+    ``blocked``: another job of its ordering key is live, so it waits (``waiting``) for
+    that one as a newly enqueued job would. Attempts are kept; an exhausted job is
+    allowed one more. A ready job that failed before (waiting out its backoff) only has
+    its due time brought to now; one that never ran is left alone (a retry does not
+    bring a delayed job forward).
+    """
+    if record.state not in RETRYABLE_STATES:
+        return None
+    if record.state is JobState.READY and record.attempts == 0:
+        return None  # never failed: a delayed job is not brought forward by a retry
+    state = JobState.READY
+    if record.state is not JobState.READY and blocked:
+        state = JobState.WAITING
+    return replace(
+        record,
+        state=state,
+        max_attempts=max(record.max_attempts, record.attempts + 1),
+        available_at_ms=min(record.available_at_ms, now_ms)
+        if record.state is JobState.READY
+        else now_ms,
+        lease_owner="",
+        lease_until_ms=0,
+        finished_at_ms=0,
+    )
+
+
 def transitions(old: JobRecord | None, new: JobRecord, now_ms: int) -> list[Transition]:
     """What changing ``old`` into ``new`` at ``now_ms`` appends to the event log, in order.
 
@@ -431,7 +521,7 @@ def prunable(
     """Finished before the retention cutoff of its state (None: keep that state forever)."""
     if record.state is JobState.SUCCEEDED and succeeded_before_ms is not None:
         return record.finished_at_ms < succeeded_before_ms
-    if record.state is JobState.DEAD and dead_before_ms is not None:
+    if record.state in (JobState.DEAD, JobState.CANCELLED) and dead_before_ms is not None:
         return record.finished_at_ms < dead_before_ms
     return False
 
@@ -439,6 +529,7 @@ def prunable(
 def count(queue: str, records: list[JobRecord], now_ms: int, window_ms: int) -> QueueCounts:
     """Stats of one queue's records (the memory backend; SQL backends aggregate the same)."""
     ready = scheduled = waiting = running = expired = succeeded = dead = retrying = 0
+    cancelled = 0
     finished = attempts = 0
     oldest: int | None = None
     for r in records:
@@ -455,6 +546,8 @@ def count(queue: str, records: list[JobRecord], now_ms: int, window_ms: int) -> 
             expired += r.lease_until_ms <= now_ms
         elif r.state is JobState.SUCCEEDED:
             succeeded += 1
+        elif r.state is JobState.CANCELLED:
+            cancelled += 1
         else:
             dead += 1
         if r.state in (JobState.READY, JobState.WAITING) and r.attempts > 0:
@@ -471,6 +564,7 @@ def count(queue: str, records: list[JobRecord], now_ms: int, window_ms: int) -> 
         expired=expired,
         succeeded=succeeded,
         dead=dead,
+        cancelled=cancelled,
         oldest_ready_age_ms=0 if oldest is None else max(0, now_ms - oldest),
         retrying=retrying,
         finished_in_window=finished,

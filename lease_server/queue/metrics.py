@@ -6,7 +6,9 @@ metric                                         meaning
 ``fencing_queue_jobs_total{outcome}``          jobs ``enqueued``, ``claimed``, ``rescued``
                                                (claimed after their lease expired),
                                                ``completed``, ``retried``, ``dead``,
-                                               ``released`` through this server
+                                               ``released`` through this server; by an
+                                               operator: ``cancelled``, ``requeued``
+                                               (RetryJob, RequeueDead)
 ``fencing_queue_lost_total``                   calls refused ``LEASE_LOST``: a worker
                                                acting on a claim that was taken over
 ``fencing_queue_depth{queue}``                 ready, due jobs (gauge)
@@ -35,7 +37,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from lease_server.queue.jobs import QueueCounts
 
 #: Job outcomes (label values of ``fencing_queue_jobs_total``).
-OUTCOMES = ("enqueued", "claimed", "rescued", "completed", "retried", "dead", "released")
+OUTCOMES = (
+    "enqueued",
+    "claimed",
+    "rescued",
+    "completed",
+    "retried",
+    "dead",
+    "released",
+    "cancelled",
+    "requeued",
+)
 #: Outcomes of the scheduler's periods (label values of ``fencing_queue_periodic_total``).
 PERIODIC_OUTCOMES = ("enqueued", "already_enqueued", "skipped")
 #: Queues labelled in the gauges at most (bounded cardinality).

@@ -23,15 +23,23 @@ from prometheus_client import CollectorRegistry
 
 from fencing import limits
 from fencing._backoff import Backoff
-from fencing.errors import InvalidArgumentError, LeaseLost, ResourceExhaustedError
+from fencing.errors import InvalidArgumentError, LeaseLost, NotFoundError, ResourceExhaustedError
 from fencing.v1 import queue_pb2, queue_pb2_grpc
 from lease_server.queue import jobs, schedules
 from lease_server.queue.backends.base import CompleteGroup, QueueBackend
 from lease_server.queue.batch import CompleteBatcher
-from lease_server.queue.jobs import DEFAULT_RETRY_BACKOFF, JobRecord, JobRef, JobState, NewJob
+from lease_server.queue.jobs import (
+    DEFAULT_RETRY_BACKOFF,
+    Administered,
+    JobRecord,
+    JobRef,
+    JobState,
+    NewJob,
+)
 from lease_server.queue.metrics import QueueMetrics
 from lease_server.queue.schedules import Schedule, ScheduleRecord
 from serving import config
+from serving.admission import current_principal
 from serving.server import rpc
 
 log = logging.getLogger(__name__)
@@ -265,12 +273,56 @@ def stats_to_proto(c: jobs.QueueCounts) -> queue_pb2.QueueStats:
         expired=c.expired,
         succeeded=c.succeeded,
         dead=c.dead,
+        cancelled=c.cancelled,
         oldest_ready_age_ms=c.oldest_ready_age_ms,
         retrying=c.retrying,
         retry_rate=c.retry_rate,
         finished_in_window=c.finished_in_window,
         window_ms=c.window_ms,
     )
+
+
+def job_info_to_proto(record: JobRecord, include_payload: bool = False) -> queue_pb2.JobInfo:
+    """A job as an operator sees it (see the proto's ``JobInfo``)."""
+    running = record.state is JobState.RUNNING
+    return queue_pb2.JobInfo(
+        id=record.id,
+        queue=record.queue,
+        state=record.state.value,
+        payload_size=len(record.payload),
+        payload=record.payload if include_payload else b"",
+        attempts=record.attempts,
+        max_attempts=record.max_attempts,
+        last_error=record.last_error,
+        token=record.token,
+        lease_owner=record.lease_owner,
+        resource=record.fenced_resource,
+        ordering_key=record.ordering_key,
+        priority=record.priority,
+        idempotency_key=record.idempotency_key,
+        enqueued_at_ms=record.created_at_ms,
+        run_at_ms=record.available_at_ms,
+        claimed_at_ms=record.claimed_at_ms,
+        finished_at_ms=record.finished_at_ms,
+        lease_expires_at_ms=record.lease_until_ms if running else 0,
+    )
+
+
+def _job_state(value: str) -> JobState | None:
+    """ListJobsRequest.state: empty for every state, else one of :class:`JobState`."""
+    if not value:
+        return None
+    try:
+        return JobState(value)
+    except ValueError:
+        names = ", ".join(s.value for s in JobState)
+        raise InvalidArgumentError(
+            f"state must be one of {names} (or empty), not {value!r}", field="state"
+        ) from None
+
+
+def _job_id(value: int) -> int:
+    return limits.check_range("id", value, 1, limits.MAX_TOKEN)
 
 
 def _optional_queue(value: str) -> str:
@@ -575,3 +627,138 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
             ],
             now_ms=now,
         )
+
+    # -- admin --------------------------------------------------------------------------------
+
+    def _audit(self, context: Context, action: str, queue: str, job_id: int, **fields: Any) -> None:
+        """One INFO line per operator call: who (the principal, and the peer: who it is
+        without auth), what, which job or queue (raise this logger's level to keep only
+        warnings)."""
+        principal = current_principal() or ""
+        peer = context.peer()
+        shown = " ".join(f"{k}={v}" for k, v in fields.items())
+        log.info(
+            "queue %s queue=%s job=%s by=%s peer=%s %s",
+            action,
+            queue or "(any)",
+            job_id or "-",
+            principal or "(no auth)",
+            peer,
+            shown,
+            extra={
+                "action": action,
+                "queue": queue,
+                "job_id": job_id,
+                "principal": principal,
+                "peer": peer,
+                **fields,
+            },
+        )
+
+    async def _named_job(self, job_id: int, queue: str) -> JobRecord:
+        record = await self.backend.get(job_id)
+        if record is None or (queue and record.queue != queue):
+            raise NotFoundError(f"no job {job_id}" + (f" in queue {queue!r}" if queue else ""))
+        return record
+
+    def _acted(
+        self,
+        context: Context,
+        action: str,
+        job_id: int,
+        queue: str,
+        outcome: Administered | None,
+    ) -> queue_pb2.JobActionResponse:
+        if outcome is None:
+            raise NotFoundError(f"no job {job_id}" + (f" in queue {queue!r}" if queue else ""))
+        record = outcome.record
+        if outcome.changed:
+            self.metrics.jobs.labels("cancelled" if action == "cancel" else "requeued").inc()
+            fields: dict[str, Any] = {"state": record.state.value}
+            if outcome.fence_token:
+                fields["fence_token"] = outcome.fence_token
+                fields["resource"] = record.fenced_resource
+            self._audit(context, action, record.queue, record.id, **fields)
+        else:
+            log.info(
+                "queue %s of job %d: nothing to do, it is %s",
+                action,
+                record.id,
+                record.state.value,
+                extra={"action": action, "queue": record.queue, "job_id": record.id},
+            )
+        return queue_pb2.JobActionResponse(
+            job=job_info_to_proto(record),
+            changed=outcome.changed,
+            fence_token=outcome.fence_token,
+            resource=record.fenced_resource if outcome.fence_token else "",
+        )
+
+    @rpc
+    async def ListJobs(
+        self, request: queue_pb2.ListJobsRequest, context: Context
+    ) -> queue_pb2.ListJobsResponse:
+        """A page of a queue's jobs in id order; the cursor is the page's last id.
+
+        Asks the backend for one more than the page, so a full page says whether
+        another follows.
+        """
+        queue = limits.check_queue(request.queue)
+        state = _job_state(request.state)
+        size = limits.check_page_size(request.page_size)
+        after = limits.check_job_page_token(request.page_token)
+        records = await self.backend.list_jobs(queue, state, after, size + 1)
+        page, more = records[:size], len(records) > size
+        self._audit(
+            context, "list_jobs", queue, 0, state=state or "any", after=after, jobs=len(page)
+        )
+        return queue_pb2.ListJobsResponse(
+            jobs=[job_info_to_proto(r, request.include_payload) for r in page],
+            next_page_token=str(page[-1].id) if more else "",
+        )
+
+    @rpc
+    async def GetJob(self, request: queue_pb2.GetJobRequest, context: Context) -> queue_pb2.JobInfo:
+        job_id = _job_id(request.id)
+        queue = _optional_queue(request.queue)
+        record = await self._named_job(job_id, queue)
+        self._audit(context, "get_job", record.queue, job_id, payload=request.include_payload)
+        return job_info_to_proto(record, request.include_payload)
+
+    @rpc
+    async def RetryJob(
+        self, request: queue_pb2.RetryJobRequest, context: Context
+    ) -> queue_pb2.JobActionResponse:
+        job_id = _job_id(request.id)
+        queue = _optional_queue(request.queue)
+        outcome = await self.backend.retry(job_id, queue)
+        response = self._acted(context, "retry", job_id, queue, outcome)
+        if response.changed:
+            self._wakeups.notify(response.job.queue)
+        return response
+
+    @rpc
+    async def CancelJob(
+        self, request: queue_pb2.CancelJobRequest, context: Context
+    ) -> queue_pb2.JobActionResponse:
+        job_id = _job_id(request.id)
+        queue = _optional_queue(request.queue)
+        reason = limits.truncate_error(request.reason)
+        outcome = await self.backend.cancel(job_id, queue, reason)
+        response = self._acted(context, "cancel", job_id, queue, outcome)
+        if response.changed:
+            self._wakeups.notify(response.job.queue)  # the next job of its ordering key
+        return response
+
+    @rpc
+    async def RequeueDead(
+        self, request: queue_pb2.RequeueDeadRequest, context: Context
+    ) -> queue_pb2.RequeueDeadResponse:
+        queue = limits.check_queue(request.queue)
+        limit = limits.check_requeue_limit(request.limit)
+        requeued = await self.backend.requeue_dead(queue, limit)
+        if requeued:
+            self.metrics.jobs.labels("requeued").inc(requeued)
+            self._wakeups.notify(queue)
+        self._audit(context, "requeue_dead", queue, 0, requeued=requeued, limit=limit)
+        return queue_pb2.RequeueDeadResponse(requeued=requeued)

@@ -221,6 +221,11 @@ async def test_turning_the_floor_off_later_never_goes_back(
         await fq.release([JobRef(job.id, job.token)], "q")
         (again,) = await pq.claim("q", "w", 1, 60_000)  # the sequence is far below
         assert again.token == job.token + 1
+        await pq.release([JobRef(again.id, again.token)], "q")
+        (floored_claim,) = await fq.claim("q", "w", 1, 60_000)
+        cancelled = await pq.cancel(floored_claim.id, "q", "")  # a cancel passes it too
+        assert cancelled is not None and cancelled.fence_token > floored_claim.token
+        assert cancelled.record.token == cancelled.fence_token
     finally:
         for part in (floored, plain, fq, pq):
             await part.close()

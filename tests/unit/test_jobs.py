@@ -146,24 +146,81 @@ def test_count_reports_each_state() -> None:
         jobs.claim(ready(id=4), "w", 100, 1, now - 1000),  # expired
         ready(id=5, state=JobState.SUCCEEDED, attempts=3, finished_at_ms=now - 10),
         ready(id=6, state=JobState.DEAD, attempts=1, finished_at_ms=now - 99_999),
+        ready(id=7, state=JobState.CANCELLED, finished_at_ms=now - 10),
     ]
     c = jobs.count("q", records, now, 60_000)
+    assert c.cancelled == 1
     assert (c.ready, c.scheduled, c.waiting, c.running, c.expired) == (1, 1, 1, 1, 1)
     assert (c.succeeded, c.dead, c.retrying, c.oldest_ready_age_ms) == (1, 1, 1, 300)
     assert c.finished_in_window == 1 and c.attempts_in_window == 3
     assert c.retry_rate == pytest.approx(2 / 3)
 
 
+def test_cancel_fences_a_running_claim_with_a_larger_token() -> None:
+    running = jobs.claim(ready(), "w", 1000, 5, 1000)
+    with pytest.raises(ValueError, match="does not exceed"):
+        jobs.cancel(running, 5, "", 1500)  # a backend bug: the token must be fresh
+    cancelled = jobs.cancel(running, 6, "", 1500)
+    assert cancelled is not None
+    assert (cancelled.state, cancelled.token, cancelled.last_error) == (
+        JobState.CANCELLED,
+        6,
+        jobs.CANCELLED_ERROR,
+    )
+    assert cancelled.finished_at_ms == 1500 and cancelled.lease_owner == ""
+    outcome = jobs.administered(running, cancelled)
+    assert outcome.changed and outcome.fence_token == 6
+    # The claim's end is an EXPIRED of its token, as a rescue's is: a watch guard fences it.
+    (event,) = jobs.transitions(running, cancelled, 1500)
+    assert (event.kind.name, event.token, event.holder) == ("EXPIRED", 5, "w")
+    for call in (
+        lambda: jobs.heartbeat(cancelled, JobRef(1, 5), 1000, 1600),
+        lambda: jobs.complete(cancelled, JobRef(1, 5), 1600),
+        lambda: jobs.fail(cancelled, JobRef(1, 5), "late", 0, 1600),
+        lambda: jobs.release(cancelled, JobRef(1, 5), 1600),
+    ):
+        with pytest.raises(LeaseLost):
+            call()
+    ready_one = jobs.cancel(ready(), 99, "why", 1500)
+    assert ready_one is not None and ready_one.token == 0 and ready_one.last_error == "why"
+    assert jobs.transitions(ready(), ready_one, 1500) == []
+    assert jobs.cancel(cancelled, 7, "", 1600) is None  # finished: nothing to cancel
+    assert not jobs.administered(cancelled, None).changed
+
+
+def test_retry_keeps_attempts_and_allows_one_more_when_they_ran_out() -> None:
+    dead = ready(state=JobState.DEAD, attempts=3, max_attempts=3, finished_at_ms=900, token=4)
+    again = jobs.retry(dead, False, 2000)
+    assert again is not None
+    assert (again.state, again.attempts, again.max_attempts) == (JobState.READY, 3, 4)
+    assert (again.available_at_ms, again.finished_at_ms, again.token) == (2000, 0, 4)
+    assert jobs.claimable(again, 2000)
+    waits = jobs.retry(dead, True, 2000)
+    assert waits is not None and waits.state is JobState.WAITING  # behind its key's live job
+    failed = ready(attempts=1, available_at_ms=60_000)
+    due = jobs.retry(failed, True, 2000)  # already live: it keeps its place in its key
+    assert due is not None and due.state is JobState.READY and due.available_at_ms == 2000
+    assert jobs.retry(ready(available_at_ms=60_000), False, 2000) is None  # never failed
+    assert jobs.retry(jobs.claim(ready(), "w", 1000, 1, 1000), False, 1500) is None
+    assert jobs.retry(ready(state=JobState.SUCCEEDED), False, 1500) is None
+    assert jobs.transitions(dead, again, 2000) == []
+
+
 @given(
     st.lists(
-        st.sampled_from(["claim", "fail", "complete", "release", "expire", "reap"]), max_size=40
+        st.sampled_from(
+            ["claim", "fail", "complete", "release", "expire", "reap", "cancel", "retry"]
+        ),
+        max_size=40,
     )
 )
 def test_a_job_walk_keeps_its_invariants(steps: list[str]) -> None:
-    """Random walks over the transitions: tokens only grow, ready jobs have attempts left,
-    and a finished job stays finished."""
+    """Random walks over the transitions, an operator's cancel and retry among them:
+    tokens only grow, ready jobs have attempts left, a finished job changes only by a
+    retry, and a cancelled claim's token is refused from then on."""
     now, token = 1000, 0
     r = ready(max_attempts=3)
+    fenced: list[JobRef] = []
     for step in steps:
         before = r
         if step == "claim" and jobs.claimable(r, now):
@@ -179,9 +236,21 @@ def test_a_job_walk_keeps_its_invariants(steps: list[str]) -> None:
             now += 500
         elif step == "reap" and jobs.reapable(r, now):
             r = jobs.reap(r, now)
+        elif step == "cancel":
+            cancelled = jobs.cancel(r, token + 1, "", now)
+            if cancelled is not None:
+                if r.state is JobState.RUNNING:
+                    token += 1
+                    fenced.append(JobRef(r.id, r.token))
+                r = cancelled
+        elif step == "retry":
+            r = jobs.retry(r, False, now) or r
         assert r.token >= before.token
-        if before.state in jobs.FINISHED_STATES:
+        if before.state in (*jobs.FINISHED_STATES, JobState.CANCELLED) and step != "retry":
             assert r == before
+        for stale in fenced:
+            with pytest.raises(LeaseLost):
+                jobs.require_current(r, stale)
         if r.state is JobState.READY:
             assert r.attempts < r.max_attempts
         assert 0 <= r.attempts <= r.max_attempts

@@ -24,7 +24,16 @@ from typing import Protocol, runtime_checkable
 
 from fencing.errors import LeaseLost
 from lease_server.backends.base import LeaseBackend
-from lease_server.queue.jobs import Enqueued, Failed, JobRecord, JobRef, NewJob, QueueCounts
+from lease_server.queue.jobs import (
+    Administered,
+    Enqueued,
+    Failed,
+    JobRecord,
+    JobRef,
+    JobState,
+    NewJob,
+    QueueCounts,
+)
 from lease_server.queue.schedules import Schedule, ScheduleRecord
 
 #: Maps the attempts a failed job has used to the delay (ms) before it is due again.
@@ -118,6 +127,28 @@ class QueueBackend(Protocol):
 
     async def get(self, job_id: int) -> JobRecord | None:
         """One job as stored (for operators and tests)."""
+
+    # -- admin ---------------------------------------------------------------------------
+
+    async def list_jobs(
+        self, queue: str, state: JobState | None, after_id: int, limit: int
+    ) -> list[JobRecord]:
+        """Up to ``limit`` jobs of ``queue`` (of ``state`` only, if given) with id >
+        ``after_id``, in id order: a page, read on its own (no snapshot across pages)."""
+
+    async def cancel(self, job_id: int, queue: str, reason: str) -> Administered | None:
+        """``jobs.cancel`` the job (None: no such job, or not of ``queue`` when named),
+        in one transaction: a running job takes a fresh token from the claims' counter
+        (its claim's end is logged as EXPIRED, as a rescue's is), and the next job of its
+        ordering key becomes ready."""
+
+    async def retry(self, job_id: int, queue: str) -> Administered | None:
+        """``jobs.retry`` the job (None: no such job, or not of ``queue``), in one
+        transaction with the check of its ordering key."""
+
+    async def requeue_dead(self, queue: str, limit: int) -> int:
+        """``jobs.retry`` up to ``limit`` dead jobs of ``queue``, lowest id first, in one
+        transaction; return how many."""
 
     async def last_claim_token(self, resource: str) -> int:
         """The highest token a claim of a job fencing ``resource`` got (0: none), so the

@@ -19,6 +19,7 @@ from lease_server.clock import Clock, SystemClock
 from lease_server.queue import jobs
 from lease_server.queue.backends.base import CompleteGroup, PeriodJob, RetryDelay
 from lease_server.queue.jobs import (
+    Administered,
     Enqueued,
     Failed,
     JobRecord,
@@ -211,6 +212,56 @@ class MemoryQueue:
 
     async def get(self, job_id: int) -> JobRecord | None:
         return self._jobs.get(job_id)
+
+    async def list_jobs(
+        self, queue: str, state: JobState | None, after_id: int, limit: int
+    ) -> list[JobRecord]:
+        return sorted(
+            (
+                r
+                for r in self._jobs.values()
+                if r.queue == queue and r.id > after_id and (state is None or r.state is state)
+            ),
+            key=lambda r: r.id,
+        )[:limit]
+
+    def _named(self, job_id: int, queue: str) -> JobRecord | None:
+        record = self._jobs.get(job_id)
+        return None if record is None or (queue and record.queue != queue) else record
+
+    async def cancel(self, job_id: int, queue: str, reason: str) -> Administered | None:
+        now = self._clock.now_ms()
+        record = self._named(job_id, queue)
+        if record is None:
+            return None
+        token = self._last_token + 1 if record.state is JobState.RUNNING else 0
+        new = jobs.cancel(record, token, reason, now)
+        if new is None:
+            return jobs.administered(record, None)
+        self._last_token = max(self._last_token, token)
+        self._put([new], now)
+        self._promote(new.queue, new.ordering_key)
+        return jobs.administered(record, new)
+
+    def _retry(self, record: JobRecord, now: int) -> JobRecord | None:
+        blocked = bool(record.ordering_key) and any(
+            r.id != record.id for r in self._live_of_key(record.queue, record.ordering_key)
+        )
+        new = jobs.retry(record, blocked, now)
+        if new is not None:
+            self._put([new], now)
+        return new
+
+    async def retry(self, job_id: int, queue: str) -> Administered | None:
+        record = self._named(job_id, queue)
+        if record is None:
+            return None
+        return jobs.administered(record, self._retry(record, self._clock.now_ms()))
+
+    async def requeue_dead(self, queue: str, limit: int) -> int:
+        now = self._clock.now_ms()
+        dead = await self.list_jobs(queue, JobState.DEAD, 0, limit)
+        return sum(self._retry(record, now) is not None for record in dead)
 
     async def last_claim_token(self, resource: str) -> int:
         return max(

@@ -9,7 +9,9 @@ clock floor of :mod:`lease_server.backends.postgres`, per job); Heartbeat, Compl
 and Release lock the named rows in id order, judge every token, and change nothing if
 one is stale.
 Fail runs the pure rule of :mod:`lease_server.queue.jobs` in a transaction (the retry delay
-depends on the attempts used, read under the row lock). Expiry and due times are the
+depends on the attempts used, read under the row lock), and so do the operators' cancel
+and retry (``0015_queue_admin.sql``: a cancel of a running job draws its fresh token from
+``job_tokens``, and the trigger logs the claim's end). Expiry and due times are the
 database's clock. Outages become ``BackendUnavailableError`` (bounded by ``timeout``).
 
 Job events: a trigger on ``jobs`` (``0011_job_events.sql``) appends every change of a
@@ -31,6 +33,7 @@ from lease_server.queue import jobs
 from lease_server.queue.backends.base import CompleteGroup, PeriodJob, RetryDelay
 from lease_server.queue.backends.sql import job_record, schedule_params, schedule_record
 from lease_server.queue.jobs import (
+    Administered,
     Enqueued,
     Failed,
     JobRecord,
@@ -84,15 +87,38 @@ class PostgresQueue:
             "SELECT r.*, {schema}.job_ms(now()) FROM {schema}.job_rows AS r"
             " WHERE r.id = %s FOR UPDATE"
         )
-        self._store_sql = q(
-            "UPDATE {schema}.jobs SET state = %s, attempts = %s,"
-            " available_at = to_timestamp(%s / 1000.0), lease_owner = %s,"
-            " lease_until = CASE WHEN %s = 'running' THEN lease_until END,"
+        self._promote_sql = q("SELECT {schema}.job_promote(%s, %s)")
+        self._list_sql = q(
+            "SELECT * FROM {schema}.job_rows WHERE queue = %s AND (%s = '' OR state = %s)"
+            " AND id > %s ORDER BY id LIMIT %s"
+        )
+        self._lock_dead_sql = q(
+            "SELECT r.*, {schema}.job_ms(now()) FROM {schema}.job_rows AS r"
+            " WHERE r.queue = %s AND r.state = 'dead' ORDER BY r.id LIMIT %s"
+            " FOR UPDATE SKIP LOCKED"
+        )
+        self._next_token_sql = q("SELECT nextval('{schema}.job_tokens')")
+        self._lock_key_sql = q("SELECT {schema}.job_lock_key(%s, %s)")
+        self._key_live_sql = q(
+            "SELECT EXISTS (SELECT 1 FROM {schema}.jobs AS j WHERE j.queue = %s"
+            " AND j.ordering_key = %s AND j.id <> %s"
+            " AND j.state IN ('waiting', 'ready', 'running'))"
+        )
+        # Write back a job changed by a rule of jobs.py (Fail, cancel, retry): every mutable
+        # column, the token too (the floor trigger of 0010 may raise a new one); returns
+        # the row as stored, as job_rows gives it.
+        self._store_all_sql = q(
+            "UPDATE {schema}.jobs AS j SET state = %s, attempts = %s, max_attempts = %s,"
+            " token = %s, available_at = to_timestamp(%s / 1000.0), lease_owner = %s,"
+            " lease_until = CASE WHEN %s = 'running' THEN j.lease_until END,"
             " last_error = %s,"
             " finished_at = CASE WHEN %s > 0 THEN to_timestamp(%s / 1000.0) END"
-            " WHERE id = %s"
+            " WHERE j.id = %s RETURNING j.id, j.queue, j.payload, j.state, j.resource,"
+            " j.ordering_key, j.idempotency_key, j.priority, j.attempts, j.max_attempts,"
+            " j.token, {schema}.job_ms(j.available_at), j.lease_owner,"
+            " {schema}.job_ms(j.lease_until), j.last_error, {schema}.job_ms(j.created_at),"
+            " {schema}.job_ms(j.finished_at), {schema}.job_ms(j.claimed_at)"
         )
-        self._promote_sql = q("SELECT {schema}.job_promote(%s, %s)")
         self._last_token_sql = q(
             "SELECT greatest("
             "(SELECT max(j.token) FROM {schema}.jobs AS j"
@@ -240,24 +266,11 @@ class PostgresQueue:
             cur = await conn.execute(self._lock_sql, (ref.id,))
             row = await cur.fetchone()
             record = job_record(row) if row is not None else None
-            now = int(row[17]) if row is not None else 0
+            now = int(row[18]) if row is not None else 0
             delay = retry_delay(record.attempts) if record is not None else 0
             new, outcome = jobs.fail(record, ref, error, delay, now, final=final, queue=queue)
             if new is not record:
-                await conn.execute(
-                    self._store_sql,
-                    (
-                        new.state.value,
-                        new.attempts,
-                        new.available_at_ms,
-                        new.lease_owner,
-                        new.state.value,
-                        new.last_error,
-                        new.finished_at_ms,
-                        new.finished_at_ms,
-                        new.id,
-                    ),
-                )
+                await self._store_all(conn, new)
                 if new.state is JobState.DEAD and new.ordering_key:
                     await conn.execute(self._promote_sql, (new.queue, new.ordering_key))
         return outcome
@@ -297,6 +310,7 @@ class PostgresQueue:
                 expired=int(r[5]),
                 succeeded=int(r[6]),
                 dead=int(r[7]),
+                cancelled=int(r[12]),
                 oldest_ready_age_ms=max(0, int(r[8])),
                 retrying=int(r[9]),
                 finished_in_window=int(r[10]),
@@ -309,6 +323,91 @@ class PostgresQueue:
     async def get(self, job_id: int) -> JobRecord | None:
         row = await self._db.fetchone(self._get_sql, (job_id,))
         return job_record(row) if row is not None else None
+
+    async def list_jobs(
+        self, queue: str, state: JobState | None, after_id: int, limit: int
+    ) -> list[JobRecord]:
+        name = state.value if state is not None else ""
+        async with self._db.connection() as conn:
+            cur = await conn.execute(self._list_sql, (queue, name, name, after_id, limit))
+            rows = await cur.fetchall()
+        return [job_record(r) for r in rows]
+
+    async def _store_all(self, conn: Any, new: JobRecord) -> JobRecord:
+        params = (
+            new.state.value,
+            new.attempts,
+            new.max_attempts,
+            new.token,
+            new.available_at_ms,
+            new.lease_owner,
+            new.state.value,
+            new.last_error,
+            new.finished_at_ms,
+            new.finished_at_ms,
+            new.id,
+        )
+        cur = await conn.execute(self._store_all_sql, params)
+        row = await cur.fetchone()
+        assert row is not None  # the row is locked by the caller's transaction
+        return job_record(row)
+
+    async def _locked(self, conn: Any, job_id: int, queue: str) -> tuple[JobRecord | None, int]:
+        cur = await conn.execute(self._lock_sql, (job_id,))
+        row = await cur.fetchone()
+        if row is None or (queue and row[1] != queue):
+            return None, 0
+        return job_record(row), int(row[18])
+
+    async def cancel(self, job_id: int, queue: str, reason: str) -> Administered | None:
+        async with self._db.connection() as conn, conn.transaction():
+            record, now = await self._locked(conn, job_id, queue)
+            if record is None:
+                return None
+            token = 0
+            if record.state is JobState.RUNNING:
+                cur = await conn.execute(self._next_token_sql)
+                row = await cur.fetchone()
+                assert row is not None
+                # The sequence may be behind the job's token (claims that took the clock
+                # floor, a server without it): pass the job's token, as its trigger makes
+                # a claim do; with the floor the trigger raises it further.
+                token = max(int(row[0]), record.token + 1)
+            new = jobs.cancel(record, int(token), reason, now)
+            if new is None:
+                return jobs.administered(record, None)
+            stored = await self._store_all(conn, new)
+            if new.ordering_key:
+                await conn.execute(self._promote_sql, (new.queue, new.ordering_key))
+        return jobs.administered(record, stored)
+
+    async def _retry(self, conn: Any, record: JobRecord, now: int) -> JobRecord | None:
+        blocked = False
+        if record.ordering_key:
+            # The key's lock, as an enqueue takes it: no promotion is missed in between.
+            await conn.execute(self._lock_key_sql, (record.queue, record.ordering_key))
+            cur = await conn.execute(
+                self._key_live_sql, (record.queue, record.ordering_key, record.id)
+            )
+            (blocked,) = await cur.fetchone()
+        new = jobs.retry(record, bool(blocked), now)
+        return None if new is None else await self._store_all(conn, new)
+
+    async def retry(self, job_id: int, queue: str) -> Administered | None:
+        async with self._db.connection() as conn, conn.transaction():
+            record, now = await self._locked(conn, job_id, queue)
+            if record is None:
+                return None
+            stored = await self._retry(conn, record, now)
+        return jobs.administered(record, stored)
+
+    async def requeue_dead(self, queue: str, limit: int) -> int:
+        done = 0
+        async with self._db.connection() as conn, conn.transaction():
+            cur = await conn.execute(self._lock_dead_sql, (queue, limit))
+            for row in await cur.fetchall():
+                done += await self._retry(conn, job_record(row), int(row[18])) is not None
+        return done
 
     async def last_claim_token(self, resource: str) -> int:
         queue, job_id = jobs.parse_default_resource(resource) or ("", 0)

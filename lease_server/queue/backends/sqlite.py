@@ -39,6 +39,7 @@ from lease_server.queue.backends.sql import (
     schedule_record,
 )
 from lease_server.queue.jobs import (
+    Administered,
     Enqueued,
     Failed,
     JobRecord,
@@ -53,7 +54,7 @@ from serving.sqlite_db import SQLiteDatabase
 T = TypeVar("T")
 
 SQL = load("sqlite.sql")
-MIGRATIONS = [SQL["migration_1"], SQL["migration_2"], SQL["migration_4"]]
+MIGRATIONS = [SQL["migration_1"], SQL["migration_2"], SQL["migration_3"], SQL["migration_4"]]
 #: The name the lease database is attached under, when job events are logged.
 LOG_SCHEMA = "lease_log"
 
@@ -69,12 +70,14 @@ def _store(conn: sqlite3.Connection, r: JobRecord) -> None:
         (
             r.state.value,
             r.attempts,
+            r.max_attempts,
             r.token,
             r.available_at_ms,
             r.lease_owner,
             r.lease_until_ms,
             r.last_error,
             r.finished_at_ms,
+            r.claimed_at_ms,
             r.id,
         ),
     )
@@ -367,6 +370,7 @@ class SQLiteQueue:
             for state, older_than in (
                 (JobState.SUCCEEDED, succeeded_older_than_ms),
                 (JobState.DEAD, dead_older_than_ms),
+                (JobState.CANCELLED, dead_older_than_ms),
             ):
                 if older_than is not None and deleted < limit:
                     cur = conn.execute(
@@ -393,10 +397,11 @@ class SQLiteQueue:
                     expired=int(row[5] or 0),
                     succeeded=int(row[6] or 0),
                     dead=int(row[7] or 0),
-                    oldest_ready_age_ms=0 if row[8] is None else max(0, now - int(row[8])),
-                    retrying=int(row[9] or 0),
-                    finished_in_window=int(row[10] or 0),
-                    attempts_in_window=int(row[11] or 0),
+                    cancelled=int(row[8] or 0),
+                    oldest_ready_age_ms=0 if row[9] is None else max(0, now - int(row[9])),
+                    retrying=int(row[10] or 0),
+                    finished_in_window=int(row[11] or 0),
+                    attempts_in_window=int(row[12] or 0),
                     window_ms=window_ms,
                 )
                 for row in rows
@@ -406,6 +411,69 @@ class SQLiteQueue:
 
     async def get(self, job_id: int) -> JobRecord | None:
         return await self._db.query(lambda conn: _load(conn, job_id))
+
+    async def list_jobs(
+        self, queue: str, state: JobState | None, after_id: int, limit: int
+    ) -> list[JobRecord]:
+        params = {
+            "queue": queue,
+            "state": state.value if state is not None else "",
+            "after": after_id,
+            "limit": limit,
+        }
+
+        def q(conn: sqlite3.Connection) -> list[JobRecord]:
+            return [job_record(row) for row in conn.execute(SQL["list_jobs"], params)]
+
+        return await self._db.query(q)
+
+    async def cancel(self, job_id: int, queue: str, reason: str) -> Administered | None:
+        def tx(conn: sqlite3.Connection, changes: list[Transition]) -> Administered | None:
+            now = self._clock.now_ms()
+            record = _load(conn, job_id)
+            if record is None or (queue and record.queue != queue):
+                return None
+            token = 0
+            if record.state is JobState.RUNNING:
+                (token,) = conn.execute(SQL["take_tokens"], (1,)).fetchone()
+            new = jobs.cancel(record, int(token), reason, now)
+            if new is not None:
+                _change(conn, changes, record, new, now)
+                _promote(conn, new.queue, new.ordering_key)
+            return jobs.administered(record, new)
+
+        return await self._logged(tx)
+
+    def _retry(self, conn: sqlite3.Connection, record: JobRecord, now: int) -> JobRecord | None:
+        blocked = False
+        if record.ordering_key:
+            head = conn.execute(
+                SQL["select_head_of_key"], (record.queue, record.ordering_key)
+            ).fetchone()
+            blocked = head is not None and int(head[0]) != record.id
+        new = jobs.retry(record, blocked, now)
+        if new is not None:
+            _store(conn, new)  # not a claim change: nothing to log
+        return new
+
+    async def retry(self, job_id: int, queue: str) -> Administered | None:
+        def tx(conn: sqlite3.Connection) -> Administered | None:
+            record = _load(conn, job_id)
+            if record is None or (queue and record.queue != queue):
+                return None
+            return jobs.administered(record, self._retry(conn, record, self._clock.now_ms()))
+
+        return await self._db.transaction(tx)
+
+    async def requeue_dead(self, queue: str, limit: int) -> int:
+        params = {"queue": queue, "state": JobState.DEAD.value, "after": 0, "limit": limit}
+
+        def tx(conn: sqlite3.Connection) -> int:
+            now = self._clock.now_ms()
+            dead = [job_record(row) for row in conn.execute(SQL["list_jobs"], params).fetchall()]
+            return sum(self._retry(conn, record, now) is not None for record in dead)
+
+        return await self._db.transaction(tx)
 
     async def last_claim_token(self, resource: str) -> int:
         named = jobs.parse_default_resource(resource)

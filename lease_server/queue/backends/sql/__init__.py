@@ -43,7 +43,8 @@ def load(file: str) -> dict[str, str]:
 
 def job_record(row: Sequence[Any]) -> JobRecord:
     """A job row as SQLite's ``select_job`` and PostgreSQL's ``job_rows`` view give it:
-    the columns of :class:`~lease_server.queue.jobs.JobRecord`, in order, times in ms."""
+    the columns of :class:`~lease_server.queue.jobs.JobRecord`, in order, times in ms
+    (``claimed_at_ms`` last: added by a later schema, so appended)."""
     return JobRecord(
         id=int(row[0]),
         queue=row[1],
@@ -62,6 +63,7 @@ def job_record(row: Sequence[Any]) -> JobRecord:
         last_error=row[14],
         created_at_ms=int(row[15]),
         finished_at_ms=int(row[16]),
+        claimed_at_ms=int(row[17]),
     )
 
 

@@ -7,7 +7,7 @@
 -- order every SELECT returns them (JOB_COLUMNS in sqlite.py):
 --   id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
 --   attempts, max_attempts, token, available_at_ms, lease_owner, lease_until_ms,
---   last_error, created_at_ms, finished_at_ms
+--   last_error, created_at_ms, finished_at_ms, claimed_at_ms (from schema v3)
 
 -- name: migration_1
 -- Schema v1. jobs: one row per job, ids never reused (AUTOINCREMENT), so a pruned
@@ -57,9 +57,65 @@ INSERT INTO counters (name, value) VALUES ('token', 0)
 -- Schema v2: jobs by their own guard resource, for the lease service's Describe.
 CREATE INDEX jobs_by_resource ON jobs (resource) WHERE resource <> ''
 
+-- name: migration_3
+-- Schema v3, for the operators' calls (list, cancel, retry). The state 'cancelled'
+-- (SQLite cannot change a CHECK in place, so the table is rebuilt: copied into a new
+-- table, which takes the old one's name and the AUTOINCREMENT high-water mark, so
+-- ids stay never reused), claimed_at_ms (when the current or last claim was made),
+-- and an index for listing a queue's jobs in id order (a state filter is applied
+-- along it: an index with the state would draw claims away from jobs_ready).
+CREATE TABLE jobs_v3 (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    queue           TEXT NOT NULL,
+    payload         BLOB NOT NULL,
+    state           TEXT NOT NULL
+                    CHECK (state IN ('waiting', 'ready', 'running', 'succeeded', 'dead',
+                                     'cancelled')),
+    resource        TEXT NOT NULL DEFAULT '',
+    ordering_key    TEXT NOT NULL DEFAULT '',
+    idempotency_key TEXT,
+    priority        INTEGER NOT NULL DEFAULT 0,
+    attempts        INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    max_attempts    INTEGER NOT NULL CHECK (max_attempts > 0),
+    token           INTEGER NOT NULL DEFAULT 0,
+    available_at_ms INTEGER NOT NULL,
+    lease_owner     TEXT NOT NULL DEFAULT '',
+    lease_until_ms  INTEGER NOT NULL DEFAULT 0,
+    last_error      TEXT NOT NULL DEFAULT '',
+    created_at_ms   INTEGER NOT NULL,
+    finished_at_ms  INTEGER NOT NULL DEFAULT 0,
+    claimed_at_ms   INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO jobs_v3 (id, queue, payload, state, resource, ordering_key, idempotency_key,
+                     priority, attempts, max_attempts, token, available_at_ms, lease_owner,
+                     lease_until_ms, last_error, created_at_ms, finished_at_ms)
+SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
+       attempts, max_attempts, token, available_at_ms, lease_owner, lease_until_ms,
+       last_error, created_at_ms, finished_at_ms
+FROM jobs;
+DELETE FROM sqlite_sequence WHERE name = 'jobs_v3';
+INSERT INTO sqlite_sequence (name, seq) SELECT 'jobs_v3', seq FROM sqlite_sequence
+WHERE name = 'jobs';
+DROP TABLE jobs;
+ALTER TABLE jobs_v3 RENAME TO jobs;
+CREATE UNIQUE INDEX jobs_idempotency_key ON jobs (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX jobs_ready ON jobs (queue, priority DESC, available_at_ms, id)
+    WHERE state = 'ready';
+CREATE INDEX jobs_running ON jobs (queue, lease_until_ms)
+    WHERE state = 'running';
+CREATE INDEX jobs_live_by_key ON jobs (queue, ordering_key, id)
+    WHERE ordering_key <> '' AND state IN ('waiting', 'ready', 'running');
+CREATE UNIQUE INDEX jobs_one_running_per_key ON jobs (queue, ordering_key)
+    WHERE ordering_key <> '' AND state = 'running';
+CREATE INDEX jobs_finished ON jobs (state, finished_at_ms)
+    WHERE state IN ('succeeded', 'dead', 'cancelled');
+CREATE INDEX jobs_by_resource ON jobs (resource) WHERE resource <> '';
+CREATE INDEX jobs_by_queue ON jobs (queue, id)
+
 -- name: migration_4
 -- Schema: the schedules of periodic jobs (lease_server/queue/schedules.py), one row per
--- name: the job template, a cron expression (with its time zone) or an interval in ms,
+-- schedule, keyed by its name: the job template, a cron expression (with its time zone) or an interval in ms,
 -- the catch-up bound, when it was created and the latest period enqueued with that
 -- period's job. The jobs themselves are ordinary jobs whose idempotency key names the
 -- schedule and the period (jobs_idempotency_key makes it one job per period).
@@ -80,12 +136,11 @@ CREATE TABLE IF NOT EXISTS schedules (
     last_job_id    INTEGER NOT NULL DEFAULT 0,
     CHECK ((cron <> '') <> (every_ms > 0))
 ) WITHOUT ROWID
-
 -- name: select_job
 -- One job by id. Takes id.
 SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
        attempts, max_attempts, token, available_at_ms, lease_owner, lease_until_ms,
-       last_error, created_at_ms, finished_at_ms
+       last_error, created_at_ms, finished_at_ms, claimed_at_ms
 FROM jobs WHERE id = ?
 
 -- name: select_by_idempotency_key
@@ -97,7 +152,7 @@ SELECT id, state FROM jobs WHERE queue = ? AND idempotency_key = ?
 -- The earliest live job of an ordering key (its head), if any. Takes queue, key.
 SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
        attempts, max_attempts, token, available_at_ms, lease_owner, lease_until_ms,
-       last_error, created_at_ms, finished_at_ms
+       last_error, created_at_ms, finished_at_ms, claimed_at_ms
 FROM jobs
 WHERE queue = ? AND ordering_key = ? AND state IN ('waiting', 'ready', 'running')
 ORDER BY id LIMIT 1
@@ -120,7 +175,7 @@ UPDATE counters SET value = value + ? WHERE name = 'token' RETURNING value
 -- first. Takes queue, now_ms, limit.
 SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
        attempts, max_attempts, token, available_at_ms, lease_owner, lease_until_ms,
-       last_error, created_at_ms, finished_at_ms
+       last_error, created_at_ms, finished_at_ms, claimed_at_ms
 FROM jobs
 WHERE queue = ? AND state = 'running' AND lease_until_ms <= ? AND attempts < max_attempts
 ORDER BY lease_until_ms, id
@@ -130,25 +185,27 @@ LIMIT ?
 -- Ready, due jobs of a queue in claim order (jobs_ready index). Takes queue, now_ms, limit.
 SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
        attempts, max_attempts, token, available_at_ms, lease_owner, lease_until_ms,
-       last_error, created_at_ms, finished_at_ms
+       last_error, created_at_ms, finished_at_ms, claimed_at_ms
 FROM jobs
 WHERE queue = ? AND state = 'ready' AND available_at_ms <= ?
 ORDER BY priority DESC, available_at_ms, id
 LIMIT ?
 
 -- name: update_job
--- Write back the mutable columns of one job. Takes state, attempts, token,
--- available_at_ms, lease_owner, lease_until_ms, last_error, finished_at_ms, id.
+-- Write back the mutable columns of one job. Takes state, attempts, max_attempts,
+-- token, available_at_ms, lease_owner, lease_until_ms, last_error, finished_at_ms,
+-- claimed_at_ms, id.
 UPDATE jobs
-SET state = ?, attempts = ?, token = ?, available_at_ms = ?, lease_owner = ?,
-    lease_until_ms = ?, last_error = ?, finished_at_ms = ?
+SET state = ?, attempts = ?, max_attempts = ?, token = ?, available_at_ms = ?,
+    lease_owner = ?, lease_until_ms = ?, last_error = ?, finished_at_ms = ?,
+    claimed_at_ms = ?
 WHERE id = ?
 
 -- name: select_reapable
 -- Running jobs whose final attempt's lease expired (any queue). Takes now_ms, limit.
 SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
        attempts, max_attempts, token, available_at_ms, lease_owner, lease_until_ms,
-       last_error, created_at_ms, finished_at_ms
+       last_error, created_at_ms, finished_at_ms, claimed_at_ms
 FROM jobs
 WHERE state = 'running' AND lease_until_ms <= ? AND attempts >= max_attempts
 ORDER BY id
@@ -164,7 +221,7 @@ DELETE FROM jobs WHERE id IN (
 -- name: stats
 -- Counts per queue. Takes :now, :since (now - window), :queue ('' for all).
 -- Returns queue, ready, scheduled, waiting, running, expired, succeeded, dead,
--- oldest ready available_at_ms (NULL if none), retrying, finished in window,
+-- cancelled, oldest ready available_at_ms (NULL if none), retrying, finished in window,
 -- attempts of those.
 SELECT queue,
        sum(state = 'ready' AND available_at_ms <= :now),
@@ -174,6 +231,7 @@ SELECT queue,
        sum(state = 'running' AND lease_until_ms <= :now),
        sum(state = 'succeeded'),
        sum(state = 'dead'),
+       sum(state = 'cancelled'),
        min(CASE WHEN state = 'ready' AND available_at_ms <= :now THEN available_at_ms END),
        sum(state IN ('ready', 'waiting') AND attempts > 0),
        sum(state IN ('succeeded', 'dead') AND finished_at_ms >= :since),
@@ -183,6 +241,18 @@ FROM jobs
 WHERE :queue = '' OR queue = :queue
 GROUP BY queue
 ORDER BY queue
+
+-- name: list_jobs
+-- A page of a queue's jobs in id order (jobs_by_queue). Takes
+-- :queue, :state ('' for every state), :after (the last id of the previous page, 0
+-- for the first), :limit.
+SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
+       attempts, max_attempts, token, available_at_ms, lease_owner, lease_until_ms,
+       last_error, created_at_ms, finished_at_ms, claimed_at_ms
+FROM jobs
+WHERE queue = :queue AND (:state = '' OR state = :state) AND id > :after
+ORDER BY id
+LIMIT :limit
 
 -- name: log_head
 -- The head of the attached lease database's event log (lease_server/backends/sqlite.py),

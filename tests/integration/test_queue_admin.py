@@ -1,0 +1,276 @@
+"""Queue admin over real gRPC, on SQLite and PostgreSQL: the SDK twins, the CLI, auth.
+
+ListJobs pages, GetJob, RetryJob, CancelJob (a running job's claim fenced: its
+worker's heartbeat, complete and fail refused), RequeueDead; each refusal of a bad
+field names it; each change is authorised by ``manage`` and logged with who did it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fencing import AsyncGuardClient, AsyncQueueClient, GuardClient, LeaseLost, QueueClient
+from fencing.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
+from fencing.testing import RunningServers, running_servers
+from fencing.v1 import queue_pb2
+from serving import exits
+from serving.auth import AuthPolicy
+from serving.server import ServerOptions
+from tests import pg
+from tests.integration.test_cli_lock import env
+
+FENCING = [sys.executable, "-m", "fencingctl"]
+
+KINDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+]
+
+
+@pytest.fixture(params=KINDS)
+def servers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RunningServers]:
+    with ExitStack() as stack:
+        lease_url = f"sqlite:{tmp_path / 'leases.db'}"
+        store_url = f"sqlite:{tmp_path / 'guard.db'}"
+        if request.param == "postgres":
+            dsn = pg.test_dsn()
+            name = f"{pg.SCHEMA_PREFIX}{secrets.token_hex(6)}"
+            stack.callback(lambda: asyncio.run(pg.drop_schema(dsn, name)))
+            lease_url = store_url = pg.with_schema(dsn, name)
+        yield stack.enter_context(running_servers(lease_url, store_url))
+
+
+@pytest.fixture
+def queue(servers: RunningServers) -> Iterator[QueueClient]:
+    with QueueClient(servers.queue_address, worker="tester") as client:
+        yield client
+
+
+def dead_job(queue: QueueClient, name: str = "mail") -> int:
+    job_id = queue.enqueue(name, b"doomed", max_attempts=1).id
+    (job,) = queue.claim(name)
+    assert job.id == job_id
+    assert queue.fail(job, "boom").state == "dead"
+    return job_id
+
+
+def cli(servers: RunningServers, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*FENCING, "queue", *args, "--lease-addr", servers.lease_address],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_list_pages_through_a_queue_in_id_order(queue: QueueClient) -> None:
+    ids = [queue.enqueue("mail", f"m{i}").id for i in range(5)]
+    queue.enqueue("other", "x")
+    (running,) = queue.claim("mail")
+    assert [j.id for j in queue.list_jobs("mail", page_size=2)] == ids
+    assert [j.id for j in queue.list_jobs("mail", state="ready", page_size=1)] == ids[1:]
+    (info,) = queue.list_jobs("mail", state="running", include_payload=True)
+    assert (info.id, info.state, info.lease_owner, info.token) == (
+        running.id,
+        "running",
+        "tester",
+        running.token,
+    )
+    assert info.payload == b"m0" and info.payload_size == 2
+    assert info.claimed_at_ms >= info.enqueued_at_ms > 0
+    assert info.lease_expires_at_ms > info.claimed_at_ms
+    assert next(iter(queue.list_jobs("mail"))).payload == b""  # only when asked for
+
+
+def test_get_job_shows_attempts_errors_and_times(queue: QueueClient) -> None:
+    job_id = dead_job(queue)
+    info = queue.get_job(job_id, queue="mail")
+    assert (info.state, info.attempts, info.max_attempts, info.last_error) == ("dead", 1, 1, "boom")
+    assert info.finished_at_ms >= info.claimed_at_ms > 0 and info.lease_owner == ""
+    assert info.resource == f"job/mail/{job_id}" and info.lease_expires_at_ms == 0
+    with pytest.raises(NotFoundError):
+        queue.get_job(job_id, queue="other")
+    with pytest.raises(NotFoundError):
+        queue.get_job(job_id + 100)
+
+
+def test_a_cancelled_running_job_refuses_its_workers_heartbeat_complete_and_fail(
+    servers: RunningServers, queue: QueueClient
+) -> None:
+    queue.enqueue("mail", b"a")
+    (job,) = queue.claim("mail", ttl=30)
+    with GuardClient(servers.guard_address) as guard:
+        guard.put(job, "result", b"live")  # the live claim writes
+        action = queue.cancel_job(job.id, queue="mail", reason="bad input", fence=[guard])
+        assert action.changed and action.fence_token > job.token
+        assert action.job.state == "cancelled" and action.job.last_error == "bad input"
+        assert guard.describe_fence(job.resource) == action.fence_token
+    assert queue.heartbeat(job) == [job] and job.lost.is_set()  # refused: marked lost
+    with pytest.raises(LeaseLost):
+        queue.complete(job)
+    with pytest.raises(LeaseLost):
+        queue.fail(job, "late")
+    assert queue.get_job(job.id).state == "cancelled"
+    again = queue.cancel_job(job.id)
+    assert not again.changed and again.fence is not None  # a repeat still names the fence
+    retried = queue.retry_job(job.id, queue="mail")
+    assert retried.changed and retried.job.state == "ready"
+    (rerun,) = queue.claim("mail")
+    assert rerun.id == job.id and rerun.token > action.fence_token
+
+
+def test_retry_and_requeue_dead_jobs(queue: QueueClient) -> None:
+    first = dead_job(queue)
+    others = [dead_job(queue) for _ in range(2)]
+    action = queue.retry_job(first)
+    assert action.changed and (action.job.attempts, action.job.max_attempts) == (1, 2)
+    assert queue.requeue_dead("mail", limit=1) == 1
+    assert queue.requeue_dead("mail") == 1
+    assert queue.requeue_dead("mail") == 0
+    assert [queue.get_job(i).state for i in [first, *others]] == ["ready"] * 3
+    (running,) = queue.claim("mail")
+    assert not queue.retry_job(running.id).changed  # running: nothing to retry
+
+
+def test_bad_fields_are_named(queue: QueueClient) -> None:
+    stub = queue._stub
+    cases: list[tuple[Any, Any, str]] = [
+        (stub.ListJobs, queue_pb2.ListJobsRequest(queue="mail", page_size=1001), "page_size"),
+        (stub.ListJobs, queue_pb2.ListJobsRequest(queue="mail", page_token="x"), "page_token"),
+        (stub.ListJobs, queue_pb2.ListJobsRequest(queue="mail", state="gone"), "state"),
+        (stub.ListJobs, queue_pb2.ListJobsRequest(queue=""), "queue"),
+        (stub.GetJob, queue_pb2.GetJobRequest(id=0), "id"),
+        (stub.RequeueDead, queue_pb2.RequeueDeadRequest(queue="mail", limit=1001), "limit"),
+    ]
+    for method, request, field in cases:
+        with pytest.raises(InvalidArgumentError) as info:
+            queue._call(method, request)
+        assert info.value.field == field
+
+
+def test_the_async_twin_lists_cancels_and_fences(servers: RunningServers) -> None:
+    async def main() -> None:
+        async with (
+            AsyncQueueClient(servers.queue_address, worker="aio") as queue,
+            AsyncGuardClient(servers.guard_address) as guard,
+        ):
+            await queue.enqueue("mail", b"a")
+            await queue.enqueue("mail", b"b")
+            (job,) = await queue.claim("mail")
+            assert [j.id async for j in queue.list_jobs("mail", page_size=1)] == [
+                job.id,
+                job.id + 1,
+            ]
+            action = await queue.cancel_job(job.id, fence=[guard])
+            assert action.fence_token > job.token
+            assert await guard.describe_fence(job.resource) == action.fence_token
+            assert (await queue.get_job(job.id)).state == "cancelled"
+            assert (await queue.retry_job(job.id)).changed
+            assert await queue.requeue_dead("mail") == 0
+
+    asyncio.run(main())
+
+
+ADMIN_POLICY = """
+[principals.viewer]
+tokens = ["viewer-token"]
+allow = [{ prefix = "mail", actions = ["describe"] }]
+
+[principals.operator]
+tokens = ["operator-token"]
+allow = [{ prefix = "mail", actions = ["describe", "manage"] }]
+
+[principals.worker]
+tokens = ["worker-token"]
+allow = [{ prefix = "", actions = ["enqueue", "claim"] }]
+"""
+
+
+def test_admin_calls_are_authorised_per_queue_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    policy = AuthPolicy.from_dict(tomllib.loads(ADMIN_POLICY))
+    with (
+        running_servers(options=ServerOptions(auth=policy)) as servers,
+        QueueClient(servers.queue_address, token="viewer-token") as viewer,
+        QueueClient(servers.queue_address, token="operator-token") as operator,
+        QueueClient(servers.queue_address, token="worker-token") as worker,
+    ):
+        job_id = worker.enqueue("mail", b"x").id
+        other = worker.enqueue("billing", b"y").id
+        with caplog.at_level(logging.INFO, logger="lease_server.queue.service"):
+            assert [j.id for j in viewer.list_jobs("mail")] == [job_id]
+            assert viewer.get_job(job_id, queue="mail").state == "ready"
+            with pytest.raises(PermissionDeniedError):
+                viewer.cancel_job(job_id, queue="mail")
+            with pytest.raises(PermissionDeniedError):
+                worker.cancel_job(job_id, queue="mail")  # claim is not manage
+            with pytest.raises(PermissionDeniedError):
+                operator.cancel_job(job_id)  # any queue: only a grant on every resource
+            with pytest.raises(PermissionDeniedError):
+                operator.retry_job(other, queue="billing")
+            assert operator.cancel_job(job_id, queue="mail").changed
+            assert operator.requeue_dead("mail") == 0
+        audit = [
+            (r.action, r.principal, r.queue, r.job_id)  # type: ignore[attr-defined]
+            for r in caplog.records
+            if hasattr(r, "principal")
+        ]
+        assert audit == [  # one line per call that was allowed, none for the refused
+            ("list_jobs", "viewer", "mail", 0),
+            ("get_job", "viewer", "mail", job_id),
+            ("cancel", "operator", "mail", job_id),
+            ("requeue_dead", "operator", "mail", 0),
+        ]
+        (line,) = [r for r in caplog.records if getattr(r, "action", "") == "cancel"]
+        assert "by=operator" in line.getMessage()
+        registry = servers.lease.metrics.registry
+        assert registry.get_sample_value("fencing_queue_jobs_total", {"outcome": "cancelled"}) == 1
+
+
+def test_the_cli_lists_shows_cancels_retries_and_requeues(servers: RunningServers) -> None:
+    with QueueClient(servers.queue_address) as queue, GuardClient(servers.guard_address) as guard:
+        dead = dead_job(queue)
+        queue.enqueue("mail", b"run me")
+        (job,) = queue.claim("mail")
+        listed = cli(servers, "jobs", "mail", "--json", "--page-size", "1")
+        assert listed.returncode == 0, listed.stderr
+        rows = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert [(r["id"], r["state"]) for r in rows] == [(dead, "dead"), (job.id, "running")]
+        table = cli(servers, "jobs", "mail", "--state", "dead")
+        assert table.returncode == 0 and str(dead) in table.stdout and "boom" in table.stdout
+        shown = cli(servers, "job", str(job.id))
+        assert shown.returncode == 0 and "lease_owner:" in shown.stdout
+        assert cli(servers, "job", "99999").returncode == exits.CODES["NOT_FOUND"]
+        not_now = cli(servers, "retry", str(job.id))
+        assert not_now.returncode == exits.FAILURE and "nothing to retry" in not_now.stderr
+        cancelled = cli(
+            servers, "cancel", str(job.id), "--guard-addr", servers.guard_address, "--json"
+        )
+        assert cancelled.returncode == 0, cancelled.stderr
+        out = json.loads(cancelled.stdout)
+        assert out["changed"] and out["fence_token"] > job.token
+        assert out["fenced_guards"] == [servers.guard_address]
+        assert guard.describe_fence(job.resource) == out["fence_token"]
+        with pytest.raises(LeaseLost):
+            queue.complete(job)
+        retried = cli(servers, "retry", str(job.id), "--queue", "mail")
+        assert retried.returncode == 0 and "now ready" in retried.stdout
+        requeued = cli(servers, "requeue", "mail", "--json")
+        assert requeued.returncode == 0 and json.loads(requeued.stdout)["requeued"] == 1
+        assert queue.get_job(dead).state == "ready"
+        (stats,) = queue.stats("mail")
+        assert stats.cancelled == 0 and stats.ready == 2
