@@ -83,10 +83,10 @@ class _Recorder:
 def _procrastinate_app(dsn: str, recorder: _Recorder | None = None) -> tuple[Any, Any]:
     import procrastinate
 
-    # Any: the same types whether or not procrastinate (an optional extra) is installed.
-    app: Any = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
 
-    @app.task(name="bench_noop")
+    # procrastinate (an optional extra) may be installed or not: untyped either way.
+    @app.task(name="bench_noop")  # type: ignore[untyped-decorator,unused-ignore]
     async def noop(t: float = 0.0) -> None:
         if recorder is not None:
             recorder.record(t)
