@@ -281,6 +281,29 @@ def test_hold_many_exit_releases_leases_it_believes_lost(
         assert not direct.describe("x").held and not direct.describe("y").held
 
 
+async def test_async_hold_many_exit_releases_leases_it_believes_lost(
+    servers: RunningServers, proxy: ThreadedFaultProxy
+) -> None:
+    """The asyncio twin of the test above: lost locally while the server still holds
+    both, the exit sends their Release anyway (the body is cancelled at the loss)."""
+    policy = RenewalPolicy(margin_ratio=0.4)
+    async with (
+        AsyncLeaseClient(proxy.target, rpc_timeout=0.2, policy=policy) as client,
+        AsyncLeaseClient(servers.lease_address) as direct,
+    ):
+        with pytest.raises(LeaseLost):
+            async with client.hold_many(["ax", "ay"], ttl=3) as held:
+                proxy.blackhole()
+                try:  # about 1.8 s after the grant: 1.2 s before their expiry
+                    await asyncio.wait_for(held[0].lost.wait(), 10)
+                finally:
+                    proxy.heal()
+        assert any(lease.lost.is_set() for lease in held)
+        # Released on exit, well before the 3 s ttl would have freed them.
+        assert not (await direct.describe("ax")).held
+        assert not (await direct.describe("ay")).held
+
+
 # -- async-native twins of the convoy and the long wait --------------------------------------
 
 
