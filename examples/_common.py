@@ -1,0 +1,124 @@
+"""What every example shares: the server addresses, its child processes, its verdicts.
+
+Each example is one module that plays several roles: the main role (no ``--role``)
+tells the story and judges it; other roles are the replicas, publishers or workers
+it starts as real processes (``python -m examples.NAME --role ...``), which report
+what they did as JSON lines on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """The flags every example takes: where ``fencing serve`` listens, and a run id."""
+    p = argparse.ArgumentParser(
+        description=(doc or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--lease-addr", default="127.0.0.1:50051", help="lease server (and queue)")
+    p.add_argument("--guard-addr", default="127.0.0.1:50052", help="guard")
+    p.add_argument("--ttl", type=float, default=1.0, help="lease/claim ttl in seconds")
+    # Names are scoped by a run id, so runs against one long-lived server never meet.
+    p.add_argument("--run", default=secrets.token_hex(3), help=argparse.SUPPRESS)
+    p.add_argument("--role", default="main", help=argparse.SUPPRESS)
+    return p
+
+
+def emit(**event: Any) -> None:
+    """A child's report to the main role: one JSON line."""
+    print(json.dumps(event), flush=True)
+
+
+def say(who: str, text: str) -> None:
+    print(f"{who:>12}  {text}", flush=True)
+
+
+class Child:
+    """A role of this example running as its own process; its JSON lines are events."""
+
+    def __init__(self, module: str, args: argparse.Namespace, role: str, *extra: str) -> None:
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+        )
+        self.events: list[dict[str, Any]] = []
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                module,
+                "--role",
+                role,
+                "--run",
+                args.run,
+                "--ttl",
+                str(args.ttl),
+                "--lease-addr",
+                args.lease_addr,
+                "--guard-addr",
+                args.guard_addr,
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+
+    def lines(self) -> Iterator[dict[str, Any]]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                event = json.loads(line)
+                self.events.append(event)
+                yield event
+
+    def expect(self, kind: str) -> dict[str, Any]:
+        """Read events until one of ``kind`` (the child is expected to send it)."""
+        for event in self.lines():
+            if event.get("event") == kind:
+                return event
+        raise RuntimeError(f"child {self.proc.args!r} ended before {kind!r}")
+
+    def finish(self, timeout: float = 60) -> list[dict[str, Any]]:
+        for _ in self.lines():
+            pass
+        self.proc.wait(timeout)
+        return self.events
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+
+class Verdicts:
+    """The example's claims, each printed with what showed it; exit 0 only if all held."""
+
+    def __init__(self) -> None:
+        self.failed: list[str] = []
+
+    def check(self, claim: str, held: bool, shown_by: str) -> None:
+        print(f"{'OK' if held else 'VIOLATED':>12}  {claim}: {shown_by}", flush=True)
+        if not held:
+            self.failed.append(claim)
+
+    def exit(self) -> NoReturn:
+        print()
+        print("all claims held" if not self.failed else f"{len(self.failed)} claim(s) violated")
+        sys.exit(1 if self.failed else 0)
+
+
+def wait_until(deadline: float) -> None:
+    """Sleep until ``deadline`` (a ``time.time()``): how racing children start together."""
+    time.sleep(max(0.0, deadline - time.time()))
