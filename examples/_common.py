@@ -9,13 +9,15 @@ what they did as JSON lines on stdout.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import queue
 import secrets
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -37,9 +39,24 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
+_emitting = threading.Lock()
+_children: list[Child] = []
+
+
 def emit(**event: Any) -> None:
-    """A child's report to the main role: one JSON line."""
-    print(json.dumps(event), flush=True)
+    """A child's report to the main role: one JSON line (whole, from any thread)."""
+    with _emitting:
+        sys.stdout.write(json.dumps(event) + "\n")
+        sys.stdout.flush()
+
+
+@atexit.register
+def _reap() -> None:
+    """Children never outlive the main role, whatever ended it."""
+    for child in _children:
+        if child.proc.poll() is None:
+            child.proc.kill()
+            child.proc.wait(10)
 
 
 def say(who: str, text: str) -> None:
@@ -47,59 +64,62 @@ def say(who: str, text: str) -> None:
 
 
 class Child:
-    """A role of this example running as its own process; its JSON lines are events."""
+    """A role of this example running as its own process; its JSON lines are events,
+    kept in ``events`` and also put on ``inbox`` (shared by several children)."""
 
-    def __init__(self, module: str, args: argparse.Namespace, role: str, *extra: str) -> None:
-        env = dict(
-            os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-        )
+    def __init__(
+        self,
+        module: str,
+        args: argparse.Namespace,
+        role: str,
+        *extra: str,
+        inbox: queue.Queue[tuple[Child, dict[str, Any]]] | None = None,
+    ) -> None:
+        path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+        self.role = role
         self.events: list[dict[str, Any]] = []
+        self.inbox: queue.Queue[tuple[Child, dict[str, Any]]] = inbox or queue.Queue()
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                module,
-                "--role",
-                role,
-                "--run",
-                args.run,
-                "--ttl",
-                str(args.ttl),
-                "--lease-addr",
-                args.lease_addr,
-                "--guard-addr",
-                args.guard_addr,
-                *extra,
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=ROOT,
-        )
+            [sys.executable, "-m", module, "--role", role, "--run", args.run,
+             "--ttl", str(args.ttl), "--lease-addr", args.lease_addr,
+             "--guard-addr", args.guard_addr, *extra],
+            stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=path), cwd=ROOT,
+        )  # fmt: skip
+        _children.append(self)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
-    def lines(self) -> Iterator[dict[str, Any]]:
+    def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             if line.startswith("{"):
                 event = json.loads(line)
                 self.events.append(event)
-                yield event
-
-    def expect(self, kind: str) -> dict[str, Any]:
-        """Read events until one of ``kind`` (the child is expected to send it)."""
-        for event in self.lines():
-            if event.get("event") == kind:
-                return event
-        raise RuntimeError(f"child {self.proc.args!r} ended before {kind!r}")
+                self.inbox.put((self, event))
 
     def finish(self, timeout: float = 60) -> list[dict[str, Any]]:
-        for _ in self.lines():
-            pass
+        """Wait for the process to end; all its events."""
         self.proc.wait(timeout)
+        self._reader.join(timeout)
         return self.events
 
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
+
+
+def expect(
+    inbox: queue.Queue[tuple[Child, dict[str, Any]]],
+    *kinds: str,
+    timeout: float = 60,
+    **fields: object,
+) -> tuple[Child, dict[str, Any]]:
+    """The next event of one of ``kinds`` (with these ``fields``) that any child sends;
+    the others are skipped here (and still in the child's ``events``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        child, event = inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+        if event.get("event") in kinds and all(event.get(k) == v for k, v in fields.items()):
+            return child, event
 
 
 class Verdicts:

@@ -87,3 +87,43 @@ def test_scheduling_control_trusting_the_snapshot_overbooks(serve: Serve) -> Non
     code, out = run_example("scheduling", serve, "--no-slot-check")
     assert code == 1, out
     assert verdict(out, SLOTS) == "VIOLATED"
+
+
+@pytest.fixture(scope="module")
+def serve_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    """The control server: the guard accepts every token (``--fence-mode off``)."""
+    yield from _serve(tmp_path_factory.mktemp("serve-off"), "--fence-mode", "off")
+
+
+ISSUED = "each coupon issued once per (user, campaign)"
+SMS = "the SMS provider sends each user one message"
+LATE_SENT = "the paused replica's late 'sent' is refused"
+
+
+@pytest.mark.slow
+def test_coupons_issued_once_sent_once_late_sent_refused(serve: Serve) -> None:
+    code, out = run_example("coupons", serve)
+    assert code == 0, out
+    assert [verdict(out, c) for c in (ISSUED, SMS, LATE_SENT)] == ["OK"] * 3
+    assert "then SIGSTOP" in out and "refused (fence" in out, out
+    assert "18 times: 6 jobs" in out, out  # three replicas scheduled, one job per user
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("flag", "claim"),
+    [("--no-unique-key", ISSUED), ("--unstable-sms-key", SMS)],
+    ids=["issued-three-times", "sms-sent-twice"],
+)
+def test_coupons_controls_show_the_duplicate(serve: Serve, flag: str, claim: str) -> None:
+    code, out = run_example("coupons", serve, flag)
+    assert code == 1, out
+    assert verdict(out, claim) == "VIOLATED"
+
+
+@pytest.mark.slow
+def test_coupons_control_without_fencing_lets_the_late_sent_land(serve_off: Serve) -> None:
+    code, out = run_example("coupons", serve_off)
+    assert code == 1, out
+    assert verdict(out, LATE_SENT) == "VIOLATED"
+    assert "ACCEPTED" in out
