@@ -127,3 +127,36 @@ def test_coupons_control_without_fencing_lets_the_late_sent_land(serve_off: Serv
     assert code == 1, out
     assert verdict(out, LATE_SENT) == "VIOLATED"
     assert "ACCEPTED" in out
+
+
+LEADER = "one sender at a time, by leadership"
+DEDUP = "the consumer drops duplicates by event id"
+ORDER = "order per aggregate kept"
+
+
+@pytest.mark.slow
+def test_outbox_leader_single_sender_order_kept_duplicates_dropped(serve: Serve) -> None:
+    code, out = run_example("outbox_leader", serve)
+    assert code == 0, out
+    assert [verdict(out, c) for c in (LEADER, DEDUP, ORDER)] == ["OK"] * 3
+    assert "cursor write: refused (fence" in out, out
+    assert "dropped 3" in out, out  # the deposed leader's late batch reached the broker
+
+
+@pytest.mark.slow
+def test_outbox_leader_control_without_dedup_processes_duplicates_out_of_order(
+    serve: Serve,
+) -> None:
+    code, out = run_example("outbox_leader", serve, "--no-dedup")
+    assert code == 1, out
+    assert verdict(out, DEDUP) == "VIOLATED"
+    assert verdict(out, ORDER) == "VIOLATED"
+
+
+@pytest.mark.slow
+def test_outbox_leader_control_without_fencing_lets_the_deposed_leader_write(
+    serve_off: Serve,
+) -> None:
+    code, out = run_example("outbox_leader", serve_off)
+    assert code == 1, out
+    assert verdict(out, LEADER) == "VIOLATED"
