@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests import pg as testpg
 
 pytestmark = pytest.mark.e2e
 
@@ -160,3 +164,37 @@ def test_outbox_leader_control_without_fencing_lets_the_deposed_leader_write(
     code, out = run_example("outbox_leader", serve_off)
     assert code == 1, out
     assert verdict(out, LEADER) == "VIOLATED"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL schema for the application, the queue and its outbox."""
+    dsn = testpg.test_dsn()
+    schema = f"{testpg.SCHEMA_PREFIX}{secrets.token_hex(6)}"
+    yield testpg.with_schema(dsn, schema)
+    asyncio.run(testpg.drop_schema(dsn, schema))
+
+
+BUSINESS_TX = "events written in the business transaction"
+ALL_PUBLISHED = "several publishers publish every event"
+LATE_PUBLISH = "the paused publisher's late publish is refused"
+LATE_ACK = "its late acknowledgement is refused (owner-checked)"
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.parametrize("mode", ["monotonic", "off"], ids=["fenced", "control-fencing-off"])
+def test_outbox_on_postgres_refuses_the_paused_publisher(
+    tmp_path: Path, pg_url: str, mode: str
+) -> None:
+    for server in _serve(tmp_path, "--queue", pg_url, "--fence-mode", mode):
+        code, out = run_example("outbox", server, "--dsn", pg_url)
+    assert [verdict(out, c) for c in (BUSINESS_TX, ALL_PUBLISHED, LATE_ACK)] == ["OK"] * 3, out
+    assert "then SIGSTOP" in out, out
+    if mode == "monotonic":
+        assert code == 0, out
+        assert verdict(out, LATE_PUBLISH) == "OK"
+        assert "STALE_TOKEN" in out and "LEASE_LOST" in out
+    else:  # the control: without the token checked downstream, the late publish lands
+        assert code == 1, out
+        assert verdict(out, LATE_PUBLISH) == "VIOLATED"
