@@ -65,7 +65,7 @@ def say(who: str, text: str) -> None:
 
 class Child:
     """A role of this example running as its own process; its JSON lines are events,
-    kept in ``events`` and also put on ``inbox`` (shared by several children)."""
+    kept in ``events`` and also put on ``inbox`` (which several children may share)."""
 
     def __init__(
         self,
@@ -73,12 +73,12 @@ class Child:
         args: argparse.Namespace,
         role: str,
         *extra: str,
-        inbox: queue.Queue[tuple[Child, dict[str, Any]]] | None = None,
+        inbox: Inbox | None = None,
     ) -> None:
         path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
         self.role = role
         self.events: list[dict[str, Any]] = []
-        self.inbox: queue.Queue[tuple[Child, dict[str, Any]]] = inbox or queue.Queue()
+        self.inbox = inbox or Inbox()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, "--role", role, "--run", args.run,
              "--ttl", str(args.ttl), "--lease-addr", args.lease_addr,
@@ -107,19 +107,38 @@ class Child:
         self.proc.send_signal(sig)
 
 
-def expect(
-    inbox: queue.Queue[tuple[Child, dict[str, Any]]],
-    *kinds: str,
-    timeout: float = 60,
-    **fields: object,
-) -> tuple[Child, dict[str, Any]]:
-    """The next event of one of ``kinds`` (with these ``fields``) that any child sends;
-    the others are skipped here (and still in the child's ``events``)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        child, event = inbox.get(timeout=max(0.0, deadline - time.monotonic()))
-        if event.get("event") in kinds and all(event.get(k) == v for k, v in fields.items()):
-            return child, event
+class Inbox:
+    """The events of several children, in arrival order."""
+
+    def __init__(self) -> None:
+        self._arrivals: queue.Queue[tuple[Child, dict[str, Any]]] = queue.Queue()
+        self._skipped: list[tuple[Child, dict[str, Any]]] = []
+
+    def put(self, item: tuple[Child, dict[str, Any]]) -> None:
+        self._arrivals.put(item)
+
+    def expect(
+        self, *kinds: str, timeout: float = 60, **fields: object
+    ) -> tuple[Child, dict[str, Any]]:
+        """The oldest event not yet expected of one of ``kinds`` with these ``fields``,
+        waiting up to ``timeout`` seconds for it; with the child that sent it."""
+
+        def wanted(event: dict[str, Any]) -> bool:
+            return event.get("event") in kinds and all(event.get(k) == v for k, v in fields.items())
+
+        for n, (child, event) in enumerate(self._skipped):
+            if wanted(event):
+                del self._skipped[n]
+                return child, event
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                child, event = self._arrivals.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"no {kinds} event with {fields} in {timeout} s") from None
+            if wanted(event):
+                return child, event
+            self._skipped.append((child, event))
 
 
 class Verdicts:

@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from examples._common import Child, Verdicts, emit, expect, parser, say
+from examples._common import Child, Inbox, Verdicts, emit, parser, say
 from fencing import GuardClient, Job, Put, QueueClient, StaleTokenError
 from fencing.worker import Worker
 
@@ -102,17 +102,15 @@ def main() -> None:
     flags += ["--no-unique-key"] * args.no_unique_key + [
         "--unstable-sms-key"
     ] * args.unstable_sms_key
-    children = [Child("examples.coupons", args, name, *flags) for name in REPLICAS]
-    inbox = children[0].inbox
-    for child in children[1:]:
-        child.inbox = inbox
-    paused, event = expect(inbox, "pausing")
+    inbox = Inbox()
+    children = [Child("examples.coupons", args, name, *flags, inbox=inbox) for name in REPLICAS]
+    paused, event = inbox.expect("pausing")
     paused.signal(signal.SIGSTOP)
     say(paused.role, f"sent {PAUSED_USER}'s SMS with token {event['token']}, then SIGSTOP")
-    rescued = expect(inbox, "sent", user=PAUSED_USER)[1]  # a live replica, after the ttl
+    rescued = inbox.expect("sent", user=PAUSED_USER)[1]  # a live replica, after the ttl
     say("main", f"{PAUSED_USER}'s job rescued and marked sent with token {rescued['token']}")
     paused.signal(signal.SIGCONT)
-    _, late = expect(inbox, "sent", "sent_refused", user=PAUSED_USER, token=event["token"])
+    _, late = inbox.expect("sent", "sent_refused", user=PAUSED_USER, token=event["token"])
     refused = late["event"] == "sent_refused"
     verdict = f"refused (fence {late.get('fence')})" if refused else "ACCEPTED"
     say(paused.role, f"SIGCONT: late 'sent' with token {late['token']}: {verdict}")

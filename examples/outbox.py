@@ -39,7 +39,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from examples._common import Child, Verdicts, emit, expect, parser, say
+from examples._common import Child, Verdicts, emit, parser, say
 from fencing import GuardClient, Job, LeaseLost, Put, QueueClient, StaleTokenError
 from fencing.outbox import OUTBOX_QUEUE, GuardSink, OutboxPublisher, event_id
 
@@ -130,7 +130,7 @@ def main() -> None:
         f"{len(ORDERS)} orders committed with their events, one rolled back: {len(events)} events",
     )
     slow = Child("examples.outbox", args, "paused", "--dsn", args.dsn)
-    _, claimed = expect(slow.inbox, "claimed")
+    _, claimed = slow.inbox.expect("claimed")
     slow.signal(signal.SIGSTOP)
     say("paused", f"claimed {claimed['event_id']} with token {claimed['token']}, then SIGSTOP")
     pubs = [Child("examples.outbox", args, f"publisher-{i}", "--dsn", args.dsn) for i in (1, 2)]
@@ -146,7 +146,7 @@ def main() -> None:
     by = rescued.written_by_token if rescued else None
     say("publishers", f"rescued {late_eid}, published it with token {by}; all published")
     slow.signal(signal.SIGCONT)
-    publish, ack = expect(slow.inbox, "late_publish")[1], expect(slow.inbox, "late_ack")[1]
+    publish, ack = slow.inbox.expect("late_publish")[1], slow.inbox.expect("late_ack")[1]
     for what, e in (("publish", publish), ("acknowledgement", ack)):
         say(
             "paused",

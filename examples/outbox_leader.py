@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from examples._common import Child, Verdicts, emit, expect, parser, say
+from examples._common import Child, Verdicts, emit, parser, say
 from fencing import Election, GuardClient, LeaseClient, StaleTokenError
 
 AGGREGATES = ["order-1", "order-2", "order-3"]
@@ -104,19 +104,19 @@ def main() -> None:
     total = EVENTS_EACH * len(AGGREGATES)
     pods = [Child("examples.outbox_leader", args, "pod-1", "--db", str(path))]
     inbox = pods[0].inbox
-    say("pod-1", f"elected, term {expect(inbox, 'leader')[1]['term']}")
+    say("pod-1", f"elected, term {inbox.expect('leader')[1]['term']}")
     pods += [Child("examples.outbox_leader", args, f"pod-{i}", "--db", str(path), inbox=inbox)
              for i in (2, 3)]  # fmt: skip
-    _, pausing = expect(inbox, "pausing")
+    _, pausing = inbox.expect("pausing")
     pods[0].signal(signal.SIGSTOP)
     say("pod-1", f"SIGSTOP in the middle of sending {pausing['batch']}")
-    new, elected = expect(inbox, "leader")
+    new, elected = inbox.expect("leader")
     say(new.role, f"elected, term {elected['term']}")
-    while expect(inbox, "sent")[1]["last"] < total:
+    while inbox.expect("sent")[1]["last"] < total:
         pass
     say(new.role, f"sent through outbox id {total}")
     pods[0].signal(signal.SIGCONT)
-    _, late = expect(inbox, "deposed", "sent", term=pausing["term"])
+    _, late = inbox.expect("deposed", "sent", term=pausing["term"])
     refused = late["event"] == "deposed"
     verdict = f"refused (fence {late['fence']})" if refused else "ACCEPTED"
     say("pod-1", f"SIGCONT: its batch reached the broker; its cursor write: {verdict}")

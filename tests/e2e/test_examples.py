@@ -198,3 +198,33 @@ def test_outbox_on_postgres_refuses_the_paused_publisher(
     else:  # the control: without the token checked downstream, the late publish lands
         assert code == 1, out
         assert verdict(out, LATE_PUBLISH) == "VIOLATED"
+
+
+CHECKLIST = [
+    "concurrent workers never share a live claim",
+    "a graceful shutdown starts no new work",
+    "a crashed worker's job is claimed again after its lease",
+    "the heartbeat stops work when the claim is lost",
+    "failed jobs retry with backoff and end dead",
+    "repeated delivery makes one effect per idempotency key",
+    "timeouts stay under the lease",
+]
+
+
+@pytest.mark.slow
+def test_worker_pool_checklist_holds_line_by_line(serve: Serve) -> None:
+    code, out = run_example("worker_pool", serve)
+    assert code == 0, out
+    assert [verdict(out, line) for line in CHECKLIST] == ["OK"] * len(CHECKLIST)
+    for shown in ("SIGKILL in the middle of crash-me", "SIGSTOP in the middle of pause-me",
+                  "the handler stopped", "SIGTERM during shutdown-me"):  # fmt: skip
+        assert shown in out, out
+
+
+@pytest.mark.slow
+def test_worker_pool_control_without_idempotency_keys_applies_an_effect_twice(
+    serve: Serve,
+) -> None:
+    code, out = run_example("worker_pool", serve, "--no-idempotency-key")
+    assert code == 1, out
+    assert verdict(out, "repeated delivery makes one effect per idempotency key") == "VIOLATED"
