@@ -80,7 +80,8 @@ def replica(args: argparse.Namespace) -> None:
             emit(event="sent_refused", user=user, token=job.token, fence=exc.current_token)
             raise
 
-    worker = Worker(queue, queue_name, issue_and_send, concurrency=2, ttl=args.ttl,
+    # One handler thread: a frozen replica must not freeze inside the provider's table.
+    worker = Worker(queue, queue_name, issue_and_send, concurrency=1, ttl=args.ttl,
                     poll=0.2, grace=2, fence=[guard])  # fmt: skip
     worker.run()  # until SIGTERM
     emit(event="counts", **worker.counts)

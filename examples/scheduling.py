@@ -12,8 +12,8 @@ reserves nothing), then
    so the loser of a race gets the winner's attempt back (``created=False``), reuses
    it, and gives its slot back.
 
-Three workers with two slots each: at most 6 attempts can be placed, and every step
-may have at most one attempt 1.
+Three workers with three slots each: at most 9 of the 12 steps can be placed, and
+every step may have at most one attempt 1.
 
 Run against ``fencing serve``::
 
@@ -35,7 +35,7 @@ from collections import Counter
 from examples._common import Child, Verdicts, emit, parser, say, wait_until
 from fencing import Lease, LeaseClient, LeaseHeldError, QueueClient
 
-WORKERS = {"w1": 2, "w2": 2, "w3": 2}
+WORKERS = {"w1": 3, "w2": 3, "w3": 3}
 # Both start with the steps they share (4-7), so those requests race.
 STEPS = {"A": [4, 5, 6, 7, 0, 1, 2, 3], "B": [4, 5, 6, 7, 8, 9, 10, 11]}
 
