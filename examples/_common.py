@@ -16,10 +16,13 @@ import queue
 import secrets
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, NoReturn
+
+from fencing import QueueClient
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -156,6 +159,25 @@ class Verdicts:
         print()
         print("all claims held" if not self.failed else f"{len(self.failed)} claim(s) violated")
         sys.exit(1 if self.failed else 0)
+
+
+_scratch: list[tempfile.TemporaryDirectory[str]] = []
+
+
+def scratch() -> Path:
+    """A directory for the example's own files (its app database, the broker's table),
+    removed when the example exits."""
+    _scratch.append(tempfile.TemporaryDirectory(prefix="fencing-example-"))
+    return Path(_scratch[-1].name)
+
+
+def wait_drained(queue: QueueClient, name: str, timeout: float = 60) -> None:
+    """Until queue ``name`` has no job left to run (only succeeded and dead ones)."""
+    deadline = time.monotonic() + timeout
+    while (s := queue.stats(name)[0]).ready + s.scheduled + s.waiting + s.running:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"queue {name} still has work after {timeout} s: {s}")
+        time.sleep(0.1)
 
 
 def wait_until(deadline: float) -> None:

@@ -29,12 +29,11 @@ from __future__ import annotations
 import argparse
 import signal
 import sqlite3
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-from examples._common import Child, Inbox, Verdicts, emit, parser, say
+from examples._common import Child, Inbox, Verdicts, emit, parser, say, scratch, wait_drained
 from fencing import GuardClient, Job, Put, QueueClient, StaleTokenError
 from fencing.worker import Worker
 
@@ -96,13 +95,13 @@ def main() -> None:
     if args.role != "main":
         replica(args)
         return
-    provider = Path(tempfile.mkdtemp()) / "sms.db"
+    provider = scratch() / "sms.db"
     with sqlite3.connect(provider) as conn:
         conn.execute("CREATE TABLE sms (message_key TEXT PRIMARY KEY, user TEXT, replica TEXT)")
-    flags = ["--provider", str(provider)]
-    flags += ["--no-unique-key"] * args.no_unique_key + [
-        "--unstable-sms-key"
-    ] * args.unstable_sms_key
+    flags = ["--provider", str(provider)] + [
+        flag for flag, on in [("--no-unique-key", args.no_unique_key),
+                              ("--unstable-sms-key", args.unstable_sms_key)] if on
+    ]  # fmt: skip
     inbox = Inbox()
     children = [Child("examples.coupons", args, name, *flags, inbox=inbox) for name in REPLICAS]
     paused, event = inbox.expect("pausing")
@@ -115,7 +114,7 @@ def main() -> None:
     refused = late["event"] == "sent_refused"
     verdict = f"refused (fence {late.get('fence')})" if refused else "ACCEPTED"
     say(paused.role, f"SIGCONT: late 'sent' with token {late['token']}: {verdict}")
-    time.sleep(args.ttl)  # the rest of the jobs finish
+    wait_drained(QueueClient(args.lease_addr), f"{args.run}-coupons")  # the rest finish
     for child in children:
         child.signal(signal.SIGTERM)
     events = [e | {"replica": c.role} for c in children for e in c.finish()]

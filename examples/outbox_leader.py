@@ -27,12 +27,11 @@ from __future__ import annotations
 import argparse
 import signal
 import sqlite3
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-from examples._common import Child, Verdicts, emit, parser, say
+from examples._common import Child, Verdicts, emit, parser, say, scratch
 from fencing import Election, GuardClient, LeaseClient, StaleTokenError
 
 AGGREGATES = ["order-1", "order-2", "order-3"]
@@ -56,6 +55,7 @@ def send_while_leading(args: argparse.Namespace, db: sqlite3.Connection) -> None
             if args.role == "pod-1" and batch_no == 2:
                 emit(event="pausing", term=leader.term, batch=[r[1] for r in rows])
                 time.sleep(3 * args.ttl)  # the main role freezes this process right here
+            # No leader.check() here on purpose: it would narrow the window, not close it.
             with db:  # the broker takes every message, from anyone: at least once
                 db.executemany(
                     "INSERT INTO broker (event_id, aggregate, seq, sender) VALUES (?, ?, ?, ?)",
@@ -90,7 +90,7 @@ def main() -> None:
     if args.role != "main":
         send_while_leading(args, sqlite3.connect(args.db, timeout=30))
         return
-    path = Path(tempfile.mkdtemp()) / "app.db"
+    path = scratch() / "app.db"
     db = sqlite3.connect(path)
     with db:  # the application's writes, each with its event (several aggregates)
         db.execute("CREATE TABLE outbox (id INTEGER PRIMARY KEY, event_id TEXT UNIQUE, "

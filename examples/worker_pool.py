@@ -32,7 +32,7 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
-from examples._common import Child, Inbox, Verdicts, emit, parser, say
+from examples._common import Child, Inbox, Verdicts, emit, parser, say, wait_drained
 from fencing import GuardClient, Job, Put, QueueClient, StaleTokenError
 from fencing.worker import Worker
 
@@ -101,10 +101,6 @@ def main() -> None:
                             max_attempts=max_attempts)  # fmt: skip
         return job.created
 
-    def drained() -> None:
-        while (s := queue.stats(qname)[0]).ready + s.scheduled + s.running + s.waiting:
-            time.sleep(0.1)
-
     enqueue("crash-me", priority=10, work=LONG)
     enqueue("pause-me", priority=9, work=LONG)
     for i in range(8):
@@ -125,10 +121,10 @@ def main() -> None:
     paused.signal(signal.SIGCONT)
     stop = inbox.expect("stopped_on_loss", key="pause-me", worker=paused.role)[1]
     say(paused.role, f"SIGCONT: its claim was lost ({stop['why']}); the handler stopped")
-    drained()
+    wait_drained(queue, qname)
 
     enqueue("invalid", max_attempts=3, message="")  # on idle workers: its gaps are the backoff
-    drained()
+    wait_drained(queue, qname)
 
     enqueue("shutdown-me", priority=10, work=LONG)
     leaving = inbox.expect("started", key="shutdown-me")[0]
@@ -139,7 +135,7 @@ def main() -> None:
         enqueue(f"after-shutdown-{i}")
     leaving.finish()
     say(leaving.role, f"SIGTERM during shutdown-me: exited after {time.time() - t_term:.2f} s")
-    drained()
+    wait_drained(queue, qname)
     stats = queue.stats(qname)[0]
     for w in workers:
         if w.proc.poll() is None:
