@@ -27,8 +27,9 @@ from fencing import QueueClient
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def parser(doc: str | None) -> argparse.ArgumentParser:
-    """The flags every example takes: where ``fencing serve`` listens, and a run id."""
+def parser(doc: str | None, *, fencing_control: bool = False) -> argparse.ArgumentParser:
+    """The flags every example takes: where ``fencing serve`` listens, and a run id;
+    with ``fencing_control``, also ``--no-fencing`` (see :func:`unfenced_servers`)."""
     p = argparse.ArgumentParser(
         description=(doc or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -39,11 +40,39 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     # Names are scoped by a run id, so runs against one long-lived server never meet.
     p.add_argument("--run", default=secrets.token_hex(3), help=argparse.SUPPRESS)
     p.add_argument("--role", default="main", help=argparse.SUPPRESS)
+    if fencing_control:
+        p.add_argument(
+            "--no-fencing",
+            action="store_true",
+            help="control: run against a fencing serve of its own whose guard accepts every "
+            "token (--fence-mode off), to show what fencing prevents",
+        )
     return p
+
+
+def unfenced_servers(args: argparse.Namespace, *serve_flags: str) -> None:
+    """For ``--no-fencing``: start ``fencing serve --fence-mode off`` (ports of its own, a
+    scratch data directory, killed at exit) and point ``args`` at it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fencingctl", "serve", "--data-dir", str(scratch()),
+         "--lease-listen", "127.0.0.1:0", "--guard-listen", "127.0.0.1:0",
+         "--fence-mode", "off", *serve_flags],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    _servers.append(proc)
+    assert proc.stdout is not None
+    # The banner: "lease server listening on ADDR", then "guard listening on ADDR (...)".
+    lease_line, guard_line = proc.stdout.readline(), proc.stdout.readline()
+    if "listening on" not in lease_line:
+        sys.exit(f"fencing serve --fence-mode off did not start: {lease_line!r}")
+    args.lease_addr, args.guard_addr = lease_line.split()[-1], guard_line.split()[3]
+    say("main", f"--no-fencing: lease server {args.lease_addr}, guard {args.guard_addr} "
+        "with fencing off")  # fmt: skip
 
 
 _emitting = threading.Lock()
 _children: list[Child] = []
+_servers: list[subprocess.Popen[str]] = []
 
 
 def emit(**event: Any) -> None:
@@ -55,11 +84,11 @@ def emit(**event: Any) -> None:
 
 @atexit.register
 def _reap() -> None:
-    """Children never outlive the main role, whatever ended it."""
-    for child in _children:
-        if child.proc.poll() is None:
-            child.proc.kill()
-            child.proc.wait(10)
+    """Children (and servers) never outlive the main role, whatever ended it."""
+    for proc in [c.proc for c in _children] + _servers:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
 
 
 def say(who: str, text: str) -> None:

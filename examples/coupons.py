@@ -21,7 +21,8 @@ Run against ``fencing serve``::
 Exit 0 when every user got one coupon and one SMS and the paused replica's "sent"
 was refused. Controls: ``--no-unique-key`` (keys per job: every replica issues),
 ``--unstable-sms-key`` (the message key names the attempt: the rescued user gets a
-second SMS); against ``fencing serve --fence-mode off`` the late "sent" lands.
+second SMS), ``--no-fencing`` (its own ``fencing serve --fence-mode off``: the late
+"sent" lands).
 """
 
 from __future__ import annotations
@@ -33,7 +34,17 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from examples._common import Child, Inbox, Verdicts, emit, parser, say, scratch, wait_drained
+from examples._common import (
+    Child,
+    Inbox,
+    Verdicts,
+    emit,
+    parser,
+    say,
+    scratch,
+    unfenced_servers,
+    wait_drained,
+)
 from fencing import GuardClient, Job, Put, QueueClient, StaleTokenError
 from fencing.worker import Worker
 
@@ -87,7 +98,7 @@ def replica(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = parser(__doc__)
+    p = parser(__doc__, fencing_control=True)
     p.add_argument("--no-unique-key", action="store_true", help="control: a key per job")
     p.add_argument("--unstable-sms-key", action="store_true", help="control: key per attempt")
     p.add_argument("--provider", type=Path, help=argparse.SUPPRESS)
@@ -95,6 +106,8 @@ def main() -> None:
     if args.role != "main":
         replica(args)
         return
+    if args.no_fencing:
+        unfenced_servers(args)
     provider = scratch() / "sms.db"
     with sqlite3.connect(provider) as conn:
         conn.execute("CREATE TABLE sms (message_key TEXT PRIMARY KEY, user TEXT, replica TEXT)")

@@ -23,8 +23,9 @@ so the outbox) in it, then the example with the same URL::
     python -m examples.outbox --dsn 'postgresql://postgres@127.0.0.1:5432/test?schema=shop'
 
 Exit 0 when every committed event (and no rolled-back one) was published, and both
-late calls were refused. Control: against ``fencing serve --fence-mode off`` the late
-publish is accepted (the acknowledgement stays owner-checked by the queue).
+late calls were refused. Control: ``--no-fencing`` (its own ``fencing serve
+--fence-mode off`` on the same database): the late publish is accepted; the
+acknowledgement stays owner-checked by the queue.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from examples._common import Child, Verdicts, emit, parser, say
+from examples._common import Child, Verdicts, emit, parser, say, unfenced_servers
 from fencing import GuardClient, Job, LeaseLost, Put, QueueClient, StaleTokenError
 from fencing.outbox import OUTBOX_QUEUE, GuardSink, OutboxPublisher, event_id
 
@@ -114,7 +115,7 @@ async def publisher(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = parser(__doc__)
+    p = parser(__doc__, fencing_control=True)
     p.add_argument("--dsn", required=True, help="the application database, ?schema= of fencing")
     args = p.parse_args()
     if args.role == "paused":
@@ -123,6 +124,8 @@ def main() -> None:
     if args.role != "main":
         asyncio.run(publisher(args))
         return
+    if args.no_fencing:
+        unfenced_servers(args, "--queue", args.dsn)
     place_orders(args.dsn, args.run)
     events = outbox_states(args.dsn, args.run)
     say(

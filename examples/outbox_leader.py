@@ -18,8 +18,9 @@ Run against ``fencing serve``::
 
 Exit 0 when terms only grew, the deposed leader's cursor write was refused, and the
 consumer processed every event once, in order per aggregate. Controls: ``--no-dedup``
-(the consumer processes what the broker holds: duplicates, order broken); against
-``fencing serve --fence-mode off`` the deposed leader's cursor write lands.
+(the consumer processes what the broker holds: duplicates, order broken) and
+``--no-fencing`` (its own ``fencing serve --fence-mode off``: the deposed leader's
+cursor write lands).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from examples._common import Child, Verdicts, emit, parser, say, scratch
+from examples._common import Child, Verdicts, emit, parser, say, scratch, unfenced_servers
 from fencing import Election, GuardClient, LeaseClient, StaleTokenError
 
 AGGREGATES = ["order-1", "order-2", "order-3"]
@@ -83,13 +84,15 @@ def consume(db: sqlite3.Connection, dedup: bool) -> tuple[list[tuple[str, int]],
 
 
 def main() -> None:
-    p = parser(__doc__)
+    p = parser(__doc__, fencing_control=True)
     p.add_argument("--no-dedup", action="store_true", help="control: process duplicates")
     p.add_argument("--db", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.role != "main":
         send_while_leading(args, sqlite3.connect(args.db, timeout=30))
         return
+    if args.no_fencing:
+        unfenced_servers(args)
     path = scratch() / "app.db"
     db = sqlite3.connect(path)
     with db:  # the application's writes, each with its event (several aggregates)

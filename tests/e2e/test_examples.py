@@ -1,6 +1,7 @@
 """Every example of ``examples/`` run as a reader would: a real process against a real
 ``fencing serve``, its exit status and its verdict lines asserted, and each control
-(the flag that turns a safety mechanism off) asserted to show the violation."""
+(the flag that turns a safety mechanism off; ``--no-fencing`` starts the example's own
+``fencing serve --fence-mode off``) asserted to show the violation."""
 
 from __future__ import annotations
 
@@ -110,7 +111,6 @@ class Case:
     flags: tuple[str, ...] = ()
     violated: frozenset[int] = frozenset()  # indexes into claims
     shown: tuple[str, ...] = ()  # lines proving the story happened as told
-    fencing_off: bool = False  # against the control server (the guard accepts every token)
 
 
 SLOW = pytest.mark.slow
@@ -127,14 +127,14 @@ CASES = [
                  id="coupons-control-issued-three-times", marks=SLOW),
     pytest.param(Case("coupons", COUPONS, ("--unstable-sms-key",), frozenset({1})),
                  id="coupons-control-sms-sent-twice", marks=SLOW),
-    pytest.param(Case("coupons", COUPONS, violated=frozenset({2}), shown=("ACCEPTED",),
-                      fencing_off=True), id="coupons-control-fencing-off", marks=SLOW),
+    pytest.param(Case("coupons", COUPONS, ("--no-fencing",), frozenset({2}), ("ACCEPTED",)),
+                 id="coupons-control-no-fencing", marks=SLOW),
     pytest.param(Case("outbox_leader", LEADER, shown=("cursor write: refused (fence", "dropped 3")),
                  id="outbox-leader", marks=SLOW),
     pytest.param(Case("outbox_leader", LEADER, ("--no-dedup",), frozenset({1, 2})),
                  id="outbox-leader-control-no-dedup", marks=SLOW),
-    pytest.param(Case("outbox_leader", LEADER, violated=frozenset({0}), fencing_off=True),
-                 id="outbox-leader-control-fencing-off", marks=SLOW),
+    pytest.param(Case("outbox_leader", LEADER, ("--no-fencing",), frozenset({0})),
+                 id="outbox-leader-control-no-fencing", marks=SLOW),
     pytest.param(Case("worker_pool", CHECKLIST, shown=(
         "SIGKILL in the middle of crash-me", "SIGSTOP in the middle of pause-me",
         "the handler stopped", "SIGTERM during shutdown-me")), id="worker-pool", marks=SLOW),
@@ -144,29 +144,22 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_example(case: Case, request: pytest.FixtureRequest) -> None:
-    server: Serve = request.getfixturevalue("serve_off" if case.fencing_off else "serve")
-    code, out = run_example(case.example, server, *case.flags)
+def test_example(case: Case, serve: Serve) -> None:
+    code, out = run_example(case.example, serve, *case.flags)
     assert code == (1 if case.violated else 0), out
     judged(out, case.claims, {case.claims[i] for i in case.violated})
     for line in case.shown:
         assert line in out, out
 
 
-@pytest.fixture(scope="module")
-def serve_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
-    """The control server: the guard accepts every token (``--fence-mode off``)."""
-    yield from _serve(tmp_path_factory.mktemp("serve-off"), "--fence-mode", "off")
-
-
 @pytest.mark.slow
 @pytest.mark.postgres
-@pytest.mark.parametrize("mode", ["monotonic", "off"], ids=["fenced", "control-fencing-off"])
-def test_outbox_on_postgres_refuses_the_paused_publisher(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize("control", [False, True], ids=["fenced", "control-no-fencing"])
+def test_outbox_on_postgres_refuses_the_paused_publisher(tmp_path: Path, control: bool) -> None:
     with testpg.fresh_schema_url() as url:
-        for server in _serve(tmp_path, "--queue", url, "--fence-mode", mode):
-            code, out = run_example("outbox", server, "--dsn", url)
+        for server in _serve(tmp_path, "--queue", url):
+            code, out = run_example("outbox", server, "--dsn", url, *["--no-fencing"] * control)
     # The acknowledgement is owner-checked by the queue whatever the guard does.
-    judged(out, OUTBOX, {OUTBOX[2]} if mode == "off" else set())
-    assert code == (1 if mode == "off" else 0), out
+    judged(out, OUTBOX, {OUTBOX[2]} if control else set())
+    assert code == (1 if control else 0), out
     assert "then SIGSTOP" in out, out
