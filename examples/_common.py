@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
+import logging
 import os
 import queue
 import secrets
@@ -48,6 +49,14 @@ def parser(doc: str | None, *, fencing_control: bool = False) -> argparse.Argume
             "token (--fence-mode off), to show what fencing prevents",
         )
     return p
+
+
+def parse(p: argparse.ArgumentParser) -> argparse.Namespace:
+    """The arguments; in a child role, its SDK log lines named after the role."""
+    args = p.parse_args()
+    if args.role != "main":
+        logging.basicConfig(format=f"{args.role:>12}  (log) %(message)s", level=logging.WARNING)
+    return args
 
 
 def unfenced_servers(args: argparse.Namespace, *serve_flags: str) -> None:

@@ -39,6 +39,7 @@ from examples._common import (
     Inbox,
     Verdicts,
     emit,
+    parse,
     parser,
     say,
     scratch,
@@ -102,7 +103,7 @@ def main() -> None:
     p.add_argument("--no-unique-key", action="store_true", help="control: a key per job")
     p.add_argument("--unstable-sms-key", action="store_true", help="control: key per attempt")
     p.add_argument("--provider", type=Path, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = parse(p)
     if args.role != "main":
         replica(args)
         return

@@ -40,7 +40,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from examples._common import Child, Verdicts, emit, parser, say, unfenced_servers
+from examples._common import Child, Verdicts, emit, parse, parser, say, unfenced_servers
 from fencing import GuardClient, Job, LeaseLost, Put, QueueClient, StaleTokenError
 from fencing.outbox import OUTBOX_QUEUE, GuardSink, OutboxPublisher, event_id
 
@@ -117,7 +117,7 @@ async def publisher(args: argparse.Namespace) -> None:
 def main() -> None:
     p = parser(__doc__, fencing_control=True)
     p.add_argument("--dsn", required=True, help="the application database, ?schema= of fencing")
-    args = p.parse_args()
+    args = parse(p)
     if args.role == "paused":
         paused_publisher(args)
         return

@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from examples._common import Child, Verdicts, emit, parser, say, scratch, unfenced_servers
+from examples._common import Child, Verdicts, emit, parse, parser, say, scratch, unfenced_servers
 from fencing import Election, GuardClient, LeaseClient, StaleTokenError
 
 AGGREGATES = ["order-1", "order-2", "order-3"]
@@ -87,7 +87,7 @@ def main() -> None:
     p = parser(__doc__, fencing_control=True)
     p.add_argument("--no-dedup", action="store_true", help="control: process duplicates")
     p.add_argument("--db", type=Path, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = parse(p)
     if args.role != "main":
         send_while_leading(args, sqlite3.connect(args.db, timeout=30))
         return

@@ -32,7 +32,7 @@ import json
 import time
 from collections import Counter
 
-from examples._common import Child, Verdicts, emit, parser, say, wait_until
+from examples._common import Child, Verdicts, emit, parse, parser, say, wait_until
 from fencing import Lease, LeaseClient, LeaseHeldError, QueueClient
 
 WORKERS = {"w1": 3, "w2": 3, "w3": 3}
@@ -89,7 +89,7 @@ def main() -> None:
     p.add_argument("--no-attempt-key", action="store_true", help="control: no idempotency key")
     p.add_argument("--no-slot-check", action="store_true", help="control: trust the snapshot")
     p.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = parse(p)
     if args.role != "main":
         dispatch(args, args.role)
         return

@@ -32,7 +32,7 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
-from examples._common import Child, Inbox, Verdicts, emit, parser, say, wait_drained
+from examples._common import Child, Inbox, Verdicts, emit, parse, parser, say, wait_drained
 from fencing import GuardClient, Job, Put, QueueClient, StaleTokenError
 from fencing.worker import Worker
 
@@ -85,7 +85,7 @@ def worker(args: argparse.Namespace) -> None:
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--no-idempotency-key", action="store_true", help="control: effects unkeyed")
-    args = p.parse_args()
+    args = parse(p)
     if args.role != "main":
         worker(args)
         return
