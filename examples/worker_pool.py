@@ -73,8 +73,8 @@ def worker(args: argparse.Namespace) -> None:
                   grace=grace, handle_signals=False, fence=[guard])  # fmt: skip
 
     def on_sigterm(signum: int, frame: object) -> None:
+        pool.stop()  # before telling anyone: work that appears from here on is not ours
         emit(event="stopping", worker=name, t=time.time())
-        pool.stop()
 
     signal.signal(signal.SIGTERM, on_sigterm)
     emit(event="ready", worker=name, rpc=rpc, poll=poll, grace=grace, heartbeat=ttl / 3)
