@@ -32,7 +32,7 @@ def parser(doc: str | None, *, fencing_control: bool = False) -> argparse.Argume
     """The flags every example takes: where ``fencing serve`` listens, and a run id;
     with ``fencing_control``, also ``--no-fencing`` (see :func:`unfenced_servers`)."""
     p = argparse.ArgumentParser(
-        description=(doc or "").split("\n\n")[0],
+        description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--lease-addr", default="127.0.0.1:50051", help="lease server (and queue)")

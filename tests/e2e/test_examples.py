@@ -163,3 +163,16 @@ def test_outbox_on_postgres_refuses_the_paused_publisher(tmp_path: Path, control
     judged(out, OUTBOX, {OUTBOX[2]} if control else set())
     assert code == (1 if control else 0), out
     assert "then SIGSTOP" in out, out
+
+
+@pytest.mark.parametrize(
+    "example", ["outbox", "scheduling", "coupons", "worker_pool", "outbox_leader"]
+)
+def test_example_help_tells_how_to_run_it(example: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", f"examples.{example}", "--help"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"python -m examples.{example}" in proc.stdout  # the docstring: how to run it
+    assert "--lease-addr" in proc.stdout
