@@ -21,6 +21,7 @@ root in CI, and ``initdb`` refuses root, so the cluster's processes run as the
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import os
@@ -244,6 +245,18 @@ async def drop_schema(dsn: str, schema: str) -> None:
         await conn.execute(
             sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
         )
+
+
+@contextlib.contextmanager
+def fresh_schema_url() -> Iterator[str]:
+    """A URL with ``?schema=`` a schema no other test uses, for servers started from a
+    URL; the schema is dropped (if created) on exit."""
+    dsn = test_dsn()
+    schema = f"{SCHEMA_PREFIX}{secrets.token_hex(6)}"
+    try:
+        yield with_schema(dsn, schema)
+    finally:
+        asyncio.run(drop_schema(dsn, schema))
 
 
 @asynccontextmanager

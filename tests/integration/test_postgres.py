@@ -45,10 +45,8 @@ async def schema() -> AsyncIterator[tuple[str, str]]:
 @pytest.fixture
 def schema_url() -> Iterator[str]:
     """A fresh schema as a ``?schema=`` URL, for servers built from URLs; dropped after."""
-    dsn = testpg.test_dsn()
-    name = f"{testpg.SCHEMA_PREFIX}{secrets.token_hex(6)}"
-    yield testpg.with_schema(dsn, name)
-    asyncio.run(testpg.drop_schema(dsn, name))
+    with testpg.fresh_schema_url() as url:
+        yield url
 
 
 @pytest.fixture
