@@ -67,13 +67,16 @@ from psycopg import sql
 from fencing.errors import FencingError, LeaseLost
 from fencing.types import LeaseState
 from lease_server.leases import (
+    AcquireItem,
     EventPage,
     Grant,
     Held,
+    LeaseStep,
     LoggedEvent,
     ReleaseItem,
     RenewItem,
     Scope,
+    StepOutcome,
     TransitionKind,
 )
 from serving.postgres_db import (
@@ -128,6 +131,10 @@ class PostgresBackend:
         )
         self._release_many_sql = q(
             "SELECT * FROM {schema}.lease_release_many(%s::text[], %s::bigint[], %s::text[])"
+        )
+        self._steps_sql = q(
+            "SELECT * FROM {schema}.lease_steps(%s::text[], %s::text[], %s::text[],"
+            " %s::bigint[], %s::bigint[], %s::text[])"
         )
         self._channels_sql = q("SELECT {schema}.lease_channel(), {schema}.lease_events_channel()")
         self._head_sql = q("SELECT head FROM {schema}.lease_event_log WHERE id = 1")
@@ -268,6 +275,63 @@ class PostgresBackend:
             None if n in released else LeaseLost(resource=i.resource, token=i.token)
             for n, i in enumerate(items, start=1)
         ]
+
+    # -- lease calls of many callers in one round trip (0017_lease_steps.sql) -------------------
+
+    #: Steps in flight at once: while one round trip is out, the next batch forms; a
+    #: second lets the next one go before the first is back (the pool has connections).
+    step_concurrency = 2
+
+    async def lease_steps(self, steps: Sequence[LeaseStep]) -> list[StepOutcome]:
+        kinds: list[str] = []
+        holders: list[str] = []
+        tokens: list[int] = []
+        ttls: list[int] = []
+        request_ids: list[str] = []
+        for op in steps:
+            if isinstance(op, AcquireItem):
+                kinds.append("acquire")
+                tokens.append(0)
+                ttls.append(op.ttl_ms)
+                request_ids.append(op.request_id)
+            elif isinstance(op, RenewItem):
+                kinds.append("renew")
+                tokens.append(op.token)
+                ttls.append(op.ttl_ms)
+                request_ids.append("")
+            else:
+                kinds.append("release")
+                tokens.append(op.token)
+                ttls.append(0)
+                request_ids.append("")
+            holders.append(op.holder)
+        rows = await self._db.fetchall(
+            self._steps_sql,
+            (kinds, [op.resource for op in steps], holders, tokens, ttls, request_ids),
+        )
+        by_ord = {int(row[0]): row for row in rows}
+        outcomes: list[StepOutcome] = []
+        revisions: list[int] = []
+        for n, op in enumerate(steps, start=1):
+            _, ok, replayed, holder, token, ms, revision = by_ord[n]
+            revisions.append(int(revision))
+            if isinstance(op, AcquireItem):
+                outcome: StepOutcome = (
+                    Grant(op.resource, holder, int(token), int(ms), bool(replayed))
+                    if ok
+                    else Held(op.resource, holder, int(token), max(0, int(ms)))
+                )
+            elif not ok:
+                outcome = LeaseLost(resource=op.resource, token=op.token)
+            elif isinstance(op, RenewItem):
+                outcome = Grant(op.resource, holder, op.token, op.ttl_ms)
+            else:
+                outcome = None
+                # Committed: this process's waiters may go now, before any numbering.
+                self._dispatch(op.resource)
+            outcomes.append(outcome)
+        await self._after_write(revisions)
+        return outcomes
 
     # -- the event log -----------------------------------------------------------------------
 
