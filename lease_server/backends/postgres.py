@@ -278,9 +278,10 @@ class PostgresBackend:
 
     # -- lease calls of many callers in one round trip (0017_lease_steps.sql) -------------------
 
-    #: Steps in flight at once: while one round trip is out, the next batch forms; a
-    #: second lets the next one go before the first is back (the pool has connections).
-    step_concurrency = 2
+    #: Steps in flight at once: one. While it is out, the next batch forms. Two steps
+    #: at once would contend for the event log row (the second leaves its events
+    #: pending, and a sequencer round trip follows): measured, two are slower than one.
+    step_concurrency = 1
 
     async def lease_steps(self, steps: Sequence[LeaseStep]) -> list[StepOutcome]:
         kinds: list[str] = []
