@@ -43,8 +43,15 @@ class GroupedLeases:
     they carried (see :class:`~serving.group_commit.GroupCommit`).
     """
 
-    def __init__(self, backend: LeaseBackend, *, max_steps: int = MAX_STEPS) -> None:
+    def __init__(
+        self,
+        backend: LeaseBackend,
+        *,
+        max_steps: int = MAX_STEPS,
+        on_step: Callable[[int], None] = lambda calls: None,
+    ) -> None:
         self.backend = backend
+        self._on_step = on_step
         self.name = backend.name
         self._steps: LeaseSteps | None = backend if isinstance(backend, LeaseSteps) else None
         concurrency = self._steps.step_concurrency if self._steps is not None else 1
@@ -55,12 +62,17 @@ class GroupedLeases:
     async def _commit(self, steps: list[LeaseStep]) -> list[StepOutcome]:
         if len(steps) == 1 or self._steps is None:
             # Alone: the single call, exactly what an ungrouped server does.
-            return [await one_step(self.backend, op) for op in steps]
-        return await self._steps.lease_steps(steps)
+            outcomes = [await one_step(self.backend, op) for op in steps]
+        else:
+            outcomes = await self._steps.lease_steps(steps)
+        self._on_step(len(steps))
+        return outcomes
 
     async def _run(self, op: LeaseStep) -> StepOutcome:
         if self._steps is None:
-            return await one_step(self.backend, op)  # nothing to group into
+            outcome = await one_step(self.backend, op)  # nothing to group into
+            self._on_step(1)
+            return outcome
         return await self.group.submit_one(op)
 
     async def open(self) -> None:
@@ -98,9 +110,12 @@ class GroupedLeases:
         self.backend.on_release(callback)
 
 
-def grouped(backend: LeaseBackend) -> LeaseBackend:
-    """``backend`` with its lease calls grouped (:class:`GroupedLeases`)."""
-    return GroupedLeases(backend)
+def grouped(
+    backend: LeaseBackend, on_step: Callable[[int], None] = lambda calls: None
+) -> LeaseBackend:
+    """``backend`` with its lease calls grouped (:class:`GroupedLeases`); ``on_step(n)``
+    after each backend step, with the number of calls it carried."""
+    return GroupedLeases(backend, on_step=on_step)
 
 
 __all__ = ["GroupedLeases", "grouped"]

@@ -54,7 +54,8 @@ async def test_a_lone_call_goes_alone_through_the_single_call() -> None:
 
 async def test_calls_that_arrive_together_share_one_step_with_their_own_verdicts() -> None:
     backend = CountingMemory()
-    leases = GroupedLeases(backend)
+    carried: list[int] = []
+    leases = GroupedLeases(backend, on_step=carried.append)
     held = await leases.acquire("taken", "other", 5000, "")
     assert isinstance(held, Grant)
     outcomes = await asyncio.gather(
@@ -70,6 +71,7 @@ async def test_calls_that_arrive_together_share_one_step_with_their_own_verdicts
     # The first went alone (nothing was in flight); the 21 behind it in one step.
     assert backend.sizes == [21]
     assert (leases.group.batches, leases.group.batched) == (3, 23)
+    assert carried == [1, 1, 21]  # what the step metrics count
 
 
 async def test_a_failed_step_fails_the_calls_it_carried_and_no_later_ones() -> None:
