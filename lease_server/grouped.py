@@ -56,7 +56,7 @@ class GroupedLeases:
         self._steps: LeaseSteps | None = backend if isinstance(backend, LeaseSteps) else None
         concurrency = self._steps.step_concurrency if self._steps is not None else 1
         self.group: GroupCommit[LeaseStep, StepOutcome] = GroupCommit(
-            self._commit, concurrency=concurrency, max_items=max_steps
+            self._commit, concurrency=concurrency, max_items=max_steps, inline_alone=True
         )
 
     async def _commit(self, steps: list[LeaseStep]) -> list[StepOutcome]:

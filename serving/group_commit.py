@@ -61,6 +61,10 @@ class GroupCommit(Generic[I, V]):
 
     ``weight(item)`` counts toward ``max_weight`` (the ops of a guarded write, the
     jobs of a complete); a single item heavier than the limit still goes, alone.
+    ``inline_alone``: an item submitted while nothing is running nor queued runs in
+    its caller's task (no task, no future: what an ungrouped call costs), so it is
+    cancelled with its caller, as an ungrouped call is; otherwise every step runs in a
+    task of its own and finishes even if its callers went away.
     ``batches`` and ``batched`` count the steps committed and the items they carried
     (for metrics, tests and benchmarks).
     """
@@ -73,8 +77,10 @@ class GroupCommit(Generic[I, V]):
         max_items: int = MAX_BATCH_ITEMS,
         weight: Callable[[I], int] = _one,
         max_weight: int | None = None,
+        inline_alone: bool = False,
     ) -> None:
         self._commit_fn = commit
+        self._inline_alone = inline_alone
         self.concurrency = max(1, concurrency)
         self.max_items = max(1, max_items)
         self._weight = weight
@@ -102,6 +108,16 @@ class GroupCommit(Generic[I, V]):
 
     async def submit_one(self, item: I) -> V:
         """:meth:`submit` of one item."""
+        if self._inline_alone and self._running == 0 and not self._queue:
+            self._running += 1
+            try:
+                (verdict,) = await self._commit_fn([item])
+                self.batches += 1
+                self.batched += 1
+            finally:
+                self._running -= 1
+                self._kick()  # what queued up meanwhile goes now
+            return verdict
         (verdict,) = await self.submit((item,))
         return verdict
 
