@@ -22,6 +22,12 @@ the last grant before the loss and the first after it. It is a session setting
 it holds for every path that grants; tokens become sparse (about 1.8e15).
 Synchronous replication makes it unnecessary.
 
+**Lease calls of many callers in one round trip** (``0017_lease_steps.sql``,
+:meth:`PostgresBackend.lease_steps`): the calls the server's group commit
+(:mod:`lease_server.grouped`) gathered go as one statement, each judged by its single
+call's function, in resource order (the lock order), their events numbered once at
+the end.
+
 **Event log** (:class:`~lease_server.backends.base.EventLog`, ``0005_lease_events.sql``,
 numbered as ``0013_event_sequencer.sql`` says). An acquire, release or expiry appends
 its events to ``lease_events_pending`` in the transaction of the change, and numbers

@@ -3,7 +3,10 @@
 Acquire, renew, release and describe are each one Lua script
 (``lease_server/lua/*.lua``, registered once per client), so each is one atomic
 step on one Redis, by Redis's clock: a lease is a hash that Redis expires itself
-(``PEXPIRE``). Keys, URL options, retries and error mapping: :mod:`serving.redis_db`.
+(``PEXPIRE``). Calls that arrive together (:mod:`lease_server.grouped`) go as one
+pipeline of those scripts (:meth:`RedisBackend.lease_steps`): one round trip, each
+script still its own atomic step. Keys, URL options, retries and error mapping:
+:mod:`serving.redis_db`.
 Every key of a resource shares its hash tag, so the same code runs on a Redis
 Cluster, one slot per resource.
 

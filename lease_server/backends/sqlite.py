@@ -8,6 +8,9 @@ the ``events`` table, numbered from the single ``event_log`` row (whose update,
 under SQLite's one write lock, serializes appenders: revisions commit in order).
 Expiry uses this host's clock.
 
+Lease calls that arrive together (:mod:`lease_server.grouped`) share one such
+transaction (:meth:`SQLiteBackend.lease_steps`): one commit, one fsync.
+
 Several lease-server processes may share one file: the write lock serializes
 them, and each sees the others' events by polling (SQLite cannot notify).
 """

@@ -203,39 +203,9 @@ Twins = Callable[[], AbstractAsyncContextManager[tuple[LeaseBackend, LeaseBacken
 
 
 @asynccontextmanager
-async def _sqlite_twins() -> AsyncIterator[tuple[LeaseBackend, LeaseBackend]]:
-    with tempfile.TemporaryDirectory() as tmp:
-        one, two = SQLiteBackend(Path(tmp) / "l.db"), SQLiteBackend(Path(tmp) / "l.db")
-        await one.open()
-        await two.open()
-        try:
-            yield one, two
-        finally:
-            await one.close()
-            await two.close()
-
-
-@asynccontextmanager
-async def _postgres_twins() -> AsyncIterator[tuple[LeaseBackend, LeaseBackend]]:
-    from lease_server.backends.postgres import PostgresBackend
-    from tests import pg
-
-    async with pg.fresh_schema() as (dsn, schema):
-        one, two = PostgresBackend(dsn, schema), PostgresBackend(dsn, schema)
-        await one.open()
-        await two.open()
-        try:
-            yield one, two
-        finally:
-            await one.close()
-            await two.close()
-
-
-@asynccontextmanager
-async def _redis_twins() -> AsyncIterator[tuple[LeaseBackend, LeaseBackend]]:
-    url = redis_server.SERVERS.standalone_url()
-    prefix = redis_server.unique_prefix()
-    one, two = RedisBackend(url, prefix=prefix), RedisBackend(url, prefix=prefix)
+async def _both_open(
+    one: LeaseBackend, two: LeaseBackend
+) -> AsyncIterator[tuple[LeaseBackend, LeaseBackend]]:
     await one.open()
     await two.open()
     try:
@@ -243,6 +213,38 @@ async def _redis_twins() -> AsyncIterator[tuple[LeaseBackend, LeaseBackend]]:
     finally:
         await one.close()
         await two.close()
+
+
+@asynccontextmanager
+async def _sqlite_twins() -> AsyncIterator[tuple[LeaseBackend, LeaseBackend]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "l.db"
+        async with _both_open(SQLiteBackend(path), SQLiteBackend(path)) as pair:
+            yield pair
+
+
+@asynccontextmanager
+async def _postgres_twins() -> AsyncIterator[tuple[LeaseBackend, LeaseBackend]]:
+    from lease_server.backends.postgres import PostgresBackend
+    from tests import pg
+
+    async with (
+        pg.fresh_schema() as (dsn, schema),
+        _both_open(PostgresBackend(dsn, schema), PostgresBackend(dsn, schema)) as pair,
+    ):
+        yield pair
+
+
+@asynccontextmanager
+async def _redis_twins() -> AsyncIterator[tuple[LeaseBackend, LeaseBackend]]:
+    url = redis_server.SERVERS.standalone_url()
+    prefix = redis_server.unique_prefix()
+    try:
+        async with _both_open(
+            RedisBackend(url, prefix=prefix), RedisBackend(url, prefix=prefix)
+        ) as pair:
+            yield pair
+    finally:
         await redis_server.drop_prefix(url, prefix)
 
 
