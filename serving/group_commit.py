@@ -13,7 +13,8 @@ Rules the ``commit`` function keeps: each item's verdict is the one it would hav
 alone at its place in the batch, a verdict is a value (never an exception that would
 fail the others), and an exception means the whole step failed: it is raised to every
 caller whose items were in it (for a database, a failure before or during the commit:
-what a lone call's caller would have seen too).
+what a lone call's caller would have seen too). An item whose caller went away before
+its step was sent is dropped; once sent, a step runs to its end.
 """
 
 from __future__ import annotations
@@ -121,17 +122,27 @@ class GroupCommit(Generic[I, V]):
         (verdict,) = await self.submit((item,))
         return verdict
 
+    def _drop_abandoned(self) -> None:
+        """Forget queued items whose caller went away (cancelled) before they were sent:
+        nobody waits for their verdict, and an ungrouped call cancelled this early would
+        not have reached the backend either."""
+        while self._queue and self._queue[0][1].done.done():
+            self._queue.popleft()
+
     def _kick(self) -> None:
+        self._drop_abandoned()
         while self._queue and self._running < self.concurrency:
             first = self._queue.popleft()
             batch = [first]
             weight = self._weight(first[0])
+            self._drop_abandoned()
             while self._queue and len(batch) < self.max_items:
                 more = self._weight(self._queue[0][0])
                 if self.max_weight is not None and weight + more > self.max_weight:
                     break
                 batch.append(self._queue.popleft())
                 weight += more
+                self._drop_abandoned()
             self._running += 1
             task = asyncio.get_running_loop().create_task(self._commit(batch))
             self._tasks.add(task)

@@ -78,3 +78,16 @@ async def test_a_lone_item_runs_in_its_callers_task_only_when_asked() -> None:
     # Inline or not, what queues behind a running step shares the next one.
     got = await asyncio.gather(*(a.submit_one(i) for i in range(4)))
     assert got == [0, 10, 20, 30] and inline.steps[1:] == [[0], [1, 2, 3]]
+
+
+async def test_an_item_whose_caller_went_away_before_its_step_is_not_sent() -> None:
+    commit = Recorder()
+    group: GroupCommit[int, int] = GroupCommit(commit)
+    first = asyncio.ensure_future(group.submit_one(1))
+    await asyncio.sleep(0)  # its step is under way
+    gone = asyncio.ensure_future(group.submit_one(2))
+    kept = asyncio.ensure_future(group.submit_one(3))
+    await asyncio.sleep(0)  # both queued behind it
+    gone.cancel()
+    assert await first == 10 and await kept == 30
+    assert commit.steps == [[1], [3]]
