@@ -153,6 +153,8 @@ class PostgresBackend:
         self._sequence_wanted: list[asyncio.Future[tuple[int, dict[int, int], bool]]] = []
         self._sequencer: asyncio.Task[None] | None = None
         self._renumber: asyncio.Task[None] | None = None
+        #: Sequencer runs for steps whose events another appender left pending.
+        self._numbering: set[asyncio.Task[object]] = set()
         self._callbacks: list[Callable[[str], None]] = []
         self._event_callbacks: list[Callable[[int], None]] = []
         #: The highest revision reported to the ``on_events`` callbacks.
@@ -177,12 +179,13 @@ class PostgresBackend:
 
     async def close(self) -> None:
         self._opened = False
-        for task in (self._listener, self._renumber):
+        for task in (self._listener, self._renumber, *self._numbering):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._listener = self._renumber = None
+        self._numbering.clear()
         await self._db.close()
 
     async def healthy(self) -> bool:
@@ -337,7 +340,17 @@ class PostgresBackend:
                 # Committed: this process's waiters may go now, before any numbering.
                 self._dispatch(op.resource)
             outcomes.append(outcome)
-        await self._after_write(revisions)
+        if any(r < 0 for r in revisions):
+            # Another appender (another server's step) held the log row: the events are
+            # committed and pending. Number them in the background rather than make
+            # every caller of this step wait one more round trip (a reader numbers what
+            # it needs before it reads; a watch guard asks for a token it has not seen).
+            # Concurrent ones share one sequencer run (see _sequence).
+            task = asyncio.get_running_loop().create_task(self._after_write(revisions))
+            self._numbering.add(task)
+            task.add_done_callback(self._numbering.discard)
+        else:
+            await self._after_write(revisions)
         return outcomes
 
     # -- the event log -----------------------------------------------------------------------

@@ -261,6 +261,7 @@ async def test_two_backends_batches_on_overlapping_resources(twins: Twins) -> No
     batches over the same resources, named in opposite orders, at once, many times:
     none deadlocks or fails, and no resource is ever granted to both."""
     names = [f"o{i}" for i in range(8)]
+    granted = 0
     async with twins() as (one, two):
         rounds = 15
         for n in range(rounds):
@@ -282,6 +283,7 @@ async def test_two_backends_batches_on_overlapping_resources(twins: Twins) -> No
                 assert loser.token == winner.token and loser.holder == winner.holder
                 info = await one.describe(r)
                 assert info.holder == winner.holder and info.token == winner.token
+                granted += 1
             # Both release what they got, in one batch each, at once.
             rel1: list[LeaseStep] = [
                 ReleaseItem(r, g.token, "one") for r, g in by1.items() if isinstance(g, Grant)
@@ -294,6 +296,15 @@ async def test_two_backends_batches_on_overlapping_resources(twins: Twins) -> No
                 s2.lease_steps(rel2) if rel2 else _none(),
             )
             assert all(v is None for part in done for v in part)
+        # Every grant and release is in the one log, once, numbered 1, 2, 3 ... (what
+        # either backend left pending is numbered before a read could come up short).
+        log = event_log_of(two)
+        if log is not None:
+            page = await log.events_after(0, Scope(prefix="o"), 10 * granted)
+            assert [e.revision for e in page.events] == list(range(1, 2 * granted + 1))
+            kinds = [e.kind for e in page.events]
+            assert kinds.count(TransitionKind.ACQUIRED) == granted
+            assert kinds.count(TransitionKind.RELEASED) == granted
 
 
 async def _none() -> list[StepOutcome]:
