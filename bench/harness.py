@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 Op = Callable[[int], Awaitable[object]]
 
@@ -174,13 +175,18 @@ def server_process(module: str, *args: str) -> Iterator[str]:
 
 
 @contextmanager
-def server(module: str, *args: str) -> Iterator[Server]:
-    """Start ``python -m module ... --listen 127.0.0.1:0``; yield its :class:`Server`."""
+def server(module: str, *args: str, cwd: Path | None = None) -> Iterator[Server]:
+    """Start ``python -m module ... --listen 127.0.0.1:0``; yield its :class:`Server`.
+
+    ``cwd``: the directory it runs in. ``python -m`` puts it first on ``sys.path``, ahead
+    of ``PYTHONPATH``, so a server meant to run another tree's code must run there.
+    """
     proc = subprocess.Popen(
         [sys.executable, "-m", module, "--listen", "127.0.0.1:0", "--log-level", "WARNING", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        cwd=cwd,
     )
     # Keep reading what it logs, so a chatty server never blocks on a full pipe.
     tail: deque[str] = deque(maxlen=50)

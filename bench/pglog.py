@@ -8,7 +8,9 @@ Everything is measured in one run, each figure against a baseline from the same 
   one-op guarded Write on each backend's guard. Every row also says the server's CPU
   per call (``/proc`` of the server processes), i.e. what one call costs the server;
 * **P7b, in process**: the backend object alone (``acquire`` + ``release``) from 8 tasks
-  and from 1, SQLite against PostgreSQL (and ``before``, in a subprocess of its own);
+  and from 1, SQLite against PostgreSQL (and ``before``, in a subprocess of its own),
+  called as the service calls it: through the group commit of lease calls
+  (:mod:`lease_server.grouped`) where the code measured has one;
 * **two lease servers on one database**: 16 clients split over two processes on one
   schema against 16 on one;
 * **P6 latency**: a waiter blocked in ``Acquire(wait_ms)`` while the holder releases:
@@ -133,8 +135,8 @@ async def _grpc_rows(b: Backend, clients: Sequence[int], duration: float) -> lis
     rows: list[Result] = []
     with (
         code_from(b.tree),
-        server("lease_server", "--backend", b.lease_url) as lease,
-        server("guard", "--store", b.guard_url) as guard,
+        server("lease_server", "--backend", b.lease_url, cwd=b.tree) as lease,
+        server("guard", "--store", b.guard_url, cwd=b.tree) as guard,
     ):
         for n in clients:
             chans = [grpc.aio.insecure_channel(lease.address) for _ in range(n)]
@@ -195,8 +197,8 @@ async def _two_servers(b: Backend, n: int, duration: float) -> list[Result]:
     rows: list[Result] = []
     with (
         code_from(b.tree),
-        server("lease_server", "--backend", b.lease_url) as one,
-        server("lease_server", "--backend", b.lease_url) as two,
+        server("lease_server", "--backend", b.lease_url, cwd=b.tree) as one,
+        server("lease_server", "--backend", b.lease_url, cwd=b.tree) as two,
     ):
         for label, addrs in (
             ("1 server", [one.address]),
@@ -234,9 +236,11 @@ async def _latencies(b: Backend, two: bool) -> list[str]:
     lines: list[str] = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(code_from(b.tree))
-        first = stack.enter_context(server("lease_server", "--backend", b.lease_url))
+        first = stack.enter_context(server("lease_server", "--backend", b.lease_url, cwd=b.tree))
         second = (
-            stack.enter_context(server("lease_server", "--backend", b.lease_url)) if two else first
+            stack.enter_context(server("lease_server", "--backend", b.lease_url, cwd=b.tree))
+            if two
+            else first
         )
         where = "two servers" if two else "one server"
         holder_ch = grpc.aio.insecure_channel(first.address)
@@ -312,9 +316,15 @@ async def main(kind, url, n, duration):
         backend = PostgresBackend(url)
     await backend.open()
     backend.on_events(lambda head: None)  # as the server's watch feed does
+    try:  # as the service calls it: through its group commit, where the code has one
+        from lease_server.grouped import grouped
+    except ImportError:
+        calls = backend
+    else:
+        calls = grouped(backend)
     async def op(i):
-        g = await backend.acquire(f"p7b-{i}", f"t{i}", 10000, "")
-        await backend.release(g.resource, g.token, g.holder)
+        g = await calls.acquire(f"p7b-{i}", f"t{i}", 10000, "")
+        await calls.release(g.resource, g.token, g.holder)
     try:
         r = await measure("x", op, n, duration)
     finally:

@@ -14,14 +14,13 @@ a strict write checks the live lease as close to its own commit as it can.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections import deque
 from collections.abc import Sequence
 
 from fencing.errors import LeaseLost, StaleTokenError
 from guard.fence import FenceMode
 from guard.stores.base import BatchedWrite, GuardStore, Verdict
+from serving.group_commit import GroupCommit as _Group
 
 log = logging.getLogger(__name__)
 
@@ -30,30 +29,9 @@ MAX_BATCH_WRITES = 1000
 MAX_BATCH_OPS = 10_000
 
 
-class _Ticket:
-    """One ``submit`` call's writes: their verdicts, filled in as their batches commit
-    (a call's writes may span batches), and one future for the caller."""
-
-    __slots__ = ("done", "left", "verdicts")
-
-    def __init__(self, count: int, done: asyncio.Future[list[Verdict]]) -> None:
-        self.verdicts: list[Verdict | None] = [None] * count
-        self.left = count
-        self.done = done
-
-    def settle(self, i: int, verdict: Verdict) -> None:
-        self.verdicts[i] = verdict
-        self.left -= 1
-        if self.left == 0 and not self.done.done():  # its caller may have gone away
-            self.done.set_result([v for v in self.verdicts if v is not None])
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.done.done():
-            self.done.set_exception(exc)
-
-
 class GroupCommit:
-    """Packs writes submitted concurrently into ``store.write_batch`` transactions.
+    """Packs writes submitted concurrently into ``store.write_batch`` transactions
+    (:class:`serving.group_commit.GroupCommit` over the store).
 
     ``concurrency`` batches run at once (1 for SQLite, whose writes are serial
     anyway; a few for a pooled PostgreSQL). ``batches`` and ``batched_writes`` count
@@ -73,14 +51,25 @@ class GroupCommit:
             raise ValueError("strict writes are not batched")
         self.store = store
         self.mode = mode
-        self.concurrency = max(1, concurrency)
-        self.max_writes = max_writes
-        self.max_ops = max_ops
-        self.batches = 0
-        self.batched_writes = 0
-        self._queue: deque[tuple[BatchedWrite, _Ticket, int]] = deque()
-        self._running = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._group: _Group[BatchedWrite, Verdict] = _Group(
+            self._write,
+            concurrency=concurrency,
+            max_items=max_writes,
+            weight=lambda w: len(w.ops),
+            max_weight=max_ops,
+        )
+
+    @property
+    def concurrency(self) -> int:
+        return self._group.concurrency
+
+    @property
+    def batches(self) -> int:
+        return self._group.batches
+
+    @property
+    def batched_writes(self) -> int:
+        return self._group.batched
 
     async def submit(self, writes: Sequence[BatchedWrite]) -> list[Verdict]:
         """Queue ``writes`` and wait for their verdicts (in order).
@@ -88,45 +77,7 @@ class GroupCommit:
         A store failure (``BackendUnavailableError``) is raised for every write of the
         batches it hit; a stale token is a verdict, not an exception.
         """
-        if not writes:
-            return []
-        ticket = _Ticket(len(writes), asyncio.get_running_loop().create_future())
-        self._queue.extend((w, ticket, i) for i, w in enumerate(writes))
-        self._kick()
-        return await ticket.done
-
-    def _kick(self) -> None:
-        while self._queue and self._running < self.concurrency:
-            batch = [self._queue.popleft()]
-            ops = len(batch[0][0].ops)
-            while self._queue and len(batch) < self.max_writes:
-                more = len(self._queue[0][0].ops)
-                if ops + more > self.max_ops:
-                    break
-                batch.append(self._queue.popleft())
-                ops += more
-            self._running += 1
-            task = asyncio.get_running_loop().create_task(self._commit(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _commit(self, batch: list[tuple[BatchedWrite, _Ticket, int]]) -> None:
-        try:
-            try:
-                verdicts = await self._write([w for w, _, _ in batch])
-            except BaseException as exc:
-                for _, ticket, _ in batch:
-                    ticket.fail(exc)
-                if not isinstance(exc, Exception):
-                    raise
-                return
-            self.batches += 1
-            self.batched_writes += len(batch)
-            for (_, ticket, i), verdict in zip(batch, verdicts, strict=True):
-                ticket.settle(i, verdict)
-        finally:
-            self._running -= 1
-            self._kick()
+        return await self._group.submit(writes)
 
     async def _write(self, writes: list[BatchedWrite]) -> list[Verdict]:
         if len(writes) > 1:

@@ -14,15 +14,30 @@ import contextlib
 from collections.abc import Sequence
 
 from fencing.errors import LeaseLost
-from lease_server.backends.base import LeaseBackend, LeaseBatches
-from lease_server.leases import Grant, Held, ReleaseItem, RenewItem
+from lease_server.backends.base import LeaseBackend, LeaseBatches, LeaseSteps
+from lease_server.leases import (
+    AcquireItem,
+    Grant,
+    Held,
+    LeaseStep,
+    ReleaseItem,
+    RenewItem,
+    StepOutcome,
+)
 
 
 class OneByOne:
-    """:class:`LeaseBatches` over the single-lease calls of ``backend``."""
+    """:class:`LeaseBatches` and :class:`LeaseSteps` over the single-lease calls of
+    ``backend``."""
+
+    #: One call at a time: each step is its own round trip.
+    step_concurrency = 1
 
     def __init__(self, backend: LeaseBackend) -> None:
         self.backend = backend
+
+    async def lease_steps(self, steps: Sequence[LeaseStep]) -> list[StepOutcome]:
+        return [await one_step(self.backend, op) for op in steps]
 
     async def acquire_many(
         self, resources: Sequence[str], holder: str, ttl_ms: int, request_id: str
@@ -60,6 +75,24 @@ class OneByOne:
             else:
                 outcomes.append(None)
         return outcomes
+
+
+async def one_step(backend: LeaseBackend, op: LeaseStep) -> StepOutcome:
+    """One lease step through the backend's single call, a refusal as the verdict."""
+    if isinstance(op, AcquireItem):
+        return await backend.acquire(op.resource, op.holder, op.ttl_ms, op.request_id)
+    try:
+        if isinstance(op, RenewItem):
+            return await backend.renew(op.resource, op.token, op.holder, op.ttl_ms)
+        await backend.release(op.resource, op.token, op.holder)
+    except LeaseLost as exc:
+        return exc
+    return None
+
+
+def steps_of(backend: LeaseBackend) -> LeaseSteps:
+    """The backend's own :class:`LeaseSteps`, or :class:`OneByOne` over it."""
+    return backend if isinstance(backend, LeaseSteps) else OneByOne(backend)
 
 
 def batches_of(backend: LeaseBackend) -> LeaseBatches:

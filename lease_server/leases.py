@@ -104,6 +104,38 @@ class ReleaseItem:
     holder: str
 
 
+@dataclass(frozen=True, slots=True)
+class AcquireItem:
+    """One acquire attempt of a batch of lease steps: what ``acquire`` takes."""
+
+    resource: str
+    holder: str
+    ttl_ms: int
+    request_id: str
+
+
+#: One independent lease call of a batch (:meth:`LeaseSteps.lease_steps
+#: <lease_server.backends.base.LeaseSteps.lease_steps>`): an acquire attempt (never
+#: waiting), a renewal or a release, each from its own caller.
+LeaseStep = AcquireItem | RenewItem | ReleaseItem
+#: A step's verdict: acquire -> Grant or Held; renew -> Grant or LeaseLost; release ->
+#: None (released) or LeaseLost. A value, never raised: one step's refusal fails no other.
+StepOutcome = Grant | Held | LeaseLost | None
+
+
+def step(record: LeaseRecord, op: LeaseStep, now_ms: int) -> tuple[LeaseRecord, StepOutcome]:
+    """Apply one lease step to its resource's record: :func:`acquire`, :func:`renew` or
+    :func:`release`, with a refusal returned as the verdict (and the record unchanged)."""
+    if isinstance(op, AcquireItem):
+        return acquire(record, op.holder, op.ttl_ms, op.request_id, now_ms)
+    try:
+        if isinstance(op, RenewItem):
+            return renew(record, op.token, op.holder, op.ttl_ms, now_ms)
+        return release(record, op.token, op.holder, now_ms), None
+    except LeaseLost as exc:
+        return record, exc
+
+
 def acquire_all(
     records: Sequence[LeaseRecord], holder: str, ttl_ms: int, request_id: str, now_ms: int
 ) -> tuple[list[LeaseRecord], list[Grant] | Held]:

@@ -13,6 +13,10 @@ metric                                meaning
                                       holders that died, paused or lost the network
 ``fencing_lease_renew_seconds``       time the backend took to renew (histogram)
 ``fencing_lease_watch_streams``       Watch streams open (gauge; counted at the edge)
+``fencing_lease_steps_total``         backend steps (transactions, round trips) that
+                                      carried Acquire attempts, Renews and Releases
+``fencing_lease_step_calls_total``    the calls those steps carried: calls / steps is
+                                      how many share one step (group commit; 1 when idle)
 ====================================  =====================================================
 
 The ``held`` gauge and the expiries are tracked per server process from the grants,
@@ -68,9 +72,24 @@ class LeaseMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.steps = Counter(
+            "fencing_lease_steps",
+            "Backend steps that carried lease calls (acquire attempts, renews, releases).",
+            registry=registry,
+        )
+        self.step_calls = Counter(
+            "fencing_lease_step_calls",
+            "Lease calls carried by those backend steps (grouped when they arrive together).",
+            registry=registry,
+        )
         self._clock = clock
         #: resource -> (token, local deadline) of leases this server granted or renewed.
         self._live: dict[str, tuple[int, float]] = {}
+
+    def stepped(self, calls: int) -> None:
+        """One backend step carried ``calls`` lease calls."""
+        self.steps.inc()
+        self.step_calls.inc(calls)
 
     def granted(self, resource: str, token: int, ttl_ms: int) -> None:
         """A grant or renewal of ``token`` for ``ttl_ms`` from now."""

@@ -32,6 +32,7 @@ from fencing.v1 import lease_pb2, lease_pb2_grpc
 from lease_server.backends.base import LeaseBackend, event_log_of, resource_log_of
 from lease_server.batches import batches_of
 from lease_server.expiry import DEFAULT_EVENT_RETENTION, Sweeper
+from lease_server.grouped import grouped
 from lease_server.leases import (
     EventPage,
     Grant,
@@ -140,13 +141,15 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         *,
         event_retention: int = DEFAULT_EVENT_RETENTION,
     ) -> None:
-        self.backend = backend
         #: ``await job_claims(resource)``: the highest job claim token of a resource (the
         #: queue hosted beside the leases), reported by Describe in ``last_token``.
         self.job_claims: Callable[[str], Awaitable[int]] | None = None
         self.batches = batches_of(backend)
         self.waiters = waiters or WaitQueues()
         self.metrics = metrics or LeaseMetrics(CollectorRegistry())
+        #: Lease calls (acquire attempts, renewals, releases: unary or streamed) go through
+        #: group commit: what arrives while a step is in flight shares the next one.
+        self.backend: LeaseBackend = grouped(backend, self.metrics.stepped)
         backend.on_release(self.waiters.notify)
         self.events = event_log_of(backend)
         self.feed: EventFeed | None = None

@@ -83,10 +83,12 @@ from lease_server.leases import (
     EventPage,
     Grant,
     Held,
+    LeaseStep,
     LoggedEvent,
     ReleaseItem,
     RenewItem,
     Scope,
+    StepOutcome,
 )
 
 
@@ -239,6 +241,35 @@ class LeaseBatches(Protocol):
 
     async def release_many(self, items: Sequence[ReleaseItem]) -> list[LeaseLost | None]:
         """Release each lease as ``release`` would, in one transaction; None when released."""
+
+
+@runtime_checkable
+class LeaseSteps(Protocol):
+    """Independent lease calls of different callers in one backend step: group commit.
+
+    Implemented by the same object as :class:`LeaseBackend` (every backend here does);
+    :class:`lease_server.grouped.GroupedLeases` gives it what arrived together. A
+    backend without it serves every call alone (:class:`lease_server.batches.OneByOne`
+    shows the meaning).
+    """
+
+    #: How many steps may be in flight at once (a pooled database: a few; one writer: 1).
+    step_concurrency: int
+
+    async def lease_steps(self, steps: Sequence[LeaseStep]) -> list[StepOutcome]:
+        """Run each step as its single call would (acquire attempts, never waiting;
+        renewals; releases) in one transaction or round trip; one verdict each, in order.
+
+        Each step is judged alone: a refusal (Held, LeaseLost) is its verdict and fails
+        no other step. Steps on the same resource apply in the order given, each seeing
+        the one before (a release then an acquire of one resource: the acquire is
+        granted). Rows are locked in sorted resource order (then the event log), so two
+        processes' batches over overlapping resources wait for each other, never
+        deadlock. Each change appends its events exactly as the single call would, in
+        the same transaction; listeners are told after it committed. An exception means
+        the step failed as a whole: no verdict for any of them (for a database, nothing
+        committed, or the outcome of the commit is unknown, as for a single call).
+        """
 
 
 @runtime_checkable

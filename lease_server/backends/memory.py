@@ -19,10 +19,12 @@ from lease_server.leases import (
     Grant,
     Held,
     LeaseRecord,
+    LeaseStep,
     LoggedEvent,
     ReleaseItem,
     RenewItem,
     Scope,
+    StepOutcome,
     Transition,
 )
 
@@ -144,6 +146,19 @@ class MemoryBackend:
                 continue
             self._put(old, new, now)
             outcomes.append(None)
+        return outcomes
+
+    #: Every call is atomic and instant: nothing to overlap.
+    step_concurrency = 1
+
+    async def lease_steps(self, steps: Sequence[LeaseStep]) -> list[StepOutcome]:
+        now = self._clock.now_ms()
+        outcomes: list[StepOutcome] = []
+        for op in steps:
+            old = self._get(op.resource)
+            new, outcome = leases.step(old, op, now)
+            self._put(old, new, now)
+            outcomes.append(outcome)
         return outcomes
 
     def on_release(self, callback: Callable[[str], None]) -> None:

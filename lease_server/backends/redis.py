@@ -3,7 +3,10 @@
 Acquire, renew, release and describe are each one Lua script
 (``lease_server/lua/*.lua``, registered once per client), so each is one atomic
 step on one Redis, by Redis's clock: a lease is a hash that Redis expires itself
-(``PEXPIRE``). Keys, URL options, retries and error mapping: :mod:`serving.redis_db`.
+(``PEXPIRE``). Calls that arrive together (:mod:`lease_server.grouped`) go as one
+pipeline of those scripts (:meth:`RedisBackend.lease_steps`): one round trip, each
+script still its own atomic step. Keys, URL options, retries and error mapping:
+:mod:`serving.redis_db`.
 Every key of a resource shares its hash tag, so the same code runs on a Redis
 Cluster, one slot per resource.
 
@@ -113,13 +116,16 @@ from redis.crc import key_slot
 from fencing.errors import InvalidArgumentError, LeaseLost
 from fencing.types import LeaseState
 from lease_server.leases import (
+    AcquireItem,
     EventPage,
     Grant,
     Held,
+    LeaseStep,
     LoggedEvent,
     ReleaseItem,
     RenewItem,
     Scope,
+    StepOutcome,
     TransitionKind,
 )
 from serving import redis_db
@@ -417,26 +423,84 @@ class RedisBackend(redis_db.Probed):
         return outcomes
 
     async def _each(self, script: str, calls: list[tuple[list[str], str, list[Any]]]) -> list[Any]:
-        """Run ``script`` once per call (own keys, the resource, own args; the event log's
-        keys and arguments added), every reply in order."""
+        """Run ``script`` once per call (own keys, the resource, own args), every reply
+        in order (:meth:`_pipelined`)."""
+        return await self._pipelined([(script, *call) for call in calls])
+
+    async def _pipelined(self, calls: list[tuple[str, list[str], str, list[Any]]]) -> list[Any]:
+        """Run each call's script (the script, own keys, the resource, own args; the event
+        log's keys and arguments added), every reply in order: pipelined on one Redis
+        (one round trip per PIPELINE_CHUNK), concurrently on a cluster."""
         if self._client is None:
             raise RuntimeError("RedisBackend is not open")
-        registered = self._scripts[script]
         full = [
-            (own + self._log_keys(ResourceKeys(self.prefix, resource)), args + self._log_args())
-            for own, resource, args in calls
+            (
+                self._scripts[script],
+                own + self._log_keys(ResourceKeys(self.prefix, resource)),
+                args + self._log_args(),
+            )
+            for script, own, resource, args in calls
         ]
-        with driver_errors(script):
+        with driver_errors(calls[0][0] if len({c[0] for c in calls}) == 1 else "lease steps"):
             if self.cluster:
-                return list(await asyncio.gather(*(registered(keys=k, args=a) for k, a in full)))
+                return await _in_order_per_resource(
+                    [(resource, *f) for (_, _, resource, _), f in zip(calls, full, strict=True)]
+                )
             replies: list[Any] = []
             for start in range(0, len(full), PIPELINE_CHUNK):
                 # AsyncScript takes a pipeline at run time (typed for clients only).
                 pipe: Any = self._client.pipeline(transaction=False)
-                for keys, args in full[start : start + PIPELINE_CHUNK]:
-                    await registered(keys=keys, args=args, client=pipe)
+                for run, keys, args in full[start : start + PIPELINE_CHUNK]:
+                    await run(keys=keys, args=args, client=pipe)
                 replies += await pipe.execute()
             return replies
+
+    # -- lease calls of many callers in one pipeline -----------------------------------------
+
+    #: One Redis runs one script at a time: one pipeline in flight, the next one forming.
+    step_concurrency = 1
+
+    async def lease_steps(self, steps: Sequence[LeaseStep]) -> list[StepOutcome]:
+        """acquire.lua, renew.lua or release.lua per step, each its own atomic script (with
+        its own events and wake-up), in one pipeline: one round trip on one Redis."""
+        calls: list[tuple[str, list[str], str, list[Any]]] = []
+        for op in steps:
+            keys = ResourceKeys(self.prefix, op.resource)
+            if isinstance(op, AcquireItem):
+                floor = "1" if self.clock_floor else "0"
+                args: list[Any] = [op.holder, op.ttl_ms, op.request_id, floor, op.resource]
+                calls.append(("acquire", [keys.lease, keys.counter], op.resource, args))
+            elif isinstance(op, RenewItem):
+                args = [str(op.token), op.holder, op.ttl_ms, op.resource]
+                calls.append(("renew", [keys.lease], op.resource, args))
+            else:
+                args = [str(op.token), op.holder, self.channel, op.resource]
+                calls.append(("release", [keys.lease], op.resource, args))
+        replies = await self._pipelined(calls)
+        outcomes: list[StepOutcome] = []
+        for op, reply in zip(steps, replies, strict=True):
+            kind = text(reply[0])
+            if isinstance(op, AcquireItem):
+                _, token, ms, who, revision = reply
+                self._appended(op.resource, int(revision))
+                if kind == "held":
+                    outcomes.append(Held(op.resource, text(who), int(token), max(0, int(ms))))
+                else:
+                    grant = Grant(
+                        op.resource, text(who), int(token), max(0, int(ms)), kind == "replayed"
+                    )
+                    outcomes.append(grant)
+            elif isinstance(op, RenewItem):
+                if kind == "renewed":
+                    outcomes.append(Grant(op.resource, text(reply[1]), op.token, op.ttl_ms))
+                else:
+                    outcomes.append(LeaseLost(resource=op.resource, token=op.token))
+            elif kind == "released":
+                self._appended(op.resource, int(reply[1]))
+                outcomes.append(None)
+            else:
+                outcomes.append(LeaseLost(resource=op.resource, token=op.token))
+        return outcomes
 
     async def describe(self, resource: str) -> LeaseState:
         keys = ResourceKeys(self.prefix, resource)
@@ -717,6 +781,25 @@ class RedisBackend(redis_db.Probed):
                 if own is not None:
                     with contextlib.suppress(Exception):
                         await own.aclose()
+
+
+async def _in_order_per_resource(
+    calls: list[tuple[str, AsyncScript, list[str], list[Any]]],
+) -> list[Any]:
+    """A cluster's calls (resource, script, keys, args): concurrently across resources, one
+    after another for each resource (in the order given), every reply in order."""
+    replies: list[Any] = [None] * len(calls)
+    by_resource: dict[str, list[int]] = {}
+    for i, (resource, _, _, _) in enumerate(calls):
+        by_resource.setdefault(resource, []).append(i)
+
+    async def run(indices: list[int]) -> None:
+        for i in indices:
+            _, script, keys, args = calls[i]
+            replies[i] = await script(keys=keys, args=args)
+
+    await asyncio.gather(*(run(indices) for indices in by_resource.values()))
+    return replies
 
 
 def _described(resource: str, reply: list[Any]) -> LeaseState:

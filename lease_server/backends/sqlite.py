@@ -8,6 +8,9 @@ the ``events`` table, numbered from the single ``event_log`` row (whose update,
 under SQLite's one write lock, serializes appenders: revisions commit in order).
 Expiry uses this host's clock.
 
+Lease calls that arrive together (:mod:`lease_server.grouped`) share one such
+transaction (:meth:`SQLiteBackend.lease_steps`): one commit, one fsync.
+
 Several lease-server processes may share one file: the write lock serializes
 them, and each sees the others' events by polling (SQLite cannot notify).
 """
@@ -27,10 +30,12 @@ from lease_server.leases import (
     Grant,
     Held,
     LeaseRecord,
+    LeaseStep,
     LoggedEvent,
     ReleaseItem,
     RenewItem,
     Scope,
+    StepOutcome,
     Transition,
     TransitionKind,
 )
@@ -316,6 +321,36 @@ class SQLiteBackend:
                 new.append(released)
                 outcomes.append(None)
             return outcomes, _change_all(conn, old, new, now)
+
+        outcomes, events = await self._db.transaction(tx)
+        self._notify(events)
+        return outcomes
+
+    #: One writer: SQLite's write lock serializes transactions anyway.
+    step_concurrency = 1
+
+    async def lease_steps(self, steps: Sequence[LeaseStep]) -> list[StepOutcome]:
+        """Each step as its single call, in one transaction (one commit, one fsync),
+        the events appended together; a step's refusal changes nothing of its own."""
+
+        def tx(conn: sqlite3.Connection) -> tuple[list[StepOutcome], list[LoggedEvent]]:
+            now = self._clock.now_ms()
+            outcomes: list[StepOutcome] = []
+            # The record as the steps so far left it (a resource may come twice).
+            current: dict[str, LeaseRecord] = {}
+            changed: dict[str, LeaseRecord] = {}
+            changes: list[Transition] = []
+            for op in steps:
+                old = current.get(op.resource) or _load(conn, op.resource)
+                new, outcome = leases.step(old, op, now)
+                current[op.resource] = new
+                if new != old:
+                    changed[op.resource] = new
+                    changes += leases.transitions(old, new, now)
+                outcomes.append(outcome)
+            for record in changed.values():
+                _store(conn, record)
+            return outcomes, _append(conn, changes)
 
         outcomes, events = await self._db.transaction(tx)
         self._notify(events)
