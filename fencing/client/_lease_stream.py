@@ -1,0 +1,255 @@
+"""The I/O-free half of the lease stream (``LeaseService.Session``), shared by the sync and
+asyncio transports (:mod:`fencing.client.lease_stream`, :mod:`fencing.client.async_lease_stream`).
+
+A lease client sends its lease calls (Acquire, Renew, Release and their batch forms)
+as :class:`~fencing.v1.lease_pb2.SessionCall` messages on one stream per channel
+instead of one unary RPC each. A :class:`SessionBook` keeps the calls of one open
+stream: queued until the sender packs everything waiting into one ``SessionRequest``
+(several callers arriving together share a message: that is where the stream's speed
+comes from), then in flight under an id until the reader hands the reply back to the
+waiter of that id. It also holds the server's limit on calls in flight (the stream's
+initial metadata), and, when the server asks the client to move (goaway), gives back
+the calls not yet sent so they go out on a new stream.
+
+What a call's reply or failure means is decided here too (:func:`outcome`): the same
+result, or the same :mod:`fencing.errors` exception, the unary RPC would have given.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections import deque
+from collections.abc import Callable, Iterable
+from enum import StrEnum
+from typing import Generic, NamedTuple, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from fencing import _status
+from fencing.errors import BackendUnavailableError, InvalidArgumentError
+from fencing.v1 import lease_pb2
+
+W = TypeVar("W")  # what a transport wakes a caller with (a Future)
+
+#: The initial metadata in which the server says how many calls a stream may have in flight.
+MAX_IN_FLIGHT_KEY = "fencing-session-max-in-flight"
+#: Calls in flight on a stream until its initial metadata says the server's limit.
+DEFAULT_MAX_IN_FLIGHT = 64
+#: Calls per SessionRequest (the contract's bound).
+MAX_CALLS_PER_MESSAGE = 1000
+#: The environment variable that sets the default transport of lease clients.
+TRANSPORT_ENV = "FENCING_TRANSPORT"
+
+
+class Transport(StrEnum):
+    """How a lease client sends its lease calls.
+
+    ``auto`` (the default): on the lease stream, falling back to unary RPCs, for the
+    life of the client, against a server without ``Session`` (an older server);
+    ``stream``: on the stream only (against an older server every call fails with
+    UNIMPLEMENTED); ``unary``: one unary RPC per call, as before the stream.
+    """
+
+    AUTO = "auto"
+    STREAM = "stream"
+    UNARY = "unary"
+
+
+def transport_of(value: str | None) -> Transport:
+    """Check the ``transport`` option; None is ``$FENCING_TRANSPORT``, else ``auto``."""
+    if value is None:
+        value = os.environ.get(TRANSPORT_ENV) or Transport.AUTO
+    try:
+        return Transport(value)
+    except ValueError:
+        choices = ", ".join(repr(t.value) for t in Transport)
+        raise InvalidArgumentError(
+            f"transport must be one of {choices}, got {value!r}", field="transport"
+        ) from None
+
+
+class Kind(NamedTuple):
+    """A lease call as the stream carries it: the SessionCall field of its request, the
+    SessionReply field of its result."""
+
+    call: str
+    reply: str
+
+
+#: The stub methods that go on the stream, by name.
+KINDS: dict[str, Kind] = {
+    "Acquire": Kind("acquire", "acquired"),
+    "Renew": Kind("renew", "renewed"),
+    "Release": Kind("release", "released"),
+    "AcquireMany": Kind("acquire_many", "acquired_many"),
+    "RenewMany": Kind("renew_many", "renewed_many"),
+    "ReleaseMany": Kind("release_many", "released_many"),
+}
+
+
+class StreamCallError(grpc.RpcError):
+    """A status the SDK has no exception for (UNIMPLEMENTED...), answered on the stream or
+    ending it; like the unary call's ``grpc.RpcError``, it has ``code()`` and ``details()``."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+class Fallback(Exception):
+    """The server has no ``Session``: the call never reached a handler; send it unary."""
+
+
+def deadline_ms_of(timeout: float) -> int:
+    """A call's ``deadline_ms``: its timeout, rounded up to a whole millisecond (at least 1)."""
+    return max(1, math.ceil(timeout * 1000))
+
+
+def session_call(method: str, request: Message, timeout: float) -> lease_pb2.SessionCall:
+    """``request`` (of stub method ``method``) as a SessionCall with its deadline (id set
+    when it is sent)."""
+    call = lease_pb2.SessionCall(deadline_ms=deadline_ms_of(timeout))
+    getattr(call, KINDS[method].call).CopyFrom(request)
+    return call
+
+
+def status_error(code: grpc.StatusCode | None, details: str) -> Exception:
+    """The exception of a status without our ErrorInfo, as the unary call raises it."""
+    known = _status.from_code(code, details)
+    if known is not None:
+        return known
+    return StreamCallError(code or grpc.StatusCode.UNKNOWN, details)
+
+
+def outcome(reply: lease_pb2.SessionReply) -> Message | Exception:
+    """A reply as what the unary call would have returned, or the exception it raises."""
+    which = reply.WhichOneof("outcome")
+    if which is None:
+        return BackendUnavailableError("the lease stream answered a call with nothing")
+    if which != "error":
+        result: Message = getattr(reply, which)
+        return result
+    ours = _status.from_status(reply.error)
+    if ours is not None:
+        return ours
+    return status_error(_status.CODES.get(reply.error.code), reply.error.message)
+
+
+def ended_error(err: Exception | None = None) -> Exception:
+    """What the calls still in flight on a stream that ended fail with: their outcome is
+    unknown (UNAVAILABLE, retried as the unary path retries it)."""
+    why = f": {err}" if err is not None else ""
+    return BackendUnavailableError(
+        f"the lease stream ended before the reply{why}; the call may or may not have been done"
+    )
+
+
+def ended_by(code: grpc.StatusCode, details: str) -> Callable[[], Exception] | None:
+    """What each call in flight on a stream that ended with ``code`` fails with; None
+    for UNIMPLEMENTED (the server has no Session: remember it, and see :func:`refusal`)."""
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return None
+    return functools.partial(ended_error, status_error(code, details))
+
+
+def refusal(closed: bool, transport: Transport) -> Exception:
+    """Why a call cannot go on a stream: the client is closed, or the server has no
+    Session (``auto``: :class:`Fallback`, send it unary; ``stream``: UNIMPLEMENTED)."""
+    if closed:
+        return BackendUnavailableError("the lease client is closed")
+    if transport is Transport.STREAM:
+        return StreamCallError(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "the server has no lease stream (Session) and the client's transport is 'stream'",
+        )
+    return Fallback()
+
+
+def max_in_flight_of(headers: Iterable[tuple[str, str | bytes]] | None) -> int:
+    """The server's limit of calls in flight from a stream's initial metadata (the default
+    if it says none)."""
+    for key, value in headers or ():
+        if key == MAX_IN_FLIGHT_KEY:
+            text = value.decode() if isinstance(value, bytes) else value
+            if text.isdigit() and int(text) > 0:
+                return int(text)
+    return DEFAULT_MAX_IN_FLIGHT
+
+
+class SessionBook(Generic[W]):
+    """The calls of one open stream: queued to be sent, and sent and waiting for a reply.
+
+    Not thread-safe: the sync transport guards it with a lock, the async one runs it on
+    one loop. A call counts against ``max_in_flight`` from the moment it is queued until
+    its reply (or the stream's end): a caller gives up waiting without freeing its slot,
+    since the server still has the call until it answers (at the call's deadline at the
+    latest).
+    """
+
+    def __init__(self) -> None:
+        self.max_in_flight = DEFAULT_MAX_IN_FLIGHT
+        self._next_id = 1
+        self._queued: deque[tuple[int, lease_pb2.SessionCall]] = deque()
+        self._waiting: dict[int, W] = {}
+
+    @property
+    def has_room(self) -> bool:
+        return len(self._waiting) < self.max_in_flight
+
+    @property
+    def queued(self) -> int:
+        return len(self._queued)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._waiting)
+
+    def add(self, call: lease_pb2.SessionCall, waiter: W) -> None:
+        """Queue ``call``; ``waiter`` is handed back with its outcome."""
+        call_id = self._next_id
+        self._next_id += 1
+        call.id = call_id
+        self._queued.append((call_id, call))
+        self._waiting[call_id] = waiter
+
+    def take(self) -> lease_pb2.SessionRequest | None:
+        """The next message: every call queued, up to :data:`MAX_CALLS_PER_MESSAGE`; None
+        if none is."""
+        if not self._queued:
+            return None
+        calls: list[lease_pb2.SessionCall] = []
+        while self._queued and len(calls) < MAX_CALLS_PER_MESSAGE:
+            calls.append(self._queued.popleft()[1])
+        return lease_pb2.SessionRequest(calls=calls)
+
+    def settle(self, response: lease_pb2.SessionResponse) -> list[tuple[W, Message | Exception]]:
+        """Each reply of ``response`` with the waiter of its call."""
+        settled = []
+        for reply in response.replies:
+            waiter = self._waiting.pop(reply.id, None)
+            if waiter is not None:
+                settled.append((waiter, outcome(reply)))
+        return settled
+
+    def take_unsent(self) -> list[tuple[W, lease_pb2.SessionCall]]:
+        """The calls not sent yet, with their waiters (a goaway: they go on a new stream)."""
+        unsent = [(self._waiting.pop(call_id), call) for call_id, call in self._queued]
+        self._queued.clear()
+        return unsent
+
+    def abandon(self) -> list[W]:
+        """The stream ended: every waiter still without a reply (queued or sent)."""
+        waiters = list(self._waiting.values())
+        self._waiting.clear()
+        self._queued.clear()
+        return waiters
