@@ -42,6 +42,8 @@ REGISTRY: dict[str, tuple[type[FencingError], grpc.StatusCode]] = {
     UnauthenticatedError.reason: (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
     PermissionDeniedError.reason: (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     ResourceExhaustedError.reason: (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    # Sent by a server only as the verdict of one call of a stream (its deadline_ms).
+    DeadlineExceededError.reason: (DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
 }
 
 
