@@ -30,16 +30,14 @@ from google.protobuf.message import Message
 
 from fencing import _status
 from fencing.errors import BackendUnavailableError, InvalidArgumentError
+from fencing.limits import MAX_SESSION_CALLS
+from fencing.types import SESSION_MAX_IN_FLIGHT_KEY
 from fencing.v1 import lease_pb2
 
 W = TypeVar("W")  # what a transport wakes a caller with (a Future)
 
-#: The initial metadata in which the server says how many calls a stream may have in flight.
-MAX_IN_FLIGHT_KEY = "fencing-session-max-in-flight"
 #: Calls in flight on a stream until its initial metadata says the server's limit.
 DEFAULT_MAX_IN_FLIGHT = 64
-#: Calls per SessionRequest (the contract's bound).
-MAX_CALLS_PER_MESSAGE = 1000
 #: The environment variable that sets the default transport of lease clients.
 TRANSPORT_ENV = "FENCING_TRANSPORT"
 
@@ -179,7 +177,7 @@ def max_in_flight_of(headers: Iterable[tuple[str, str | bytes]] | None) -> int:
     """The server's limit of calls in flight from a stream's initial metadata (the default
     if it says none)."""
     for key, value in headers or ():
-        if key == MAX_IN_FLIGHT_KEY:
+        if key == SESSION_MAX_IN_FLIGHT_KEY:
             text = value.decode() if isinstance(value, bytes) else value
             if text.isdigit() and int(text) > 0:
                 return int(text)
@@ -223,12 +221,12 @@ class SessionBook(Generic[W]):
         self._waiting[call_id] = waiter
 
     def take(self) -> lease_pb2.SessionRequest | None:
-        """The next message: every call queued, up to :data:`MAX_CALLS_PER_MESSAGE`; None
+        """The next message: every call queued, up to :data:`MAX_SESSION_CALLS`; None
         if none is."""
         if not self._queued:
             return None
         calls: list[lease_pb2.SessionCall] = []
-        while self._queued and len(calls) < MAX_CALLS_PER_MESSAGE:
+        while self._queued and len(calls) < MAX_SESSION_CALLS:
             calls.append(self._queued.popleft()[1])
         return lease_pb2.SessionRequest(calls=calls)
 
