@@ -38,6 +38,9 @@ W = TypeVar("W")  # what a transport wakes a caller with (a Future)
 
 #: Calls in flight on a stream until its initial metadata says the server's limit.
 DEFAULT_MAX_IN_FLIGHT = 64
+#: Times a call not yet sent is moved to a new stream by a goaway before it fails
+#: UNAVAILABLE instead (a server that drains every stream: the steps' backoff applies).
+MAX_MOVES = 1
 #: The environment variable that sets the default transport of lease clients.
 TRANSPORT_ENV = "FENCING_TRANSPORT"
 
@@ -184,6 +187,19 @@ def max_in_flight_of(headers: Iterable[tuple[str, str | bytes]] | None) -> int:
     return DEFAULT_MAX_IN_FLIGHT
 
 
+class Moved(NamedTuple, Generic[W]):
+    """A call a goaway moves to a new stream."""
+
+    waiter: W
+    call: lease_pb2.SessionCall
+    moves: int
+
+
+def draining_error() -> Exception:
+    """What a call fails with when every stream it is moved to is draining."""
+    return BackendUnavailableError("the lease server is draining: every stream was moved away")
+
+
 class SessionBook(Generic[W]):
     """The calls of one open stream: queued to be sent, and sent and waiting for a reply.
 
@@ -195,10 +211,16 @@ class SessionBook(Generic[W]):
     """
 
     def __init__(self) -> None:
-        self.max_in_flight = DEFAULT_MAX_IN_FLIGHT
+        #: One call (the one that opens the stream) until the initial metadata says the
+        #: server's limit (:meth:`limit`): callers arriving together must not overrun it.
+        self.max_in_flight = 1
         self._next_id = 1
-        self._queued: deque[tuple[int, lease_pb2.SessionCall]] = deque()
+        self._queued: deque[tuple[int, lease_pb2.SessionCall, int]] = deque()
         self._waiting: dict[int, W] = {}
+
+    def limit(self, headers: Iterable[tuple[str, str | bytes]] | None) -> None:
+        """The stream's initial metadata came: take the server's limit from it."""
+        self.max_in_flight = max_in_flight_of(headers)
 
     @property
     def has_room(self) -> bool:
@@ -212,12 +234,13 @@ class SessionBook(Generic[W]):
     def in_flight(self) -> int:
         return len(self._waiting)
 
-    def add(self, call: lease_pb2.SessionCall, waiter: W) -> None:
-        """Queue ``call``; ``waiter`` is handed back with its outcome."""
+    def add(self, call: lease_pb2.SessionCall, waiter: W, moves: int = 0) -> None:
+        """Queue ``call``; ``waiter`` is handed back with its outcome. ``moves``: how many
+        goaways moved it here from another stream."""
         call_id = self._next_id
         self._next_id += 1
         call.id = call_id
-        self._queued.append((call_id, call))
+        self._queued.append((call_id, call, moves))
         self._waiting[call_id] = waiter
 
     def take(self) -> lease_pb2.SessionRequest | None:
@@ -239,11 +262,19 @@ class SessionBook(Generic[W]):
                 settled.append((waiter, outcome(reply)))
         return settled
 
-    def take_unsent(self) -> list[tuple[W, lease_pb2.SessionCall]]:
-        """The calls not sent yet, with their waiters (a goaway: they go on a new stream)."""
-        unsent = [(self._waiting.pop(call_id), call) for call_id, call in self._queued]
+    def take_unsent(self) -> tuple[list[Moved[W]], list[W]]:
+        """A goaway: the calls not sent yet, to move to a new stream, and the waiters of
+        those moved :data:`MAX_MOVES` times already, to fail with :func:`draining_error`."""
+        moved: list[Moved[W]] = []
+        failed: list[W] = []
+        for call_id, call, moves in self._queued:
+            waiter = self._waiting.pop(call_id)
+            if moves < MAX_MOVES:
+                moved.append(Moved(waiter, call, moves + 1))
+            else:
+                failed.append(waiter)
         self._queued.clear()
-        return unsent
+        return moved, failed
 
     def abandon(self) -> list[W]:
         """The stream ended: every waiter still without a reply (queued or sent)."""

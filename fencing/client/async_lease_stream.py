@@ -21,7 +21,7 @@ import grpc.aio
 from google.protobuf.message import Message
 
 from fencing.client import _lease_stream
-from fencing.client._lease_stream import Fallback, SessionBook, Transport
+from fencing.client._lease_stream import Fallback, Moved, SessionBook, Transport
 from fencing.errors import DeadlineExceededError
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 
@@ -46,7 +46,11 @@ class _AsyncStream:
         ]
 
     async def submit(
-        self, call: lease_pb2.SessionCall, future: asyncio.Future[Message], end: float
+        self,
+        call: lease_pb2.SessionCall,
+        future: asyncio.Future[Message],
+        end: float,
+        moves: int = 0,
     ) -> bool:
         """Queue ``call`` once the server's limit leaves room (until ``end``, loop time);
         False if this stream takes no new calls."""
@@ -64,7 +68,7 @@ class _AsyncStream:
                             await self._changed.wait()
         if self.retired:
             return False
-        self._book.add(call, future)
+        self._book.add(call, future, moves)
         self._queued.set()
         return True
 
@@ -85,21 +89,24 @@ class _AsyncStream:
         error: Callable[[], Exception] = _lease_stream.ended_error
         try:
             headers = await self._call.initial_metadata()
-            self._book.max_in_flight = _lease_stream.max_in_flight_of(headers)
+            self._book.limit(headers)
             await self._notify()
             while True:
                 response = await self._call.read()
                 if response is grpc.aio.EOF:
                     break
                 settled = self._book.settle(response)
-                moved = []
+                moved: list[Moved[asyncio.Future[Message]]] = []
+                failed: list[asyncio.Future[Message]] = []
                 if response.HasField("goaway"):  # new calls, and the unsent, elsewhere
                     self._retire()
-                    moved = self._book.take_unsent()
+                    moved, failed = self._book.take_unsent()
                 for future, result in settled:
                     _settle(future, result)
-                for future, call in moved:
-                    self._owner._resubmit(call, future)
+                for future in failed:
+                    _settle(future, _lease_stream.draining_error())
+                for move in moved:
+                    self._owner._resubmit(move)
                 await self._notify()
         except grpc.RpcError as err:
             error = self._owner._broken(err)
@@ -152,6 +159,7 @@ class AsyncStreamStub:
         self._stream: _AsyncStream | None = None
         self._streams: set[_AsyncStream] = set()
         self._closed = False
+        self._moving: set[asyncio.Task[None]] = set()  # resubmissions (a goaway) under way
         #: Set once the server answered UNIMPLEMENTED to Session (``auto``: unary from then on).
         self.unary_only = False
 
@@ -208,14 +216,18 @@ class AsyncStreamStub:
         return result
 
     async def _submit(
-        self, call: lease_pb2.SessionCall, future: asyncio.Future[Message], end: float
+        self,
+        call: lease_pb2.SessionCall,
+        future: asyncio.Future[Message],
+        end: float,
+        moves: int = 0,
     ) -> None:
         while True:
             stream = self._current()
             if stream is None:  # closed, or the server has no Session
                 future.set_exception(self._refusal())
                 return
-            if await stream.submit(call, future, end):
+            if await stream.submit(call, future, end, moves):
                 return
 
     def _current(self) -> _AsyncStream | None:
@@ -228,12 +240,14 @@ class AsyncStreamStub:
 
     # -- what the streams report ----------------------------------------------------------
 
-    def _resubmit(self, call: lease_pb2.SessionCall, future: asyncio.Future[Message]) -> None:
+    def _resubmit(self, move: Moved[asyncio.Future[Message]]) -> None:
         """A call not sent before a goaway: on the next stream (its deadline as it was)."""
-        if not future.done():
-            end = asyncio.get_running_loop().time() + call.deadline_ms / 1000
-            task = asyncio.create_task(self._submit(call, future, end))
-            task.add_done_callback(functools.partial(_fail_with, future))
+        if not move.waiter.done():
+            end = asyncio.get_running_loop().time() + move.call.deadline_ms / 1000
+            task = asyncio.create_task(self._submit(move.call, move.waiter, end, move.moves))
+            self._moving.add(task)
+            task.add_done_callback(self._moving.discard)
+            task.add_done_callback(functools.partial(_fail_with, move.waiter))
 
     def _retired(self, stream: _AsyncStream) -> None:
         if self._stream is stream:

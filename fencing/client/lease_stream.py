@@ -32,7 +32,7 @@ import grpc
 from google.protobuf.message import Message
 
 from fencing.client import _lease_stream
-from fencing.client._lease_stream import Fallback, SessionBook, Transport
+from fencing.client._lease_stream import Fallback, Moved, SessionBook, Transport
 from fencing.errors import DeadlineExceededError
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 
@@ -54,7 +54,9 @@ class _Stream:
         self._reader = threading.Thread(target=self._read, name="fencing-lease-stream", daemon=True)
         self._reader.start()
 
-    def submit(self, call: lease_pb2.SessionCall, future: Future[Message], end: float) -> bool:
+    def submit(
+        self, call: lease_pb2.SessionCall, future: Future[Message], end: float, moves: int = 0
+    ) -> bool:
         """Queue ``call`` once the server's limit leaves room (until ``end``); False if this
         stream takes no new calls."""
         with self._cond:
@@ -67,7 +69,7 @@ class _Stream:
                 self._cond.wait(remaining)
             if self.retired:
                 return False
-            self._book.add(call, future)
+            self._book.add(call, future, moves)
             self._cond.notify_all()
             return True
 
@@ -87,20 +89,23 @@ class _Stream:
         try:
             headers = self._call.initial_metadata()
             with self._cond:
-                self._book.max_in_flight = _lease_stream.max_in_flight_of(headers)
+                self._book.limit(headers)
                 self._cond.notify_all()
             for response in self._call:
                 with self._cond:
                     settled = self._book.settle(response)
-                    moved = []
+                    moved: list[Moved[Future[Message]]] = []
+                    failed: list[Future[Message]] = []
                     if response.HasField("goaway"):  # new calls, and the unsent, elsewhere
                         self._retire()
-                        moved = self._book.take_unsent()
+                        moved, failed = self._book.take_unsent()
                     self._cond.notify_all()
                 for future, result in settled:
                     _settle(future, result)
-                for future, call in moved:
-                    self._owner._resubmit(call, future)
+                for future in failed:
+                    _settle(future, _lease_stream.draining_error())
+                for move in moved:
+                    self._owner._resubmit(move)
         except grpc.RpcError as err:
             error = self._owner._broken(err)
         with self._cond:
@@ -198,13 +203,15 @@ class StreamStub:
         )
         return result
 
-    def _submit(self, call: lease_pb2.SessionCall, future: Future[Message], end: float) -> None:
+    def _submit(
+        self, call: lease_pb2.SessionCall, future: Future[Message], end: float, moves: int = 0
+    ) -> None:
         while True:
             stream = self._current()
             if stream is None:  # closed, or the server has no Session
                 future.set_exception(self._refusal())
                 return
-            if stream.submit(call, future, end):
+            if stream.submit(call, future, end, moves):
                 return
 
     def _current(self) -> _Stream | None:
@@ -218,14 +225,15 @@ class StreamStub:
 
     # -- what the streams report ----------------------------------------------------------
 
-    def _resubmit(self, call: lease_pb2.SessionCall, future: Future[Message]) -> None:
+    def _resubmit(self, move: Moved[Future[Message]]) -> None:
         """A call not sent before a goaway: on the next stream (its deadline as it was)."""
-        if future.done():
+        if move.waiter.done():
             return
+        end = time.monotonic() + move.call.deadline_ms / 1000
         try:
-            self._submit(call, future, time.monotonic() + call.deadline_ms / 1000)
+            self._submit(move.call, move.waiter, end, move.moves)
         except Exception as exc:  # no room before its deadline: the caller's failure
-            _settle(future, exc)
+            _settle(move.waiter, exc)
 
     def _retired(self, stream: _Stream) -> None:
         with self._lock:
