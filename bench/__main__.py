@@ -248,6 +248,12 @@ async def _peers(o: Options) -> Report:
     return report
 
 
+async def _transport(o: Options) -> list[Result]:
+    from bench import transport
+
+    return await transport.run(o.clients, o.duration)
+
+
 SECTIONS: dict[str, tuple[str, Section]] = {
     "floor": ("RPC floor and the embedded default (SQLite)", _floor),
     "redis": ("Redis: our scripts and servers next to redis-py Lock and raw EVALSHA", _redis),
@@ -265,6 +271,7 @@ SECTIONS: dict[str, tuple[str, Section]] = {
         _queue,
     ),
     "pglog": ("PostgreSQL's lease path against SQLite's (P6, P7, P7b)", _pglog),
+    "transport": ("The SDK's lease stream against its unary calls (SQLite)", _transport),
 }
 #: Sections run only when asked for (``--queue``, or ``--only``).
 OPT_IN = {"queue", "pglog"}
