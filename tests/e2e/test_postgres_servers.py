@@ -37,6 +37,16 @@ SERVER_ARGS = ("--listen", "127.0.0.1:0", "--log-level", "WARNING")
 @contextlib.contextmanager
 def lease_servers(url: str, count: int) -> Iterator[list[str]]:
     """Start ``count`` lease-server processes on ``url`` at once; yield their addresses."""
+    with lease_server_processes(url, count) as started:
+        yield [address for address, _ in started]
+
+
+@contextlib.contextmanager
+def lease_server_processes(
+    url: str, count: int
+) -> Iterator[list[tuple[str, subprocess.Popen[str]]]]:
+    """Start ``count`` lease-server processes on ``url`` at once; yield (address, process)
+    of each (a test may kill one; the rest are stopped on exit)."""
     procs: list[subprocess.Popen[str]] = []
     with tempfile.TemporaryDirectory(prefix="fencing-e2e-") as tmp, contextlib.ExitStack() as stack:
         logs = [Path(tmp) / f"server-{i}.log" for i in range(count)]
@@ -61,10 +71,11 @@ def lease_servers(url: str, count: int) -> Iterator[list[str]]:
                         f"a lease server did not start: {line!r}\n{log.read_text()}"
                     )
                 addresses.append(line.split("listening on ")[1].split()[0])
-            yield addresses
+            yield list(zip(addresses, procs, strict=True))
         finally:
             for proc in procs:
-                proc.terminate()
+                if proc.poll() is None:
+                    proc.terminate()
             for proc in procs:
                 try:
                     proc.wait(10)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +38,10 @@ from lease_server.server import lease_services, start_lease_server
 from lease_server.service import LeaseService
 from serving.auth import AuthPolicy
 from serving.server import KEEPALIVE_TIME_MS, BuiltServer, ServerOptions, build_server
+from tests import pg
 from tests.backends import LEASE_BACKENDS
-from tests.sessions import PING, Stream, acquire, error, info
+from tests.e2e.test_postgres_servers import lease_server_processes
+from tests.sessions import PING, Stream, acquire, error, info, release
 from tests.waiting import HANG_GUARD, eventually
 
 
@@ -510,3 +513,57 @@ async def test_a_paused_client_is_noticed_by_keepalive_and_its_calls_let_go() ->
         for server, holder in servers:
             holder.call.cancel()
             await server.stop()
+
+
+# -- a broken stream, carried on at another server -------------------------------------
+
+
+@pytest.fixture
+def shared_postgres() -> Iterator[str]:
+    """A lease backend URL on a fresh schema of the test PostgreSQL."""
+    dsn = pg.test_dsn()
+    schema = f"{pg.SCHEMA_PREFIX}session_{secrets.token_hex(4)}"
+    try:
+        yield pg.with_schema(dsn, schema)
+    finally:
+        asyncio.run(pg.drop_schema(dsn, schema))
+
+
+@pytest.mark.postgres
+async def test_a_broken_streams_calls_are_retried_on_a_second_server_with_the_same_outcome(
+    shared_postgres: str,
+) -> None:
+    """Two server processes on one PostgreSQL: a client's stream to the first breaks (the
+    process is killed) with an acquire granted and one waiting; on a stream to the second,
+    the granted one retried with its request id returns the same lease, and the waiting
+    one, retried, waits on and gets the lease once it is released there."""
+    with lease_server_processes(shared_postgres, 2) as [(first, first_proc), (second, _)]:
+        async with grpc.aio.insecure_channel(first) as ch:
+            stream = Stream.open(ch)
+            granted = await stream.ask(acquire("orders", holder="A", request_id="a-1"))
+            assert granted.WhichOneof("outcome") == "acquired"
+            (waiting,) = await stream.send(
+                acquire("orders", holder="B", wait_ms=60_000, request_id="b-1")
+            )
+            await asyncio.sleep(0.5)  # B is in line (not asserted: only its retry matters)
+            first_proc.kill()
+            await asyncio.to_thread(first_proc.wait, HANG_GUARD)
+            assert stream.reader is not None
+            await asyncio.wait_for(
+                asyncio.gather(stream.reader, return_exceptions=True), HANG_GUARD
+            )
+            assert await stream.call.code() == grpc.StatusCode.UNAVAILABLE
+            assert not waiting.done()  # its outcome is unknown: retry it
+        async with grpc.aio.insecure_channel(second) as ch:
+            stream = Stream.open(ch)
+            again = await stream.ask(acquire("orders", holder="A", request_id="a-1"))
+            assert again.acquired.token == granted.acquired.token
+            (retried,) = await stream.send(
+                acquire("orders", holder="B", wait_ms=60_000, request_id="b-1")
+            )
+            released = await stream.ask(release("orders", granted.acquired.token))
+            assert released.WhichOneof("outcome") == "released"
+            taken = await asyncio.wait_for(retried, HANG_GUARD)
+            assert taken.acquired.holder == "B"
+            assert taken.acquired.token > granted.acquired.token
+            stream.call.cancel()
