@@ -12,7 +12,10 @@ From this one Python process, at each client count (each client on its own lock)
 * **redis-py Lock**: ``Lock.acquire`` (``SET NX PX``) + ``release`` (its Lua script);
 * **ours**: ``Acquire`` + ``Release`` through a lease server process on SQLite, on
   PostgreSQL and on Redis, each row's ratio against the peer on the same kind of
-  store (SQLite against etcd, both durable single-node services with fsync).
+  store (SQLite against etcd, both durable single-node services with fsync);
+* **ours via Session**: the same two calls through the lease stream (one
+  ``Session`` per client, :mod:`bench.stream_client`), every backend's row against
+  etcd (P5: at least 2.0 on SQLite and Redis, 1.5 on PostgreSQL, at 16 clients).
 
 What the peers do not give, noted in the table: none checks anything at the
 resource. etcd hands out a revision (the lock key's) and leaves the check to the
@@ -44,6 +47,7 @@ import psycopg
 from bench import postgres as pg_bench
 from bench import redis as redis_bench
 from bench.harness import Result, measure, progress, server
+from bench.stream_client import SessionStream
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from serving.ports import free_port
 
@@ -212,6 +216,42 @@ async def ours(address: str, label: str, baseline: str, clients: int, duration: 
             await c.close()
 
 
+def streamed_name(label: str) -> str:
+    return f"ours ({label}): Acquire+Release via Session"
+
+
+async def ours_streamed(address: str, label: str, clients: int, duration: float) -> Result:
+    """Acquire+Release through the lease stream, one Session per client (P5: against etcd,
+    whatever the backend)."""
+    channels = [grpc.aio.insecure_channel(address) for _ in range(clients)]
+    streams = [SessionStream(c) for c in channels]
+    try:
+
+        async def op(i: int) -> None:
+            lease = await streams[i].acquire(f"peer-s{i}", f"c{i}", 10_000)
+            await streams[i].release(lease.resource, lease.token, f"c{i}")
+
+        name = streamed_name(label)
+        progress(f"{name}, {clients} clients")
+        result = await measure(name, op, clients, duration, baseline=ETCD)
+        return replace(result, note=NOTES["ours"])
+    finally:
+        for stream in streams:
+            await stream.close()
+        for c in channels:
+            await c.close()
+
+
+async def both(
+    address: str, label: str, baseline: str, clients: int, duration: float
+) -> list[Result]:
+    """Our unary row (against ``baseline``) and our streamed row (against etcd)."""
+    return [
+        await ours(address, label, baseline, clients, duration),
+        await ours_streamed(address, label, clients, duration),
+    ]
+
+
 @asynccontextmanager
 async def _skip(what: str, notes: list[str]) -> AsyncIterator[None]:
     """Run a block; a peer that cannot run here is noted, never faked."""
@@ -242,13 +282,13 @@ async def run(
             tempfile.TemporaryDirectory(prefix="fencing-peers-") as tmp,
             server("lease_server", "--backend", f"sqlite:{tmp}/leases.db") as lease,
         ):
-            results.append(await ours(lease.address, "sqlite", ETCD, n, duration))
+            results += await both(lease.address, "sqlite", ETCD, n, duration)
         async with _skip("postgres", notes), pg_bench.bench_schema(dsn) as schema:
             advisory = await advisory_lock(dsn, n, duration)
             results.append(replace(advisory, note=NOTES[ADVISORY]))
             sep = "&" if "?" in dsn else "?"
             with server("lease_server", "--backend", f"{dsn}{sep}schema={schema}") as lease:
-                results.append(await ours(lease.address, "postgres", ADVISORY, n, duration))
+                results += await both(lease.address, "postgres", ADVISORY, n, duration)
         prefix = f"peers{os.getpid()}"
         async with _skip("redis", notes):
             try:
@@ -257,7 +297,7 @@ async def run(
                 results.append(replace(lock, name=REDIS_LOCK, baseline="", note=NOTES[REDIS_LOCK]))
                 sep = "&" if "?" in url else "?"
                 with server("lease_server", "--backend", f"{url}{sep}prefix={prefix}") as lease:
-                    results.append(await ours(lease.address, "redis", REDIS_LOCK, n, duration))
+                    results += await both(lease.address, "redis", REDIS_LOCK, n, duration)
             finally:
                 with contextlib.suppress(Exception):
                     await redis_bench.drop(url, prefix)

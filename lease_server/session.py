@@ -35,7 +35,7 @@ import grpc
 import grpc.aio
 from google.protobuf.message import Message
 from google.rpc import status_pb2
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
 from fencing import _status, limits
 from fencing.errors import (
@@ -98,6 +98,7 @@ class Sessions:
         self.max_in_flight = max_in_flight
         self.metrics = metrics or LeaseMetrics(CollectorRegistry())
         self._codes = {code.value[0]: code.name for code in grpc.StatusCode}
+        self._counters: dict[tuple[str, int], Counter] = {}
         self.draining = False
         self._open: set[_Stream] = set()
 
@@ -107,10 +108,12 @@ class Sessions:
 
     def count(self, kind: str, reply: lease_pb2.SessionReply) -> None:
         """Count an answered call of ``kind`` (its SessionCall field) by its code."""
-        code = "OK"
-        if reply.WhichOneof("outcome") == "error":
-            code = self._codes.get(reply.error.code, "UNKNOWN")
-        self.metrics.session_calls.labels(kind, code).inc()
+        code = reply.error.code if reply.WhichOneof("outcome") == "error" else 0
+        counter = self._counters.get((kind, code))
+        if counter is None:
+            name = self._codes.get(code, "UNKNOWN")
+            counter = self._counters[kind, code] = self.metrics.session_calls.labels(kind, name)
+        counter.inc()
 
     def drain(self, reason: str = "draining") -> None:
         """Tell every stream (and every stream opened from now) to move: a goaway, new
@@ -247,19 +250,12 @@ class _Stream:
     async def _answer(
         self, call_id: int, which: str, kind: CallKind, request: Any, deadline_ms: int
     ) -> lease_pb2.SessionReply:
-        timer = asyncio.timeout(deadline_ms / 1000 if deadline_ms else None)
         try:
-            try:
-                with admit_call(kind.method, request):
-                    async with timer:
-                        result = await kind.answer(request)
-            except TimeoutError:
-                if not timer.expired():
-                    raise
-                raise DeadlineExceededError(
-                    f"deadline_ms {deadline_ms} passed before the call was decided: its "
-                    "effect is unknown (retry an acquire with the same request_id)"
-                ) from None
+            with admit_call(kind.method, request):
+                if deadline_ms:
+                    result = await self._within(deadline_ms, kind.answer(request))
+                else:  # no timer to arm: the common case, kept cheap
+                    result = await kind.answer(request)
         except FencingError as exc:
             return lease_pb2.SessionReply(id=call_id, error=_status.to_status(exc))
         except Exception:
@@ -269,6 +265,20 @@ class _Stream:
             return lease_pb2.SessionReply(id=call_id, error=_INTERNAL)
         outcome: dict[str, Any] = {REPLY_FIELDS[which]: result}
         return lease_pb2.SessionReply(id=call_id, **outcome)
+
+    @staticmethod
+    async def _within(deadline_ms: int, answer: Awaitable[Message]) -> Message:
+        timer = asyncio.timeout(deadline_ms / 1000)
+        try:
+            async with timer:
+                return await answer
+        except TimeoutError:
+            if not timer.expired():
+                raise
+            raise DeadlineExceededError(
+                f"deadline_ms {deadline_ms} passed before the call was decided: its "
+                "effect is unknown (retry an acquire with the same request_id)"
+            ) from None
 
     def _error(self, kind: str, call_id: int, exc: FencingError) -> None:
         self._reply(kind, lease_pb2.SessionReply(id=call_id, error=_status.to_status(exc)))
