@@ -33,6 +33,8 @@ class SessionStream:
                     future = self._pending.pop(reply.id, None)
                     if future is not None and not future.done():
                         future.set_result(reply)
+        except grpc.aio.AioRpcError:
+            pass  # the stream broke: every call in flight fails below
         finally:
             for future in self._pending.values():
                 if not future.done():
@@ -49,8 +51,12 @@ class SessionStream:
             raise _status.from_status(reply.error) or RuntimeError(str(reply.error))
         return reply
 
-    async def acquire(self, resource: str, holder: str, ttl_ms: int) -> lease_pb2.Lease:
-        request = lease_pb2.AcquireRequest(resource=resource, holder=holder, ttl_ms=ttl_ms)
+    async def acquire(
+        self, resource: str, holder: str, ttl_ms: int, *, wait_ms: int = 0, request_id: str = ""
+    ) -> lease_pb2.Lease:
+        request = lease_pb2.AcquireRequest(
+            resource=resource, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms, request_id=request_id
+        )
         return (await self.ask(lease_pb2.SessionCall(acquire=request))).acquired
 
     async def release(self, resource: str, token: int, holder: str) -> None:
@@ -58,5 +64,9 @@ class SessionStream:
         await self.ask(lease_pb2.SessionCall(release=request))
 
     async def close(self) -> None:
-        await self._call.done_writing()
+        """Half-close and wait for the server to end the stream (or cancel a broken one)."""
+        try:
+            await self._call.done_writing()
+        except Exception:  # a broken stream: nothing left to close politely
+            self._call.cancel()
         await asyncio.gather(self._reader, return_exceptions=True)
