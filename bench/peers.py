@@ -194,12 +194,24 @@ async def advisory_lock(dsn: str, clients: int, duration: float) -> Result:
 # -- ours -------------------------------------------------------------------------------------
 
 
-async def ours(address: str, label: str, baseline: str, clients: int, duration: float) -> Result:
+async def ours(
+    address: str,
+    label: str,
+    baseline: str,
+    clients: int,
+    duration: float,
+    *,
+    streamed: bool = False,
+) -> Result:
+    """Acquire+Release by each client on its own resource: unary calls, or (``streamed``)
+    the same two calls through one lease stream per client (P5: against etcd whatever the
+    backend, so ``baseline`` is then etcd's)."""
     channels = [grpc.aio.insecure_channel(address) for _ in range(clients)]
     stubs = [lease_pb2_grpc.LeaseServiceStub(c) for c in channels]
+    streams = [SessionStream(c) for c in channels] if streamed else []
     try:
 
-        async def op(i: int) -> None:
+        async def unary(i: int) -> None:
             lease = await stubs[i].Acquire(
                 lease_pb2.AcquireRequest(resource=f"peer-{i}", holder=f"c{i}", ttl_ms=10_000)
             )
@@ -207,33 +219,14 @@ async def ours(address: str, label: str, baseline: str, clients: int, duration: 
                 lease_pb2.ReleaseRequest(resource=lease.resource, token=lease.token, holder=f"c{i}")
             )
 
-        name = f"ours ({label}): Acquire+Release"
-        progress(f"{name}, {clients} clients")
-        result = await measure(name, op, clients, duration, baseline=baseline)
-        return replace(result, note=NOTES["ours"])
-    finally:
-        for c in channels:
-            await c.close()
-
-
-def streamed_name(label: str) -> str:
-    return f"ours ({label}): Acquire+Release via Session"
-
-
-async def ours_streamed(address: str, label: str, clients: int, duration: float) -> Result:
-    """Acquire+Release through the lease stream, one Session per client (P5: against etcd,
-    whatever the backend)."""
-    channels = [grpc.aio.insecure_channel(address) for _ in range(clients)]
-    streams = [SessionStream(c) for c in channels]
-    try:
-
-        async def op(i: int) -> None:
+        async def through_stream(i: int) -> None:
             lease = await streams[i].acquire(f"peer-s{i}", f"c{i}", 10_000)
             await streams[i].release(lease.resource, lease.token, f"c{i}")
 
-        name = streamed_name(label)
+        name = streamed_name(label) if streamed else f"ours ({label}): Acquire+Release"
         progress(f"{name}, {clients} clients")
-        result = await measure(name, op, clients, duration, baseline=ETCD)
+        op = through_stream if streamed else unary
+        result = await measure(name, op, clients, duration, baseline=baseline)
         return replace(result, note=NOTES["ours"])
     finally:
         for stream in streams:
@@ -242,13 +235,17 @@ async def ours_streamed(address: str, label: str, clients: int, duration: float)
             await c.close()
 
 
+def streamed_name(label: str) -> str:
+    return f"ours ({label}): Acquire+Release via Session"
+
+
 async def both(
     address: str, label: str, baseline: str, clients: int, duration: float
 ) -> list[Result]:
     """Our unary row (against ``baseline``) and our streamed row (against etcd)."""
     return [
         await ours(address, label, baseline, clients, duration),
-        await ours_streamed(address, label, clients, duration),
+        await ours(address, label, ETCD, clients, duration, streamed=True),
     ]
 
 

@@ -25,7 +25,6 @@ import pytest
 from chaos.checker import check
 from chaos.history import Event, Recorder
 from fencing import AcquireTimeoutError, LeaseClient, LeaseLost
-from tests import pg
 from tests.e2e import recorded
 
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e]
@@ -86,22 +85,10 @@ def lease_server_processes(
                     proc.stdout.close()
 
 
-@pytest.fixture
-def url() -> Iterator[str]:
-    dsn = pg.test_dsn()
-    schema = f"{pg.SCHEMA_PREFIX}e2e_{random.randrange(16**8):08x}"
-    try:
-        yield pg.with_schema(dsn, schema)
-    finally:
-        import asyncio
-
-        asyncio.run(pg.drop_schema(dsn, schema))
-
-
-def test_two_servers_grant_unique_increasing_tokens(url: str) -> None:
+def test_two_servers_grant_unique_increasing_tokens(postgres_url: str) -> None:
     events: list[Event] = []  # list.append is atomic: every thread records into it
     abandoned = [0]
-    with lease_servers(url, 2) as addresses:
+    with lease_servers(postgres_url, 2) as addresses:
         stop_at = time.monotonic() + 4.0
 
         def worker(i: int) -> None:
@@ -140,11 +127,13 @@ def test_two_servers_grant_unique_increasing_tokens(url: str) -> None:
     assert abandoned[0] > 0
 
 
-def test_a_waiter_on_one_server_wakes_on_a_release_through_the_other(url: str) -> None:
+def test_a_waiter_on_one_server_wakes_on_a_release_through_the_other(
+    postgres_url: str,
+) -> None:
     """The release's NOTIFY reaches the other process; its 100 ms re-check is only the fallback."""
     latencies = []
     with (
-        lease_servers(url, 2) as (a, b),
+        lease_servers(postgres_url, 2) as (a, b),
         LeaseClient(a, holder="holder") as holder,
         LeaseClient(b, holder="waiter") as waiter,
     ):

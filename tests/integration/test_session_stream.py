@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +37,6 @@ from lease_server.server import lease_services, start_lease_server
 from lease_server.service import LeaseService
 from serving.auth import AuthPolicy
 from serving.server import KEEPALIVE_TIME_MS, BuiltServer, ServerOptions, build_server
-from tests import pg
 from tests.backends import LEASE_BACKENDS
 from tests.e2e.test_postgres_servers import lease_server_processes
 from tests.sessions import PING, Stream, acquire, error, info, release
@@ -518,26 +516,15 @@ async def test_a_paused_client_is_noticed_by_keepalive_and_its_calls_let_go() ->
 # -- a broken stream, carried on at another server -------------------------------------
 
 
-@pytest.fixture
-def shared_postgres() -> Iterator[str]:
-    """A lease backend URL on a fresh schema of the test PostgreSQL."""
-    dsn = pg.test_dsn()
-    schema = f"{pg.SCHEMA_PREFIX}session_{secrets.token_hex(4)}"
-    try:
-        yield pg.with_schema(dsn, schema)
-    finally:
-        asyncio.run(pg.drop_schema(dsn, schema))
-
-
 @pytest.mark.postgres
 async def test_a_broken_streams_calls_are_retried_on_a_second_server_with_the_same_outcome(
-    shared_postgres: str,
+    postgres_url: str,
 ) -> None:
     """Two server processes on one PostgreSQL: a client's stream to the first breaks (the
     process is killed) with an acquire granted and one waiting; on a stream to the second,
     the granted one retried with its request id returns the same lease, and the waiting
     one, retried, waits on and gets the lease once it is released there."""
-    with lease_server_processes(shared_postgres, 2) as [(first, first_proc), (second, _)]:
+    with lease_server_processes(postgres_url, 2) as [(first, first_proc), (second, _)]:
         async with grpc.aio.insecure_channel(first) as ch:
             stream = Stream.open(ch)
             granted = await stream.ask(acquire("orders", holder="A", request_id="a-1"))
