@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.harness import Result, baseline_of, markdown, progress, table
+from fencing.errors import FencingError
 
 RESULTS_MD = Path(__file__).with_name("RESULTS.md")
 
@@ -352,7 +353,9 @@ async def _run(names: list[str], options: Options) -> dict[str, tuple[Report, fl
         started = time.perf_counter()
         try:
             outcome = await section(options)
-        except (OSError, RuntimeError, ConnectionError) as exc:
+        except (OSError, RuntimeError, ConnectionError, FencingError) as exc:
+            # A server that failed mid-section (a backend too slow under load) loses that
+            # section, not the whole run.
             report = Report(notes=[f"skipped ({type(exc).__name__}: {exc})"])
             print(f"\n{title}: skipped ({type(exc).__name__}: {exc})", flush=True)
         else:

@@ -6,7 +6,9 @@ Acquire+Release as unary calls and through the lease stream (``Session``: one st
 per client, each call awaited by its id; :mod:`bench.stream_client`), and a one-op
 guarded Write, at each client count. The lease rows note the server's CPU per
 operation over the measured period (from /proc; the warm-up excluded), and the
-streamed row its ratio to the unary one: what a stream saves per call.
+streamed row its ratio to the unary one: what a stream saves per call. Two ``ping``
+calls per client loop are the stream's own floor for those two round trips: what is
+left above it is the lease service and its backend.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from bench.stream_client import SessionStream
 from fencing.v1 import guard_pb2, guard_pb2_grpc, lease_pb2, lease_pb2_grpc
 
 FLOOR = "empty gRPC call (floor)"
+#: The stream's own cost per Acquire+Release: the same two messages each way, answered
+#: by the stream alone (no service, no backend).
+PINGS = "two pings via Session (the stream's floor)"
 
 
 def unary_name(label: str) -> str:
@@ -114,16 +119,25 @@ async def _one_count(
     unary = await measure_server_cpu(
         lease, unary_name(label), acquire_release, n, duration, baseline=FLOOR
     )
+
+    async def pings(i: int) -> None:
+        await streams[i].ping()
+        await streams[i].ping()
+
     progress(f"{label} acquire+release via Session, {n} clients")
     try:
         through = await measure_server_cpu(
             lease, streamed_name(label), streamed, n, duration, baseline=FLOOR
         )
+        progress(f"two pings via Session, {n} clients")
+        stream_floor = await measure_server_cpu(lease, PINGS, pings, n, duration, baseline=FLOOR)
     finally:
         for stream in streams:
             await stream.close()
     through.note = streamed_note(through, unary)
     results += [unary, through]
+    if floor:
+        results.append(stream_floor)
     progress(f"{label} guarded write, {n} clients")
     results.append(await measure(f"{label}: Write (1 op)", write, n, duration, baseline=FLOOR))
     return results

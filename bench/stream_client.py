@@ -63,6 +63,9 @@ class SessionStream:
         request = lease_pb2.ReleaseRequest(resource=resource, token=token, holder=holder)
         await self.ask(lease_pb2.SessionCall(release=request))
 
+    async def ping(self) -> None:
+        await self.ask(lease_pb2.SessionCall(ping=lease_pb2.Ping()))
+
     async def close(self) -> None:
         """Half-close and wait for the server to end the stream (or cancel a broken one)."""
         try:
