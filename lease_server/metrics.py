@@ -13,6 +13,10 @@ metric                                meaning
                                       holders that died, paused or lost the network
 ``fencing_lease_renew_seconds``       time the backend took to renew (histogram)
 ``fencing_lease_watch_streams``       Watch streams open (gauge; counted at the edge)
+``fencing_lease_session_streams``     Session streams open (gauge)
+``fencing_lease_session_calls_total`` calls answered on Session streams, by ``kind``
+                                      (acquire, renew, ..., ping) and ``code`` (OK, or
+                                      the error's gRPC code: ABORTED is a held lease)
 ====================================  =====================================================
 
 The ``held`` gauge and the expiries are tracked per server process from the grants,
@@ -66,6 +70,17 @@ class LeaseMetrics:
             "fencing_lease_renew_seconds",
             "Time the backend took to renew a lease.",
             buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.session_streams = Gauge(
+            "fencing_lease_session_streams",
+            "Session streams open on this server.",
+            registry=registry,
+        )
+        self.session_calls = Counter(
+            "fencing_lease_session_calls_total",
+            "Calls answered on Session streams, by kind and gRPC code.",
+            ("kind", "code"),
             registry=registry,
         )
         self._clock = clock

@@ -43,9 +43,10 @@ from lease_server.leases import (
     TransitionKind,
 )
 from lease_server.metrics import LeaseMetrics
-from lease_server.session import DEFAULT_MAX_IN_FLIGHT, CallKind, Sessions
+from lease_server.session import CallKind, Sessions
 from lease_server.waiters import WaitQueues
 from lease_server.watch import EventFeed, ResourceFeed
+from serving.admission import DEFAULT_MAX_SESSION_IN_FLIGHT
 from serving.server import rpc
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         metrics: LeaseMetrics | None = None,
         *,
         event_retention: int = DEFAULT_EVENT_RETENTION,
-        session_max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        session_max_in_flight: int = DEFAULT_MAX_SESSION_IN_FLIGHT,
     ) -> None:
         self.backend = backend
         #: ``await job_claims(resource)``: the highest job claim token of a resource (the
@@ -176,6 +177,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                 "release_many": CallKind(_LEASE + "ReleaseMany", self.release_many),
             },
             session_max_in_flight,
+            self.metrics,
         )
 
     async def run(self) -> None:

@@ -35,6 +35,7 @@ import grpc
 import grpc.aio
 from google.protobuf.message import Message
 from google.rpc import status_pb2
+from prometheus_client import CollectorRegistry, Counter
 
 from fencing import _status, limits
 from fencing.errors import (
@@ -46,14 +47,12 @@ from fencing.errors import (
 )
 from fencing.types import SESSION_MAX_IN_FLIGHT_KEY
 from fencing.v1 import lease_pb2
-from serving.admission import admit_call
+from lease_server.metrics import LeaseMetrics
+from serving.admission import DEFAULT_MAX_SESSION_IN_FLIGHT, admit_call
 
 log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
-
-#: Calls in flight per stream, unless the server is told otherwise.
-DEFAULT_MAX_IN_FLIGHT = 256
 
 #: The SessionCall field of each kind of call -> the SessionReply field of its result.
 REPLY_FIELDS: Mapping[str, str] = {
@@ -85,7 +84,10 @@ class Sessions:
     """The Session streams of one service: ``serve`` runs one, ``drain`` moves them all."""
 
     def __init__(
-        self, kinds: Mapping[str, CallKind], max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+        self,
+        kinds: Mapping[str, CallKind],
+        max_in_flight: int = DEFAULT_MAX_SESSION_IN_FLIGHT,
+        metrics: LeaseMetrics | None = None,
     ) -> None:
         unknown = set(kinds) ^ set(REPLY_FIELDS)
         if unknown:
@@ -94,12 +96,24 @@ class Sessions:
             raise ValueError(f"max_in_flight must be at least 1, not {max_in_flight}")
         self.kinds = kinds
         self.max_in_flight = max_in_flight
+        self.metrics = metrics or LeaseMetrics(CollectorRegistry())
+        self._codes = {code.value[0]: code.name for code in grpc.StatusCode}
+        self._counters: dict[tuple[str, int], Counter] = {}
         self.draining = False
         self._open: set[_Stream] = set()
 
     @property
     def open_streams(self) -> int:
         return len(self._open)
+
+    def count(self, kind: str, reply: lease_pb2.SessionReply) -> None:
+        """Count an answered call of ``kind`` (its SessionCall field) by its code."""
+        code = reply.error.code if reply.WhichOneof("outcome") == "error" else 0
+        counter = self._counters.get((kind, code))
+        if counter is None:
+            name = self._codes.get(code, "UNKNOWN")
+            counter = self._counters[kind, code] = self.metrics.session_calls.labels(kind, name)
+        counter.inc()
 
     def drain(self, reason: str = "draining") -> None:
         """Tell every stream (and every stream opened from now) to move: a goaway, new
@@ -117,6 +131,7 @@ class Sessions:
         stream = _Stream(self)
         await context.send_initial_metadata(((SESSION_MAX_IN_FLIGHT_KEY, str(self.max_in_flight)),))
         self._open.add(stream)
+        self.metrics.session_streams.set(len(self._open))
         if self.draining:
             stream.drain("draining")
         reader = asyncio.create_task(stream.read(requests))
@@ -144,6 +159,7 @@ class Sessions:
                     return
         finally:
             self._open.discard(stream)
+            self.metrics.session_streams.set(len(self._open))
             reader.cancel()
             stream.cancel()
 
@@ -181,7 +197,7 @@ class _Stream:
             limits.check_session_calls(len(message.calls))
         except InvalidArgumentError as exc:
             for call in message.calls:
-                self._error(call.id, exc)
+                self._error(call.WhichOneof("call") or "none", call.id, exc)
             return
         for call in message.calls:
             self._start(call)
@@ -189,7 +205,7 @@ class _Stream:
     def _start(self, call: lease_pb2.SessionCall) -> None:
         which = call.WhichOneof("call")
         if which == "ping":
-            self._send(lease_pb2.SessionReply(id=call.id, pong=lease_pb2.Pong()))
+            self._reply(which, lease_pb2.SessionReply(id=call.id, pong=lease_pb2.Pong()))
             return
         try:
             if which is None:
@@ -213,7 +229,7 @@ class _Stream:
                 )
             deadline_ms = limits.check_deadline_ms(call.deadline_ms)
         except FencingError as exc:
-            self._error(call.id, exc)
+            self._error(which or "none", call.id, exc)
             return
         kind = self.sessions.kinds[which]
         request = getattr(call, which)
@@ -228,25 +244,18 @@ class _Stream:
             reply = await self._answer(call_id, which, kind, request, deadline_ms)
         finally:
             del self.in_flight[call_id]
-        self._send(reply)
+        self._reply(which, reply)
         self._end_if_done()
 
     async def _answer(
         self, call_id: int, which: str, kind: CallKind, request: Any, deadline_ms: int
     ) -> lease_pb2.SessionReply:
-        timer = asyncio.timeout(deadline_ms / 1000 if deadline_ms else None)
         try:
-            try:
-                with admit_call(kind.method, request):
-                    async with timer:
-                        result = await kind.answer(request)
-            except TimeoutError:
-                if not timer.expired():
-                    raise
-                raise DeadlineExceededError(
-                    f"deadline_ms {deadline_ms} passed before the call was decided: its "
-                    "effect is unknown (retry an acquire with the same request_id)"
-                ) from None
+            with admit_call(kind.method, request):
+                if deadline_ms:
+                    result = await self._within(deadline_ms, kind.answer(request))
+                else:  # no timer to arm: the common case, kept cheap
+                    result = await kind.answer(request)
         except FencingError as exc:
             return lease_pb2.SessionReply(id=call_id, error=_status.to_status(exc))
         except Exception:
@@ -257,8 +266,27 @@ class _Stream:
         outcome: dict[str, Any] = {REPLY_FIELDS[which]: result}
         return lease_pb2.SessionReply(id=call_id, **outcome)
 
-    def _error(self, call_id: int, exc: FencingError) -> None:
-        self._send(lease_pb2.SessionReply(id=call_id, error=_status.to_status(exc)))
+    @staticmethod
+    async def _within(deadline_ms: int, answer: Awaitable[Message]) -> Message:
+        timer = asyncio.timeout(deadline_ms / 1000)
+        try:
+            async with timer:
+                return await answer
+        except TimeoutError:
+            if not timer.expired():
+                raise
+            raise DeadlineExceededError(
+                f"deadline_ms {deadline_ms} passed before the call was decided: its "
+                "effect is unknown (retry an acquire with the same request_id)"
+            ) from None
+
+    def _error(self, kind: str, call_id: int, exc: FencingError) -> None:
+        self._reply(kind, lease_pb2.SessionReply(id=call_id, error=_status.to_status(exc)))
+
+    def _reply(self, kind: str, reply: lease_pb2.SessionReply) -> None:
+        if not self.ended:
+            self.sessions.count(kind, reply)
+            self.out.put_nowait(reply)
 
     def _send(self, item: _Out) -> None:
         if not self.ended:

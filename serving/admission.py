@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 #: Default caps per client.
 DEFAULT_MAX_WAITERS = 64
 DEFAULT_MAX_WATCH_STREAMS = 16
+#: Default cap on the calls in flight on one lease Session stream.
+DEFAULT_MAX_SESSION_IN_FLIGHT = 256
 
 _principal: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "fencing_principal", default=None
@@ -320,6 +322,7 @@ class AdmissionInterceptor(handlers.HandlerInterceptor):
 
 
 __all__ = [
+    "DEFAULT_MAX_SESSION_IN_FLIGHT",
     "DEFAULT_MAX_WAITERS",
     "DEFAULT_MAX_WATCH_STREAMS",
     "Admission",

@@ -30,7 +30,7 @@ from google.protobuf.message import Message
 
 from fencing import _status
 from fencing.errors import BackendUnavailableError, InvalidArgumentError
-from fencing.limits import MAX_SESSION_CALLS
+from fencing.limits import MAX_DEADLINE_MS, MAX_SESSION_CALLS
 from fencing.types import SESSION_MAX_IN_FLIGHT_KEY
 from fencing.v1 import lease_pb2
 
@@ -112,8 +112,9 @@ class Fallback(Exception):
 
 
 def deadline_ms_of(timeout: float) -> int:
-    """A call's ``deadline_ms``: its timeout, rounded up to a whole millisecond (at least 1)."""
-    return max(1, math.ceil(timeout * 1000))
+    """A call's ``deadline_ms``: its timeout, rounded up to a whole millisecond (at least 1,
+    at most the contract's :data:`~fencing.limits.MAX_DEADLINE_MS`)."""
+    return min(MAX_DEADLINE_MS, max(1, math.ceil(timeout * 1000)))
 
 
 def session_call(method: str, request: Message, timeout: float) -> lease_pb2.SessionCall:

@@ -564,7 +564,10 @@ class SessionRequest(_message.Message):
     CALLS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionCall]:
-        """1 to 1,000 calls; a message may also carry none (a client's keepalive is a ping)."""
+        """Up to 1,000 calls; more, and each of them is answered INVALID_ARGUMENT naming
+        "calls". A message of none is allowed and answered by nothing (a client's liveness
+        check is a ping call).
+        """
 
     def __init__(
         self,
@@ -593,10 +596,15 @@ class SessionCall(_message.Message):
     RELEASE_MANY_FIELD_NUMBER: _builtins.int
     PING_FIELD_NUMBER: _builtins.int
     id: _builtins.int
-    """Chosen by the client; the reply carries it back."""
+    """Chosen by the client; the reply carries it back. An id already in flight on the
+    stream is answered INVALID_ARGUMENT naming "id" (that reply bears the same id, so
+    a client never reuses one before its reply came).
+    """
     deadline_ms: _builtins.int
     """Milliseconds from the server's receipt of the call after which an undecided call is
-    answered DEADLINE_EXCEEDED (0: no deadline but the stream's). Caps an acquire's wait.
+    answered DEADLINE_EXCEEDED (its effect unknown: retry an acquire with the same
+    request_id); 0: no deadline but the stream's. 0 to 3,600,000, else INVALID_ARGUMENT
+    naming "deadline_ms". Caps an acquire's wait.
     """
     @_builtins.property
     def acquire(self) -> Global___AcquireRequest: ...
@@ -612,7 +620,9 @@ class SessionCall(_message.Message):
     def release_many(self) -> Global___ReleaseManyRequest: ...
     @_builtins.property
     def ping(self) -> Global___Ping:
-        """Answered at once with pong: the stream's liveness, not any lease's."""
+        """Answered at once with pong: the stream's liveness, not any lease's. Not a call
+        in flight (never RESOURCE_EXHAUSTED), answered while draining too.
+        """
 
     def __init__(
         self,
@@ -711,7 +721,13 @@ class SessionReply(_message.Message):
     id: _builtins.int
     @_builtins.property
     def error(self) -> _status_pb2.Status:
-        """The error the unary call would have ended with (code, message, ErrorInfo)."""
+        """The error the unary call would have ended with (code, message, ErrorInfo), or
+        the stream's own verdict on the call: RESOURCE_EXHAUSTED (ErrorInfo metadata
+        limit "session_in_flight"), UNAVAILABLE after goaway, DEADLINE_EXCEEDED, or
+        INVALID_ARGUMENT for the envelope ("calls", "id", "deadline_ms", "call").
+        Authorization is per call, as for the unary method (PERMISSION_DENIED here);
+        the stream itself only authenticates (UNAUTHENTICATED ends it at once).
+        """
 
     @_builtins.property
     def acquired(self) -> Global___Lease: ...

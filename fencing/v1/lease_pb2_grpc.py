@@ -181,11 +181,13 @@ class LeaseServiceServicer:
         over: when a stream breaks, its calls in flight have unknown outcomes, and the
         client reconnects (to any server) and retries; an acquire retried with the same
         request_id and holder returns the lease already granted. Limits: at most
-        max_in_flight calls in flight per stream (initial metadata
-        "fencing-session-max-in-flight"); a call beyond it is answered RESOURCE_EXHAUSTED
-        and nothing else happens to the stream. A draining server (SIGTERM) sends a
-        SessionResponse with goaway set, accepts no new calls (answered UNAVAILABLE),
-        answers those in flight, then ends the stream: the client moves to a new stream.
+        max_in_flight calls in flight per stream (the server's --session-max-in-flight,
+        sent in the stream's initial metadata "fencing-session-max-in-flight" when it
+        opens); a call beyond it is answered RESOURCE_EXHAUSTED and nothing else happens to
+        the stream. Bytes that are no SessionRequest end the stream INVALID_ARGUMENT. A
+        draining server (SIGTERM) sends a SessionResponse with goaway set, accepts no new
+        calls (answered UNAVAILABLE), answers those in flight, then ends the stream: the
+        client moves to a new stream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

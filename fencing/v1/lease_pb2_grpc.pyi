@@ -89,11 +89,13 @@ class LeaseServiceStub:
     over: when a stream breaks, its calls in flight have unknown outcomes, and the
     client reconnects (to any server) and retries; an acquire retried with the same
     request_id and holder returns the lease already granted. Limits: at most
-    max_in_flight calls in flight per stream (initial metadata
-    "fencing-session-max-in-flight"); a call beyond it is answered RESOURCE_EXHAUSTED
-    and nothing else happens to the stream. A draining server (SIGTERM) sends a
-    SessionResponse with goaway set, accepts no new calls (answered UNAVAILABLE),
-    answers those in flight, then ends the stream: the client moves to a new stream.
+    max_in_flight calls in flight per stream (the server's --session-max-in-flight,
+    sent in the stream's initial metadata "fencing-session-max-in-flight" when it
+    opens); a call beyond it is answered RESOURCE_EXHAUSTED and nothing else happens to
+    the stream. Bytes that are no SessionRequest end the stream INVALID_ARGUMENT. A
+    draining server (SIGTERM) sends a SessionResponse with goaway set, accepts no new
+    calls (answered UNAVAILABLE), answers those in flight, then ends the stream: the
+    client moves to a new stream.
     """
 
 @_typing.type_check_only
@@ -151,11 +153,13 @@ class LeaseServiceAsyncStub(LeaseServiceStub):
     over: when a stream breaks, its calls in flight have unknown outcomes, and the
     client reconnects (to any server) and retries; an acquire retried with the same
     request_id and holder returns the lease already granted. Limits: at most
-    max_in_flight calls in flight per stream (initial metadata
-    "fencing-session-max-in-flight"); a call beyond it is answered RESOURCE_EXHAUSTED
-    and nothing else happens to the stream. A draining server (SIGTERM) sends a
-    SessionResponse with goaway set, accepts no new calls (answered UNAVAILABLE),
-    answers those in flight, then ends the stream: the client moves to a new stream.
+    max_in_flight calls in flight per stream (the server's --session-max-in-flight,
+    sent in the stream's initial metadata "fencing-session-max-in-flight" when it
+    opens); a call beyond it is answered RESOURCE_EXHAUSTED and nothing else happens to
+    the stream. Bytes that are no SessionRequest end the stream INVALID_ARGUMENT. A
+    draining server (SIGTERM) sends a SessionResponse with goaway set, accepts no new
+    calls (answered UNAVAILABLE), answers those in flight, then ends the stream: the
+    client moves to a new stream.
     """
 
 class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -270,11 +274,13 @@ class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
         over: when a stream breaks, its calls in flight have unknown outcomes, and the
         client reconnects (to any server) and retries; an acquire retried with the same
         request_id and holder returns the lease already granted. Limits: at most
-        max_in_flight calls in flight per stream (initial metadata
-        "fencing-session-max-in-flight"); a call beyond it is answered RESOURCE_EXHAUSTED
-        and nothing else happens to the stream. A draining server (SIGTERM) sends a
-        SessionResponse with goaway set, accepts no new calls (answered UNAVAILABLE),
-        answers those in flight, then ends the stream: the client moves to a new stream.
+        max_in_flight calls in flight per stream (the server's --session-max-in-flight,
+        sent in the stream's initial metadata "fencing-session-max-in-flight" when it
+        opens); a call beyond it is answered RESOURCE_EXHAUSTED and nothing else happens to
+        the stream. Bytes that are no SessionRequest end the stream INVALID_ARGUMENT. A
+        draining server (SIGTERM) sends a SessionResponse with goaway set, accepts no new
+        calls (answered UNAVAILABLE), answers those in flight, then ends the stream: the
+        client moves to a new stream.
         """
 
 def add_LeaseServiceServicer_to_server(servicer: LeaseServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

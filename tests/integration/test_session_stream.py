@@ -4,36 +4,43 @@ id with the unary call's verdict, concurrently, in any order."""
 from __future__ import annotations
 
 import asyncio
-import itertools
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
-from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from fencing import _status
 from fencing.errors import (
+    BackendUnavailableError,
     DeadlineExceededError,
     InvalidArgumentError,
     LeaseHeldError,
     LeaseLost,
     PermissionDeniedError,
+    ResourceExhaustedError,
 )
+from fencing.limits import MAX_SESSION_CALLS
 from fencing.types import SESSION_MAX_IN_FLIGHT_KEY
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from lease_server.backends.base import LeaseBackend
-from lease_server.server import lease_services
+from lease_server.backends.memory import MemoryBackend
+from lease_server.metrics import LeaseMetrics
+from lease_server.server import lease_services, start_lease_server
 from lease_server.service import LeaseService
 from serving.auth import AuthPolicy
-from serving.server import BuiltServer, ServerOptions, build_server
-from tests.backends import TimeControl
-from tests.waiting import HANG_GUARD
-
-Pair = tuple[LeaseBackend, TimeControl]
+from serving.server import KEEPALIVE_TIME_MS, BuiltServer, ServerOptions, build_server
+from tests.backends import LEASE_BACKENDS
+from tests.e2e.test_postgres_servers import lease_server_processes
+from tests.sessions import PING, Stream, acquire, error, info, release
+from tests.waiting import HANG_GUARD, eventually
 
 
 @dataclass
@@ -48,58 +55,33 @@ class Served:
         await self.built.server.stop(grace)
 
 
+#: The in-flight cap of the servers here: small, so a test can reach it.
+MAX_IN_FLIGHT = 8
+
+
 async def serve(backend: LeaseBackend, options: ServerOptions | None = None) -> Served:
-    service, services = lease_services(backend)
+    options, metrics = (
+        options or ServerOptions(session_max_in_flight=MAX_IN_FLIGHT)
+    ).with_metrics()
+    service, services = lease_services(
+        backend, metrics.group(LeaseMetrics), session_max_in_flight=options.session_max_in_flight
+    )
     built = await build_server("127.0.0.1:0", services, options=options)
     await built.server.start()
     return Served(service, built, f"127.0.0.1:{built.port}")
 
 
-@pytest.fixture
-async def served(lease_backend: Pair) -> AsyncIterator[Served]:
-    server = await serve(lease_backend[0])
-    yield server
-    await server.stop()
+#: The stream is the service's, above any backend: one of each kind is enough (a Redis
+#: Cluster behaves as Redis here, and takes long to start).
+BACKENDS = ("memory", "sqlite", "postgres", "redis")
 
 
-@dataclass
-class Stream:
-    """A raw Session stream: send calls, await each reply by id."""
-
-    call: Any
-    ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-    pending: dict[int, asyncio.Future[lease_pb2.SessionReply]] = field(default_factory=dict)
-    responses: list[lease_pb2.SessionResponse] = field(default_factory=list)
-    order: list[int] = field(default_factory=list)
-    reader: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        async for response in self.call:
-            self.responses.append(response)
-            for reply in response.replies:
-                self.order.append(reply.id)
-                future = self.pending.pop(reply.id, None)
-                if future is not None and not future.done():
-                    future.set_result(reply)
-
-    async def send(self, *calls: lease_pb2.SessionCall) -> list[asyncio.Future[Any]]:
-        futures = []
-        for call in calls:
-            if not call.id:
-                call.id = next(self.ids)
-            future = asyncio.get_running_loop().create_future()
-            self.pending[call.id] = future
-            futures.append(future)
-        await self.call.write(lease_pb2.SessionRequest(calls=calls))
-        return futures
-
-    async def ask(self, call: lease_pb2.SessionCall) -> lease_pb2.SessionReply:
-        (future,) = await self.send(call)
-        reply: lease_pb2.SessionReply = await asyncio.wait_for(future, HANG_GUARD)
-        return reply
+@pytest.fixture(params=BACKENDS)
+async def served(request: pytest.FixtureRequest) -> AsyncIterator[Served]:
+    async with LEASE_BACKENDS[request.param]() as (backend, _):
+        server = await serve(backend)
+        yield server
+        await server.stop()
 
 
 @pytest.fixture
@@ -114,31 +96,6 @@ async def stream(channel: grpc.aio.Channel) -> AsyncIterator[Stream]:
     s.start()
     yield s
     s.call.cancel()
-
-
-def acquire(resource: str, holder: str = "h", *, wait_ms: int = 0, ttl_ms: int = 60_000,
-            request_id: str = "", deadline_ms: int = 0) -> lease_pb2.SessionCall:  # fmt: skip
-    return lease_pb2.SessionCall(
-        deadline_ms=deadline_ms,
-        acquire=lease_pb2.AcquireRequest(
-            resource=resource, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms, request_id=request_id
-        ),
-    )
-
-
-def error(reply: lease_pb2.SessionReply) -> Exception:
-    assert reply.WhichOneof("outcome") == "error", reply
-    found = _status.from_status(reply.error)
-    assert found is not None, reply.error
-    return found
-
-
-def info(status: status_pb2.Status) -> error_details_pb2.ErrorInfo:
-    for detail in status.details:
-        found = error_details_pb2.ErrorInfo()
-        if detail.Unpack(found):
-            return found
-    raise AssertionError(f"no ErrorInfo in {status}")
 
 
 async def test_every_call_kind_is_answered_by_id(stream: Stream) -> None:
@@ -189,7 +146,7 @@ async def test_every_call_kind_is_answered_by_id(stream: Stream) -> None:
 
 async def test_the_stream_announces_its_in_flight_limit(stream: Stream) -> None:
     metadata = dict(await stream.call.initial_metadata())
-    assert int(metadata[SESSION_MAX_IN_FLIGHT_KEY]) >= 1
+    assert metadata[SESSION_MAX_IN_FLIGHT_KEY] == str(MAX_IN_FLIGHT)
 
 
 #: Calls whose unary twin fails, and how (each checked against the unary call itself).
@@ -279,9 +236,10 @@ async def test_a_waiting_acquire_that_runs_out_is_lease_held(stream: Stream) -> 
 
 
 async def test_many_calls_in_one_message_each_get_a_reply(stream: Stream) -> None:
-    futures = await stream.send(*(acquire(f"r{i}") for i in range(50)))
+    names = [f"r{i}" for i in range(MAX_IN_FLIGHT)]
+    futures = await stream.send(*(acquire(name) for name in names))
     replies = await asyncio.wait_for(asyncio.gather(*futures), HANG_GUARD)
-    assert sorted(r.acquired.resource for r in replies) == sorted(f"r{i}" for i in range(50))
+    assert sorted(r.acquired.resource for r in replies) == sorted(names)
 
 
 async def test_a_replayed_request_id_returns_the_same_lease(stream: Stream) -> None:
@@ -315,8 +273,6 @@ async def test_deadline_ms_cuts_a_wait_short(stream: Stream) -> None:
 
 
 async def test_each_call_is_authorized_as_its_unary_method_and_bound_to_the_principal() -> None:
-    from lease_server.backends.memory import MemoryBackend
-
     policy = AuthPolicy.from_dict(
         {
             "principals": {
@@ -365,3 +321,236 @@ async def test_each_call_is_authorized_as_its_unary_method_and_bound_to_the_prin
     finally:
         await server.stop()
         await backend.close()
+
+
+# -- limits -------------------------------------------------------------------------------
+
+
+async def test_calls_beyond_the_in_flight_cap_are_resource_exhausted(
+    stream: Stream, channel: grpc.aio.Channel
+) -> None:
+    first = await stream.ask(acquire("busy", holder="first"))
+    waiting = await stream.send(
+        *(acquire("busy", holder=f"w{i}", wait_ms=30_000) for i in range(MAX_IN_FLIGHT))
+    )
+    beyond = await stream.ask(acquire("free"))
+    exhausted = error(beyond)
+    assert isinstance(exhausted, ResourceExhaustedError)
+    assert exhausted.limit == "session_in_flight"
+    assert beyond.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    # Pings are not calls in flight: the stream's liveness is never refused.
+    assert (await stream.ask(PING)).WhichOneof("outcome") == "pong"
+    assert not any(w.done() for w in waiting)
+    # The cap is per stream: another stream of the same client is not full.
+    other = Stream(lease_pb2_grpc.LeaseServiceStub(channel).Session())
+    other.start()
+    released = await other.ask(
+        lease_pb2.SessionCall(
+            release=lease_pb2.ReleaseRequest(resource="busy", token=first.acquired.token)
+        )
+    )
+    assert released.WhichOneof("outcome") == "released"
+    other.call.cancel()
+    (done,), _ = await asyncio.wait(waiting, timeout=HANG_GUARD, return_when="FIRST_COMPLETED")
+    assert done.result().WhichOneof("outcome") == "acquired"
+    # One slot free again: the call that was refused now gets its verdict.
+    assert (await stream.ask(acquire("free"))).WhichOneof("outcome") == "acquired"
+
+
+async def test_a_message_of_too_many_calls_is_invalid_naming_calls(stream: Stream) -> None:
+    futures = await stream.send(
+        *(lease_pb2.SessionCall(ping=lease_pb2.Ping()) for _ in range(MAX_SESSION_CALLS + 1))
+    )
+    replies = await asyncio.wait_for(asyncio.gather(*futures), HANG_GUARD)
+    assert len(replies) == MAX_SESSION_CALLS + 1
+    for reply in replies:
+        assert isinstance(error(reply), InvalidArgumentError)
+        assert info(reply.error).metadata["field"] == "calls"
+    # A full message is fine.
+    futures = await stream.send(*(lease_pb2.SessionCall(ping=lease_pb2.Ping()) for _ in range(10)))
+    assert all(r.WhichOneof("outcome") == "pong" for r in await asyncio.gather(*futures))
+
+
+async def test_a_bad_deadline_is_invalid_naming_it(stream: Stream) -> None:
+    reply = await stream.ask(acquire("r", deadline_ms=-1))
+    assert isinstance(error(reply), InvalidArgumentError)
+    assert info(reply.error).metadata["field"] == "deadline_ms"
+
+
+async def test_calls_are_counted_by_kind_and_code(served: Served, stream: Stream) -> None:
+    await stream.ask(acquire("c"))
+    await stream.ask(acquire("c", holder="other"))
+    await stream.ask(PING)
+    value = served.built.metrics.registry.get_sample_value
+    calls = "fencing_lease_session_calls_total"
+    assert value(calls, {"kind": "acquire", "code": "OK"}) == 1
+    assert value(calls, {"kind": "acquire", "code": "ABORTED"}) == 1
+    assert value(calls, {"kind": "ping", "code": "OK"}) == 1
+    assert value("fencing_lease_session_streams") == 1
+    assert value("fencing_lease_acquires_total", {"outcome": "held"}) == 1
+
+
+# -- drain --------------------------------------------------------------------------------
+
+
+class _GatedBackend(MemoryBackend):
+    """Acquires of ``slow`` wait for ``gate``: a call kept in flight as long as a test wants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    async def acquire(self, resource: str, holder: str, ttl_ms: int, request_id: str) -> Any:
+        if resource == "slow":
+            self.entered.set()
+            await self.gate.wait()
+        return await super().acquire(resource, holder, ttl_ms, request_id)
+
+
+async def test_a_draining_server_sends_goaway_refuses_new_calls_and_finishes_those_in_flight() -> (
+    None
+):
+    backend = _GatedBackend()
+    server = await start_lease_server(backend, "127.0.0.1:0", queue="off")
+    stopping: asyncio.Task[None] | None = None
+    try:
+        async with grpc.aio.insecure_channel(server.address) as ch:
+            s = Stream(lease_pb2_grpc.LeaseServiceStub(ch).Session())
+            s.start()
+            held = await s.ask(acquire("busy", holder="first"))
+            assert held.WhichOneof("outcome") == "acquired"
+            (slow,) = await s.send(acquire("slow"))
+            (waiter,) = await s.send(acquire("busy", holder="second", wait_ms=30_000))
+            await asyncio.wait_for(backend.entered.wait(), HANG_GUARD)
+            stopping = asyncio.create_task(server.stop(grace=HANG_GUARD))
+            await eventually(lambda: any(r.HasField("goaway") for r in s.responses), "goaway")
+            # The waiter is answered at once, retryable (the same request id, elsewhere).
+            assert isinstance(
+                error(await asyncio.wait_for(waiter, HANG_GUARD)), BackendUnavailableError
+            )
+            late = await s.ask(acquire("late"))
+            assert isinstance(error(late), BackendUnavailableError)
+            assert late.error.code == grpc.StatusCode.UNAVAILABLE.value[0]
+            assert not slow.done()
+            backend.gate.set()
+            assert (await asyncio.wait_for(slow, HANG_GUARD)).acquired.resource == "slow"
+            assert s.reader is not None
+            await asyncio.wait_for(s.reader, HANG_GUARD)  # the stream ended, status OK
+            assert await s.call.code() == grpc.StatusCode.OK
+            await asyncio.wait_for(stopping, HANG_GUARD)
+    finally:
+        if stopping is None:
+            await server.stop(0)
+
+
+# -- keepalive ----------------------------------------------------------------------------
+
+#: A client process: a Session to each address with a waiting acquire on it, "ready"
+#: once both are queued, then idle (the test pauses it with SIGSTOP).
+_PAUSED_CLIENT = """
+import asyncio, sys
+import grpc.aio
+from fencing.v1 import lease_pb2, lease_pb2_grpc
+
+async def main():
+    calls = []
+    for address in sys.argv[1:]:
+        channel = grpc.aio.insecure_channel(address)
+        call = lease_pb2_grpc.LeaseServiceStub(channel).Session()
+        await call.write(lease_pb2.SessionRequest(calls=[lease_pb2.SessionCall(
+            id=1, acquire=lease_pb2.AcquireRequest(
+                resource="busy", holder="paused", ttl_ms=60_000, wait_ms=300_000))]))
+        calls.append(call)
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+async def test_a_paused_client_is_noticed_by_keepalive_and_its_calls_let_go() -> None:
+    """With a short keepalive a server drops the stream of a paused client, and the
+    waiter it left with it; the control server, keepalive as shipped (10 + 5 s), still
+    holds its stream then."""
+    servers = []
+    for keepalive_ms in (500, KEEPALIVE_TIME_MS):
+        backend = MemoryBackend()
+        await backend.open()
+        options = ServerOptions(keepalive_time_ms=keepalive_ms, keepalive_timeout_ms=500)
+        server = await serve(backend, options)
+        holder = Stream.open(grpc.aio.insecure_channel(server.address))
+        assert (await holder.ask(acquire("busy", holder="first"))).WhichOneof("outcome")
+        servers.append((server, holder))
+    (quick, _), (control, _) = servers
+    client = subprocess.Popen(  # noqa: ASYNC220  (started once; its output read off-loop)
+        [sys.executable, "-c", _PAUSED_CLIENT, quick.address, control.address],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    try:
+        assert client.stdout is not None
+        assert await asyncio.to_thread(client.stdout.readline) == "ready\n"
+        for server, _ in servers:
+            waiters = server.service.waiters
+            await eventually(lambda w=waiters: w.waiting("busy") == 1, "queued")  # type: ignore[misc]
+        client.send_signal(signal.SIGSTOP)
+        await eventually(
+            lambda: quick.service.sessions.open_streams == 1, "the paused stream dropped"
+        )
+        await eventually(lambda: quick.service.waiters.waiting("busy") == 0, "its waiter let go")
+        assert control.service.sessions.open_streams == 2
+        assert control.service.waiters.waiting("busy") == 1
+    finally:
+        client.kill()
+        client.wait()
+        if client.stdout is not None:
+            client.stdout.close()
+        for server, holder in servers:
+            holder.call.cancel()
+            await server.stop()
+
+
+# -- a broken stream, carried on at another server -------------------------------------
+
+
+@pytest.mark.postgres
+async def test_a_broken_streams_calls_are_retried_on_a_second_server_with_the_same_outcome(
+    postgres_url: str,
+) -> None:
+    """Two server processes on one PostgreSQL: a client's stream to the first breaks (the
+    process is killed) with an acquire granted and one waiting; on a stream to the second,
+    the granted one retried with its request id returns the same lease, and the waiting
+    one, retried, waits on and gets the lease once it is released there."""
+    with lease_server_processes(postgres_url, 2) as [(first, first_proc), (second, _)]:
+        async with grpc.aio.insecure_channel(first) as ch:
+            stream = Stream.open(ch)
+            granted = await stream.ask(acquire("orders", holder="A", request_id="a-1"))
+            assert granted.WhichOneof("outcome") == "acquired"
+            (waiting,) = await stream.send(
+                acquire("orders", holder="B", wait_ms=60_000, request_id="b-1")
+            )
+            await asyncio.sleep(0.5)  # B is in line (not asserted: only its retry matters)
+            first_proc.kill()
+            await asyncio.to_thread(first_proc.wait, HANG_GUARD)
+            assert stream.reader is not None
+            await asyncio.wait_for(
+                asyncio.gather(stream.reader, return_exceptions=True), HANG_GUARD
+            )
+            assert await stream.call.code() == grpc.StatusCode.UNAVAILABLE
+            assert not waiting.done()  # its outcome is unknown: retry it
+        async with grpc.aio.insecure_channel(second) as ch:
+            stream = Stream.open(ch)
+            again = await stream.ask(acquire("orders", holder="A", request_id="a-1"))
+            assert again.acquired.token == granted.acquired.token
+            (retried,) = await stream.send(
+                acquire("orders", holder="B", wait_ms=60_000, request_id="b-1")
+            )
+            released = await stream.ask(release("orders", granted.acquired.token))
+            assert released.WhichOneof("outcome") == "released"
+            taken = await asyncio.wait_for(retried, HANG_GUARD)
+            assert taken.acquired.holder == "B"
+            assert taken.acquired.token > granted.acquired.token
+            stream.call.cancel()

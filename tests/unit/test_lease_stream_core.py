@@ -15,7 +15,7 @@ from fencing.errors import (
     InvalidArgumentError,
     LeaseHeldError,
 )
-from fencing.limits import MAX_SESSION_CALLS
+from fencing.limits import MAX_DEADLINE_MS, MAX_SESSION_CALLS
 from fencing.types import SESSION_MAX_IN_FLIGHT_KEY
 from fencing.v1 import lease_pb2
 
@@ -30,6 +30,7 @@ def test_a_call_carries_its_request_and_its_deadline() -> None:
     assert call.WhichOneof("call") == "acquire"
     assert call.acquire.resource == "orders"
     assert call.deadline_ms == 1  # rounded up, never 0 (that would be no deadline)
+    assert acquire_call(timeout=10 * 3600).deadline_ms == MAX_DEADLINE_MS
     for method, kind in _lease_stream.KINDS.items():
         assert kind.call in lease_pb2.SessionCall.DESCRIPTOR.fields_by_name, method
         assert kind.reply in lease_pb2.SessionReply.DESCRIPTOR.fields_by_name, method
