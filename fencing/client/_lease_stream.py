@@ -17,19 +17,23 @@ result, or the same :mod:`fencing.errors` exception, the unary RPC would have gi
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from collections import deque
 from collections.abc import Callable, Iterable
 from enum import StrEnum
-from typing import Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
 from fencing import _status
-from fencing.errors import BackendUnavailableError, InvalidArgumentError
+from fencing.errors import (
+    BackendUnavailableError,
+    DeadlineExceededError,
+    FencingError,
+    InvalidArgumentError,
+)
 from fencing.limits import MAX_DEADLINE_MS, MAX_SESSION_CALLS
 from fencing.types import SESSION_MAX_IN_FLIGHT_KEY
 from fencing.v1 import lease_pb2
@@ -156,12 +160,28 @@ def ended_error(err: Exception | None = None) -> Exception:
     )
 
 
-def ended_by(code: grpc.StatusCode, details: str) -> Callable[[], Exception] | None:
-    """What each call in flight on a stream that ended with ``code`` fails with; None
-    for UNIMPLEMENTED (the server has no Session: remember it, and see :func:`refusal`)."""
-    if code == grpc.StatusCode.UNIMPLEMENTED:
+def ended_by(err: grpc.RpcError) -> Callable[[], Exception] | None:
+    """What each call in flight on a stream that ended with ``err`` fails with (one
+    exception per call); None for UNIMPLEMENTED (the server has no Session: remember
+    it, and see :func:`refusal`).
+
+    The stream's own verdict (UNAUTHENTICATED, ...) is what the unary call would have
+    said, and is raised as such; a stream that broke (UNAVAILABLE, a reset, a cancel,
+    a server error) leaves its calls' outcome unknown: :func:`ended_error`.
+    """
+    call: Any = err
+    if call.code() == grpc.StatusCode.UNIMPLEMENTED:
         return None
-    return functools.partial(ended_error, status_error(code, details))
+
+    def error() -> Exception:
+        exc = _status.from_rpc_error(err)
+        if isinstance(exc, FencingError) and not isinstance(
+            exc, BackendUnavailableError | DeadlineExceededError
+        ):
+            return exc
+        return ended_error(exc)
+
+    return error
 
 
 def refusal(closed: bool, transport: Transport) -> Exception:

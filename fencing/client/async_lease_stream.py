@@ -258,7 +258,7 @@ class AsyncStreamStub:
 
     def _broken(self, err: grpc.RpcError) -> Callable[[], Exception]:
         """The stream ended with ``err``: what each of its calls in flight fails with."""
-        error = _lease_stream.ended_by(err.code(), err.details() or "")
+        error = _lease_stream.ended_by(err)
         if error is not None:
             return error
         self.unary_only = True  # no Session here: remember it

@@ -246,7 +246,7 @@ class StreamStub:
 
     def _broken(self, err: grpc.RpcError) -> Callable[[], Exception]:
         """The stream ended with ``err``: what each of its calls in flight fails with."""
-        error = _lease_stream.ended_by(err.code(), err.details() or "")
+        error = _lease_stream.ended_by(err)
         if error is not None:
             return error
         with self._lock:  # no Session here: remember it

@@ -14,6 +14,7 @@ from fencing.errors import (
     DeadlineExceededError,
     InvalidArgumentError,
     LeaseHeldError,
+    UnauthenticatedError,
 )
 from fencing.limits import MAX_DEADLINE_MS, MAX_SESSION_CALLS
 from fencing.types import SESSION_MAX_IN_FLIGHT_KEY
@@ -118,12 +119,19 @@ def test_replies_mean_what_the_unary_call_would_have_said() -> None:
     assert isinstance(_lease_stream.outcome(lease_pb2.SessionReply(id=5)), BackendUnavailableError)
 
 
-def test_a_stream_that_ends_fails_its_calls_as_unavailable_except_unimplemented() -> None:
-    ended = _lease_stream.ended_by(grpc.StatusCode.UNAVAILABLE, "reset")
+def test_a_stream_that_ends_fails_its_calls_as_unavailable_or_with_its_own_verdict() -> None:
+    ended = _lease_stream.ended_by(StreamCallError(grpc.StatusCode.UNAVAILABLE, "reset"))
     assert ended is not None
     assert isinstance(ended(), BackendUnavailableError)
     assert ended() is not ended()  # one exception per waiter
-    assert _lease_stream.ended_by(grpc.StatusCode.UNIMPLEMENTED, "old server") is None
+    cancelled = _lease_stream.ended_by(StreamCallError(grpc.StatusCode.CANCELLED, "gone"))
+    assert cancelled is not None
+    assert isinstance(cancelled(), BackendUnavailableError)  # outcome unknown: retried
+    refused = _lease_stream.ended_by(StreamCallError(grpc.StatusCode.UNAUTHENTICATED, "who?"))
+    assert refused is not None
+    assert isinstance(refused(), UnauthenticatedError)  # as the unary call says it
+    old = StreamCallError(grpc.StatusCode.UNIMPLEMENTED, "old server")
+    assert _lease_stream.ended_by(old) is None
     assert isinstance(_lease_stream.refusal(False, Transport.AUTO), Fallback)
     strict = _lease_stream.refusal(False, Transport.STREAM)
     assert isinstance(strict, StreamCallError)
