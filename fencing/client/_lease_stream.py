@@ -22,7 +22,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterable
 from enum import StrEnum
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -208,12 +208,52 @@ def max_in_flight_of(headers: Iterable[tuple[str, str | bytes]] | None) -> int:
     return DEFAULT_MAX_IN_FLIGHT
 
 
+class Waiter(Protocol):
+    """What the twins wake a caller with: a ``concurrent.futures.Future`` or an
+    ``asyncio.Future`` (both have these)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Any, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
+def settle(waiter: Waiter, result: Message | Exception) -> None:
+    """Hand ``result`` to ``waiter``, unless its caller already gave up waiting."""
+    if waiter.done():
+        return
+    if isinstance(result, Exception):
+        waiter.set_exception(result)
+    else:
+        waiter.set_result(result)
+
+
 class Moved(NamedTuple, Generic[W]):
     """A call a goaway moves to a new stream."""
 
     waiter: W
     call: lease_pb2.SessionCall
     moves: int
+
+
+class Received(NamedTuple, Generic[W]):
+    """What one SessionResponse does to a stream's calls: the replies to hand out, and on
+    a goaway (the stream then takes no new calls) the unsent calls to move and those to
+    fail (moved too often)."""
+
+    settled: list[tuple[W, Message | Exception]]
+    goaway: bool
+    moved: list[Moved[W]]
+    failed: list[W]
+
+
+def deliver(received: Received[Any]) -> None:
+    """Hand out the replies of ``received``, and fail the calls it could not move."""
+    for waiter, result in received.settled:
+        settle(waiter, result)
+    for waiter in received.failed:
+        settle(waiter, draining_error())
 
 
 def draining_error() -> Exception:
@@ -282,6 +322,14 @@ class SessionBook(Generic[W]):
             if waiter is not None:
                 settled.append((waiter, outcome(reply)))
         return settled
+
+    def receive(self, response: lease_pb2.SessionResponse) -> Received[W]:
+        """Take in one response (see :class:`Received`; hand it on with :func:`deliver`)."""
+        settled = self.settle(response)
+        if not response.HasField("goaway"):
+            return Received(settled, False, [], [])
+        moved, failed = self.take_unsent()
+        return Received(settled, True, moved, failed)
 
     def take_unsent(self) -> tuple[list[Moved[W]], list[W]]:
         """A goaway: the calls not sent yet, to move to a new stream, and the waiters of

@@ -95,17 +95,11 @@ class _AsyncStream:
                 response = await self._call.read()
                 if response is grpc.aio.EOF:
                     break
-                settled = self._book.settle(response)
-                moved: list[Moved[asyncio.Future[Message]]] = []
-                failed: list[asyncio.Future[Message]] = []
-                if response.HasField("goaway"):  # new calls, and the unsent, elsewhere
+                received = self._book.receive(response)
+                if received.goaway:  # new calls, and the unsent, elsewhere
                     self._retire()
-                    moved, failed = self._book.take_unsent()
-                for future, result in settled:
-                    _settle(future, result)
-                for future in failed:
-                    _settle(future, _lease_stream.draining_error())
-                for move in moved:
+                _lease_stream.deliver(received)
+                for move in received.moved:
                     self._owner._resubmit(move)
                 await self._notify()
         except grpc.RpcError as err:
@@ -114,7 +108,7 @@ class _AsyncStream:
         waiters = self._book.abandon()
         self._owner._ended(self)
         for future in waiters:
-            _settle(future, error())
+            _lease_stream.settle(future, error())
         await self._notify()
 
     async def _notify(self) -> None:
@@ -138,15 +132,6 @@ class _AsyncStream:
             self._call.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-def _settle(future: asyncio.Future[Message], result: Message | Exception) -> None:
-    if future.done():  # its caller gave up waiting
-        return
-    if isinstance(result, Exception):
-        future.set_exception(result)
-    else:
-        future.set_result(result)
 
 
 class AsyncStreamStub:

@@ -93,18 +93,12 @@ class _Stream:
                 self._cond.notify_all()
             for response in self._call:
                 with self._cond:
-                    settled = self._book.settle(response)
-                    moved: list[Moved[Future[Message]]] = []
-                    failed: list[Future[Message]] = []
-                    if response.HasField("goaway"):  # new calls, and the unsent, elsewhere
+                    received = self._book.receive(response)
+                    if received.goaway:  # new calls, and the unsent, elsewhere
                         self._retire()
-                        moved, failed = self._book.take_unsent()
                     self._cond.notify_all()
-                for future, result in settled:
-                    _settle(future, result)
-                for future in failed:
-                    _settle(future, _lease_stream.draining_error())
-                for move in moved:
+                _lease_stream.deliver(received)
+                for move in received.moved:
                     self._owner._resubmit(move)
         except grpc.RpcError as err:
             error = self._owner._broken(err)
@@ -115,7 +109,7 @@ class _Stream:
             self._cond.notify_all()
         self._owner._ended(self)
         for future in waiters:
-            _settle(future, error())
+            _lease_stream.settle(future, error())
 
     def _retire(self) -> None:
         """No new calls on this stream (under the lock)."""
@@ -132,15 +126,6 @@ class _Stream:
         if self._reader.is_alive():
             self._call.cancel()
             self._reader.join(CLOSE_TIMEOUT)
-
-
-def _settle(future: Future[Message], result: Message | Exception) -> None:
-    if future.done():  # its caller gave up waiting
-        return
-    if isinstance(result, Exception):
-        future.set_exception(result)
-    else:
-        future.set_result(result)
 
 
 class StreamStub:
@@ -233,7 +218,7 @@ class StreamStub:
         try:
             self._submit(move.call, move.waiter, end, move.moves)
         except Exception as exc:  # no room before its deadline: the caller's failure
-            _settle(move.waiter, exc)
+            _lease_stream.settle(move.waiter, exc)
 
     def _retired(self, stream: _Stream) -> None:
         with self._lock:
