@@ -45,6 +45,8 @@ DEFAULT_MAX_IN_FLIGHT = 64
 #: Times a call not yet sent is moved to a new stream by a goaway before it fails
 #: UNAVAILABLE instead (a server that drains every stream: the steps' backoff applies).
 MAX_MOVES = 1
+#: Seconds the release of a grant nobody waits for may take (see :func:`deliver`).
+ORPHAN_RELEASE_TIMEOUT = 5.0
 #: The environment variable that sets the default transport of lease clients.
 TRANSPORT_ENV = "FENCING_TRANSPORT"
 
@@ -242,18 +244,50 @@ class Received(NamedTuple, Generic[W]):
     a goaway (the stream then takes no new calls) the unsent calls to move and those to
     fail (moved too often)."""
 
-    settled: list[tuple[W, Message | Exception]]
+    settled: list[tuple[W, lease_pb2.SessionReply]]
     goaway: bool
     moved: list[Moved[W]]
     failed: list[W]
 
 
-def deliver(received: Received[Any]) -> None:
-    """Hand out the replies of ``received``, and fail the calls it could not move."""
-    for waiter, result in received.settled:
-        settle(waiter, result)
+def deliver(received: Received[Any]) -> list[lease_pb2.SessionCall]:
+    """Hand out the replies of ``received``, and fail the calls it could not move.
+
+    Returns the releases to send for grants nobody waits for any more: the caller of
+    an acquire gave up (its timeout, a cancelled task) while the server still had the
+    call, since a stream cannot cancel one call as a unary RPC's cancellation does;
+    the server granted it later, and the lease would otherwise block its resource for
+    its whole ttl.
+    """
+    orphans: list[lease_pb2.SessionCall] = []
+    for waiter, reply in received.settled:
+        if waiter.done():
+            orphans += orphan_releases(reply)
+        else:
+            settle(waiter, outcome(reply))
     for waiter in received.failed:
         settle(waiter, draining_error())
+    return orphans
+
+
+def orphan_releases(reply: lease_pb2.SessionReply) -> list[lease_pb2.SessionCall]:
+    """The release of the grant in ``reply`` (none if it granted nothing), token-checked
+    so it frees only that grant."""
+    which = reply.WhichOneof("outcome")
+    if which == "acquired":
+        grants = [reply.acquired]
+    elif which == "acquired_many":
+        grants = list(reply.acquired_many.leases)
+    else:
+        return []
+    releases = [
+        lease_pb2.ReleaseRequest(resource=g.resource, token=g.token, holder=g.holder)
+        for g in grants
+    ]
+    if len(releases) == 1:
+        return [session_call("Release", releases[0], ORPHAN_RELEASE_TIMEOUT)]
+    many = lease_pb2.ReleaseManyRequest(releases=releases)
+    return [session_call("ReleaseMany", many, ORPHAN_RELEASE_TIMEOUT)]
 
 
 def draining_error() -> Exception:
@@ -314,13 +348,13 @@ class SessionBook(Generic[W]):
             calls.append(self._queued.popleft()[1])
         return lease_pb2.SessionRequest(calls=calls)
 
-    def settle(self, response: lease_pb2.SessionResponse) -> list[tuple[W, Message | Exception]]:
+    def settle(self, response: lease_pb2.SessionResponse) -> list[tuple[W, lease_pb2.SessionReply]]:
         """Each reply of ``response`` with the waiter of its call."""
         settled = []
         for reply in response.replies:
             waiter = self._waiting.pop(reply.id, None)
             if waiter is not None:
-                settled.append((waiter, outcome(reply)))
+                settled.append((waiter, reply))
         return settled
 
     def receive(self, response: lease_pb2.SessionResponse) -> Received[W]:

@@ -98,7 +98,8 @@ class _AsyncStream:
                 received = self._book.receive(response)
                 if received.goaway:  # new calls, and the unsent, elsewhere
                     self._retire()
-                _lease_stream.deliver(received)
+                for orphan in _lease_stream.deliver(received):
+                    self._owner._release_orphan(orphan)
                 for move in received.moved:
                     self._owner._resubmit(move)
                 await self._notify()
@@ -234,6 +235,17 @@ class AsyncStreamStub:
             task.add_done_callback(self._moving.discard)
             task.add_done_callback(functools.partial(_fail_with, move.waiter))
 
+    def _release_orphan(self, call: lease_pb2.SessionCall) -> None:
+        """Send the release of a grant nobody waits for (never waiting for room; without
+        room the lease expires by itself)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Message] = loop.create_future()
+        future.add_done_callback(_ignore)
+        task = asyncio.create_task(self._submit(call, future, loop.time()))
+        self._moving.add(task)
+        task.add_done_callback(self._moving.discard)
+        task.add_done_callback(_ignore_task)
+
     def _retired(self, stream: _AsyncStream) -> None:
         if self._stream is stream:
             self._stream = None
@@ -265,3 +277,14 @@ def _fail_with(future: asyncio.Future[Message], task: asyncio.Task[None]) -> Non
         exc = task.exception()
         assert exc is not None
         future.set_exception(exc)
+
+
+def _ignore(future: asyncio.Future[Message]) -> None:
+    """Nobody awaits an orphan's release: retrieve its outcome so none is reported lost."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _ignore_task(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()

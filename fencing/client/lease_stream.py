@@ -22,6 +22,7 @@ every call of this client then goes unary. The rules are in
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -97,7 +98,8 @@ class _Stream:
                     if received.goaway:  # new calls, and the unsent, elsewhere
                         self._retire()
                     self._cond.notify_all()
-                _lease_stream.deliver(received)
+                for orphan in _lease_stream.deliver(received):
+                    self._owner._release_orphan(orphan)
                 for move in received.moved:
                     self._owner._resubmit(move)
         except grpc.RpcError as err:
@@ -219,6 +221,12 @@ class StreamStub:
             self._submit(move.call, move.waiter, end, move.moves)
         except Exception as exc:  # no room before its deadline: the caller's failure
             _lease_stream.settle(move.waiter, exc)
+
+    def _release_orphan(self, call: lease_pb2.SessionCall) -> None:
+        """Send the release of a grant nobody waits for (never waiting for room: from the
+        reader thread; without room the lease expires by itself)."""
+        with contextlib.suppress(DeadlineExceededError):
+            self._submit(call, Future(), time.monotonic())
 
     def _retired(self, stream: _Stream) -> None:
         with self._lock:

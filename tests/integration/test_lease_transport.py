@@ -5,6 +5,7 @@ a draining server, and the server's in-flight limit."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ import grpc
 import pytest
 
 from chaos.proxy import ThreadedFaultProxy
-from fencing import LeaseClient
+from fencing import AsyncLeaseClient, LeaseClient
 from fencing.client import _lease_stream
 from fencing.errors import (
     AcquireTimeoutError,
@@ -29,7 +30,7 @@ from lease_server.backends import open_backend
 from lease_server.server import SERVICE_NAME, lease_services
 from serving.server import Service, build_server
 from tests.integration.conftest import LeaseClientFactory
-from tests.waiting import HANG_GUARD
+from tests.waiting import HANG_GUARD, eventually
 
 
 def wait_until(check: Callable[[], bool], timeout: float = HANG_GUARD) -> None:
@@ -274,3 +275,39 @@ def test_control_a_client_ignoring_the_limit_is_refused(
     sessions(servers).max_in_flight = 2
     outcomes = _waiting_acquires(servers, lease_client, leases)
     assert any(isinstance(exc, ResourceExhaustedError) for exc in outcomes), outcomes
+
+
+async def _give_up_waiting(servers: RunningServers) -> Any:
+    """A stream acquire that waits in line, abandoned by its caller's timeout; the holder
+    then releases, so the server grants the abandoned call. The resource's state 1 s on."""
+    holder = AsyncLeaseClient(servers.lease_address, holder="holder", transport="unary")
+    quitter = AsyncLeaseClient(servers.lease_address, holder="quitter", transport="stream")
+    try:
+        held = await holder.acquire("orphan", ttl=30)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):
+                await quitter.acquire("orphan", ttl=30)
+        await held.release()
+        await eventually(lambda: _last_token(holder, "orphan", 2), "the abandoned call was granted")
+        await asyncio.sleep(1.0)
+        return await holder.describe("orphan")
+    finally:
+        await quitter.aclose()
+        await holder.aclose()
+
+
+async def _last_token(client: AsyncLeaseClient, resource: str, token: int) -> bool:
+    return (await client.describe(resource)).last_token >= token
+
+
+async def test_a_grant_nobody_waits_for_any_more_is_released(servers: RunningServers) -> None:
+    state = await _give_up_waiting(servers)
+    assert not state.held, state
+
+
+async def test_control_without_the_release_the_abandoned_grant_blocks_its_ttl(
+    servers: RunningServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_lease_stream, "orphan_releases", lambda reply: [])
+    state = await _give_up_waiting(servers)
+    assert (state.held, state.holder) == (True, "quitter")

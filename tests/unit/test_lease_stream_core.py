@@ -55,7 +55,7 @@ def test_what_arrives_together_goes_in_one_message_and_each_reply_finds_its_wait
             lease_pb2.SessionReply(id=999, acquired=lease_pb2.Lease(token=1)),  # not ours
         ]
     )
-    settled = dict(book.settle(response))
+    settled = {w: _lease_stream.outcome(reply) for w, reply in book.settle(response)}
     assert set(settled) == {"waiter-c", "waiter-a"}
     assert settled["waiter-c"] == lease_pb2.Lease(token=7)
     assert isinstance(settled["waiter-a"], LeaseHeldError)
@@ -148,3 +148,50 @@ def test_the_transport_option_and_its_environment_default(monkeypatch: pytest.Mo
     with pytest.raises(InvalidArgumentError) as bad:
         _lease_stream.transport_of("tcp")
     assert bad.value.field == "transport"
+
+
+class FakeWaiter:
+    def __init__(self, done: bool = False) -> None:
+        self.gone = done
+        self.results: list[object] = []
+
+    def done(self) -> bool:
+        return self.gone or bool(self.results)
+
+    def set_result(self, result: object) -> None:
+        self.results.append(result)
+
+    def set_exception(self, exception: BaseException) -> None:
+        self.results.append(exception)
+
+
+def test_a_grant_whose_caller_gave_up_is_released_and_nothing_else_is() -> None:
+    book: SessionBook[FakeWaiter] = SessionBook()
+    book.limit([(SESSION_MAX_IN_FLIGHT_KEY, "10")])
+    waiting, gone_acquire, gone_many, gone_renew = (
+        FakeWaiter(),
+        FakeWaiter(done=True),
+        FakeWaiter(done=True),
+        FakeWaiter(done=True),
+    )
+    for waiter in (waiting, gone_acquire, gone_many, gone_renew):
+        book.add(acquire_call(), waiter)
+    book.take()
+    grant = lease_pb2.Lease(resource="r", holder="h", token=4)
+    other = lease_pb2.Lease(resource="s", holder="h", token=5)
+    response = lease_pb2.SessionResponse(
+        replies=[
+            lease_pb2.SessionReply(id=1, acquired=grant),
+            lease_pb2.SessionReply(id=2, acquired=grant),
+            lease_pb2.SessionReply(
+                id=3, acquired_many=lease_pb2.AcquireManyResponse(leases=[grant, other])
+            ),
+            lease_pb2.SessionReply(id=4, renewed=grant),
+        ]
+    )
+    orphans = _lease_stream.deliver(book.receive(response))
+    assert waiting.results == [grant]
+    assert [o.WhichOneof("call") for o in orphans] == ["release", "release_many"]
+    assert (orphans[0].release.resource, orphans[0].release.token) == ("r", 4)
+    assert orphans[0].release.holder == "h"
+    assert [r.token for r in orphans[1].release_many.releases] == [4, 5]
