@@ -183,19 +183,16 @@ class AsyncStreamStub:
         if not self.unary_only or self._transport is Transport.STREAM:
             future: asyncio.Future[Message] = loop.create_future()
             await self._submit(_lease_stream.session_call(method, request, timeout), future, end)
+            # A timer, not asyncio.timeout around a shield: one handle per call. A task
+            # cancelled while it waits cancels the future itself (it is awaited directly);
+            # either way the future is done, so a late grant is released, not handed out.
+            timer = loop.call_at(end, _expire, future, timeout)
             try:
-                async with asyncio.timeout_at(end):
-                    return await asyncio.shield(future)
-            except TimeoutError:
-                future.cancel()
-                raise DeadlineExceededError(
-                    f"deadline exceeded: no reply on the lease stream within {timeout:.3f} s"
-                ) from None
-            except asyncio.CancelledError:
-                future.cancel()
-                raise
+                return await future
             except Fallback:
                 pass
+            finally:
+                timer.cancel()
         result: Message = await getattr(self._unary, method)(
             request, timeout=max(0.001, end - loop.time())
         )
@@ -277,6 +274,15 @@ def _fail_with(future: asyncio.Future[Message], task: asyncio.Task[None]) -> Non
         exc = task.exception()
         assert exc is not None
         future.set_exception(exc)
+
+
+def _expire(future: asyncio.Future[Message], timeout: float) -> None:
+    if not future.done():
+        future.set_exception(
+            DeadlineExceededError(
+                f"deadline exceeded: no reply on the lease stream within {timeout:.3f} s"
+            )
+        )
 
 
 def _ignore(future: asyncio.Future[Message]) -> None:
