@@ -50,7 +50,6 @@ class _Stream:
         self._cond = threading.Condition()
         #: No new calls: closing, moved away (goaway) or ended.
         self.retired = False
-        self._ended = False
         self._call: Any = owner._unary.Session(self._messages())
         self._reader = threading.Thread(target=self._read, name="fencing-lease-stream", daemon=True)
         self._reader.start()
@@ -105,7 +104,6 @@ class _Stream:
         except grpc.RpcError as err:
             error = self._owner._broken(err)
         with self._cond:
-            self._ended = True
             self._retire()
             waiters = self._book.abandon()
             self._cond.notify_all()
