@@ -21,6 +21,7 @@ from fencing.client import _lease_stream
 from fencing.errors import (
     AcquireTimeoutError,
     BackendUnavailableError,
+    DeadlineExceededError,
     InvalidArgumentError,
     ResourceExhaustedError,
 )
@@ -311,3 +312,21 @@ async def test_control_without_the_release_the_abandoned_grant_blocks_its_ttl(
     monkeypatch.setattr(_lease_stream, "orphan_releases", lambda reply: [])
     state = await _give_up_waiting(servers)
     assert (state.held, state.holder) == (True, "quitter")
+
+
+def test_a_call_without_a_reply_ends_at_its_deadline_and_the_stream_goes_on(
+    servers: RunningServers, lease_client: LeaseClientFactory, leases: LeaseClient
+) -> None:
+    lease = leases.acquire("silent", ttl=30)
+    host, port = servers.lease_address.rsplit(":", 1)
+    with ThreadedFaultProxy(host, int(port)) as proxy:
+        client = lease_client(target=proxy.target, holder="patient", rpc_timeout=0.5)
+        assert client.renew("silent", lease.token, 30) == 30_000  # the stream is open
+        proxy.blackhole()
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceededError):
+            client.renew("silent", lease.token, 30)
+        assert time.monotonic() - started < HANG_GUARD
+        proxy.heal()  # the held reply now arrives, for a caller that has gone
+        assert client.renew("silent", lease.token, 30) == 30_000
+    assert leases.describe("silent").holder == "tester"
