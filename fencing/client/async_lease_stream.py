@@ -21,6 +21,7 @@ import grpc.aio
 from google.protobuf.message import Message
 
 from fencing.client import _lease_stream
+from fencing.client._calls import finish_stream
 from fencing.client._lease_stream import Fallback, Moved, SessionBook, Transport
 from fencing.errors import DeadlineExceededError
 from fencing.v1 import lease_pb2, lease_pb2_grpc
@@ -126,13 +127,7 @@ class _AsyncStream:
     async def aclose(self) -> None:
         """Half-close; wait (up to CLOSE_TIMEOUT) for the replies in flight, then cancel."""
         self._retire()
-        try:
-            async with asyncio.timeout(CLOSE_TIMEOUT):
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-        except TimeoutError:
-            self._call.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+        await finish_stream(self._call, self._tasks, CLOSE_TIMEOUT)
 
 
 class AsyncStreamStub:
