@@ -33,6 +33,13 @@ class Result:
     baseline: str = ""
     #: Printed after the ratio (e.g. the server's CPU use during the run).
     note: str = ""
+    #: CPU seconds the server process(es) used during the measured period (0: not known).
+    server_cpu: float = 0.0
+
+    @property
+    def cpu_per_op(self) -> float:
+        """Server CPU seconds per operation (0 when not measured)."""
+        return self.server_cpu / self.ops if self.ops else 0.0
 
     @property
     def rate(self) -> float:
@@ -87,6 +94,27 @@ async def measure(
         per_call=per_call,
         baseline=baseline,
     )
+
+
+async def measure_server_cpu(
+    srv: Server,
+    name: str,
+    op: Op,
+    concurrency: int,
+    duration: float,
+    *,
+    warmup: float = 0.3,
+    baseline: str = "",
+) -> Result:
+    """:func:`measure`, also reading the CPU ``srv`` used over the measured period only
+    (the warm-up runs first, before the reading starts); noted as microseconds per op."""
+    if warmup > 0:
+        await measure(name, op, concurrency, warmup, warmup=0)
+    before = srv.cpu_seconds()
+    result = await measure(name, op, concurrency, duration, warmup=0, baseline=baseline)
+    result.server_cpu = srv.cpu_seconds() - before
+    result.note = f"server CPU {result.cpu_per_op * 1e6:,.0f} us/op"
+    return result
 
 
 def baseline_of(r: Result, results: Sequence[Result]) -> Result | None:

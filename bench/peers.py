@@ -12,7 +12,10 @@ From this one Python process, at each client count (each client on its own lock)
 * **redis-py Lock**: ``Lock.acquire`` (``SET NX PX``) + ``release`` (its Lua script);
 * **ours**: ``Acquire`` + ``Release`` through a lease server process on SQLite, on
   PostgreSQL and on Redis, each row's ratio against the peer on the same kind of
-  store (SQLite against etcd, both durable single-node services with fsync).
+  store (SQLite against etcd, both durable single-node services with fsync);
+* **ours via Session**: the same two calls through the lease stream (one
+  ``Session`` per client, :mod:`bench.stream_client`), every backend's row against
+  etcd (P5: at least 2.0 on SQLite and Redis, 1.5 on PostgreSQL, at 16 clients).
 
 What the peers do not give, noted in the table: none checks anything at the
 resource. etcd hands out a revision (the lock key's) and leaves the check to the
@@ -44,6 +47,7 @@ import psycopg
 from bench import postgres as pg_bench
 from bench import redis as redis_bench
 from bench.harness import Result, measure, progress, server
+from bench.stream_client import SessionStream
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from serving.ports import free_port
 
@@ -190,12 +194,24 @@ async def advisory_lock(dsn: str, clients: int, duration: float) -> Result:
 # -- ours -------------------------------------------------------------------------------------
 
 
-async def ours(address: str, label: str, baseline: str, clients: int, duration: float) -> Result:
+async def ours(
+    address: str,
+    label: str,
+    baseline: str,
+    clients: int,
+    duration: float,
+    *,
+    streamed: bool = False,
+) -> Result:
+    """Acquire+Release by each client on its own resource: unary calls, or (``streamed``)
+    the same two calls through one lease stream per client (P5: against etcd whatever the
+    backend, so ``baseline`` is then etcd's)."""
     channels = [grpc.aio.insecure_channel(address) for _ in range(clients)]
     stubs = [lease_pb2_grpc.LeaseServiceStub(c) for c in channels]
+    streams = [SessionStream(c) for c in channels] if streamed else []
     try:
 
-        async def op(i: int) -> None:
+        async def unary(i: int) -> None:
             lease = await stubs[i].Acquire(
                 lease_pb2.AcquireRequest(resource=f"peer-{i}", holder=f"c{i}", ttl_ms=10_000)
             )
@@ -203,13 +219,34 @@ async def ours(address: str, label: str, baseline: str, clients: int, duration: 
                 lease_pb2.ReleaseRequest(resource=lease.resource, token=lease.token, holder=f"c{i}")
             )
 
-        name = f"ours ({label}): Acquire+Release"
+        async def through_stream(i: int) -> None:
+            lease = await streams[i].acquire(f"peer-s{i}", f"c{i}", 10_000)
+            await streams[i].release(lease.resource, lease.token, f"c{i}")
+
+        name = streamed_name(label) if streamed else f"ours ({label}): Acquire+Release"
         progress(f"{name}, {clients} clients")
+        op = through_stream if streamed else unary
         result = await measure(name, op, clients, duration, baseline=baseline)
         return replace(result, note=NOTES["ours"])
     finally:
+        for stream in streams:
+            await stream.close()
         for c in channels:
             await c.close()
+
+
+def streamed_name(label: str) -> str:
+    return f"ours ({label}): Acquire+Release via Session"
+
+
+async def both(
+    address: str, label: str, baseline: str, clients: int, duration: float
+) -> list[Result]:
+    """Our unary row (against ``baseline``) and our streamed row (against etcd)."""
+    return [
+        await ours(address, label, baseline, clients, duration),
+        await ours(address, label, ETCD, clients, duration, streamed=True),
+    ]
 
 
 @asynccontextmanager
@@ -242,13 +279,13 @@ async def run(
             tempfile.TemporaryDirectory(prefix="fencing-peers-") as tmp,
             server("lease_server", "--backend", f"sqlite:{tmp}/leases.db") as lease,
         ):
-            results.append(await ours(lease.address, "sqlite", ETCD, n, duration))
+            results += await both(lease.address, "sqlite", ETCD, n, duration)
         async with _skip("postgres", notes), pg_bench.bench_schema(dsn) as schema:
             advisory = await advisory_lock(dsn, n, duration)
             results.append(replace(advisory, note=NOTES[ADVISORY]))
             sep = "&" if "?" in dsn else "?"
             with server("lease_server", "--backend", f"{dsn}{sep}schema={schema}") as lease:
-                results.append(await ours(lease.address, "postgres", ADVISORY, n, duration))
+                results += await both(lease.address, "postgres", ADVISORY, n, duration)
         prefix = f"peers{os.getpid()}"
         async with _skip("redis", notes):
             try:
@@ -257,7 +294,7 @@ async def run(
                 results.append(replace(lock, name=REDIS_LOCK, baseline="", note=NOTES[REDIS_LOCK]))
                 sep = "&" if "?" in url else "?"
                 with server("lease_server", "--backend", f"{url}{sep}prefix={prefix}") as lease:
-                    results.append(await ours(lease.address, "redis", REDIS_LOCK, n, duration))
+                    results += await both(lease.address, "redis", REDIS_LOCK, n, duration)
             finally:
                 with contextlib.suppress(Exception):
                     await redis_bench.drop(url, prefix)

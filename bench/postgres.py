@@ -36,7 +36,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from bench.harness import Result, measure, progress, server_process, table
+from bench.harness import Result, measure, progress, server, server_process, table
 from fencing.types import Put
 from guard.fence import admit
 from guard.stores.postgres import PostgresStore
@@ -206,12 +206,10 @@ async def run(
 
             url = _with_schema(dsn, schema)
             with (
-                server_process("lease_server", "--backend", url) as lease_addr,
+                server("lease_server", "--backend", url) as lease,
                 server_process("guard", "--store", url) as guard_addr,
             ):
-                results += await run_servers_bench(
-                    lease_addr, guard_addr, "postgres", clients, duration
-                )
+                results += await run_servers_bench(lease, guard_addr, "postgres", clients, duration)
     return results
 
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from redis.asyncio.lock import Lock
 from redis.typing import EncodableT
 
-from bench.harness import Result, measure, progress, server_process, table
+from bench.harness import Result, measure, progress, server, server_process, table
 from guard.stores.redis import WRITE_LUA
 from lease_server.backends.redis import RedisBackend
 from lease_server.leases import Grant
@@ -172,7 +172,7 @@ async def through_servers(
 
     sep = "&" if "?" in url else "?"
     with (
-        server_process("lease_server", "--backend", f"{url}{sep}prefix={prefix}") as la,
+        server("lease_server", "--backend", f"{url}{sep}prefix={prefix}") as la,
         server_process("guard", "--store", f"{url}{sep}prefix={prefix}") as ga,
     ):
         return await run_servers_bench(la, ga, "redis", clients, duration)

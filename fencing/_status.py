@@ -44,6 +44,8 @@ REGISTRY: dict[str, tuple[type[FencingError], grpc.StatusCode]] = {
     PermissionDeniedError.reason: (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     ResourceExhaustedError.reason: (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     NotFoundError.reason: (NotFoundError, grpc.StatusCode.NOT_FOUND),
+    # Sent by a server only as the verdict of one call of a stream (its deadline_ms).
+    DeadlineExceededError.reason: (DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
 }
 
 
@@ -99,6 +101,13 @@ def from_rpc_error(err: grpc.RpcError) -> Exception:
             return ours
     code = call.code() if hasattr(call, "code") else None
     details = call.details() if hasattr(call, "details") else str(err)
+    by_code = from_code(code, details)
+    return err if by_code is None else by_code
+
+
+def from_code(code: grpc.StatusCode | None, details: str) -> FencingError | None:
+    """The exception of the tree nearest to a status without our ErrorInfo; None for a
+    code the SDK has no exception for (e.g. UNIMPLEMENTED)."""
     if code == grpc.StatusCode.UNAVAILABLE:
         return BackendUnavailableError(f"server unavailable: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -111,7 +120,11 @@ def from_rpc_error(err: grpc.RpcError) -> Exception:
         return ResourceExhaustedError(details or "resource exhausted")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidArgumentError(details or "invalid argument")
-    return err
+    return None
+
+
+#: gRPC status codes by number (a ``google.rpc.Status`` carries the number).
+CODES: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def to_fields(exc: FencingError) -> tuple[int, str, str, dict[str, str]]:
@@ -135,10 +148,12 @@ def code_name(status: status_pb2.Status) -> str:
 
 
 __all__ = [
+    "CODES",
     "DOMAIN",
     "REGISTRY",
     "abort",
     "code_name",
+    "from_code",
     "from_fields",
     "from_rpc_error",
     "from_status",

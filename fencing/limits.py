@@ -22,6 +22,8 @@ writes             1 .. 100 resources per WriteMany, each named once;
 resources          1 .. 1,000 distinct resources per AcquireMany
 renewals           1 .. 10,000 per RenewMany (and releases per ReleaseMany),
                    each resource named once
+calls              0 .. 1,000 calls per Session message
+deadline_ms        0 (none) .. 3,600,000 per Session call (1 h)
 idempotency_key    0-256 bytes of UTF-8, no control characters
 prefix             0-256 bytes of UTF-8, no control characters
 page_size          0 (default 100) or 1 .. 1,000 leases per List page, jobs per
@@ -74,6 +76,8 @@ MAX_OPS = 1000
 MAX_IDEMPOTENCY_KEY_BYTES = 256
 MAX_WRITE_RESOURCES = 100
 MAX_STREAM_WRITES = 1000
+MAX_SESSION_CALLS = 1000
+MAX_DEADLINE_MS = 3_600_000
 MAX_ACQUIRE_MANY = 1000
 MAX_RENEW_MANY = 10_000
 MAX_PREFIX_BYTES = 256
@@ -252,6 +256,19 @@ def check_stream_writes(count: int, field: str = "writes") -> int:
             field=field,
         )
     return count
+
+
+def check_session_calls(count: int, field: str = "calls") -> int:
+    if count > MAX_SESSION_CALLS:
+        raise InvalidArgumentError(
+            f"{field} holds {count} calls; the limit is {MAX_SESSION_CALLS} per message",
+            field=field,
+        )
+    return count
+
+
+def check_deadline_ms(value: int, field: str = "deadline_ms") -> int:
+    return check_range(field, value, 0, MAX_DEADLINE_MS)
 
 
 def check_many(names: list[str], field: str, limit: int) -> list[str]:

@@ -12,6 +12,9 @@ WATCH_START_KEY = "fencing-watch-after"
 #: Initial metadata of a ``Watch`` stream: the identity of the server's event log, which
 #: a resume cursor belongs to (absent where the backend's log has none).
 WATCH_LOG_KEY = "fencing-watch-log"
+#: Initial metadata of a ``Session`` stream: how many calls the server takes in flight
+#: on it at once (a call beyond that is answered ``RESOURCE_EXHAUSTED``).
+SESSION_MAX_IN_FLIGHT_KEY = "fencing-session-max-in-flight"
 
 
 class Fenced(Protocol):

@@ -17,6 +17,10 @@ metric                                meaning
                                       carried Acquire attempts, Renews and Releases
 ``fencing_lease_step_calls_total``    the calls those steps carried: calls / steps is
                                       how many share one step (group commit; 1 when idle)
+``fencing_lease_session_streams``     Session streams open (gauge)
+``fencing_lease_session_calls_total`` calls answered on Session streams, by ``kind``
+                                      (acquire, renew, ..., ping) and ``code`` (OK, or
+                                      the error's gRPC code: ABORTED is a held lease)
 ====================================  =====================================================
 
 The ``held`` gauge and the expiries are tracked per server process from the grants,
@@ -80,6 +84,17 @@ class LeaseMetrics:
         self.step_calls = Counter(
             "fencing_lease_step_calls",
             "Lease calls carried by those backend steps (grouped when they arrive together).",
+            registry=registry,
+        )
+        self.session_streams = Gauge(
+            "fencing_lease_session_streams",
+            "Session streams open on this server.",
+            registry=registry,
+        )
+        self.session_calls = Counter(
+            "fencing_lease_session_calls_total",
+            "Calls answered on Session streams, by kind and gRPC code.",
+            ("kind", "code"),
             registry=registry,
         )
         self._clock = clock

@@ -23,6 +23,7 @@ from lease_server.queue.reaper import Reaper
 from lease_server.queue.scheduler import Scheduler
 from lease_server.queue.service import QueueOptions, QueueService
 from lease_server.service import LeaseService
+from serving.admission import DEFAULT_MAX_SESSION_IN_FLIGHT
 from serving.metrics import Metrics
 from serving.server import (
     BuiltServer,
@@ -87,8 +88,14 @@ def lease_services(
     metrics: LeaseMetrics | None = None,
     *,
     event_retention: int = DEFAULT_EVENT_RETENTION,
+    session_max_in_flight: int = DEFAULT_MAX_SESSION_IN_FLIGHT,
 ) -> tuple[LeaseService, list[Service]]:
-    service = LeaseService(backend, metrics=metrics, event_retention=event_retention)
+    service = LeaseService(
+        backend,
+        metrics=metrics,
+        event_retention=event_retention,
+        session_max_in_flight=session_max_in_flight,
+    )
     return service, [
         Service(SERVICE_NAME, service, lease_pb2_grpc.add_LeaseServiceServicer_to_server)
     ]
@@ -150,7 +157,12 @@ async def start_lease_server(
         timeouts = metrics.group(StorageMetrics).timeouts.labels("lease")
         bounded = with_deadline(be, options.backend_timeout, "lease backend", timeouts.inc)
         lease_metrics = metrics.group(LeaseMetrics)
-        service, services = lease_services(bounded, lease_metrics, event_retention=event_retention)
+        service, services = lease_services(
+            bounded,
+            lease_metrics,
+            event_retention=event_retention,
+            session_max_in_flight=options.session_max_in_flight,
+        )
         qservice: QueueService | None = None
         if qb is not None:
             await qb.open()

@@ -44,11 +44,15 @@ from lease_server.leases import (
     TransitionKind,
 )
 from lease_server.metrics import LeaseMetrics
+from lease_server.session import CallKind, Sessions
 from lease_server.waiters import WaitQueues
 from lease_server.watch import EventFeed, ResourceFeed
+from serving.admission import DEFAULT_MAX_SESSION_IN_FLIGHT
 from serving.server import rpc
 
 log = logging.getLogger(__name__)
+
+_LEASE = "/fencing.v1.LeaseService/"
 
 Context = grpc.aio.ServicerContext[Any, Any]
 T = TypeVar("T")
@@ -140,6 +144,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         metrics: LeaseMetrics | None = None,
         *,
         event_retention: int = DEFAULT_EVENT_RETENTION,
+        session_max_in_flight: int = DEFAULT_MAX_SESSION_IN_FLIGHT,
     ) -> None:
         #: ``await job_claims(resource)``: the highest job claim token of a resource (the
         #: queue hosted beside the leases), reported by Describe in ``last_token``.
@@ -164,6 +169,19 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         self.resource_feed: ResourceFeed | None = None
         if self.resource_events is not None:
             self.resource_feed = ResourceFeed(self.resource_events)
+        #: The Session streams; each kind of call is answered by the unary method's function.
+        self.sessions = Sessions(
+            {
+                "acquire": CallKind(_LEASE + "Acquire", self.acquire),
+                "renew": CallKind(_LEASE + "Renew", self.renew),
+                "release": CallKind(_LEASE + "Release", self.release),
+                "acquire_many": CallKind(_LEASE + "AcquireMany", self.acquire_many),
+                "renew_many": CallKind(_LEASE + "RenewMany", self.renew_many),
+                "release_many": CallKind(_LEASE + "ReleaseMany", self.release_many),
+            },
+            session_max_in_flight,
+            self.metrics,
+        )
 
     async def run(self) -> None:
         """Sweep expiries and follow the event log until cancelled."""
@@ -187,7 +205,9 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
             tasks.create_task(self.feed.run())
 
     def close(self) -> None:
-        """End every Watch stream (they finish with UNAVAILABLE: reconnect elsewhere)."""
+        """End every Watch stream (they finish with UNAVAILABLE: reconnect elsewhere), and
+        drain every Session stream (a goaway; their calls in flight finish)."""
+        self.sessions.drain()
         if self.feed is not None:
             self.feed.close()
         if self.resource_feed is not None:
@@ -195,6 +215,47 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
 
     @rpc
     async def Acquire(self, request: lease_pb2.AcquireRequest, context: Context) -> lease_pb2.Lease:
+        return await self.acquire(request)
+
+    @rpc
+    async def Renew(self, request: lease_pb2.RenewRequest, context: Context) -> lease_pb2.Lease:
+        return await self.renew(request)
+
+    @rpc
+    async def Release(
+        self, request: lease_pb2.ReleaseRequest, context: Context
+    ) -> lease_pb2.ReleaseResponse:
+        return await self.release(request)
+
+    @rpc
+    async def AcquireMany(
+        self, request: lease_pb2.AcquireManyRequest, context: Context
+    ) -> lease_pb2.AcquireManyResponse:
+        return await self.acquire_many(request)
+
+    @rpc
+    async def RenewMany(
+        self, request: lease_pb2.RenewManyRequest, context: Context
+    ) -> lease_pb2.RenewManyResponse:
+        return await self.renew_many(request)
+
+    @rpc
+    async def ReleaseMany(
+        self, request: lease_pb2.ReleaseManyRequest, context: Context
+    ) -> lease_pb2.ReleaseManyResponse:
+        return await self.release_many(request)
+
+    async def Session(
+        self, request_iterator: AsyncIterator[lease_pb2.SessionRequest], context: Context
+    ) -> AsyncIterator[lease_pb2.SessionResponse]:
+        """The lease calls of one client over one stream (:mod:`lease_server.session`)."""
+        async for response in self.sessions.serve(request_iterator, context):
+            yield response
+
+    # -- one function per call, shared by its unary handler and the Session stream --------
+    # Each raises FencingError for its error; validation, logs and metrics live here once.
+
+    async def acquire(self, request: lease_pb2.AcquireRequest) -> lease_pb2.Lease:
         resource = limits.check_resource(request.resource)
         holder = limits.check_holder(request.holder)
         ttl_ms = limits.check_ttl_ms(request.ttl_ms)
@@ -272,8 +333,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
             )
         return outcome
 
-    @rpc
-    async def Renew(self, request: lease_pb2.RenewRequest, context: Context) -> lease_pb2.Lease:
+    async def renew(self, request: lease_pb2.RenewRequest) -> lease_pb2.Lease:
         resource = limits.check_resource(request.resource)
         token = limits.check_token(request.token)
         ttl_ms = limits.check_ttl_ms(request.ttl_ms)
@@ -290,10 +350,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         )
         return _lease(grant)
 
-    @rpc
-    async def Release(
-        self, request: lease_pb2.ReleaseRequest, context: Context
-    ) -> lease_pb2.ReleaseResponse:
+    async def release(self, request: lease_pb2.ReleaseRequest) -> lease_pb2.ReleaseResponse:
         resource = limits.check_resource(request.resource)
         token = limits.check_token(request.token)
         holder = limits.check_optional_holder(request.holder)
@@ -359,9 +416,8 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
 
     # -- many leases per call: AcquireMany, and sessions (RenewMany, ReleaseMany) -------------
 
-    @rpc
-    async def AcquireMany(
-        self, request: lease_pb2.AcquireManyRequest, context: Context
+    async def acquire_many(
+        self, request: lease_pb2.AcquireManyRequest
     ) -> lease_pb2.AcquireManyResponse:
         resources = limits.check_many(
             [limits.check_resource(r, f"resources[{i}]") for i, r in enumerate(request.resources)],
@@ -416,10 +472,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
             leases=[_lease(by_resource[r], waited.ms) for r in resources]
         )
 
-    @rpc
-    async def RenewMany(
-        self, request: lease_pb2.RenewManyRequest, context: Context
-    ) -> lease_pb2.RenewManyResponse:
+    async def renew_many(self, request: lease_pb2.RenewManyRequest) -> lease_pb2.RenewManyResponse:
         items = [
             RenewItem(
                 limits.check_resource(r.resource, f"renewals[{i}].resource"),
@@ -449,9 +502,8 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         )
         return lease_pb2.RenewManyResponse(results=results)
 
-    @rpc
-    async def ReleaseMany(
-        self, request: lease_pb2.ReleaseManyRequest, context: Context
+    async def release_many(
+        self, request: lease_pb2.ReleaseManyRequest
     ) -> lease_pb2.ReleaseManyResponse:
         items = [
             ReleaseItem(

@@ -27,10 +27,16 @@ def generate(out_dir: Path) -> list[Path]:
 
     protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
     include = Path(protoc.__file__).parent / "_proto"
+    # google/rpc/status.proto: shipped by googleapis-common-protos (grpcio-status needs
+    # it), whose generated module google.rpc.status_pb2 the stubs import.
+    import google.rpc.status_pb2 as rpc_status
+
+    googleapis = Path(rpc_status.__file__).resolve().parent.parent.parent
     args = [
         "protoc",
         f"-I{PROTO_ROOT}",
         f"-I{include}",
+        f"-I{googleapis}",
         f"--python_out={out_dir}",
         f"--grpc_python_out={out_dir}",
         f"--mypy_out={out_dir}",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 #: Default caps per client.
 DEFAULT_MAX_WAITERS = 64
 DEFAULT_MAX_WATCH_STREAMS = 16
+#: Default cap on the calls in flight on one lease Session stream.
+DEFAULT_MAX_SESSION_IN_FLIGHT = 256
 
 _principal: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "fencing_principal", default=None
@@ -68,8 +70,22 @@ def current_principal() -> str | None:
     return _principal.get()
 
 
-_item_check: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
-    "fencing_item_check", default=None
+@dataclass(frozen=True)
+class _Stream:
+    """The edge of one :data:`~serving.auth.PER_ITEM_METHODS` call: it was authenticated
+    (``principal``; None with authentication off) and each item is judged by the service."""
+
+    admission: Admission
+    metrics: EdgeMetrics
+    method: str
+    action: Action | None
+    client: str
+    principal: str | None
+    peer: str
+
+
+_stream: contextvars.ContextVar[_Stream | None] = contextvars.ContextVar(
+    "fencing_stream_edge", default=None
 )
 
 
@@ -77,9 +93,51 @@ def authorize_item(resource: str) -> None:
     """Inside a call of a :data:`~serving.auth.PER_ITEM_METHODS` method: raise
     ``PermissionDeniedError`` unless the caller's grants cover ``resource`` for the
     call's action. Does nothing with authentication off."""
-    check = _item_check.get()
-    if check is not None:
-        check(resource)
+    stream = _stream.get()
+    if stream is not None and stream.principal is not None:
+        stream.admission.check(stream.principal, stream.action, Scope(resource))
+
+
+@contextmanager
+def admit_call(method: str, request: Any) -> Iterator[None]:
+    """Inside a call of a :data:`~serving.auth.PER_ITEM_METHODS` method: admit one call
+    it carries exactly as the edge admits the unary ``method`` with ``request``
+    (authorization of every resource, ``holder`` bound to the principal, the per-client
+    caps held until the block ends), refused and counted and logged the same way: the
+    ``FencingError`` is raised for the service to answer as that call's verdict.
+    Outside such a stream (a servicer without the edge), admits everything."""
+    stream = _stream.get()
+    if stream is None:
+        yield
+        return
+    with ExitStack() as stack:
+        try:
+            stream.admission.admit(
+                stack, stream.client, stream.principal, method, METHOD_ACTIONS.get(method), request
+            )
+        except FencingError as exc:
+            _refused(stream.metrics, method, stream.peer, exc)
+            raise
+        yield
+
+
+def _refused(metrics: EdgeMetrics, method: str, peer: str, exc: FencingError) -> None:
+    """Count and log a call the edge refuses."""
+    # A flooding client is routine (INFO); a credential problem is not.
+    level = logging.WARNING
+    if isinstance(exc, ResourceExhaustedError):
+        metrics.limit_rejections.labels(exc.limit).inc()
+        level = logging.INFO
+    else:
+        metrics.auth_failures.labels(exc.reason.lower()).inc()
+    log.log(
+        level,
+        "refused %s from %s: %s",
+        method,
+        peer,
+        exc,
+        extra={"method": method, "peer": peer, "reason": exc.reason},
+    )
 
 
 class EdgeMetrics:
@@ -171,27 +229,47 @@ class Admission:
         return principal
 
     def authorize(self, principal: str, method: str, action: Action | None, request: Any) -> None:
-        """``PermissionDeniedError`` unless a grant covers the call; binds ``holder``."""
+        """``PermissionDeniedError`` unless a grant covers the call; binds ``holder``.
+
+        A :data:`~serving.auth.PER_ITEM_METHODS` stream is only authenticated here: the
+        service judges each item (:func:`authorize_item`, :func:`admit_call`)."""
         assert self.policy is not None
         if action is None:
             raise PermissionDeniedError(f"{method} is not covered by the auth policy")
         if method in PER_ITEM_METHODS:
-            policy = self.policy
-
-            def check(resource: str) -> None:
-                if not policy.allows(principal, action, Scope(resource)):
-                    raise PermissionDeniedError(
-                        f"principal {principal!r} may not {action} {Scope(resource)}"
-                    )
-
-            _item_check.set(check)
             return
         scopes = scopes_of(request) if request is not None else [Scope("", is_prefix=True)]
         for scope in scopes:
-            if not self.policy.allows(principal, action, scope):
-                raise PermissionDeniedError(f"principal {principal!r} may not {action} {scope}")
+            self.check(principal, action, scope)
         if request is not None:
             bind_holder(request, principal)
+
+    def check(self, principal: str, action: Action | None, scope: Scope) -> None:
+        """``PermissionDeniedError`` unless a grant of ``principal`` covers ``action`` on
+        ``scope`` (no action: a method the policy does not cover)."""
+        assert self.policy is not None
+        if action is None:
+            raise PermissionDeniedError(f"{scope} is not covered by the auth policy")
+        if not self.policy.allows(principal, action, scope):
+            raise PermissionDeniedError(f"principal {principal!r} may not {action} {scope}")
+
+    def admit(
+        self,
+        stack: ExitStack,
+        client: str,
+        principal: str | None,
+        method: str,
+        action: Action | None,
+        request: Any,
+    ) -> ClientSlots | None:
+        """Authorize a call (with authentication on: ``principal`` is set) and hold its
+        per-client slot on ``stack``; raises the refusal. Returns the slots held."""
+        if principal is not None:
+            self.authorize(principal, method, action, request)
+        slots = self.slots_for(action, request)
+        if slots is not None:
+            stack.enter_context(slots.hold(client))
+        return slots
 
     def slots_for(self, action: Action | None, request: Any) -> ClientSlots | None:
         if action is Action.ACQUIRE and request is not None and request.wait_ms > 0:
@@ -220,32 +298,22 @@ class AdmissionInterceptor(handlers.HandlerInterceptor):
         async def admit(request: Any, context: handlers.Context) -> AsyncIterator[None]:
             with ExitStack() as stack:
                 try:
+                    principal = None
                     if admission.policy is not None:
-                        client = admission.authenticate(context)
-                        admission.authorize(client, method, action, request)
-                        _principal.set(client)
+                        principal = client = admission.authenticate(context)
                     else:
                         client = context.peer()
-                    slots = admission.slots_for(action, request)
-                    if slots is not None:
-                        stack.enter_context(slots.hold(client))
+                    slots = admission.admit(stack, client, principal, method, action, request)
+                    if principal is not None:
+                        _principal.set(principal)
                 except FencingError as exc:
-                    # A flooding client is routine (INFO); a credential problem is not.
-                    level = logging.WARNING
-                    if isinstance(exc, ResourceExhaustedError):
-                        metrics.limit_rejections.labels(exc.limit).inc()
-                        level = logging.INFO
-                    else:
-                        metrics.auth_failures.labels(exc.reason.lower()).inc()
-                    log.log(
-                        level,
-                        "refused %s from %s: %s",
-                        method,
-                        context.peer(),
-                        exc,
-                        extra={"method": method, "peer": context.peer(), "reason": exc.reason},
-                    )
+                    _refused(metrics, method, context.peer(), exc)
                     await _status.abort(context, exc)
+                if method in PER_ITEM_METHODS:
+                    peer = context.peer()
+                    _stream.set(
+                        _Stream(admission, metrics, method, action, client, principal, peer)
+                    )
                 if slots is admission.watch_streams:
                     stack.enter_context(metrics.watch_streams.track_inprogress())
                 yield
@@ -254,12 +322,14 @@ class AdmissionInterceptor(handlers.HandlerInterceptor):
 
 
 __all__ = [
+    "DEFAULT_MAX_SESSION_IN_FLIGHT",
     "DEFAULT_MAX_WAITERS",
     "DEFAULT_MAX_WATCH_STREAMS",
     "Admission",
     "AdmissionInterceptor",
     "ClientSlots",
     "EdgeMetrics",
+    "admit_call",
     "authorize_item",
     "current_principal",
 ]

@@ -41,6 +41,10 @@ action                        methods
                               the requested one)
 ``watch``                     LeaseService Watch (a ``prefix`` request needs a grant
                               whose prefix is a prefix of the requested one)
+(each call's own)             LeaseService Session: each call on the stream is judged
+                              as its unary method (acquire, renew, release, their
+                              batch forms); a refused one gets PERMISSION_DENIED as
+                              its reply, the stream goes on
 ``write`` ``read`` ``fence``  GuardService Write, WriteMany (every resource of it),
                               WriteStream (each streamed write, judged on its own:
                               a write outside the grants gets PERMISSION_DENIED as
@@ -109,6 +113,9 @@ METHOD_ACTIONS: dict[str, Action] = {
     _LEASE + "AcquireMany": Action.ACQUIRE,
     _LEASE + "RenewMany": Action.RENEW,
     _LEASE + "ReleaseMany": Action.RELEASE,
+    # Only authenticated at the edge (PER_ITEM_METHODS): each call it carries is
+    # authorized as its unary method is, by that method's action.
+    _LEASE + "Session": Action.ACQUIRE,
     _GUARD + "Write": Action.WRITE,
     _GUARD + "WriteMany": Action.WRITE,
     _GUARD + "WriteStream": Action.WRITE,
@@ -202,7 +209,7 @@ def bind_holder(request: Any, principal: str) -> None:
 
 #: Streaming methods whose messages carry many resources: the edge authenticates the
 #: call, and the service authorizes each item (:func:`serving.admission.authorize_item`).
-PER_ITEM_METHODS = frozenset({_GUARD + "WriteStream"})
+PER_ITEM_METHODS = frozenset({_GUARD + "WriteStream", _LEASE + "Session"})
 
 
 @dataclass(frozen=True)

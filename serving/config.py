@@ -31,7 +31,11 @@ from typing import Any, Generic, TypeVar
 
 from fencing.tls import TLSConfig, check_transport, split_address
 from serving import storage
-from serving.admission import DEFAULT_MAX_WAITERS, DEFAULT_MAX_WATCH_STREAMS
+from serving.admission import (
+    DEFAULT_MAX_SESSION_IN_FLIGHT,
+    DEFAULT_MAX_WAITERS,
+    DEFAULT_MAX_WATCH_STREAMS,
+)
 from serving.auth import AuthPolicy
 from serving.metrics import Metrics
 from serving.server import ServerOptions
@@ -440,6 +444,16 @@ MAX_WATCH_STREAMS = Option(
     check=positive,
     metavar="N",
 )
+MAX_SESSION_IN_FLIGHT = Option(
+    "session_max_in_flight",
+    "FENCING_SESSION_MAX_IN_FLIGHT",
+    DEFAULT_MAX_SESSION_IN_FLIGHT,
+    "calls in flight per lease Session stream (told to the client in its initial "
+    "metadata); a call beyond it is answered RESOURCE_EXHAUSTED",
+    int,
+    check=positive,
+    metavar="N",
+)
 
 WORKERS = Option(
     "workers",
@@ -470,7 +484,7 @@ SERVER_OPTIONS: tuple[Option, ...] = (
     LOG_FORMAT,
 )
 #: Per-client caps, for processes that serve the lease service.
-LEASE_LIMIT_OPTIONS: tuple[Option, ...] = (MAX_WAITERS, MAX_WATCH_STREAMS)
+LEASE_LIMIT_OPTIONS: tuple[Option, ...] = (MAX_WAITERS, MAX_WATCH_STREAMS, MAX_SESSION_IN_FLIGHT)
 
 
 def server_options(
@@ -514,6 +528,7 @@ def server_options(
         auth=policy,
         max_waiters=getattr(args, "max_waiters_per_client", DEFAULT_MAX_WAITERS),
         max_watch_streams=getattr(args, "max_watch_streams_per_client", DEFAULT_MAX_WATCH_STREAMS),
+        session_max_in_flight=getattr(args, "session_max_in_flight", DEFAULT_MAX_SESSION_IN_FLIGHT),
         metrics=metrics,
         backend_timeout=args.backend_timeout,
         health_interval=args.health_interval,

@@ -36,6 +36,7 @@ from fencing.limits import MAX_MESSAGE_BYTES
 from fencing.tls import TLSConfig, check_transport, split_address
 from serving import handlers, storage
 from serving.admission import (
+    DEFAULT_MAX_SESSION_IN_FLIGHT,
     DEFAULT_MAX_WAITERS,
     DEFAULT_MAX_WATCH_STREAMS,
     Admission,
@@ -51,6 +52,18 @@ log = logging.getLogger(__name__)
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Self_ = TypeVar("Self_")
+
+#: HTTP/2 keepalive of every server: a PING after this long without a frame from the
+#: peer, and the connection (its streams: a lease Session, a WriteStream) closed when
+#: the answer is this late. A dead or paused client is noticed within their sum, 15 s
+#: (its leases need no such notice: they expire by their ttl; this frees the calls it
+#: left waiting, and their per-client slots).
+KEEPALIVE_TIME_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 5_000
+#: Clients may PING this often, streams open or not (the SDK's channels ping every 30 s;
+#: a client watching a short ttl may ping faster); more often is ENHANCE_YOUR_CALM.
+MIN_CLIENT_PING_INTERVAL_MS = 1_000
+
 
 Handler = Callable[[Self_, Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]]
 
@@ -110,7 +123,8 @@ class ServerOptions:
     loopback unless ``insecure``. ``auth``: the policy naming principals and their
     grants; None means authentication is off, except that mTLS alone turns it on
     with every certificate the CA signed allowed everything. ``max_waiters`` and
-    ``max_watch_streams``: per-client caps. ``metrics``: the process's metrics (a
+    ``max_watch_streams``: per-client caps. ``session_max_in_flight``: calls in flight
+    per lease Session stream. ``metrics``: the process's metrics (a
     private registry when None). ``backend_timeout``: the deadline of every backend
     or store call. ``health_interval``: seconds between backend health probes.
     ``reuse_port``: share the port with sibling worker processes.
@@ -121,6 +135,10 @@ class ServerOptions:
     auth: AuthPolicy | None = None
     max_waiters: int = DEFAULT_MAX_WAITERS
     max_watch_streams: int = DEFAULT_MAX_WATCH_STREAMS
+    session_max_in_flight: int = DEFAULT_MAX_SESSION_IN_FLIGHT
+    #: HTTP/2 keepalive (see :data:`KEEPALIVE_TIME_MS`); shorter in tests.
+    keepalive_time_ms: int = KEEPALIVE_TIME_MS
+    keepalive_timeout_ms: int = KEEPALIVE_TIMEOUT_MS
     metrics: Metrics | None = None
     backend_timeout: float = storage.DEFAULT_BACKEND_TIMEOUT
     health_interval: float = storage.DEFAULT_HEALTH_INTERVAL
@@ -203,13 +221,26 @@ class BuiltServer:
         await self.health.enter_graceful_shutdown()
 
 
-def server_options(reuse_port: bool = False) -> list[tuple[str, int]]:
+def server_options(
+    reuse_port: bool = False,
+    keepalive_time_ms: int = KEEPALIVE_TIME_MS,
+    keepalive_timeout_ms: int = KEEPALIVE_TIMEOUT_MS,
+) -> list[tuple[str, int]]:
     """Channel options of every server. ``SO_REUSEPORT`` stays off (a second server on a
     port in use must fail to bind) except for the workers of ``--workers N``."""
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.so_reuseport", 1 if reuse_port else 0),
+        ("grpc.keepalive_time_ms", keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive_timeout_ms),
+        # grpc-core (1.85) bounds the keepalive's PING by this one too (default 60 s):
+        # without it a paused peer was never dropped within keepalive_timeout.
+        ("grpc.http2.ping_timeout_ms", keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
+        ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
+        ("grpc.http2.max_pings_without_data", 0),
     ]
 
 
@@ -239,7 +270,9 @@ async def build_server(
             DecodeInterceptor(),
             AdmissionInterceptor(admission, metrics.group(EdgeMetrics)),
         ],
-        options=server_options(options.reuse_port),
+        options=server_options(
+            options.reuse_port, options.keepalive_time_ms, options.keepalive_timeout_ms
+        ),
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, srv)

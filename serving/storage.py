@@ -99,6 +99,9 @@ class _Deadlined:
                     f"its effect is unknown"
                 ) from exc
 
+        # Built once per method: every later lookup finds it on the proxy itself, not
+        # through __getattr__ (wrapping anew per call cost more than some backend calls).
+        self.__dict__[name] = bounded
         return bounded
 
     def __repr__(self) -> str:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import secrets
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from guard.stores.base import GuardStore
 from lease_server.backends.base import LeaseBackend
 from lease_server.queue.backends.base import QueueBackend
-from tests import thorough
+from tests import pg, thorough
 from tests.backends import GUARD_STORES, LEASE_BACKENDS, MARKS, QUEUE_BACKENDS, TimeControl
 from tests.redis_server import (  # noqa: F401  (fixtures)
     redis_cluster_url,
@@ -62,3 +64,15 @@ async def queue_backend(
 ) -> AsyncIterator[tuple[QueueBackend, TimeControl]]:
     async with QUEUE_BACKENDS[request.param]() as pair:
         yield pair
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A backend URL on a fresh schema of the test PostgreSQL (for server processes: the
+    schema is made by the first that opens it), dropped afterwards."""
+    dsn = pg.test_dsn()
+    schema = f"{pg.SCHEMA_PREFIX}{secrets.token_hex(6)}"
+    try:
+        yield pg.with_schema(dsn, schema)
+    finally:
+        asyncio.run(pg.drop_schema(dsn, schema))

@@ -8,16 +8,18 @@ asyncio twins) awaits. Each sends the reply of a :class:`~fencing.client._core.C
 back into the steps, or throws its failure in, already translated into a
 :mod:`fencing.errors` exception with the ``grpc.RpcError`` as its cause; anything
 else (a ``KeyboardInterrupt``, a cancellation) is thrown in as it is, so the steps'
-own cleanup runs. This module has no rules of its own.
+own cleanup runs. This module has no rules of its own; it also holds the asyncio
+streams' one way to end (:func:`finish_stream`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Self, TypeVar, cast
+from typing import Any, Self, TypeVar, cast
 
 import grpc
 
@@ -149,3 +151,19 @@ class AsyncCalls:
         if not retry:
             return await self._send(method, request, timeout)
         return cast(Resp, await self._run(_core.unary(method, request, timeout, retry=True)))
+
+
+async def finish_stream(
+    call: Any,
+    tasks: Sequence[asyncio.Task[None]],
+    timeout: float,  # noqa: ASYNC109 - the grace before the cancel, not a deadline
+) -> None:
+    """Let a half-closed stream's sender and reader tasks finish (the replies in flight
+    coming in) for up to ``timeout`` seconds, then cancel the call and let them end."""
+    try:
+        async with asyncio.timeout(timeout):
+            await asyncio.gather(*tasks, return_exceptions=True)
+    except TimeoutError:
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)

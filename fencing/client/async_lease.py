@@ -19,17 +19,19 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextvars import Token
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
 
 from fencing import propagation
 from fencing._renewal import RenewalPolicy
-from fencing.client import _core
+from fencing.client import _core, _lease_stream
 from fencing.client._calls import AsyncCalls
 from fencing.client._core import Clock, LeaseEvent
+from fencing.client._lease_stream import Transport
 from fencing.client._session import SessionCore
+from fencing.client.async_lease_stream import AsyncStreamStub
 from fencing.errors import FencingError
 from fencing.tls import TLSConfig
 from fencing.types import Fenced, LeaseState
@@ -313,7 +315,7 @@ class AsyncLeaseClient(AsyncCalls):
         # LeaseLost here if the lease was lost: the body was cancelled at that moment
 
     Options as for :class:`~fencing.client.lease.LeaseClient` (``tls``, ``token``,
-    ``credentials``, ``holder``, ``release_timeout``...).
+    ``credentials``, ``holder``, ``release_timeout``, ``transport``...).
     """
 
     def __init__(
@@ -329,6 +331,7 @@ class AsyncLeaseClient(AsyncCalls):
         policy: RenewalPolicy | None = None,
         clock: Clock = time.monotonic,
         channel: grpc.aio.Channel | None = None,
+        transport: str | None = None,
     ) -> None:
         self.target = target
         self.holder = holder or _core.default_holder()
@@ -341,7 +344,14 @@ class AsyncLeaseClient(AsyncCalls):
             if channel is not None
             else _core.open_aio_channel(target, tls=tls, token=token, credentials=credentials)
         )
-        self._stub = lease_pb2_grpc.LeaseServiceStub(self._channel)
+        self.transport = _lease_stream.transport_of(transport)
+        # The stub of the lease calls: the unary one, or one with its signatures over the
+        # lease stream (typed loosely: the two differ only in the transport).
+        self._stub: Any = (
+            lease_pb2_grpc.LeaseServiceStub(self._channel)
+            if self.transport is Transport.UNARY
+            else AsyncStreamStub(self._channel, self.transport)
+        )
         self._session: _AsyncSession | None = None
         self._steps = _core.LeaseSteps(self, self._new_lease)
 
@@ -355,6 +365,8 @@ class AsyncLeaseClient(AsyncCalls):
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.aclose()
+        if isinstance(self._stub, AsyncStreamStub):
+            await self._stub.aclose()
         await self._channel.close()
 
     def session(self) -> _AsyncSession:
@@ -493,7 +505,7 @@ class AsyncLeaseClient(AsyncCalls):
     async def renew(self, resource: str, token: int, ttl: float) -> int:
         """Renew by (resource, token) without a handle; returns the granted ttl in ms."""
         request = _core.renew_request(resource, token, _core.ttl_ms_of(ttl))
-        return (await self._call(self._stub.Renew, request)).ttl_ms
+        return int((await self._call(self._stub.Renew, request)).ttl_ms)
 
     async def release(self, resource: str, token: int, *, holder: str = "") -> None:
         """Release by (resource, token) without a handle (``holder`` is checked if given)."""

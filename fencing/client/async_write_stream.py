@@ -8,7 +8,6 @@ failure rule (a write pending when the stream breaks may or may not have landed)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
@@ -17,6 +16,7 @@ import grpc
 import grpc.aio
 
 from fencing.client import _core
+from fencing.client._calls import finish_stream
 from fencing.client._core import WriteResult
 from fencing.client._writes import StreamBook
 from fencing.errors import BackendUnavailableError
@@ -121,13 +121,7 @@ class AsyncWriteStream:
             return
         self._closing = True
         self._ready.set()
-        try:
-            async with asyncio.timeout(CLOSE_TIMEOUT):
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-        except TimeoutError:
-            self._call.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+        await finish_stream(self._call, self._tasks, CLOSE_TIMEOUT)
 
     async def __aenter__(self) -> AsyncWriteStream:
         return await self.start()

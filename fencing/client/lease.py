@@ -24,16 +24,18 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
 from fencing import propagation
 from fencing._renewal import RenewalPolicy
-from fencing.client import _core
+from fencing.client import _core, _lease_stream
 from fencing.client._calls import BlockingCalls
 from fencing.client._core import Clock, LeaseEvent
+from fencing.client._lease_stream import Transport
 from fencing.client._session import SessionCore
+from fencing.client.lease_stream import StreamStub
 from fencing.errors import FencingError
 from fencing.tls import TLSConfig
 from fencing.types import Fenced, LeaseState
@@ -173,6 +175,13 @@ class LeaseClient(BlockingCalls):
     ``credentials``. ``release_timeout`` bounds the release sent on leaving ``hold``
     and ``hold_many`` (default 2 s, retries included), so an unreachable server
     does not hang the exit: the lease then expires on its own.
+
+    ``transport`` says how the lease calls (acquire, renew, release, their batch forms,
+    the session's renewals) travel: ``"auto"`` (the default) on one lease stream per
+    client (``LeaseService.Session``: concurrent calls share its messages), falling
+    back to unary RPCs for the client's life against a server without it;
+    ``"stream"`` on the stream only; ``"unary"`` one RPC per call. None takes
+    ``$FENCING_TRANSPORT``, else ``"auto"``. The lease rules are the same on each.
     """
 
     def __init__(
@@ -188,6 +197,7 @@ class LeaseClient(BlockingCalls):
         policy: RenewalPolicy | None = None,
         clock: Clock = time.monotonic,
         channel: grpc.Channel | None = None,
+        transport: str | None = None,
     ) -> None:
         self.target = target
         self.holder = holder or _core.default_holder()
@@ -200,7 +210,14 @@ class LeaseClient(BlockingCalls):
             if channel is not None
             else _core.open_channel(target, tls=tls, token=token, credentials=credentials)
         )
-        self._stub = lease_pb2_grpc.LeaseServiceStub(self._channel)
+        self.transport = _lease_stream.transport_of(transport)
+        # The stub of the lease calls: the unary one, or one with its signatures over the
+        # lease stream (typed loosely: the two differ only in the transport).
+        self._stub: Any = (
+            lease_pb2_grpc.LeaseServiceStub(self._channel)
+            if self.transport is Transport.UNARY
+            else StreamStub(self._channel, self.transport)
+        )
         self._session: _Session | None = None
         self._session_lock = threading.Lock()
         self._steps = _core.LeaseSteps(self, self._new_lease)
@@ -216,6 +233,8 @@ class LeaseClient(BlockingCalls):
         session, self._session = self._session, None
         if session is not None:
             session.stop()
+        if isinstance(self._stub, StreamStub):
+            self._stub.close()
         self._channel.close()
 
     def session(self) -> _Session:
@@ -391,7 +410,7 @@ class LeaseClient(BlockingCalls):
     def renew(self, resource: str, token: int, ttl: float) -> int:
         """Renew by (resource, token) without a handle; returns the granted ttl in ms."""
         request = _core.renew_request(resource, token, _core.ttl_ms_of(ttl))
-        return self._call(self._stub.Renew, request).ttl_ms
+        return int(self._call(self._stub.Renew, request).ttl_ms)
 
     def release(self, resource: str, token: int, *, holder: str = "") -> None:
         """Release by (resource, token) without a handle (``holder`` is checked if given)."""

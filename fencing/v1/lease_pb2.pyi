@@ -14,6 +14,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.rpc import status_pb2 as _status_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -555,3 +556,232 @@ class ListResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListResponse: _TypeAlias = ListResponse  # noqa: Y015
+
+@_typing.final
+class SessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionCall]:
+        """Up to 1,000 calls; more, and each of them is answered INVALID_ARGUMENT naming
+        "calls". A message of none is allowed and answered by nothing (a client's liveness
+        check is a ping call).
+        """
+
+    def __init__(
+        self,
+        *,
+        calls: _abc.Iterable[Global___SessionCall] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionRequest: _TypeAlias = SessionRequest  # noqa: Y015
+
+@_typing.final
+class SessionCall(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    DEADLINE_MS_FIELD_NUMBER: _builtins.int
+    ACQUIRE_FIELD_NUMBER: _builtins.int
+    RENEW_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
+    ACQUIRE_MANY_FIELD_NUMBER: _builtins.int
+    RENEW_MANY_FIELD_NUMBER: _builtins.int
+    RELEASE_MANY_FIELD_NUMBER: _builtins.int
+    PING_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Chosen by the client; the reply carries it back. An id already in flight on the
+    stream is answered INVALID_ARGUMENT naming "id" (that reply bears the same id, so
+    a client never reuses one before its reply came).
+    """
+    deadline_ms: _builtins.int
+    """Milliseconds from the server's receipt of the call after which an undecided call is
+    answered DEADLINE_EXCEEDED (its effect unknown: retry an acquire with the same
+    request_id); 0: no deadline but the stream's. 0 to 3,600,000, else INVALID_ARGUMENT
+    naming "deadline_ms". Caps an acquire's wait.
+    """
+    @_builtins.property
+    def acquire(self) -> Global___AcquireRequest: ...
+    @_builtins.property
+    def renew(self) -> Global___RenewRequest: ...
+    @_builtins.property
+    def release(self) -> Global___ReleaseRequest: ...
+    @_builtins.property
+    def acquire_many(self) -> Global___AcquireManyRequest: ...
+    @_builtins.property
+    def renew_many(self) -> Global___RenewManyRequest: ...
+    @_builtins.property
+    def release_many(self) -> Global___ReleaseManyRequest: ...
+    @_builtins.property
+    def ping(self) -> Global___Ping:
+        """Answered at once with pong: the stream's liveness, not any lease's. Not a call
+        in flight (never RESOURCE_EXHAUSTED), answered while draining too.
+        """
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        deadline_ms: _builtins.int = ...,
+        acquire: Global___AcquireRequest | None = ...,
+        renew: Global___RenewRequest | None = ...,
+        release: Global___ReleaseRequest | None = ...,
+        acquire_many: Global___AcquireManyRequest | None = ...,
+        renew_many: Global___RenewManyRequest | None = ...,
+        release_many: Global___ReleaseManyRequest | None = ...,
+        ping: Global___Ping | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["acquire", b"acquire", "acquire_many", b"acquire_many", "call", b"call", "ping", b"ping", "release", b"release", "release_many", b"release_many", "renew", b"renew", "renew_many", b"renew_many"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acquire", b"acquire", "acquire_many", b"acquire_many", "call", b"call", "deadline_ms", b"deadline_ms", "id", b"id", "ping", b"ping", "release", b"release", "release_many", b"release_many", "renew", b"renew", "renew_many", b"renew_many"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["acquire", "renew", "release", "acquire_many", "renew_many", "release_many", "ping"]  # noqa: Y015
+    _WhichOneofArgType_call: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_call) -> _WhichOneofReturnType_call | None: ...
+
+Global___SessionCall: _TypeAlias = SessionCall  # noqa: Y015
+
+@_typing.final
+class Ping(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Ping: _TypeAlias = Ping  # noqa: Y015
+
+@_typing.final
+class Pong(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Pong: _TypeAlias = Pong  # noqa: Y015
+
+@_typing.final
+class SessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLIES_FIELD_NUMBER: _builtins.int
+    GOAWAY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def replies(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionReply]: ...
+    @_builtins.property
+    def goaway(self) -> Global___GoAway:
+        """Set once when the server drains: open a new stream for new calls; replies to the
+        calls in flight still come on this one before it ends.
+        """
+
+    def __init__(
+        self,
+        *,
+        replies: _abc.Iterable[Global___SessionReply] | None = ...,
+        goaway: Global___GoAway | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["goaway", b"goaway"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["goaway", b"goaway", "replies", b"replies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionResponse: _TypeAlias = SessionResponse  # noqa: Y015
+
+@_typing.final
+class SessionReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    ACQUIRED_FIELD_NUMBER: _builtins.int
+    RENEWED_FIELD_NUMBER: _builtins.int
+    RELEASED_FIELD_NUMBER: _builtins.int
+    ACQUIRED_MANY_FIELD_NUMBER: _builtins.int
+    RENEWED_MANY_FIELD_NUMBER: _builtins.int
+    RELEASED_MANY_FIELD_NUMBER: _builtins.int
+    PONG_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    @_builtins.property
+    def error(self) -> _status_pb2.Status:
+        """The error the unary call would have ended with (code, message, ErrorInfo), or
+        the stream's own verdict on the call: RESOURCE_EXHAUSTED (ErrorInfo metadata
+        limit "session_in_flight"), UNAVAILABLE after goaway, DEADLINE_EXCEEDED, or
+        INVALID_ARGUMENT for the envelope ("calls", "id", "deadline_ms", "call").
+        Authorization is per call, as for the unary method (PERMISSION_DENIED here);
+        the stream itself only authenticates (UNAUTHENTICATED ends it at once).
+        """
+
+    @_builtins.property
+    def acquired(self) -> Global___Lease: ...
+    @_builtins.property
+    def renewed(self) -> Global___Lease: ...
+    @_builtins.property
+    def released(self) -> Global___ReleaseResponse: ...
+    @_builtins.property
+    def acquired_many(self) -> Global___AcquireManyResponse: ...
+    @_builtins.property
+    def renewed_many(self) -> Global___RenewManyResponse: ...
+    @_builtins.property
+    def released_many(self) -> Global___ReleaseManyResponse: ...
+    @_builtins.property
+    def pong(self) -> Global___Pong: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        error: _status_pb2.Status | None = ...,
+        acquired: Global___Lease | None = ...,
+        renewed: Global___Lease | None = ...,
+        released: Global___ReleaseResponse | None = ...,
+        acquired_many: Global___AcquireManyResponse | None = ...,
+        renewed_many: Global___RenewManyResponse | None = ...,
+        released_many: Global___ReleaseManyResponse | None = ...,
+        pong: Global___Pong | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["acquired", b"acquired", "acquired_many", b"acquired_many", "error", b"error", "outcome", b"outcome", "pong", b"pong", "released", b"released", "released_many", b"released_many", "renewed", b"renewed", "renewed_many", b"renewed_many"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acquired", b"acquired", "acquired_many", b"acquired_many", "error", b"error", "id", b"id", "outcome", b"outcome", "pong", b"pong", "released", b"released", "released_many", b"released_many", "renewed", b"renewed", "renewed_many", b"renewed_many"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["error", "acquired", "renewed", "released", "acquired_many", "renewed_many", "released_many", "pong"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___SessionReply: _TypeAlias = SessionReply  # noqa: Y015
+
+@_typing.final
+class GoAway(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """Why (e.g. "draining"), for logs."""
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GoAway: _TypeAlias = GoAway  # noqa: Y015

@@ -79,6 +79,11 @@ class LeaseServiceStub:
                 request_serializer=fencing_dot_v1_dot_lease__pb2.ListRequest.SerializeToString,
                 response_deserializer=fencing_dot_v1_dot_lease__pb2.ListResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/fencing.v1.LeaseService/Session',
+                request_serializer=fencing_dot_v1_dot_lease__pb2.SessionRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_lease__pb2.SessionResponse.FromString,
+                _registered_method=True)
 
 
 class LeaseServiceServicer:
@@ -162,6 +167,32 @@ class LeaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """One stream per client for its lease calls, as etcd keeps one LeaseKeepAlive stream
+        and ZooKeeper one session per client. A SessionRequest carries calls, each with an
+        id the client chose (unique among its calls in flight on this stream); the server
+        answers each with a SessionReply bearing the same id, in any order, exactly as the
+        unary RPC would have answered: the result, or the unary call's error as a
+        google.rpc.Status carrying the same ErrorInfo. Calls that arrive together, from
+        this and other streams, may share one backend transaction; each keeps its own
+        verdict. Waiting acquires wait server-side without holding a transaction.
+
+        The server keeps nothing for a stream that another server process could not take
+        over: when a stream breaks, its calls in flight have unknown outcomes, and the
+        client reconnects (to any server) and retries; an acquire retried with the same
+        request_id and holder returns the lease already granted. Limits: at most
+        max_in_flight calls in flight per stream (the server's --session-max-in-flight,
+        sent in the stream's initial metadata "fencing-session-max-in-flight" when it
+        opens); a call beyond it is answered RESOURCE_EXHAUSTED and nothing else happens to
+        the stream. Bytes that are no SessionRequest end the stream INVALID_ARGUMENT. A
+        draining server (SIGTERM) sends a SessionResponse with goaway set, accepts no new
+        calls (answered UNAVAILABLE), answers those in flight, then ends the stream: the
+        client moves to a new stream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LeaseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -209,6 +240,11 @@ def add_LeaseServiceServicer_to_server(servicer, server):
                     servicer.List,
                     request_deserializer=fencing_dot_v1_dot_lease__pb2.ListRequest.FromString,
                     response_serializer=fencing_dot_v1_dot_lease__pb2.ListResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=fencing_dot_v1_dot_lease__pb2.SessionRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_lease__pb2.SessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -454,6 +490,33 @@ class LeaseService:
             '/fencing.v1.LeaseService/List',
             fencing_dot_v1_dot_lease__pb2.ListRequest.SerializeToString,
             fencing_dot_v1_dot_lease__pb2.ListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fencing.v1.LeaseService/Session',
+            fencing_dot_v1_dot_lease__pb2.SessionRequest.SerializeToString,
+            fencing_dot_v1_dot_lease__pb2.SessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -75,6 +75,28 @@ class LeaseServiceStub:
     with it as page_token. Each page is read on its own: a lease taken or released
     between pages may or may not appear, but none is listed twice.
     """
+    Session: _grpc.StreamStreamMultiCallable[_lease_pb2.SessionRequest, _lease_pb2.SessionResponse]
+    """One stream per client for its lease calls, as etcd keeps one LeaseKeepAlive stream
+    and ZooKeeper one session per client. A SessionRequest carries calls, each with an
+    id the client chose (unique among its calls in flight on this stream); the server
+    answers each with a SessionReply bearing the same id, in any order, exactly as the
+    unary RPC would have answered: the result, or the unary call's error as a
+    google.rpc.Status carrying the same ErrorInfo. Calls that arrive together, from
+    this and other streams, may share one backend transaction; each keeps its own
+    verdict. Waiting acquires wait server-side without holding a transaction.
+
+    The server keeps nothing for a stream that another server process could not take
+    over: when a stream breaks, its calls in flight have unknown outcomes, and the
+    client reconnects (to any server) and retries; an acquire retried with the same
+    request_id and holder returns the lease already granted. Limits: at most
+    max_in_flight calls in flight per stream (the server's --session-max-in-flight,
+    sent in the stream's initial metadata "fencing-session-max-in-flight" when it
+    opens); a call beyond it is answered RESOURCE_EXHAUSTED and nothing else happens to
+    the stream. Bytes that are no SessionRequest end the stream INVALID_ARGUMENT. A
+    draining server (SIGTERM) sends a SessionResponse with goaway set, accepts no new
+    calls (answered UNAVAILABLE), answers those in flight, then ends the stream: the
+    client moves to a new stream.
+    """
 
 @_typing.type_check_only
 class LeaseServiceAsyncStub(LeaseServiceStub):
@@ -116,6 +138,28 @@ class LeaseServiceAsyncStub(LeaseServiceStub):
     (1 to 1,000; 0: 100). A response with next_page_token set has more: ask again
     with it as page_token. Each page is read on its own: a lease taken or released
     between pages may or may not appear, but none is listed twice.
+    """
+    Session: _aio.StreamStreamMultiCallable[_lease_pb2.SessionRequest, _lease_pb2.SessionResponse]  # type: ignore[assignment]
+    """One stream per client for its lease calls, as etcd keeps one LeaseKeepAlive stream
+    and ZooKeeper one session per client. A SessionRequest carries calls, each with an
+    id the client chose (unique among its calls in flight on this stream); the server
+    answers each with a SessionReply bearing the same id, in any order, exactly as the
+    unary RPC would have answered: the result, or the unary call's error as a
+    google.rpc.Status carrying the same ErrorInfo. Calls that arrive together, from
+    this and other streams, may share one backend transaction; each keeps its own
+    verdict. Waiting acquires wait server-side without holding a transaction.
+
+    The server keeps nothing for a stream that another server process could not take
+    over: when a stream breaks, its calls in flight have unknown outcomes, and the
+    client reconnects (to any server) and retries; an acquire retried with the same
+    request_id and holder returns the lease already granted. Limits: at most
+    max_in_flight calls in flight per stream (the server's --session-max-in-flight,
+    sent in the stream's initial metadata "fencing-session-max-in-flight" when it
+    opens); a call beyond it is answered RESOURCE_EXHAUSTED and nothing else happens to
+    the stream. Bytes that are no SessionRequest end the stream INVALID_ARGUMENT. A
+    draining server (SIGTERM) sends a SessionResponse with goaway set, accepts no new
+    calls (answered UNAVAILABLE), answers those in flight, then ends the stream: the
+    client moves to a new stream.
     """
 
 class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -209,6 +253,34 @@ class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
         (1 to 1,000; 0: 100). A response with next_page_token set has more: ask again
         with it as page_token. Each page is read on its own: a lease taken or released
         between pages may or may not appear, but none is listed twice.
+        """
+
+    @_abc_1.abstractmethod
+    def Session(
+        self,
+        request_iterator: _MaybeAsyncIterator[_lease_pb2.SessionRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_lease_pb2.SessionResponse], _abc.AsyncIterator[_lease_pb2.SessionResponse]]:
+        """One stream per client for its lease calls, as etcd keeps one LeaseKeepAlive stream
+        and ZooKeeper one session per client. A SessionRequest carries calls, each with an
+        id the client chose (unique among its calls in flight on this stream); the server
+        answers each with a SessionReply bearing the same id, in any order, exactly as the
+        unary RPC would have answered: the result, or the unary call's error as a
+        google.rpc.Status carrying the same ErrorInfo. Calls that arrive together, from
+        this and other streams, may share one backend transaction; each keeps its own
+        verdict. Waiting acquires wait server-side without holding a transaction.
+
+        The server keeps nothing for a stream that another server process could not take
+        over: when a stream breaks, its calls in flight have unknown outcomes, and the
+        client reconnects (to any server) and retries; an acquire retried with the same
+        request_id and holder returns the lease already granted. Limits: at most
+        max_in_flight calls in flight per stream (the server's --session-max-in-flight,
+        sent in the stream's initial metadata "fencing-session-max-in-flight" when it
+        opens); a call beyond it is answered RESOURCE_EXHAUSTED and nothing else happens to
+        the stream. Bytes that are no SessionRequest end the stream INVALID_ARGUMENT. A
+        draining server (SIGTERM) sends a SessionResponse with goaway set, accepts no new
+        calls (answered UNAVAILABLE), answers those in flight, then ends the stream: the
+        client moves to a new stream.
         """
 
 def add_LeaseServiceServicer_to_server(servicer: LeaseServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

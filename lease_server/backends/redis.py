@@ -169,6 +169,8 @@ EVENTS_PER_RESOURCE = 100
 LISTEN_BACKOFF = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 #: Idle seconds after which the listener PINGs its subscription.
 LISTEN_PING_INTERVAL = 5.0
+#: Seconds close() gives the release listener to end after a cancel before cancelling again.
+RECANCEL_S = 0.5
 
 
 class RedisBackend(redis_db.Probed):
@@ -251,9 +253,14 @@ class RedisBackend(redis_db.Probed):
     async def close(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+            # Cancelled again until it ends: redis-py can swallow a cancellation that
+            # lands as its pub/sub read times out, and the listener's loop would go on
+            # (a lease server's drain then never finished).
+            while not listener.done():
+                listener.cancel()
+                await asyncio.wait({listener}, timeout=RECANCEL_S)
+            if not listener.cancelled():
+                listener.result()  # its own failure, if it had one
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):

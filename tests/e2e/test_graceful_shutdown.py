@@ -4,6 +4,7 @@ No lease is lost and no token is issued twice."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -15,12 +16,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
+import grpc.aio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fencing import BackendUnavailableError, LeaseClient, _status
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from serving.ports import free_port
+from tests.sessions import PING, Stream, acquire, error
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -123,3 +127,28 @@ def test_sigterm_answers_waiters_cleanly_and_a_restart_keeps_leases_and_tokens(
             assert b.acquire("orders", ttl=5, timeout=HANG_GUARD).token > lease.token
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(HANG_GUARD) == 0
+
+
+async def test_sigterm_drains_session_streams_goaway_then_their_calls_then_the_end(
+    tmp_path: Path,
+) -> None:
+    """A Session stream of a server told to stop gets a goaway; its waiting acquire is
+    answered (retryable), and the stream ends with OK before the process exits 0 (new
+    calls refused meanwhile: tests/integration/test_session_stream.py)."""
+    with lease_server(tmp_path / "leases.db") as (proc, address):
+        async with grpc.aio.insecure_channel(address) as channel:
+            stream = Stream.open(channel)
+            held = await stream.ask(acquire("orders", holder="A"))
+            assert held.WhichOneof("outcome") == "acquired"
+            (waiting,) = await stream.send(
+                acquire("orders", holder="B", wait_ms=120_000, request_id="b-1")
+            )
+            assert (await stream.ask(PING)).WhichOneof("outcome") == "pong"
+            proc.send_signal(signal.SIGTERM)
+            await eventually(lambda: any(r.HasField("goaway") for r in stream.responses), "goaway")
+            answer = await asyncio.wait_for(waiting, HANG_GUARD)
+            assert isinstance(error(answer), BackendUnavailableError)
+            assert stream.reader is not None
+            await asyncio.wait_for(stream.reader, HANG_GUARD)
+            assert await stream.call.code() == grpc.StatusCode.OK
+        assert await asyncio.to_thread(proc.wait, HANG_GUARD) == 0

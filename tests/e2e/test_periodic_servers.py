@@ -30,7 +30,7 @@ from fencing import AsyncQueueClient, QueueClient
 from lease_server.queue.schedules import period_key
 from lease_server.queue.service import QueueOptions
 from lease_server.server import LeaseServer, start_lease_server
-from tests.e2e.test_postgres_servers import lease_servers, url  # noqa: F401 (a fixture)
+from tests.e2e.test_postgres_servers import lease_servers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -73,7 +73,7 @@ def run_schedule(address: str, catch_up: int = 0) -> None:
 # -- PostgreSQL: real processes -----------------------------------------------------------------
 
 
-def pg_jobs(url: str) -> list[Row]:  # noqa: F811 (the url fixture's value)
+def pg_jobs(url: str) -> list[Row]:
     dsn, _, query = url.partition("?")
     schema = dict(p.split("=", 1) for p in query.split("&"))["schema"]
     with psycopg.connect(dsn) as conn:
@@ -86,19 +86,20 @@ def pg_jobs(url: str) -> list[Row]:  # noqa: F811 (the url fixture's value)
 
 
 @pytest.mark.postgres
-def test_three_server_processes_enqueue_one_job_per_period(url: str) -> None:  # noqa: F811
-    with lease_servers(url, 3) as addresses:
+def test_three_server_processes_enqueue_one_job_per_period(postgres_url: str) -> None:
+    with lease_servers(postgres_url, 3) as addresses:
         run_schedule(addresses[1])
-    assert_one_job_per_period(pg_jobs(url))
+    assert_one_job_per_period(pg_jobs(postgres_url))
 
 
 @pytest.mark.postgres
 def test_control_without_the_unique_key_three_processes_enqueue_duplicates(
-    url: str,  # noqa: F811
+    postgres_url: str,
 ) -> None:
-    with lease_servers(url, 3, ("-m", "tests.e2e.periodic_server", "--no-unique")) as addresses:
+    command = ("-m", "tests.e2e.periodic_server", "--no-unique")
+    with lease_servers(postgres_url, 3, command) as addresses:
         run_schedule(addresses[0])
-    assert_duplicates(pg_jobs(url))
+    assert_duplicates(pg_jobs(postgres_url))
 
 
 # -- SQLite: in-process servers sharing the files, and downtime on both -------------------------
@@ -142,7 +143,7 @@ async def test_three_servers_on_one_sqlite_file(tmp_path: Path, unique: bool) ->
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:{tmp_path / 'leases.db'}"
-    return str(request.getfixturevalue("url"))
+    return str(request.getfixturevalue("postgres_url"))
 
 
 def jobs_of(backend: str, tmp_path: Path) -> list[Row]:

@@ -25,7 +25,6 @@ import pytest
 from chaos.checker import check
 from chaos.history import Event, Recorder
 from fencing import AcquireTimeoutError, LeaseClient, LeaseLost
-from tests import pg
 from tests.e2e import recorded
 
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e]
@@ -40,6 +39,16 @@ def lease_servers(
 ) -> Iterator[list[str]]:
     """Start ``count`` lease-server processes on ``url`` at once (``python COMMAND
     --backend URL``, printing ``listening on HOST:PORT``); yield their addresses."""
+    with lease_server_processes(url, count, command) as started:
+        yield [address for address, _ in started]
+
+
+@contextlib.contextmanager
+def lease_server_processes(
+    url: str, count: int, command: Sequence[str] = ("-m", "lease_server", *SERVER_ARGS)
+) -> Iterator[list[tuple[str, subprocess.Popen[str]]]]:
+    """Start ``count`` lease-server processes on ``url`` at once; yield (address, process)
+    of each (a test may kill one; the rest are stopped on exit)."""
     procs: list[subprocess.Popen[str]] = []
     with tempfile.TemporaryDirectory(prefix="fencing-e2e-") as tmp, contextlib.ExitStack() as stack:
         logs = [Path(tmp) / f"server-{i}.log" for i in range(count)]
@@ -64,10 +73,11 @@ def lease_servers(
                         f"a lease server did not start: {line!r}\n{log.read_text()}"
                     )
                 addresses.append(line.split("listening on ")[1].split()[0])
-            yield addresses
+            yield list(zip(addresses, procs, strict=True))
         finally:
             for proc in procs:
-                proc.terminate()
+                if proc.poll() is None:
+                    proc.terminate()
             for proc in procs:
                 try:
                     proc.wait(10)
@@ -78,22 +88,10 @@ def lease_servers(
                     proc.stdout.close()
 
 
-@pytest.fixture
-def url() -> Iterator[str]:
-    dsn = pg.test_dsn()
-    schema = f"{pg.SCHEMA_PREFIX}e2e_{random.randrange(16**8):08x}"
-    try:
-        yield pg.with_schema(dsn, schema)
-    finally:
-        import asyncio
-
-        asyncio.run(pg.drop_schema(dsn, schema))
-
-
-def test_two_servers_grant_unique_increasing_tokens(url: str) -> None:
+def test_two_servers_grant_unique_increasing_tokens(postgres_url: str) -> None:
     events: list[Event] = []  # list.append is atomic: every thread records into it
     abandoned = [0]
-    with lease_servers(url, 2) as addresses:
+    with lease_servers(postgres_url, 2) as addresses:
         stop_at = time.monotonic() + 4.0
 
         def worker(i: int) -> None:
@@ -132,11 +130,13 @@ def test_two_servers_grant_unique_increasing_tokens(url: str) -> None:
     assert abandoned[0] > 0
 
 
-def test_a_waiter_on_one_server_wakes_on_a_release_through_the_other(url: str) -> None:
+def test_a_waiter_on_one_server_wakes_on_a_release_through_the_other(
+    postgres_url: str,
+) -> None:
     """The release's NOTIFY reaches the other process; its 100 ms re-check is only the fallback."""
     latencies = []
     with (
-        lease_servers(url, 2) as (a, b),
+        lease_servers(postgres_url, 2) as (a, b),
         LeaseClient(a, holder="holder") as holder,
         LeaseClient(b, holder="waiter") as waiter,
     ):

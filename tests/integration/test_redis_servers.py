@@ -164,3 +164,35 @@ def test_strict_guard_and_lease_server_on_one_redis(which: str) -> None:
             assert record is not None and record.value == b"live"
     finally:
         asyncio.run(drop_prefix(url, prefix))
+
+
+async def test_close_ends_a_listener_whose_first_cancellation_was_swallowed(redis_url: str) -> None:
+    """redis-py can swallow a cancellation that lands as its read timeout fires (its
+    pub/sub read goes on). close() must still end the release listener and return (it
+    is the last step of a lease server's drain), not wait for it forever."""
+    prefix = unique_prefix()
+    backend = RedisBackend(redis_url, prefix=prefix)
+    await backend.open()
+    backend.on_release(lambda resource: None)
+    swallowed = asyncio.Event()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            swallowed.set()  # as redis-py may: the cancellation is lost, the loop goes on
+        await asyncio.Event().wait()
+
+    listener = backend._listener
+    assert listener is not None
+    listener.cancel()
+    backend._listener = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    closing = asyncio.create_task(backend.close())
+    try:
+        done, _ = await asyncio.wait({closing}, timeout=10)
+        assert closing in done, "close() waits forever for a listener that ignored a cancel"
+    finally:
+        closing.cancel()
+        await drop_prefix(redis_url, prefix)
+    assert swallowed.is_set()

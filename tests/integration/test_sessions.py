@@ -137,7 +137,7 @@ def test_a_server_without_renew_many_gets_one_renew_per_lease(
         raise Unimplemented()
 
     with LeaseClient(servers.lease_address, holder="old") as client:
-        client._stub.RenewMany = refuse  # type: ignore[assignment]
+        client._stub.RenewMany = refuse
         with client.hold("legacy", ttl=0.5) as lease:
             time.sleep(1.0)
             lease.check()

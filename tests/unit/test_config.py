@@ -140,3 +140,11 @@ def test_docs_configuration_table_is_fresh() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_session_in_flight_cap_reaches_the_server_options() -> None:
+    args, sources = resolve([], {"FENCING_SESSION_MAX_IN_FLIGHT": "32"})
+    assert sources["session_max_in_flight"] == "env FENCING_SESSION_MAX_IN_FLIGHT"
+    assert config.server_options(args, [args.listen]).session_max_in_flight == 32
+    with pytest.raises(config.ConfigError, match="FENCING_SESSION_MAX_IN_FLIGHT"):
+        resolve([], {"FENCING_SESSION_MAX_IN_FLIGHT": "0"})

@@ -1,0 +1,291 @@
+"""The asyncio lease stream: the twin of :mod:`fencing.client.lease_stream`.
+
+:class:`AsyncStreamStub` stands where the ``AsyncLeaseClient``'s stub stood (the same
+awaitable ``Acquire``, ``Renew``, ``Release`` and batch forms). One ``Session`` call per
+channel, opened on the first call; one sender task packs every call queued since its
+last message into the next, one reader task hands each reply to the future of its
+call. The same rules as the blocking twin (a broken stream, a goaway, a server without
+``Session``), from :mod:`fencing.client._lease_stream`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+from google.protobuf.message import Message
+
+from fencing.client import _lease_stream
+from fencing.client._calls import finish_stream
+from fencing.client._lease_stream import Fallback, Moved, SessionBook, Transport
+from fencing.errors import DeadlineExceededError
+from fencing.v1 import lease_pb2, lease_pb2_grpc
+
+#: Seconds ``aclose`` waits for the replies in flight before it cancels the stream.
+CLOSE_TIMEOUT = 2.0
+
+
+class _AsyncStream:
+    """One open ``Session`` call on a ``grpc.aio`` channel (made in the running loop)."""
+
+    def __init__(self, owner: AsyncStreamStub) -> None:
+        self._owner = owner
+        self._book: SessionBook[asyncio.Future[Message]] = SessionBook()
+        self._changed = asyncio.Condition()
+        self._queued = asyncio.Event()
+        #: No new calls: closing, moved away (goaway) or ended.
+        self.retired = False
+        self._call: Any = owner._unary.Session()
+        self._tasks = [
+            asyncio.create_task(self._send(), name="fencing-lease-stream-send"),
+            asyncio.create_task(self._read(), name="fencing-lease-stream-read"),
+        ]
+
+    async def submit(
+        self,
+        call: lease_pb2.SessionCall,
+        future: asyncio.Future[Message],
+        end: float,
+        moves: int = 0,
+    ) -> bool:
+        """Queue ``call`` once the server's limit leaves room (until ``end``, loop time);
+        False if this stream takes no new calls."""
+        loop = asyncio.get_running_loop()
+        if not self.retired and not self._book.has_room:
+            async with self._changed:
+                while not self.retired and not self._book.has_room:
+                    remaining = end - loop.time()
+                    if remaining <= 0:
+                        raise DeadlineExceededError(
+                            "deadline exceeded: the lease stream had no room for the call"
+                        )
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(remaining):
+                            await self._changed.wait()
+        if self.retired:
+            return False
+        self._book.add(call, future, moves)
+        self._queued.set()
+        return True
+
+    async def _send(self) -> None:
+        try:
+            while True:
+                await self._queued.wait()
+                self._queued.clear()
+                if self.retired:  # half-close: the replies in flight still come
+                    await self._call.done_writing()
+                    return
+                while (message := self._book.take()) is not None:
+                    await self._call.write(message)
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            return  # the reader sees the same end and settles every waiter
+
+    async def _read(self) -> None:
+        error: Callable[[], Exception] = _lease_stream.ended_error
+        try:
+            headers = await self._call.initial_metadata()
+            self._book.limit(headers)
+            await self._notify()
+            while True:
+                response = await self._call.read()
+                if response is grpc.aio.EOF:
+                    break
+                received = self._book.receive(response)
+                if received.goaway:  # new calls, and the unsent, elsewhere
+                    self._retire()
+                for orphan in _lease_stream.deliver(received):
+                    self._owner._release_orphan(orphan)
+                for move in received.moved:
+                    self._owner._resubmit(move)
+                await self._notify()
+        except grpc.RpcError as err:
+            error = self._owner._broken(err)
+        self._retire()
+        waiters = self._book.abandon()
+        self._owner._ended(self)
+        for future in waiters:
+            _lease_stream.settle(future, error())
+        await self._notify()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _retire(self) -> None:
+        """No new calls on this stream."""
+        if not self.retired:
+            self.retired = True
+            self._owner._retired(self)
+            self._queued.set()
+
+    async def aclose(self) -> None:
+        """Half-close; wait (up to CLOSE_TIMEOUT) for the replies in flight, then cancel."""
+        self._retire()
+        await finish_stream(self._call, self._tasks, CLOSE_TIMEOUT)
+
+
+class AsyncStreamStub:
+    """An asyncio ``LeaseServiceStub`` whose lease calls go on the lease stream; see
+    :class:`fencing.client.lease_stream.StreamStub`."""
+
+    def __init__(self, channel: grpc.aio.Channel, transport: Transport) -> None:
+        self._unary = lease_pb2_grpc.LeaseServiceStub(channel)
+        self._transport = transport
+        self._stream: _AsyncStream | None = None
+        self._streams: set[_AsyncStream] = set()
+        self._closed = False
+        self._moving: set[asyncio.Task[None]] = set()  # resubmissions (a goaway) under way
+        #: Set once the server answered UNIMPLEMENTED to Session (``auto``: unary from then on).
+        self.unary_only = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._unary, name)
+
+    # -- the lease calls: the unary stub's signatures -------------------------------------
+
+    async def Acquire(self, request: Message, timeout: float) -> Message:  # noqa: ASYNC109
+        return await self._call("Acquire", request, timeout)
+
+    async def Renew(self, request: Message, timeout: float) -> Message:  # noqa: ASYNC109
+        return await self._call("Renew", request, timeout)
+
+    async def Release(self, request: Message, timeout: float) -> Message:  # noqa: ASYNC109
+        return await self._call("Release", request, timeout)
+
+    async def AcquireMany(self, request: Message, timeout: float) -> Message:  # noqa: ASYNC109
+        return await self._call("AcquireMany", request, timeout)
+
+    async def RenewMany(self, request: Message, timeout: float) -> Message:  # noqa: ASYNC109
+        return await self._call("RenewMany", request, timeout)
+
+    async def ReleaseMany(self, request: Message, timeout: float) -> Message:  # noqa: ASYNC109
+        return await self._call("ReleaseMany", request, timeout)
+
+    async def _call(
+        self,
+        method: str,
+        request: Message,
+        timeout: float,  # noqa: ASYNC109 - the call's deadline, as the unary stub takes it
+    ) -> Message:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        if not self.unary_only or self._transport is Transport.STREAM:
+            future: asyncio.Future[Message] = loop.create_future()
+            await self._submit(_lease_stream.session_call(method, request, timeout), future, end)
+            # A timer, not asyncio.timeout around a shield: one handle per call. A task
+            # cancelled while it waits cancels the future itself (it is awaited directly);
+            # either way the future is done, so a late grant is released, not handed out.
+            timer = loop.call_at(end, _expire, future, timeout)
+            try:
+                return await future
+            except Fallback:
+                pass
+            finally:
+                timer.cancel()
+        result: Message = await getattr(self._unary, method)(
+            request, timeout=max(0.001, end - loop.time())
+        )
+        return result
+
+    async def _submit(
+        self,
+        call: lease_pb2.SessionCall,
+        future: asyncio.Future[Message],
+        end: float,
+        moves: int = 0,
+    ) -> None:
+        while True:
+            stream = self._current()
+            if stream is None:  # closed, or the server has no Session
+                future.set_exception(self._refusal())
+                return
+            if await stream.submit(call, future, end, moves):
+                return
+
+    def _current(self) -> _AsyncStream | None:
+        if self._closed or self.unary_only:
+            return None
+        if self._stream is None:
+            self._stream = _AsyncStream(self)
+            self._streams.add(self._stream)
+        return self._stream
+
+    # -- what the streams report ----------------------------------------------------------
+
+    def _resubmit(self, move: Moved[asyncio.Future[Message]]) -> None:
+        """A call not sent before a goaway: on the next stream (its deadline as it was)."""
+        if not move.waiter.done():
+            end = asyncio.get_running_loop().time() + move.call.deadline_ms / 1000
+            task = asyncio.create_task(self._submit(move.call, move.waiter, end, move.moves))
+            self._moving.add(task)
+            task.add_done_callback(self._moving.discard)
+            task.add_done_callback(functools.partial(_fail_with, move.waiter))
+
+    def _release_orphan(self, call: lease_pb2.SessionCall) -> None:
+        """Send the release of a grant nobody waits for (never waiting for room; without
+        room the lease expires by itself)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Message] = loop.create_future()
+        future.add_done_callback(_ignore)
+        task = asyncio.create_task(self._submit(call, future, loop.time()))
+        self._moving.add(task)
+        task.add_done_callback(self._moving.discard)
+        task.add_done_callback(_ignore_task)
+
+    def _retired(self, stream: _AsyncStream) -> None:
+        if self._stream is stream:
+            self._stream = None
+
+    def _ended(self, stream: _AsyncStream) -> None:
+        self._streams.discard(stream)
+
+    def _broken(self, err: grpc.RpcError) -> Callable[[], Exception]:
+        """The stream ended with ``err``: what each of its calls in flight fails with."""
+        error = _lease_stream.ended_by(err)
+        if error is not None:
+            return error
+        self.unary_only = True  # no Session here: remember it
+        return self._refusal
+
+    def _refusal(self) -> Exception:
+        return _lease_stream.refusal(self._closed, self._transport)
+
+    async def aclose(self) -> None:
+        """End every stream (the replies in flight get CLOSE_TIMEOUT to come)."""
+        self._closed = True
+        streams = list(self._streams)
+        await asyncio.gather(*(stream.aclose() for stream in streams), return_exceptions=True)
+
+
+def _fail_with(future: asyncio.Future[Message], task: asyncio.Task[None]) -> None:
+    """A moved call whose resubmission failed (e.g. no room before its deadline)."""
+    if not task.cancelled() and task.exception() is not None and not future.done():
+        exc = task.exception()
+        assert exc is not None
+        future.set_exception(exc)
+
+
+def _expire(future: asyncio.Future[Message], timeout: float) -> None:
+    if not future.done():
+        future.set_exception(
+            DeadlineExceededError(
+                f"deadline exceeded: no reply on the lease stream within {timeout:.3f} s"
+            )
+        )
+
+
+def _ignore(future: asyncio.Future[Message]) -> None:
+    """Nobody awaits an orphan's release: retrieve its outcome so none is reported lost."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _ignore_task(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
