@@ -17,6 +17,9 @@ completion, or earlier if a read already returned its value; an ``info`` write
 (timeout, connection reset, a killed client) never from its own completion, which
 says nothing, but from the completion of the first ``ok`` read that returned its
 value (values are unique per write, so that read proves the write had landed).
+A value that several writes carried (a retry re-sending it) makes none of them
+known applied, since the read does not say which attempt landed; it does prove
+that one did, so for rule 3a the lowest of their tokens fences from that read.
 A write never known applied does not count as finished anywhere: not as a fence
 for later writes (rule 3a), not as the newer write a read is judged against (3c),
 not as overwritten or overwriting (4). Nor is it ever required to be present or
@@ -35,8 +38,9 @@ run invalid). All rules are per resource.
    if, before it was invoked, one of these held with a token ``t' > t``:
 
    a. (every mode) a write to the resource known applied by then (see above: an
-      ``info`` write only once a read showed it), or a ``fence`` (an explicit
-      promise);
+      ``info`` write only once a read showed it; for a value several writes
+      carried, the lowest of their tokens once a read showed it), or a ``fence``
+      (an explicit promise);
    b. (modes ``promise``, ``watch``, ``strict`` only) an ``ok`` acquire: the write is
       below a token already granted. In ``monotonic`` mode this is the documented open
       window (a former holder may write until the new holder's first write or
@@ -122,7 +126,7 @@ import itertools
 import math
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
@@ -294,6 +298,28 @@ def check(events: Iterable[Event], *, mode: str) -> CheckResult:
     )
 
 
+def _writers_by_value(rops: Sequence[Operation]) -> dict[tuple[str, str], list[Operation]]:
+    """(key, value) -> the writes of the resource that may have put that value there.
+
+    ``fail`` writes certainly had no effect, so they are never a value's writer.
+    """
+    writers: dict[tuple[str, str], list[Operation]] = defaultdict(list)
+    for o in rops:
+        if o.op == "write" and o.key is not None and o.value is not None and not o.fail:
+            writers[(o.key, o.value)].append(o)
+    return writers
+
+
+def _shown(rops: Sequence[Operation]) -> Iterator[tuple[Operation, list[Operation]]]:
+    """Each ``ok`` read that returned a value, with the writes that may have written it."""
+    writers = _writers_by_value(rops)
+    for r in rops:
+        if r.op == "read" and r.ok and r.key is not None and r.value is not None:
+            ws = writers.get((r.key, r.value))
+            if ws:
+                yield r, ws
+
+
 def _known_applied(rops: Sequence[Operation]) -> dict[str, float]:
     """Op id -> when each write of the resource is known to have taken effect.
 
@@ -302,25 +328,29 @@ def _known_applied(rops: Sequence[Operation]) -> dict[str, float]:
     that value, if earlier. Writes missing from the map are never known applied: an
     ``info`` completion proves nothing, whatever its time.
     """
-    writers: dict[tuple[str, str], list[Operation]] = defaultdict(list)
-    known: dict[str, float] = {}
-    for o in rops:
-        if o.op != "write" or o.key is None:
-            continue
-        if o.ok:
-            known[o.op_id] = o.end_ns
-        if not o.fail and o.value is not None:
-            writers[(o.key, o.value)].append(o)
-    for r in rops:
-        if r.op != "read" or not r.ok or r.key is None or r.value is None:
-            continue
-        ws = writers.get((r.key, r.value))
+    known = {o.op_id: o.end_ns for o in rops if o.op == "write" and o.key is not None and o.ok}
+    for r, ws in _shown(rops):
         # With two possible writers of one value (a retry), the read shows that one of
-        # them landed, not which: neither is known applied by it.
-        if ws is not None and len(ws) == 1:
+        # them landed, not which: neither is known applied by it (see _retry_floors).
+        if len(ws) == 1:
             w = ws[0]
             known[w.op_id] = min(known.get(w.op_id, math.inf), r.end_ns)
     return known
+
+
+def _retry_floors(rops: Sequence[Operation]) -> list[tuple[float, Operation]]:
+    """(read completion, the lowest-token writer) for each read of a value several wrote.
+
+    A read that returns a value two writes carried (a retry re-sending it) proves one
+    of them landed by the read's completion, so the fence had reached the lower of
+    their tokens by then, whichever it was. Rule 3a counts that as a barrier; no
+    single write becomes known applied by it.
+    """
+    floors = []
+    for r, ws in _shown(rops):
+        if len(ws) > 1 and all(w.token is not None for w in ws):
+            floors.append((r.end_ns, min(ws, key=lambda w: (_tok(w), w.start_ns))))
+    return floors
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,11 +428,14 @@ def _stale_writes(
     resource: str, rops: Sequence[Operation], mode: str, at: _Clock, known: dict[str, float]
 ) -> list[Violation]:
     other_ops = {"fence"} | ({"acquire"} if mode in GRANT_FENCED_MODES else set())
-    # (time from which the barrier holds, barrier): a write once known applied, a
-    # promise or (fenced modes) a grant once completed ok.
+    # (time from which the barrier holds, barrier): a write once known applied, the
+    # lowest of a retried value's writers once a read showed that value, a promise or
+    # (fenced modes) a grant once completed ok.
+    retried = _retry_floors(rops)
     barriers = sorted(
         (
             [(known[o.op_id], o) for o in rops if o.op == "write" and o.op_id in known]
+            + retried
             + [
                 (o.end_ns, o)
                 for o in rops
@@ -414,6 +447,7 @@ def _stale_writes(
         key=lambda b: b[0],
     )
     barriers = [(t, o) for t, o in barriers if o.token is not None]
+    floors = {(t, o.op_id) for t, o in retried}
     writes = [o for o in rops if o.op == "write" and o.ok and o.token is not None]
     best: Operation | None = None  # highest-token barrier holding before the write's start
     best_at = 0.0
@@ -430,11 +464,15 @@ def _stale_writes(
                 if best.op == "acquire"
                 else ""
             )
-            when = (
-                f"completed at {at(best_at)}"
-                if best_at == best.end_ns
-                else f"was seen applied by a read at {at(best_at)}"
-            )
+            if (best_at, best.op_id) in floors:
+                when = (
+                    f"or a retry of its value {best.value!r} with a token no lower was seen "
+                    f"applied by a read at {at(best_at)}"
+                )
+            elif best_at == best.end_ns:
+                when = f"completed at {at(best_at)}"
+            else:
+                when = f"was seen applied by a read at {at(best_at)}"
             out.append(
                 Violation(
                     ViolationKind.STALE_WRITE_ACCEPTED,
@@ -463,10 +501,7 @@ def _stale_reads(
     if not writes:
         return []
     suspects = _maybe_deduplicated(writes)
-    sources: dict[tuple[str, str], list[Operation]] = defaultdict(list)
-    for w in writes:
-        if not w.fail and w.value is not None:
-            sources[(w.key or "", w.value)].append(w)
+    sources = _writers_by_value(writes)
     # Per key: writes that certainly applied themselves, by the time they were known
     # applied, with a running "highest token so far" to answer "best write known
     # applied before t" by bisection.

@@ -471,22 +471,30 @@ def test_a_write_below_an_unknown_write_a_read_showed_is_flagged(
     sim: Sim, data: st.DataObject
 ) -> None:
     ops = pair_operations(sim.events)
-    by_value = {(o.resource, o.key, o.value): o for o in ops if o.op == "write" and o.info}
+    # Every write that may have put a value there: a retried effect re-sends its value,
+    # possibly under a newer lease, and the read does not say which attempt landed.
+    writers: dict[tuple[str, str | None, str | None], list[Operation]] = {}
+    for o in ops:
+        if o.op == "write" and not o.fail:
+            writers.setdefault((o.resource, o.key, o.value), []).append(o)
     shown = [
-        (r, by_value[(r.resource, r.key, r.value)])
+        (r, ws)
         for r in ops
-        if r.op == "read" and r.ok and (r.resource, r.key, r.value) in by_value
+        if r.op == "read" and r.ok
+        for ws in [writers.get((r.resource, r.key, r.value), [])]
+        if any(w.info for w in ws)
     ]
     if not shown:
         return
-    r, w = data.draw(st.sampled_from(shown))
+    r, ws = data.draw(st.sampled_from(shown))
     assert isinstance(r.end_ns, int)
-    assert w.token is not None
-    # Without the read, w's timed-out completion would prove nothing (the property
-    # above); the read proves it landed, so a lower token after the read is stale.
+    floor = min(w.token for w in ws if w.token is not None)
+    # Without the read, an unknown write's timed-out completion would prove nothing
+    # (the property above); the read proves one of its writers landed, so a token
+    # below all of theirs after the read is stale.
     events = inject(
         sim, "write", r.resource, r.end_ns + 1, r.end_ns + 2,
-        token=w.token - TOKEN_STEP // 2, key="stale/k", value="stale",
+        token=floor - TOKEN_STEP // 2, key="stale/k", value="stale",
     )  # fmt: skip
     for mode in modes_for(sim):
         result = check(events, mode=mode)
@@ -1136,11 +1144,16 @@ def test_a_write_of_unknown_outcome_does_not_fence_later_writes_by_its_completio
     assert h.check().kinds() == {ViolationKind.STALE_WRITE_ACCEPTED}
 
 
-def test_a_write_of_unknown_outcome_seen_by_a_read_fences_from_that_read() -> None:
+@pytest.mark.parametrize("retried", [False, True], ids=["once", "retried"])
+def test_a_write_of_unknown_outcome_seen_by_a_read_fences_from_that_read(retried: bool) -> None:
     # A read showed b's timed-out write: it had landed by the read's completion, so
-    # a's older write invoked after that read is stale, in every mode.
+    # a's older write invoked after that read is stale, in every mode. Retried: b
+    # re-sent the same value and was killed; the read does not say which attempt
+    # landed, but one did, so the fence had reached token 2 all the same.
     h = History()
-    newer = h.op("b", "write", "r", 0, 1, "info", token=2, key="k", value="b")
+    newer = h.op("b", "write", "r", 0, 1, "info", token=2, key="k", value="b", idempotency_key="x")
+    if retried:
+        h.op("b", "write", "r", 1.5, None, "info", token=2, key="k", value="b", idempotency_key="x")
     seen = h.op("o", "read", "r", 2, 3, key="k", value="b")
     stale = h.op("a", "write", "r", 5, 6, token=1, key="k", value="a")
     for mode in (*ALL_MODES, "off"):
@@ -1148,6 +1161,7 @@ def test_a_write_of_unknown_outcome_seen_by_a_read_fences_from_that_read() -> No
         assert result.kinds() == {ViolationKind.STALE_WRITE_ACCEPTED}, mode
         assert result.violations[0].op_ids == (stale, newer)
         assert "seen applied by a read" in result.violations[0].detail
+        assert ("a retry" in result.violations[0].detail) == retried
     # Control: a read still running when a's write was invoked proves nothing yet.
     h.events = [
         replace(e, t_mono_ns=8 * MS) if e.op_id == seen and e.type == "ok" else e for e in h.events
@@ -1155,13 +1169,17 @@ def test_a_write_of_unknown_outcome_seen_by_a_read_fences_from_that_read() -> No
     assert h.check().valid
 
 
-def test_a_read_of_a_retried_value_does_not_say_which_attempt_landed() -> None:
+def test_a_read_of_a_value_retried_under_a_newer_token_fences_only_the_lowest() -> None:
+    # The retry carried a newer token (re-sent after a re-acquire): the read proves
+    # the fence reached the lower of the two, not which attempt landed.
     h = History()
-    h.op("b", "write", "r", 0, 1, "info", token=2, key="k", value="b", idempotency_key="x")
-    h.op("b", "write", "r", 2, 3, "info", token=2, key="k", value="b", idempotency_key="x")
-    h.op("o", "read", "r", 4, 5, key="k", value="b")
-    h.op("a", "write", "r", 6, 7, token=1, key="k", value="a")
+    h.op("b", "write", "r", 0, 1, "info", token=2, key="e", value="b", idempotency_key="x")
+    h.op("b", "write", "r", 2, 3, "info", token=4, key="e", value="b", idempotency_key="x")
+    h.op("o", "read", "r", 4, 5, key="e", value="b")
+    between = h.op("a", "write", "r", 6, 7, token=3, key="k", value="a")
     assert h.check().valid
+    h.events = [replace(e, token=1) if e.op_id == between else e for e in h.events]
+    assert h.check().kinds() == {ViolationKind.STALE_WRITE_ACCEPTED}
 
 
 def test_late_write_seen_after_an_unknown_newer_write_was_seen_is_flagged() -> None:
