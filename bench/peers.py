@@ -15,7 +15,16 @@ From this one Python process, at each client count (each client on its own lock)
   store (SQLite against etcd, both durable single-node services with fsync);
 * **ours via Session**: the same two calls through the lease stream (one
   ``Session`` per client, :mod:`bench.stream_client`), every backend's row against
-  etcd (P5: at least 2.0 on SQLite and Redis, 1.5 on PostgreSQL, at 16 clients).
+  etcd (P5: at least 2.0 on SQLite and Redis, 1.5 on PostgreSQL, at 16 clients);
+* **ours via one shared Session**: as many tasks on one stream, as a service's tasks
+  share its one ``LeaseClient`` (etcd's Go client shares one connection the same
+  way): calls queued together share messages, both ways;
+* **two pings via Session, a stream per client**: the same messages as a streamed
+  Acquire+Release, answered by the stream alone: the ceiling of the stream-per-client
+  rows, whatever the backend.
+
+Every client, ours and etcd's, has its own connection (grpc would otherwise share
+one TCP connection among a process's channels to one address).
 
 What the peers do not give, noted in the table: none checks anything at the
 resource. etcd hands out a revision (the lock key's) and leaves the check to the
@@ -47,13 +56,14 @@ import psycopg
 from bench import postgres as pg_bench
 from bench import redis as redis_bench
 from bench.harness import Result, measure, progress, server
-from bench.stream_client import SessionStream
+from bench.stream_client import OWN_CONNECTION, SessionStream
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from serving.ports import free_port
 
 ETCD = "etcd lock+unlock (lease per client)"
 ADVISORY = "postgres advisory lock+unlock"
 REDIS_LOCK = "redis-py Lock acquire+release"
+PINGS = "two pings via Session, a stream per client (the stream's floor)"
 
 NOTES = {
     ETCD: "token = lock key revision; nothing checks it at the resource",
@@ -203,10 +213,11 @@ async def ours(
     *,
     streamed: bool = False,
 ) -> Result:
-    """Acquire+Release by each client on its own resource: unary calls, or (``streamed``)
-    the same two calls through one lease stream per client (P5: against etcd whatever the
-    backend, so ``baseline`` is then etcd's)."""
-    channels = [grpc.aio.insecure_channel(address) for _ in range(clients)]
+    """Acquire+Release by each client on its own resource, each client on its own
+    connection: unary calls, or (``streamed``) the same two calls through one lease
+    stream per client (P5: against etcd whatever the backend, so ``baseline`` is then
+    etcd's)."""
+    channels = [grpc.aio.insecure_channel(address, OWN_CONNECTION) for _ in range(clients)]
     stubs = [lease_pb2_grpc.LeaseServiceStub(c) for c in channels]
     streams = [SessionStream(c) for c in channels] if streamed else []
     try:
@@ -235,17 +246,65 @@ async def ours(
             await c.close()
 
 
+async def shared(address: str, label: str, tasks: int, duration: float) -> Result:
+    """Acquire+Release by ``tasks`` tasks, each on its own resource, all on one lease
+    stream (one client, as a service's tasks share its one ``LeaseClient``): calls
+    queued together share messages both ways. Against etcd (P5)."""
+    async with grpc.aio.insecure_channel(address, OWN_CONNECTION) as channel:
+        stream = SessionStream(channel)
+        try:
+
+            async def op(i: int) -> None:
+                lease = await stream.acquire(f"peer-t{i}", f"t{i}", 10_000)
+                await stream.release(lease.resource, lease.token, f"t{i}")
+
+            name = shared_name(label)
+            progress(f"{name}, {tasks} tasks")
+            result = await measure(name, op, tasks, duration, baseline=ETCD)
+            return replace(result, note=NOTES["ours"])
+        finally:
+            await stream.close()
+
+
+async def stream_floor(address: str, clients: int, duration: float) -> Result:
+    """Two pings per loop through one lease stream per client (each on its own
+    connection): the same messages as a streamed Acquire+Release, answered by the
+    stream alone. No lease call through a stream per client can beat it."""
+    channels = [grpc.aio.insecure_channel(address, OWN_CONNECTION) for _ in range(clients)]
+    streams = [SessionStream(c) for c in channels]
+    try:
+
+        async def op(i: int) -> None:
+            await streams[i].ping()
+            await streams[i].ping()
+
+        progress(f"{PINGS}, {clients} clients")
+        result = await measure(PINGS, op, clients, duration, baseline=ETCD)
+        return replace(result, note="the stream's own floor: no service, no backend")
+    finally:
+        for stream in streams:
+            await stream.close()
+        for c in channels:
+            await c.close()
+
+
 def streamed_name(label: str) -> str:
     return f"ours ({label}): Acquire+Release via Session"
+
+
+def shared_name(label: str) -> str:
+    return f"ours ({label}): Acquire+Release via one shared Session"
 
 
 async def both(
     address: str, label: str, baseline: str, clients: int, duration: float
 ) -> list[Result]:
-    """Our unary row (against ``baseline``) and our streamed row (against etcd)."""
+    """Our unary row (against ``baseline``), our streamed rows (against etcd): a stream
+    per client, and one stream shared by as many tasks."""
     return [
         await ours(address, label, baseline, clients, duration),
         await ours(address, label, ETCD, clients, duration, streamed=True),
+        await shared(address, label, clients, duration),
     ]
 
 
@@ -279,6 +338,7 @@ async def run(
             tempfile.TemporaryDirectory(prefix="fencing-peers-") as tmp,
             server("lease_server", "--backend", f"sqlite:{tmp}/leases.db") as lease,
         ):
+            results.append(await stream_floor(lease.address, n, duration))
             results += await both(lease.address, "sqlite", ETCD, n, duration)
         async with _skip("postgres", notes), pg_bench.bench_schema(dsn) as schema:
             advisory = await advisory_lock(dsn, n, duration)
