@@ -15,7 +15,7 @@ attempt it makes is one step like any other.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from fencing.errors import LeaseLost
 from fencing.types import LeaseState
@@ -74,6 +74,16 @@ class GroupedLeases:
             self._on_step(1)
             return outcome
         return await self.group.submit_one(op)
+
+    async def steps(self, ops: Sequence[LeaseStep]) -> list[StepOutcome]:
+        """The verdicts of ``ops``, in order, decided together: one step with what else
+        is queued, as single calls would be decided one by one (a lease stream's
+        message of several calls submits them at once)."""
+        if self._steps is None:
+            outcomes = [await one_step(self.backend, op) for op in ops]
+            self._on_step(len(ops))
+            return outcomes
+        return await self.group.submit(ops)
 
     async def open(self) -> None:
         await self.backend.open()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -26,14 +27,16 @@ from fencing.errors import (
     FencingError,
     InvalidArgumentError,
     LeaseHeldError,
+    LeaseLost,
 )
 from fencing.types import WATCH_LOG_KEY, WATCH_START_KEY
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from lease_server.backends.base import LeaseBackend, event_log_of, resource_log_of
 from lease_server.batches import batches_of
 from lease_server.expiry import DEFAULT_EVENT_RETENTION, Sweeper
-from lease_server.grouped import grouped
+from lease_server.grouped import GroupedLeases
 from lease_server.leases import (
+    AcquireItem,
     EventPage,
     Grant,
     Held,
@@ -41,6 +44,7 @@ from lease_server.leases import (
     ReleaseItem,
     RenewItem,
     Scope,
+    StepOutcome,
     TransitionKind,
 )
 from lease_server.metrics import LeaseMetrics
@@ -90,6 +94,126 @@ class _Waited:
     @property
     def ms(self) -> int:
         return max(0, int((self.before_decision - self._arrived) * 1000))
+
+
+class _Acquire:
+    """An Acquire: its first attempt is one step; one that may wait (``wait_ms``) makes
+    more, in the service's line for the resource."""
+
+    __slots__ = ("item", "service", "wait_ms", "waited")
+
+    def __init__(self, service: LeaseService, item: AcquireItem, wait_ms: int) -> None:
+        self.service = service
+        self.item = item
+        self.wait_ms = wait_ms
+        self.waited = _Waited()
+
+    def failed(self) -> None:
+        self.service.metrics.acquires.labels("error").inc()
+
+    def finish(self, outcome: StepOutcome) -> lease_pb2.Lease:
+        assert isinstance(outcome, Grant | Held)
+        outcome = self.service._unless_closing(outcome)
+        metrics, item = self.service.metrics, self.item
+        resource, holder = item.resource, item.holder
+        if isinstance(outcome, Held):
+            log.info(
+                "acquire refused resource=%s holder=%s held_by=%s token=%d",
+                resource,
+                holder,
+                outcome.holder,
+                outcome.token,
+                extra={
+                    "resource": resource,
+                    "holder": holder,
+                    "held_by": outcome.holder,
+                    "token": outcome.token,
+                },
+            )
+            metrics.acquires.labels("timeout" if self.wait_ms > 0 else "held").inc()
+            error = AcquireTimeoutError if self.wait_ms > 0 else LeaseHeldError
+            raise error(resource=resource, holder=outcome.holder, remaining_ms=outcome.remaining_ms)
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "acquired resource=%s holder=%s token=%d ttl_ms=%d%s",
+                resource,
+                holder,
+                outcome.token,
+                outcome.ttl_ms,
+                " (replayed)" if outcome.replayed else "",
+                extra={
+                    "resource": resource,
+                    "holder": holder,
+                    "token": outcome.token,
+                    "ttl_ms": outcome.ttl_ms,
+                },
+            )
+        metrics.acquires.labels("replayed" if outcome.replayed else "granted").inc()
+        metrics.granted(resource, outcome.token, outcome.ttl_ms)
+        return _lease(outcome, self.waited.ms)
+
+
+class _Renew:
+    """A Renew: one step."""
+
+    __slots__ = ("item", "service", "started")
+
+    def __init__(self, service: LeaseService, item: RenewItem) -> None:
+        self.service = service
+        self.item = item
+        self.started = time.perf_counter()
+
+    def failed(self) -> None:
+        self._timed()
+
+    def _timed(self) -> None:
+        # The histogram times every renewal: granted, refused or failed.
+        self.service.metrics.renew_seconds.observe(time.perf_counter() - self.started)
+
+    def finish(self, outcome: StepOutcome) -> lease_pb2.Lease:
+        self._timed()
+        if isinstance(outcome, LeaseLost):
+            raise outcome
+        assert isinstance(outcome, Grant)
+        item = self.item
+        self.service.metrics.granted(item.resource, item.token, outcome.ttl_ms)
+        log.debug(
+            "renewed resource=%s holder=%s token=%d",
+            item.resource,
+            outcome.holder,
+            item.token,
+            extra={"resource": item.resource, "holder": outcome.holder, "token": item.token},
+        )
+        return _lease(outcome)
+
+
+class _Release:
+    """A Release: one step; a released lease wakes the resource's line."""
+
+    __slots__ = ("item", "service")
+
+    def __init__(self, service: LeaseService, item: ReleaseItem) -> None:
+        self.service = service
+        self.item = item
+
+    def failed(self) -> None:
+        return None
+
+    def finish(self, outcome: StepOutcome) -> lease_pb2.ReleaseResponse:
+        if isinstance(outcome, LeaseLost):
+            raise outcome
+        item = self.item
+        self.service.waiters.notify(item.resource)
+        self.service.metrics.released(item.resource, item.token)
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "released resource=%s holder=%s token=%d",
+                item.resource,
+                item.holder,
+                item.token,
+                extra={"resource": item.resource, "holder": item.holder, "token": item.token},
+            )
+        return lease_pb2.ReleaseResponse()
 
 
 #: Events read from the backend per ``events_after`` call of one Watch stream.
@@ -154,7 +278,8 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         self.metrics = metrics or LeaseMetrics(CollectorRegistry())
         #: Lease calls (acquire attempts, renewals, releases: unary or streamed) go through
         #: group commit: what arrives while a step is in flight shares the next one.
-        self.backend: LeaseBackend = grouped(backend, self.metrics.stepped)
+        self.grouped = GroupedLeases(backend, on_step=self.metrics.stepped)
+        self.backend: LeaseBackend = self.grouped
         backend.on_release(self.waiters.notify)
         self.events = event_log_of(backend)
         self.feed: EventFeed | None = None
@@ -172,15 +297,22 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         #: The Session streams; each kind of call is answered by the unary method's function.
         self.sessions = Sessions(
             {
-                "acquire": CallKind(_LEASE + "Acquire", self.acquire),
-                "renew": CallKind(_LEASE + "Renew", self.renew),
-                "release": CallKind(_LEASE + "Release", self.release),
+                "acquire": CallKind(
+                    _LEASE + "Acquire",
+                    self.acquire,
+                    self._acquire_call,
+                    # One attempt decides it; one that may wait waits in line, alone.
+                    is_step=lambda request: request.wait_ms <= 0,
+                ),
+                "renew": CallKind(_LEASE + "Renew", self.renew, self._renew_call),
+                "release": CallKind(_LEASE + "Release", self.release, self._release_call),
                 "acquire_many": CallKind(_LEASE + "AcquireMany", self.acquire_many),
                 "renew_many": CallKind(_LEASE + "RenewMany", self.renew_many),
                 "release_many": CallKind(_LEASE + "ReleaseMany", self.release_many),
             },
             session_max_in_flight,
             self.metrics,
+            steps=self.grouped.steps,
         )
 
     async def run(self) -> None:
@@ -256,44 +388,32 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
     # Each raises FencingError for its error; validation, logs and metrics live here once.
 
     async def acquire(self, request: lease_pb2.AcquireRequest) -> lease_pb2.Lease:
-        resource = limits.check_resource(request.resource)
-        holder = limits.check_holder(request.holder)
-        ttl_ms = limits.check_ttl_ms(request.ttl_ms)
-        wait_ms = limits.check_wait_ms(request.wait_ms)
-        request_id = limits.check_request_id(request.request_id)
-        waited = _Waited()
+        call = self._acquire_call(request)
+        item = call.item
         try:
             outcome = await self._acquire(
-                lambda: self.backend.acquire(resource, holder, ttl_ms, request_id), wait_ms, waited
+                lambda: self.backend.acquire(
+                    item.resource, item.holder, item.ttl_ms, item.request_id
+                ),
+                call.wait_ms,
+                call.waited,
             )
         except FencingError:
-            self.metrics.acquires.labels("error").inc()
+            call.failed()
             raise
-        fields = {"resource": resource, "holder": holder}
-        if isinstance(outcome, Held):
-            log.info(
-                "acquire refused resource=%s holder=%s held_by=%s token=%d",
-                resource,
-                holder,
-                outcome.holder,
-                outcome.token,
-                extra={**fields, "held_by": outcome.holder, "token": outcome.token},
-            )
-            self.metrics.acquires.labels("timeout" if wait_ms > 0 else "held").inc()
-            error = AcquireTimeoutError if wait_ms > 0 else LeaseHeldError
-            raise error(resource=resource, holder=outcome.holder, remaining_ms=outcome.remaining_ms)
-        log.info(
-            "acquired resource=%s holder=%s token=%d ttl_ms=%d%s",
-            resource,
-            holder,
-            outcome.token,
-            outcome.ttl_ms,
-            " (replayed)" if outcome.replayed else "",
-            extra={**fields, "token": outcome.token, "ttl_ms": outcome.ttl_ms},
+        return call.finish(outcome)
+
+    def _acquire_call(self, request: lease_pb2.AcquireRequest) -> _Acquire:
+        return _Acquire(
+            self,
+            AcquireItem(
+                limits.check_resource(request.resource),
+                limits.check_holder(request.holder),
+                limits.check_ttl_ms(request.ttl_ms),
+                limits.check_request_id(request.request_id),
+            ),
+            limits.check_wait_ms(request.wait_ms),
         )
-        self.metrics.acquires.labels("replayed" if outcome.replayed else "granted").inc()
-        self.metrics.granted(resource, outcome.token, outcome.ttl_ms)
-        return _lease(outcome, waited.ms)
 
     async def _acquire(
         self, attempt: Callable[[], Awaitable[T | Held]], wait_ms: int, waited: _Waited
@@ -334,37 +454,45 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         return outcome
 
     async def renew(self, request: lease_pb2.RenewRequest) -> lease_pb2.Lease:
-        resource = limits.check_resource(request.resource)
-        token = limits.check_token(request.token)
-        ttl_ms = limits.check_ttl_ms(request.ttl_ms)
-        holder = limits.check_optional_holder(request.holder)
-        with self.metrics.renew_seconds.time():
-            grant = await self.backend.renew(resource, token, holder, ttl_ms)
-        self.metrics.granted(resource, token, grant.ttl_ms)
-        log.debug(
-            "renewed resource=%s holder=%s token=%d",
-            resource,
-            grant.holder,
-            token,
-            extra={"resource": resource, "holder": grant.holder, "token": token},
+        call = self._renew_call(request)
+        item = call.item
+        try:
+            grant: StepOutcome = await self.backend.renew(
+                item.resource, item.token, item.holder, item.ttl_ms
+            )
+        except LeaseLost as exc:
+            grant = exc
+        return call.finish(grant)
+
+    def _renew_call(self, request: lease_pb2.RenewRequest) -> _Renew:
+        return _Renew(
+            self,
+            RenewItem(
+                limits.check_resource(request.resource),
+                limits.check_token(request.token),
+                limits.check_optional_holder(request.holder),
+                limits.check_ttl_ms(request.ttl_ms),
+            ),
         )
-        return _lease(grant)
 
     async def release(self, request: lease_pb2.ReleaseRequest) -> lease_pb2.ReleaseResponse:
-        resource = limits.check_resource(request.resource)
-        token = limits.check_token(request.token)
-        holder = limits.check_optional_holder(request.holder)
-        await self.backend.release(resource, token, holder)
-        self.waiters.notify(resource)
-        self.metrics.released(resource, token)
-        log.info(
-            "released resource=%s holder=%s token=%d",
-            resource,
-            holder,
-            token,
-            extra={"resource": resource, "holder": holder, "token": token},
+        call = self._release_call(request)
+        item = call.item
+        try:
+            await self.backend.release(item.resource, item.token, item.holder)
+        except LeaseLost as exc:
+            return call.finish(exc)
+        return call.finish(None)
+
+    def _release_call(self, request: lease_pb2.ReleaseRequest) -> _Release:
+        return _Release(
+            self,
+            ReleaseItem(
+                limits.check_resource(request.resource),
+                limits.check_token(request.token),
+                limits.check_optional_holder(request.holder),
+            ),
         )
-        return lease_pb2.ReleaseResponse()
 
     @rpc
     async def Describe(

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
@@ -47,6 +47,7 @@ from fencing.errors import (
 )
 from fencing.types import SESSION_MAX_IN_FLIGHT_KEY
 from fencing.v1 import lease_pb2
+from lease_server.leases import LeaseStep, StepOutcome
 from lease_server.metrics import LeaseMetrics
 from serving.admission import DEFAULT_MAX_SESSION_IN_FLIGHT, admit_call
 
@@ -65,14 +66,37 @@ REPLY_FIELDS: Mapping[str, str] = {
 }
 
 
+class Step(Protocol):
+    """One call, validated, as one backend step: ``item`` is the step,
+    ``finish(verdict)`` the call's answer (its metrics and log line; a refusal raised
+    as the call's ``FencingError``), and ``failed()`` what a failed step counts. The
+    service answers a call of its unary method through the same one."""
+
+    @property
+    def item(self) -> LeaseStep: ...
+
+    def finish(self, outcome: StepOutcome) -> Message: ...
+
+    def failed(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class CallKind:
     """How one kind of call is answered: ``method``, the full name of the unary method it
     stands for (admitted and named in logs as that method), and ``answer``, the
-    service's function shared with that method's handler."""
+    service's function shared with that method's handler. ``step``, for a kind whose
+    calls may each be one backend step: a call validated as its :class:`Step` (its
+    ``FencingError`` when invalid), for each call ``is_step`` says is one (not, e.g.,
+    an acquire that may wait)."""
 
     method: str
     answer: Callable[[Any], Awaitable[Message]]
+    step: Callable[[Any], Step] | None = None
+    is_step: Callable[[Any], bool] = lambda request: True
+
+
+#: Decides the steps of one message together: their verdicts, in order.
+Steps = Callable[[Sequence[LeaseStep]], Awaitable[list[StepOutcome]]]
 
 
 _INTERNAL = status_pb2.Status(
@@ -88,6 +112,7 @@ class Sessions:
         kinds: Mapping[str, CallKind],
         max_in_flight: int = DEFAULT_MAX_SESSION_IN_FLIGHT,
         metrics: LeaseMetrics | None = None,
+        steps: Steps | None = None,
     ) -> None:
         unknown = set(kinds) ^ set(REPLY_FIELDS)
         if unknown:
@@ -95,6 +120,8 @@ class Sessions:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, not {max_in_flight}")
         self.kinds = kinds
+        #: Without it, every call is answered alone through its kind's ``answer``.
+        self.steps = steps
         self.max_in_flight = max_in_flight
         self.metrics = metrics or LeaseMetrics(CollectorRegistry())
         self._codes = {code.value[0]: code.name for code in grpc.StatusCode}
@@ -164,6 +191,31 @@ class Sessions:
             stream.cancel()
 
 
+def _deadline_passed(deadline_ms: int) -> DeadlineExceededError:
+    return DeadlineExceededError(
+        f"deadline_ms {deadline_ms} passed before the call was decided: its "
+        "effect is unknown (retry an acquire with the same request_id)"
+    )
+
+
+class _Stepped:
+    """A call of a message that is one backend step: decided with the others of its
+    message (:meth:`_Stream._decide`), answered once."""
+
+    __slots__ = ("answered", "call_id", "deadline", "deadline_ms", "step", "which")
+
+    def __init__(self, call_id: int, which: str, step: Step, deadline_ms: int) -> None:
+        self.call_id = call_id
+        self.which = which
+        self.step = step
+        self.deadline_ms = deadline_ms
+        #: When its deadline passes, on the loop's clock (0: none).
+        self.deadline = (
+            asyncio.get_running_loop().time() + deadline_ms / 1000 if deadline_ms else 0.0
+        )
+        self.answered = False
+
+
 #: What a stream's writer takes from its queue: a reply, the goaway, the end (None),
 #: or the error that ends the stream.
 _Out = lease_pb2.SessionReply | lease_pb2.GoAway | BaseException | None
@@ -175,7 +227,9 @@ class _Stream:
     def __init__(self, sessions: Sessions) -> None:
         self.sessions = sessions
         self.out: asyncio.Queue[_Out] = asyncio.Queue()
-        self.in_flight: dict[int, asyncio.Task[None]] = {}
+        #: The task answering each call in flight, by id (None for a moment: a call of a
+        #: message being read, before the task deciding its message's steps exists).
+        self.in_flight: dict[int, asyncio.Task[None] | None] = {}
         self.read_all = False
         self.draining = False
         self.ended = False
@@ -199,14 +253,24 @@ class _Stream:
             for call in message.calls:
                 self._error(call.WhichOneof("call") or "none", call.id, exc)
             return
+        batch: list[_Stepped] = []
         for call in message.calls:
-            self._start(call)
+            started = self._start(call)
+            if started is not None:
+                batch.append(started)
+        if batch:
+            task = asyncio.create_task(self._decide(batch))
+            for stepped in batch:
+                self.in_flight[stepped.call_id] = task
 
-    def _start(self, call: lease_pb2.SessionCall) -> None:
+    def _start(self, call: lease_pb2.SessionCall) -> _Stepped | None:
+        """Admit ``call``: a refusal is its reply at once; a call that is one backend
+        step is returned, to be decided with the others of its message; any other call
+        runs in a task of its own."""
         which = call.WhichOneof("call")
         if which == "ping":
             self._reply(which, lease_pb2.SessionReply(id=call.id, pong=lease_pb2.Pong()))
-            return
+            return None
         try:
             if which is None:
                 raise InvalidArgumentError(
@@ -228,14 +292,103 @@ class _Stream:
                     limit="session_in_flight",
                 )
             deadline_ms = limits.check_deadline_ms(call.deadline_ms)
+            kind = self.sessions.kinds[which]
+            request = getattr(call, which)
+            step = self._step(kind, request)
         except FencingError as exc:
             self._error(which or "none", call.id, exc)
-            return
-        kind = self.sessions.kinds[which]
-        request = getattr(call, which)
+            return None
+        except Exception:
+            self._reply(which or "none", self._internal(which or "none", kind.method, call.id))
+            return None
+        if step is not None:
+            # In flight from now: the task deciding its message is filled in once it exists.
+            self.in_flight[call.id] = None
+            return _Stepped(call.id, which, step, deadline_ms)
         self.in_flight[call.id] = asyncio.create_task(
             self._run(call.id, which, kind, request, deadline_ms)
         )
+        return None
+
+    def _step(self, kind: CallKind, request: Any) -> Step | None:
+        """``request`` as one step, admitted then validated as its unary method is (a call
+        that is one step holds no per-client slot while it runs), or None."""
+        if kind.step is None or self.sessions.steps is None or not kind.is_step(request):
+            return None
+        with admit_call(kind.method, request):
+            return kind.step(request)
+
+    async def _decide(self, batch: list[_Stepped]) -> None:
+        """Decide the steps of one message together and answer each call; a call whose
+        ``deadline_ms`` passes first is answered ``DEADLINE_EXCEEDED`` then (its step
+        goes on: its effect is unknown, as for a unary call cut off)."""
+        assert self.sessions.steps is not None
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
+
+        def expire() -> None:
+            nonlocal timer
+            now = loop.time()
+            for stepped in batch:
+                if stepped.deadline and stepped.deadline <= now and not stepped.answered:
+                    self._settle(stepped, _deadline_passed(stepped.deadline_ms))
+            due = [b.deadline for b in batch if b.deadline and not b.answered]
+            timer = loop.call_at(min(due), expire) if due else None
+
+        if any(stepped.deadline for stepped in batch):
+            timer = loop.call_at(min(b.deadline for b in batch if b.deadline), expire)
+        try:
+            verdicts: list[StepOutcome] | None = await self.sessions.steps(
+                [stepped.step.item for stepped in batch]
+            )
+            failure: BaseException | None = None
+        except FencingError as exc:
+            verdicts, failure = None, exc
+        except Exception as exc:
+            log.error("Session step failed", exc_info=True)
+            verdicts, failure = None, exc
+        finally:
+            if timer is not None:
+                timer.cancel()
+        for i, stepped in enumerate(batch):
+            if stepped.answered:
+                continue
+            if verdicts is None:
+                stepped.step.failed()
+                self._settle(stepped, failure)
+                continue
+            try:
+                self._settle(stepped, stepped.step.finish(verdicts[i]))
+            except FencingError as exc:
+                self._settle(stepped, exc)
+            except Exception as exc:
+                log.error(
+                    "Session %s failed",
+                    stepped.which,
+                    exc_info=True,
+                    extra={"handler": self.sessions.kinds[stepped.which].method},
+                )
+                self._settle(stepped, exc)
+        self._end_if_done()
+
+    def _settle(self, stepped: _Stepped, outcome: Message | BaseException | None) -> None:
+        """Answer one call of a batch with its result or error (another exception:
+        INTERNAL, already logged); it is no longer in flight."""
+        stepped.answered = True
+        del self.in_flight[stepped.call_id]
+        which = stepped.which
+        if isinstance(outcome, FencingError):
+            reply = lease_pb2.SessionReply(id=stepped.call_id, error=_status.to_status(outcome))
+        elif isinstance(outcome, Message):
+            result: dict[str, Any] = {REPLY_FIELDS[which]: outcome}
+            reply = lease_pb2.SessionReply(id=stepped.call_id, **result)
+        else:
+            reply = lease_pb2.SessionReply(id=stepped.call_id, error=_INTERNAL)
+        self._reply(which, reply)
+
+    def _internal(self, which: str, method: str, call_id: int) -> lease_pb2.SessionReply:
+        log.error("Session %s failed", which, exc_info=True, extra={"handler": method})
+        return lease_pb2.SessionReply(id=call_id, error=_INTERNAL)
 
     async def _run(
         self, call_id: int, which: str, kind: CallKind, request: Any, deadline_ms: int
@@ -275,10 +428,7 @@ class _Stream:
         except TimeoutError:
             if not timer.expired():
                 raise
-            raise DeadlineExceededError(
-                f"deadline_ms {deadline_ms} passed before the call was decided: its "
-                "effect is unknown (retry an acquire with the same request_id)"
-            ) from None
+            raise _deadline_passed(deadline_ms) from None
 
     def _error(self, kind: str, call_id: int, exc: FencingError) -> None:
         self._reply(kind, lease_pb2.SessionReply(id=call_id, error=_status.to_status(exc)))
@@ -305,5 +455,6 @@ class _Stream:
         self._end_if_done()
 
     def cancel(self) -> None:
-        for task in list(self.in_flight.values()):
-            task.cancel()
+        for task in set(self.in_flight.values()):
+            if task is not None:
+                task.cancel()

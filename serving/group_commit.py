@@ -62,10 +62,11 @@ class GroupCommit(Generic[I, V]):
 
     ``weight(item)`` counts toward ``max_weight`` (the ops of a guarded write, the
     jobs of a complete); a single item heavier than the limit still goes, alone.
-    ``inline_alone``: an item submitted while nothing is running nor queued runs in
-    its caller's task (no task, no future: what an ungrouped call costs), so it is
-    cancelled with its caller, as an ungrouped call is; otherwise every step runs in a
-    task of its own and finishes even if its callers went away.
+    ``inline_alone``: the items of one ``submit`` while nothing is running nor queued
+    (a lone call, or the calls of one message) run as a step in their caller's task (no
+    task, no future: what an ungrouped call costs), so it is cancelled with its caller,
+    as an ungrouped call is; otherwise every step runs in a task of its own and
+    finishes even if its callers went away.
     ``batches`` and ``batched`` count the steps committed and the items they carried
     (for metrics, tests and benchmarks).
     """
@@ -102,6 +103,8 @@ class GroupCommit(Generic[I, V]):
         if one of the steps that carried them failed."""
         if not items:
             return []
+        if self._inline_alone and self._running == 0 and not self._queue and self._fits(items):
+            return await self._inline(list(items))
         ticket: _Ticket[V] = _Ticket(len(items), asyncio.get_running_loop().create_future())
         self._queue.extend((item, ticket, i) for i, item in enumerate(items))
         self._kick()
@@ -109,18 +112,26 @@ class GroupCommit(Generic[I, V]):
 
     async def submit_one(self, item: I) -> V:
         """:meth:`submit` of one item."""
-        if self._inline_alone and self._running == 0 and not self._queue:
-            self._running += 1
-            try:
-                (verdict,) = await self._commit_fn([item])
-                self.batches += 1
-                self.batched += 1
-            finally:
-                self._running -= 1
-                self._kick()  # what queued up meanwhile goes now
-            return verdict
         (verdict,) = await self.submit((item,))
         return verdict
+
+    def _fits(self, items: Sequence[I]) -> bool:
+        """Whether ``items`` make one step within the limits."""
+        if len(items) > self.max_items:
+            return False
+        return self.max_weight is None or sum(map(self._weight, items)) <= self.max_weight
+
+    async def _inline(self, items: list[I]) -> list[V]:
+        """An idle backend's step of one caller's items, run in the caller's task."""
+        self._running += 1
+        try:
+            verdicts = await self._commit_fn(items)
+            self.batches += 1
+            self.batched += len(items)
+        finally:
+            self._running -= 1
+            self._kick()  # what queued up meanwhile goes now
+        return verdicts
 
     def _drop_abandoned(self) -> None:
         """Forget queued items whose caller went away (cancelled) before they were sent:
