@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ from fencing.types import SESSION_MAX_IN_FLIGHT_KEY
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from lease_server.backends.base import LeaseBackend
 from lease_server.backends.memory import MemoryBackend
+from lease_server.leases import LeaseStep, StepOutcome
 from lease_server.metrics import LeaseMetrics
 from lease_server.server import lease_services, start_lease_server
 from lease_server.service import LeaseService
@@ -204,6 +205,93 @@ async def test_errors_equal_the_unary_calls(
         assert streamed.message == unary_status.message
         assert dict(info(streamed).metadata) == dict(info(unary_status).metadata)
     assert type(_status.from_status(streamed)) is type(_status.from_rpc_error(unary.value))
+
+
+async def test_errors_equal_the_unary_calls_when_sent_in_one_message(
+    stream: Stream, channel: grpc.aio.Channel
+) -> None:
+    stub = lease_pb2_grpc.LeaseServiceStub(channel)
+    taken = await stream.ask(acquire("held-by-other", holder="other"))
+    assert taken.WhichOneof("outcome") == "acquired"
+    cases = sorted(_FAILING)
+    calls = []
+    for case in cases:
+        call = lease_pb2.SessionCall()
+        call.CopyFrom(_FAILING[case])
+        calls.append(call)
+    futures = await stream.send(*calls)
+    replies = await asyncio.wait_for(asyncio.gather(*futures), HANG_GUARD)
+    for case, call, reply in zip(cases, calls, replies, strict=True):
+        which = call.WhichOneof("call")
+        assert which is not None
+        with pytest.raises(grpc.aio.AioRpcError) as unary:
+            await getattr(stub, _UNARY[which])(getattr(call, which), timeout=HANG_GUARD)
+        assert reply.error.code == unary.value.code().value[0], case
+        assert type(_status.from_status(reply.error)) is type(
+            _status.from_rpc_error(unary.value)
+        ), case
+
+
+async def test_the_steps_of_one_message_are_one_backend_step_in_message_order(
+    served: Served, stream: Stream
+) -> None:
+    value = served.built.metrics.registry.get_sample_value
+    steps = value("fencing_lease_steps_total") or 0.0
+    stepped = value("fencing_lease_step_calls_total") or 0.0
+    futures = await stream.send(
+        acquire("one", holder="first"),
+        # Held: the first holder's acquire, earlier in the message, was decided first.
+        acquire("one", holder="second"),
+        lease_pb2.SessionCall(release=lease_pb2.ReleaseRequest(resource="nobody", token=3)),
+        # Invalid, so never a step; a ping is the stream's own.
+        acquire("two", ttl_ms=5),
+        PING,
+    )
+    granted, held, lost, invalid, pong = await asyncio.wait_for(
+        asyncio.gather(*futures), HANG_GUARD
+    )
+    assert granted.acquired.holder == "first"
+    assert isinstance(error(held), LeaseHeldError)
+    assert isinstance(error(lost), LeaseLost)
+    assert isinstance(error(invalid), InvalidArgumentError)
+    assert info(invalid.error).metadata["field"] == "ttl_ms"
+    assert pong.WhichOneof("outcome") == "pong"
+    # The three steps went to the backend together: one step of three calls.
+    assert value("fencing_lease_steps_total") == steps + 1
+    assert value("fencing_lease_step_calls_total") == stepped + 3
+
+
+class _GatedSteps(MemoryBackend):
+    """A step touching ``slow`` waits for ``gate``: a message kept undecided at will."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def lease_steps(self, steps: Sequence[LeaseStep]) -> list[StepOutcome]:
+        if any(op.resource == "slow" for op in steps):
+            await self.gate.wait()
+        return await super().lease_steps(steps)
+
+
+async def test_a_deadline_in_a_message_answers_its_call_and_the_others_wait_for_the_step() -> None:
+    backend = _GatedSteps()
+    await backend.open()
+    server = await serve(backend)
+    try:
+        async with grpc.aio.insecure_channel(server.address) as ch:
+            s = Stream.open(ch)
+            cut, kept = await s.send(acquire("slow", deadline_ms=300), acquire("other"))
+            assert isinstance(error(await asyncio.wait_for(cut, HANG_GUARD)), DeadlineExceededError)
+            assert not kept.done()
+            backend.gate.set()
+            assert (await asyncio.wait_for(kept, HANG_GUARD)).acquired.resource == "other"
+            # The cut call's step went on (its effect was unknown to its caller): granted.
+            assert isinstance(error(await s.ask(acquire("slow", holder="next"))), LeaseHeldError)
+            s.call.cancel()
+    finally:
+        await server.stop()
+        await backend.close()
 
 
 async def test_a_waiting_acquire_holds_up_nothing_and_replies_come_out_of_order(
