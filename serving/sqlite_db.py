@@ -161,18 +161,23 @@ class SQLiteDatabase:
                 raise BackendUnavailableError(f"sqlite database {self.path} is closed")
             conn.execute("BEGIN IMMEDIATE")
             try:
+                # Alone, a transaction's failure undoes the whole one: no savepoint needed.
+                alone = len(batch) == 1
                 for fn, _, _ in batch:
-                    conn.execute("SAVEPOINT fencing_tx")
+                    if not alone:
+                        conn.execute("SAVEPOINT fencing_tx")
                     try:
                         value = fn(conn)
                     except Exception as exc:
-                        conn.execute("ROLLBACK TO fencing_tx")
-                        conn.execute("RELEASE fencing_tx")
+                        if not alone:
+                            conn.execute("ROLLBACK TO fencing_tx")
+                            conn.execute("RELEASE fencing_tx")
                         outcomes.append((False, self._wrapped(exc)))
                     else:
-                        conn.execute("RELEASE fencing_tx")
+                        if not alone:
+                            conn.execute("RELEASE fencing_tx")
                         outcomes.append((True, value))
-                conn.execute("COMMIT")
+                conn.execute("ROLLBACK" if alone and not outcomes[0][0] else "COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")

@@ -104,18 +104,41 @@ def _load(conn: sqlite3.Connection, resource: str) -> LeaseRecord:
     return LeaseRecord(resource, *row) if row else LeaseRecord(resource)
 
 
-def _store(conn: sqlite3.Connection, record: LeaseRecord) -> None:
-    conn.execute(
-        _UPSERT,
-        (
-            record.resource,
-            record.counter,
-            record.holder,
-            record.token,
-            record.expires_at_ms,
-            record.request_id,
-        ),
+#: Resources per ``IN (...)`` of :func:`_load_many`: under SQLite's smallest limit on the
+#: parameters of one statement (999 before 3.32).
+_LOAD_CHUNK = 500
+
+
+def _load_many(conn: sqlite3.Connection, resources: Sequence[str]) -> dict[str, LeaseRecord]:
+    """The records of ``resources`` (a missing one as new), a statement per 500: many
+    calls' records read in one go instead of a statement each."""
+    records = {resource: LeaseRecord(resource) for resource in resources}
+    names = list(records)
+    for start in range(0, len(names), _LOAD_CHUNK):
+        chunk = names[start : start + _LOAD_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        for row in conn.execute(
+            "SELECT resource, counter, holder, token, expires_at_ms, request_id FROM leases "
+            f"WHERE resource IN ({marks})",
+            chunk,
+        ):
+            records[row[0]] = LeaseRecord(*row)
+    return records
+
+
+def _row(record: LeaseRecord) -> tuple[str, int, str, int, int, str]:
+    return (
+        record.resource,
+        record.counter,
+        record.holder,
+        record.token,
+        record.expires_at_ms,
+        record.request_id,
     )
+
+
+def _store(conn: sqlite3.Connection, record: LeaseRecord) -> None:
+    conn.execute(_UPSERT, _row(record))
 
 
 # Byte-wise (BINARY collation: UTF-8 bytes, so code point order); the primary key
@@ -178,16 +201,7 @@ def _change_all(
     rows = []
     for before, after in zip(old, new, strict=True):
         if after != before:
-            rows.append(
-                (
-                    after.resource,
-                    after.counter,
-                    after.holder,
-                    after.token,
-                    after.expires_at_ms,
-                    after.request_id,
-                )
-            )
+            rows.append(_row(after))
             changes += leases.transitions(before, after, now_ms)
     if rows:
         conn.executemany(_UPSERT, rows)
@@ -274,7 +288,8 @@ class SQLiteBackend:
     ) -> list[Grant] | Held:
         def tx(conn: sqlite3.Connection) -> tuple[list[Grant] | Held, list[LoggedEvent]]:
             now = self._clock.now_ms()
-            old = [_load(conn, r) for r in resources]
+            loaded = _load_many(conn, resources)
+            old = [loaded[r] for r in resources]
             new, outcome = leases.acquire_all(old, holder, ttl_ms, request_id, now)
             return outcome, _change_all(conn, old, new, now)
 
@@ -288,8 +303,9 @@ class SQLiteBackend:
             outcomes: list[Grant | LeaseLost] = []
             old: list[LeaseRecord] = []
             new: list[LeaseRecord] = []
+            loaded = _load_many(conn, [item.resource for item in items])
             for item in items:
-                record = _load(conn, item.resource)
+                record = loaded[item.resource]
                 try:
                     renewed, grant = leases.renew(record, item.token, item.holder, item.ttl_ms, now)
                 except LeaseLost as exc:
@@ -310,8 +326,9 @@ class SQLiteBackend:
             outcomes: list[LeaseLost | None] = []
             old: list[LeaseRecord] = []
             new: list[LeaseRecord] = []
+            loaded = _load_many(conn, [item.resource for item in items])
             for item in items:
-                record = _load(conn, item.resource)
+                record = loaded[item.resource]
                 try:
                     released = leases.release(record, item.token, item.holder, now)
                 except LeaseLost as exc:
@@ -337,19 +354,19 @@ class SQLiteBackend:
             now = self._clock.now_ms()
             outcomes: list[StepOutcome] = []
             # The record as the steps so far left it (a resource may come twice).
-            current: dict[str, LeaseRecord] = {}
+            current = _load_many(conn, [op.resource for op in steps])
             changed: dict[str, LeaseRecord] = {}
             changes: list[Transition] = []
             for op in steps:
-                old = current.get(op.resource) or _load(conn, op.resource)
+                old = current[op.resource]
                 new, outcome = leases.step(old, op, now)
                 current[op.resource] = new
                 if new != old:
                     changed[op.resource] = new
                     changes += leases.transitions(old, new, now)
                 outcomes.append(outcome)
-            for record in changed.values():
-                _store(conn, record)
+            if changed:
+                conn.executemany(_UPSERT, [_row(record) for record in changed.values()])
             return outcomes, _append(conn, changes)
 
         outcomes, events = await self._db.transaction(tx)
