@@ -71,6 +71,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import Connection, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 
 from fencing.errors import BackendUnavailableError, InvalidArgumentError
@@ -330,6 +331,49 @@ def text(value: bytes | str | None) -> str:
     if value is None:
         return ""
     return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+# -- scripts in a pipeline -----------------------------------------------------------------
+
+#: Rounds of loading a script the server lost and sending its calls again.
+_NOSCRIPT_ROUNDS = 3
+
+
+async def run_pipelined(
+    client: Client, calls: Sequence[tuple[AsyncScript, list[str], list[Any]]]
+) -> list[Any]:
+    """``EVALSHA`` of each ``(script, keys, args)`` in one non-transactional pipeline (one
+    round trip, run in order); the replies in order, the first error reply raised.
+
+    redis-py asks ``SCRIPT EXISTS`` before each pipeline that carries scripts: a second
+    round trip every time. Here the calls go as they are, and a script the server does
+    not have (a restarted Redis, ``SCRIPT FLUSH``) answers ``NOSCRIPT``, which means it
+    did not run: its scripts are loaded and those calls sent again, in their order. (A
+    script lost and loaded again by someone else in the middle of one pipeline is the one
+    case where a call sent again runs after calls that followed it; each still runs once.)
+    """
+    replies: list[Any] = [None] * len(calls)
+    pending = list(range(len(calls)))
+    for _ in range(_NOSCRIPT_ROUNDS):
+        pipe = client.pipeline(transaction=False)
+        for i in pending:
+            script, keys, args = calls[i]
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        answers = await pipe.execute(raise_on_error=False)
+        lost: list[int] = []
+        for i, answer in zip(pending, answers, strict=True):
+            if isinstance(answer, rexc.NoScriptError):
+                lost.append(i)
+            replies[i] = answer
+        if not lost:
+            break
+        for script in {id(calls[i][0]): calls[i][0] for i in lost}.values():
+            script.sha = await client.script_load(script.script)
+        pending = lost
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 # -- errors --------------------------------------------------------------------------------

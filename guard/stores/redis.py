@@ -61,7 +61,14 @@ from guard.stores.base import (
     Verdict,
 )
 from serving import redis_db
-from serving.redis_db import Client, RedisTarget, ResourceKeys, driver_errors, text
+from serving.redis_db import (
+    Client,
+    RedisTarget,
+    ResourceKeys,
+    driver_errors,
+    run_pipelined,
+    text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -319,11 +326,9 @@ class RedisStore(redis_db.Probed):
             if self.cluster:
                 replies = await _chains(script, chains, calls)
             else:
-                # AsyncScript takes a pipeline at run time (typed for clients only).
-                pipe: Any = self._client.pipeline(transaction=False)
-                for call in calls:
-                    await script(keys=call.keys, args=call.args, client=pipe)
-                replies = await pipe.execute()
+                replies = await run_pipelined(
+                    self._client, [(script, call.keys, call.args) for call in calls]
+                )
         verdicts: list[Verdict | None] = [None] * len(writes)
         for call, reply in zip(calls, replies, strict=True):
             for position, i in enumerate(call.writes):

@@ -135,6 +135,7 @@ from serving.redis_db import (
     ResourceKeys,
     driver_errors,
     glob_escape,
+    run_pipelined,
     text,
     unescape_tag,
 )
@@ -455,11 +456,7 @@ class RedisBackend(redis_db.Probed):
                 )
             replies: list[Any] = []
             for start in range(0, len(full), PIPELINE_CHUNK):
-                # AsyncScript takes a pipeline at run time (typed for clients only).
-                pipe: Any = self._client.pipeline(transaction=False)
-                for run, keys, args in full[start : start + PIPELINE_CHUNK]:
-                    await run(keys=keys, args=args, client=pipe)
-                replies += await pipe.execute()
+                replies += await run_pipelined(self._client, full[start : start + PIPELINE_CHUNK])
             return replies
 
     # -- lease calls of many callers in one pipeline -----------------------------------------
@@ -531,11 +528,9 @@ class RedisBackend(redis_db.Probed):
                         *(registered(keys=[k.lease, k.counter], args=[]) for k in chunk)
                     )
                     continue
-                # AsyncScript takes a pipeline at run time (typed for clients only).
-                pipe: Any = self._client.pipeline(transaction=False)
-                for k in chunk:
-                    await registered(keys=[k.lease, k.counter], args=[], client=pipe)
-                replies += await pipe.execute()
+                replies += await run_pipelined(
+                    self._client, [(registered, [k.lease, k.counter], []) for k in chunk]
+                )
         return [_described(r, reply) for r, reply in zip(resources, replies, strict=True)]
 
     async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseState]:
