@@ -299,7 +299,10 @@ class _Stream:
             self._error(which or "none", call.id, exc)
             return None
         except Exception:
-            self._reply(which or "none", self._internal(which or "none", kind.method, call.id))
+            # A fault of ours (a validation bug): this call's INTERNAL, the stream goes on.
+            known = self.sessions.kinds.get(which or "")
+            method = known.method if known is not None else ""
+            self._reply(which or "none", self._internal(which or "none", method, call.id))
             return None
         if step is not None:
             # In flight from now: the task deciding its message is filled in once it exists.
@@ -334,6 +337,7 @@ class _Stream:
                     self._settle(stepped, _deadline_passed(stepped.deadline_ms))
             due = [b.deadline for b in batch if b.deadline and not b.answered]
             timer = loop.call_at(min(due), expire) if due else None
+            self._end_if_done()  # a draining stream ends once its calls are answered
 
         if any(stepped.deadline for stepped in batch):
             timer = loop.call_at(min(b.deadline for b in batch if b.deadline), expire)
