@@ -137,6 +137,10 @@ class HandlerInterceptor(grpc.aio.ServerInterceptor):
     untouched: gRPC answers it UNIMPLEMENTED itself.
     """
 
+    #: Per method: the handler last wrapped and its wrapper (made on first use, so a
+    #: subclass's ``__init__`` need not call this one's).
+    _wrapped: dict[str, tuple[Handler, Handler]] | None = None
+
     def applies(self, method: str) -> bool:
         """Whether calls of ``method`` (``/package.Service/Method``) are wrapped."""
         return True
@@ -152,9 +156,18 @@ class HandlerInterceptor(grpc.aio.ServerInterceptor):
     ) -> Handler | None:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
-        if handler is None or not self.applies(method):
-            return handler
-        return self.wrap(handler, method)
+        if handler is None:
+            return None
+        # A method's handler is the same object call after call: wrap it once (the
+        # wrapper keeps no state of a call), not again for every call.
+        if self._wrapped is None:
+            self._wrapped = {}
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self.wrap(handler, method) if self.applies(method) else handler
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
 
 
 def split_method(method: str) -> tuple[str, str]:
