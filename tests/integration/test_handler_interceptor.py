@@ -148,3 +148,21 @@ async def test_every_kind_runs_inside_the_wrapper(
         ("enter", "Failing", "b'x'"),
         ("raised", "Failing", "RuntimeError"),
     ]
+
+
+async def test_a_methods_handler_is_wrapped_once_and_again_when_it_changes() -> None:
+    recording = Recording()
+    first: handlers.Handler = grpc.unary_unary_rpc_method_handler(unary_async)
+    second: handlers.Handler = grpc.unary_unary_rpc_method_handler(unary_async)
+    current = first
+
+    async def continuation(details: grpc.HandlerCallDetails) -> handlers.Handler:
+        return current
+
+    details: Any = type("Details", (), {"method": f"/{SERVICE}/Unary"})()
+    wrapped = await recording.intercept_service(continuation, details)
+    assert wrapped is not first
+    assert await recording.intercept_service(continuation, details) is wrapped
+    current = second
+    rewrapped = await recording.intercept_service(continuation, details)
+    assert rewrapped is not wrapped and rewrapped is not second
