@@ -136,6 +136,10 @@ def parse_url(url: str, *, own: tuple[str, ...] = ()) -> RedisTarget:
 def _client_kwargs(url: str) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"retry": Retry(NoBackoff(), 0)}
     query = dict(parse_qsl(urlsplit(url).query))
+    if "protocol" not in query:
+        # RESP2: redis-py hands every RESP3 pub/sub message (a push) to a handler that
+        # builds a debug line of it, logged or not; RESP2 delivers it as a plain reply.
+        kwargs["protocol"] = 2
     if "socket_timeout" not in query:
         kwargs["socket_timeout"] = DEFAULT_SOCKET_TIMEOUT
     if "socket_connect_timeout" not in query:

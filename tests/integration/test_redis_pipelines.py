@@ -1,4 +1,5 @@
-"""Scripts pipelined on one Redis: one round trip, and a lost script cache costs nothing.
+"""Scripts pipelined on one Redis: one round trip, and a lost script cache costs nothing;
+our clients speak RESP2.
 
 The lease backend's steps (``lease_steps``) and the guard store's batched writes
 (``write_batch``) send many script calls in one pipeline. redis-py asks ``SCRIPT
@@ -20,8 +21,9 @@ from guard.stores.base import BatchedWrite
 from guard.stores.redis import RedisStore
 from lease_server.backends.redis import RedisBackend
 from lease_server.leases import AcquireItem, Grant, ReleaseItem, Scope
-from serving.redis_db import run_pipelined
+from serving.redis_db import run_pipelined, standalone_client
 from tests.redis_server import RedisProcess
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.redis
 
@@ -150,3 +152,28 @@ async def test_an_error_reply_is_raised_as_it_was(url: str) -> None:
             await run_pipelined(client, [(good, [], []), (bad, [], [])])
     finally:
         await client.aclose()
+
+
+def test_clients_speak_resp2_unless_the_url_asks(url: str) -> None:
+    # RESP2 delivers pub/sub messages as plain replies; redis-py formats a debug line of
+    # every RESP3 push, logged or not (the release and event listeners hear one per change).
+    assert standalone_client(url).connection_pool.connection_kwargs["protocol"] == 2
+    asked = standalone_client(f"{url}?protocol=3")
+    assert asked.connection_pool.connection_kwargs["protocol"] == 3
+
+
+async def test_the_release_listener_hears_releases_over_resp2(url: str) -> None:
+    backend = RedisBackend(url, prefix="p")
+    other = RedisBackend(url, prefix="p")
+    await backend.open()
+    await other.open()
+    heard: list[str] = []
+    try:
+        other.on_release(heard.append)
+        (grant,) = await backend.lease_steps([AcquireItem("x", "h", 60_000, "")])
+        assert isinstance(grant, Grant)
+        await backend.lease_steps([ReleaseItem("x", grant.token, "h")])
+        await eventually(lambda: heard == ["x"], "the other backend heard the release")
+    finally:
+        await other.close()
+        await backend.close()
