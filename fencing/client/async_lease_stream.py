@@ -23,6 +23,7 @@ from google.protobuf.message import Message
 from fencing.client import _lease_stream
 from fencing.client._calls import finish_stream
 from fencing.client._lease_stream import Fallback, Moved, SessionBook, Transport
+from fencing.client._stream_book import settle
 from fencing.errors import DeadlineExceededError
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 
@@ -69,7 +70,7 @@ class _AsyncStream:
                             await self._changed.wait()
         if self.retired:
             return False
-        self._book.add(call, future, moves)
+        self._book.add_call(call, future, moves)
         self._queued.set()
         return True
 
@@ -81,7 +82,7 @@ class _AsyncStream:
                 if self.retired:  # half-close: the replies in flight still come
                     await self._call.done_writing()
                     return
-                while (message := self._book.take()) is not None:
+                while (message := self._book.message()) is not None:
                     await self._call.write(message)
         except (grpc.RpcError, asyncio.InvalidStateError):
             return  # the reader sees the same end and settles every waiter
@@ -110,7 +111,7 @@ class _AsyncStream:
         waiters = self._book.abandon()
         self._owner._ended(self)
         for future in waiters:
-            _lease_stream.settle(future, error())
+            settle(future, error())
         await self._notify()
 
     async def _notify(self) -> None:

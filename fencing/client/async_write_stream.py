@@ -18,7 +18,8 @@ import grpc.aio
 from fencing.client import _core
 from fencing.client._calls import finish_stream
 from fencing.client._core import WriteResult
-from fencing.client._writes import StreamBook
+from fencing.client._stream_book import settle
+from fencing.client._writes import WriteBook
 from fencing.errors import BackendUnavailableError
 from fencing.limits import MAX_STREAM_WRITES
 from fencing.types import Fenced, Op
@@ -44,7 +45,7 @@ class AsyncWriteStream:
     ) -> None:
         self._stub = guard_pb2_grpc.GuardServiceStub(channel)
         self._timeout = timeout
-        self._book: StreamBook[asyncio.Future[WriteResult]] = StreamBook(max_batch)
+        self._book: WriteBook[asyncio.Future[WriteResult]] = WriteBook(max_batch)
         self._ready = asyncio.Event()
         self._closing = False
         self.error: Exception | None = None
@@ -73,7 +74,7 @@ class AsyncWriteStream:
         if self._closing or self._call is None:
             raise BackendUnavailableError("the write stream is not open")
         future: asyncio.Future[WriteResult] = asyncio.get_running_loop().create_future()
-        self._book.add(fenced, ops, idempotency_key, future)
+        self._book.add_write(fenced, ops, idempotency_key, future)
         self._ready.set()
         return await future
 
@@ -82,7 +83,7 @@ class AsyncWriteStream:
             while True:
                 await self._ready.wait()
                 self._ready.clear()
-                while (message := self._book.take()) is not None:
+                while (message := self._book.message()) is not None:
                     await self._call.write(message)
                 if self._closing:
                     await self._call.done_writing()
@@ -97,13 +98,8 @@ class AsyncWriteStream:
                 response = await self._call.read()
                 if response is grpc.aio.EOF:
                     break
-                for future, outcome in self._book.settle(response):
-                    if future.done():
-                        continue
-                    if isinstance(outcome, WriteResult):
-                        future.set_result(outcome)
-                    else:
-                        future.set_exception(outcome)
+                for future, outcome in self._book.verdicts(response):
+                    settle(future, outcome)
         except grpc.RpcError as err:
             translated = _core.translate(err)
             error = translated if isinstance(translated, Exception) else error
@@ -112,8 +108,7 @@ class AsyncWriteStream:
         self._closing = True
         self._ready.set()
         for future in self._book.abandon():
-            if not future.done():
-                future.set_exception(error)
+            settle(future, error)
 
     async def aclose(self) -> None:
         """Send what is queued, wait (up to ``CLOSE_TIMEOUT`` s) for its verdicts, end."""
