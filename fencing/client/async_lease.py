@@ -28,6 +28,7 @@ from fencing import propagation
 from fencing._renewal import RenewalPolicy
 from fencing.client import _core, _lease_stream
 from fencing.client._calls import AsyncCalls
+from fencing.client._closing import AsyncClosing
 from fencing.client._core import Clock, LeaseEvent
 from fencing.client._lease_stream import Transport
 from fencing.client._session import SessionCore
@@ -530,7 +531,7 @@ class AsyncLeaseClient(AsyncCalls):
         return await AsyncWatchStream(self._stub.Watch(request))._start()
 
 
-class AsyncWatchStream:
+class AsyncWatchStream(AsyncClosing):
     """An open ``Watch`` stream, asyncio flavour (from :meth:`AsyncLeaseClient.watch_stream`):
     ``start_revision``, ``log_id``, then its events (``async for``)."""
 
@@ -567,14 +568,3 @@ class AsyncWatchStream:
     async def aclose(self) -> None:
         """Cancel the stream."""
         self._rpc.cancel()
-
-    async def __aenter__(self) -> AsyncWatchStream:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

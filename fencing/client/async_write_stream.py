@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import grpc
 import grpc.aio
 
 from fencing.client import _core
 from fencing.client._calls import finish_stream
+from fencing.client._closing import AsyncClosing
 from fencing.client._core import WriteResult
 from fencing.client._stream_book import settle
 from fencing.client._writes import WriteBook
@@ -29,7 +29,7 @@ from fencing.v1 import guard_pb2_grpc
 CLOSE_TIMEOUT = 10.0
 
 
-class AsyncWriteStream:
+class AsyncWriteStream(AsyncClosing):
     """One open ``WriteStream`` call on a ``grpc.aio`` channel; use ``async with``::
 
     async with AsyncWriteStream(channel) as stream:
@@ -52,7 +52,7 @@ class AsyncWriteStream:
         self._call: Any = None
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def start(self) -> AsyncWriteStream:
+    async def start(self) -> Self:
         if self._call is None:
             self._call = self._stub.WriteStream(timeout=self._timeout)
             self._tasks = [
@@ -118,13 +118,5 @@ class AsyncWriteStream:
         self._ready.set()
         await finish_stream(self._call, self._tasks, CLOSE_TIMEOUT)
 
-    async def __aenter__(self) -> AsyncWriteStream:
+    async def __aenter__(self) -> Self:
         return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

@@ -20,12 +20,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
-from types import TracebackType
 from typing import Any
 
 import grpc
 
 from fencing.client import _core
+from fencing.client._closing import Closing
 from fencing.client._core import WriteResult
 from fencing.client._stream_book import settle
 from fencing.client._writes import WriteBook
@@ -35,7 +35,7 @@ from fencing.types import Fenced, Op
 from fencing.v1 import guard_pb2, guard_pb2_grpc
 
 
-class WriteStream:
+class WriteStream(Closing):
     """One open ``WriteStream`` call, shared by any number of writer threads."""
 
     def __init__(
@@ -127,14 +127,3 @@ class WriteStream:
         if self._reader.is_alive():
             self._call.cancel()
             self._reader.join(1.0)
-
-    def __enter__(self) -> WriteStream:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
