@@ -126,10 +126,9 @@ def deadline_ms_of(timeout: float) -> int:
 
 def session_call(method: str, request: Message, timeout: float) -> lease_pb2.SessionCall:
     """``request`` (of stub method ``method``) as a SessionCall with its deadline (id set
-    when it is sent)."""
-    call = lease_pb2.SessionCall(deadline_ms=deadline_ms_of(timeout))
-    getattr(call, KINDS[method].call).CopyFrom(request)
-    return call
+    when it is queued)."""
+    kind: dict[str, Any] = {KINDS[method].call: request}  # copied once, as it is built
+    return lease_pb2.SessionCall(deadline_ms=deadline_ms_of(timeout), **kind)
 
 
 def status_error(code: grpc.StatusCode | None, details: str) -> Exception:
@@ -296,7 +295,7 @@ class SessionBook(StreamBook[tuple[lease_pb2.SessionCall, int], W]):
 
     @property
     def has_room(self) -> bool:
-        return self.in_flight < self.max_in_flight
+        return len(self._waiting) < self.max_in_flight
 
     def add_call(self, call: lease_pb2.SessionCall, waiter: W, moves: int = 0) -> None:
         """Queue ``call`` (its id set); ``waiter`` is handed back with its outcome.
@@ -306,10 +305,11 @@ class SessionBook(StreamBook[tuple[lease_pb2.SessionCall, int], W]):
     def message(self) -> lease_pb2.SessionRequest | None:
         """The next message: every call queued, up to :data:`MAX_SESSION_CALLS`; None
         if none is."""
-        taken = self.take(MAX_SESSION_CALLS)
-        if not taken:
+        if not self._queued:
             return None
-        return lease_pb2.SessionRequest(calls=[call for _, (call, _) in taken])
+        return lease_pb2.SessionRequest(
+            calls=[call for _, (call, _) in self.take(MAX_SESSION_CALLS)]
+        )
 
     def receive(self, response: lease_pb2.SessionResponse) -> Received[W]:
         """Take in one response (see :class:`Received`; hand it on with :func:`deliver`)."""

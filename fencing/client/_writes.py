@@ -116,11 +116,13 @@ class WriteBook(StreamBook[guard_pb2.WriteRequest, W]):
 
     def message(self) -> guard_pb2.WriteStreamRequest | None:
         """The next message: everything queued, up to ``max_batch`` writes; None if empty."""
-        taken = self.take(self.max_batch)
-        if not taken:
+        if not self.queued:
             return None
         return guard_pb2.WriteStreamRequest(
-            writes=[guard_pb2.StreamedWrite(id=write_id, write=w) for write_id, w in taken]
+            writes=[
+                guard_pb2.StreamedWrite(id=write_id, write=w)
+                for write_id, w in self.take(self.max_batch)
+            ]
         )
 
     def verdicts(

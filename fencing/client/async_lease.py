@@ -40,6 +40,10 @@ from fencing.v1 import lease_pb2, lease_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+#: An asyncio lease's schedule is only used from its loop: nothing to lock (one shared
+#: no-op guard, not one made per lease).
+_ONE_LOOP = contextlib.nullcontext()
+
 
 class AsyncFencer(Protocol):
     """A guard to promise to on acquire (an ``AsyncGuardClient``)."""
@@ -74,7 +78,7 @@ class AsyncLease(_core.LeaseBase[asyncio.Event]):
             policy,
             clock,
             asyncio.Event(),
-            contextlib.nullcontext(),
+            _ONE_LOOP,
             received_at=received_at,
             ttl_ms=ttl_ms,
         )

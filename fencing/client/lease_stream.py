@@ -174,7 +174,10 @@ class StreamStub:
         end = time.monotonic() + timeout
         if not self.unary_only or self._transport is Transport.STREAM:
             future: Future[Message] = Future()
-            self._submit(_lease_stream.session_call(method, request, timeout), future, end)
+            call = _lease_stream.session_call(method, request, timeout)
+            stream = self._stream  # read without the lock: a retired one says so
+            if stream is None or not stream.submit(call, future, end):
+                self._submit(call, future, end)
             try:
                 return future.result(max(0.0, end - time.monotonic()))
             except concurrent.futures.TimeoutError:
