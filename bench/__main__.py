@@ -414,9 +414,82 @@ def machine() -> list[str]:
     ]
 
 
+#: Sections of RESULTS.md that belong to the run that wrote it, never carried over.
+RUN_SECTIONS = ("Machine", "Targets")
+
+
+@dataclass(frozen=True)
+class Written:
+    """One ``## `` section of a RESULTS.md as it stands: its title, the bench section it
+    holds (its ``Section `name``` line says, else its title; None for one written by
+    hand), and its text from the heading line up to the next heading, verbatim."""
+
+    title: str
+    name: str | None
+    text: str
+
+
+def sections_of(markdown_text: str) -> list[Written]:
+    """The ``## `` sections of a RESULTS.md, in order (what precedes the first is the
+    run's own header and is left out)."""
+    found: list[Written] = []
+    title: str | None = None
+    body: list[str] = []
+
+    def close() -> None:
+        if title is not None:
+            name = next(
+                (
+                    line.split("`")[1]
+                    for line in body[1:]
+                    if line.startswith("Section `") and line.count("`") >= 2
+                ),
+                None,
+            )
+            if name is None:
+                name = next((n for n, (t, _) in SECTIONS.items() if t == title), None)
+            found.append(Written(title, name, "".join(body)))
+
+    for line in markdown_text.splitlines(keepends=True):
+        if line.startswith("## "):
+            close()
+            title, body = line[3:].strip(), [line]
+        elif title is not None:
+            body.append(line)
+    close()
+    return found
+
+
+def measured(report: Report) -> bool:
+    """True if the section produced figures (not only a note that it was skipped)."""
+    return bool(report.results or report.text or report.markdown)
+
+
+def carried_over(previous: str, done: dict[str, tuple[Report, float]]) -> list[Written]:
+    """The sections of the previous RESULTS.md that this run did not measure (opt-in
+    sections it did not run, sections it skipped, sections written by hand), to keep
+    verbatim: each names the run it came from in its own header."""
+    ran = {name for name, (report, _) in done.items() if measured(report)}
+    return [
+        s
+        for s in sections_of(previous)
+        if s.title not in RUN_SECTIONS and (s.name is None or s.name not in ran)
+    ]
+
+
 def write_results(
     path: Path, done: dict[str, tuple[Report, float]], options: Options, started: str, took: float
 ) -> None:
+    """Write RESULTS.md: this run's header, targets and sections, then every section of
+    the RESULTS.md already at ``path`` that this run did not measure, verbatim."""
+    previous = path.read_text(encoding="utf-8") if path.exists() else ""
+    kept = carried_over(previous, done)
+    # Skipped this time (its server unreachable): its earlier figures are carried over.
+    skipped = {
+        name: report
+        for name, (report, _) in done.items()
+        if not measured(report) and any(s.name == name for s in kept)
+    }
     load = os.getloadavg()
     lines = [
         "# Benchmark results",
@@ -441,8 +514,16 @@ def write_results(
         for target, figure, met in report.targets:
             lines.append(f"| {target} | {figure} | {met} |")
     for name, (report, elapsed) in done.items():
+        if name in skipped:
+            continue
         title, _ = SECTIONS[name]
-        lines += ["", f"## {title}", "", f"Section `{name}`, {elapsed:.0f} s.", ""]
+        lines += [
+            "",
+            f"## {title}",
+            "",
+            f"Section `{name}`, {elapsed:.0f} s, run of {started}.",
+            "",
+        ]
         module = sys.modules.get(f"bench.{name}")
         if module is not None and module.__doc__:
             lines += [module.__doc__.strip(), ""]
@@ -452,7 +533,22 @@ def write_results(
             lines += [report.markdown, ""]
         for note in report.notes:
             lines.append(f"- note: {note}")
-    path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    if kept:
+        why = ", ".join(
+            f"`{n}` ({'; '.join(r.notes) or 'nothing measured'})" for n, r in skipped.items()
+        )
+        lines += [
+            "",
+            "The sections below were not measured by this run (opt-in sections it did not run"
+            + (f"; skipped by it: {why}" if why else "")
+            + "): each is carried over verbatim from the earlier RESULTS.md and names the "
+            "run it came from.",
+            "",
+        ]
+    text = "\n".join(lines).rstrip() + "\n"
+    for section in kept:
+        text += "\n" + section.text.rstrip() + "\n"
+    path.write_text(text, encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:

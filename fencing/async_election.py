@@ -68,17 +68,7 @@ class AsyncLeadership:
     async def resign(self) -> None:
         """Give the leadership up now. Never raises ``LeaseLost``."""
         with contextlib.suppress(LeaseLost):
-            await self._exit(None, None, None)
-
-    async def _exit(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        hold, self._hold = self._hold, None
-        if hold is not None:
-            await hold.__aexit__(exc_type, exc, tb)
+            await self.__aexit__(None, None, None)
 
     async def __aenter__(self) -> AsyncLeadership:
         return self
@@ -90,8 +80,11 @@ class AsyncLeadership:
         tb: TracebackType | None,
     ) -> None:
         """Resign; a block ended by the loss (or left normally after one) raises
-        ``LeaseLost``."""
-        await self._exit(exc_type, exc, tb)
+        ``LeaseLost``. The block's exception goes to the hold, which tells by it
+        whether the loss ended the block."""
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            await hold.__aexit__(exc_type, exc, tb)
 
     def __repr__(self) -> str:
         return f"<AsyncLeadership {self.resource!r} term={self.term} {self.lease!r}>"
@@ -128,7 +121,7 @@ class AsyncElection:
             if value is not None:
                 await leadership.proclaim(value)
         except BaseException as exc:
-            await leadership._exit(type(exc), exc, exc.__traceback__)
+            await leadership.__aexit__(type(exc), exc, exc.__traceback__)
             raise
         return leadership
 

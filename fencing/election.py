@@ -136,18 +136,7 @@ class Leadership:
         """Give the leadership up now (release the lease). Never raises ``LeaseLost``:
         a leadership already lost is already given up."""
         with contextlib.suppress(LeaseLost):
-            self._exit(None, None, None)
-
-    def _exit(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        hold, self._hold = self._hold, None
-        if hold is None:
-            return None
-        return hold.__exit__(exc_type, exc, tb)
+            self.__exit__(None, None, None)
 
     def __enter__(self) -> Leadership:
         return self
@@ -158,8 +147,13 @@ class Leadership:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        """Resign; a block left normally after a loss ends with ``LeaseLost``."""
-        return self._exit(exc_type, exc, tb)
+        """Resign; a block left normally after a loss ends with ``LeaseLost``. The
+        block's exception goes to the hold (not a plain close), which tells by it
+        whether a loss is the block's end."""
+        hold, self._hold = self._hold, None
+        if hold is None:
+            return None
+        return hold.__exit__(exc_type, exc, tb)
 
     def __repr__(self) -> str:
         return f"<Leadership {self.resource!r} term={self.term} {self.lease!r}>"
@@ -200,7 +194,7 @@ class Election:
             if value is not None:
                 leadership.proclaim(value)
         except BaseException:
-            if not leadership._exit(*sys.exc_info()):
+            if not leadership.__exit__(*sys.exc_info()):
                 raise
         return leadership
 

@@ -18,36 +18,22 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from types import TracebackType
-from typing import Any, Self, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import grpc
 
 from fencing.client import _core
+from fencing.client._closing import AsyncClosing, Closing
 
 T = TypeVar("T")
 Resp = TypeVar("Resp")
 
 
-class BlockingCalls:
+class BlockingCalls(Closing):
     """Runs steps with blocking calls and ``time.sleep`` (mixed into the sync clients,
     which are context managers that ``close()`` on exit)."""
 
     rpc_timeout: float
-
-    def close(self) -> None:
-        raise NotImplementedError  # pragma: no cover - every client has its own
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _run(self, steps: _core.Steps[T]) -> T:
         reply: object = None
@@ -90,25 +76,11 @@ class BlockingCalls:
         return cast(Resp, self._run(_core.unary(method, request, timeout, retry=True)))
 
 
-class AsyncCalls:
+class AsyncCalls(AsyncClosing):
     """Runs steps with awaited calls and ``asyncio.sleep`` (mixed into the asyncio twins,
     which are async context managers that ``aclose()`` on exit)."""
 
     rpc_timeout: float
-
-    async def aclose(self) -> None:
-        raise NotImplementedError  # pragma: no cover - every client has its own
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def _run(self, steps: _core.Steps[T]) -> T:
         reply: object = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import uuid
 from collections.abc import Callable, Generator, Iterable, Sequence
@@ -154,7 +155,9 @@ def default_holder() -> str:
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    """A fresh acquire's request id: 128 random bits as 32 hex digits (one per acquire,
+    made on every call's path, so not a ``uuid.UUID`` object built and dropped)."""
+    return secrets.token_hex(16)
 
 
 def ttl_ms_of(ttl: float, field: str = "ttl") -> int:
@@ -303,7 +306,7 @@ class AcquirePlan:
         self.nowait = nowait
         self._clock = clock
         self._end = None if timeout is None else clock() + max(0.0, timeout)
-        self._retries: Attempts = RETRY_BACKOFF.attempts()
+        self._retries: Attempts | None = None  # counted from the first transient failure
         self._lost_on_arrival = 0
 
     def request(self) -> lease_pb2.AcquireRequest:
@@ -350,6 +353,8 @@ class AcquirePlan:
             return 0.0
         if not is_transient(exc) or self._timed_out():
             return None
+        if self._retries is None:
+            self._retries = RETRY_BACKOFF.attempts()
         return self._retries.next()
 
 

@@ -4,12 +4,13 @@ asyncio transports (:mod:`fencing.client.lease_stream`, :mod:`fencing.client.asy
 A lease client sends its lease calls (Acquire, Renew, Release and their batch forms)
 as :class:`~fencing.v1.lease_pb2.SessionCall` messages on one stream per channel
 instead of one unary RPC each. A :class:`SessionBook` keeps the calls of one open
-stream: queued until the sender packs everything waiting into one ``SessionRequest``
-(several callers arriving together share a message: that is where the stream's speed
-comes from), then in flight under an id until the reader hands the reply back to the
-waiter of that id. It also holds the server's limit on calls in flight (the stream's
-initial metadata), and, when the server asks the client to move (goaway), gives back
-the calls not yet sent so they go out on a new stream.
+stream (a :class:`~fencing.client._stream_book.StreamBook`): queued until the sender
+packs everything waiting into one ``SessionRequest`` (several callers arriving together
+share a message: that is where the stream's speed comes from), then in flight under an
+id until the reader hands the reply back to the waiter of that id. What is the lease
+stream's own: the server's limit on calls in flight (the stream's initial metadata),
+and, when the server asks the client to move (goaway), the calls not yet sent given
+back so they go out on a new stream.
 
 What a call's reply or failure means is decided here too (:func:`outcome`): the same
 result, or the same :mod:`fencing.errors` exception, the unary RPC would have given.
@@ -19,15 +20,15 @@ from __future__ import annotations
 
 import math
 import os
-from collections import deque
 from collections.abc import Callable, Iterable
 from enum import StrEnum
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
 from fencing import _status
+from fencing.client._stream_book import StreamBook, settle
 from fencing.errors import (
     BackendUnavailableError,
     DeadlineExceededError,
@@ -125,10 +126,9 @@ def deadline_ms_of(timeout: float) -> int:
 
 def session_call(method: str, request: Message, timeout: float) -> lease_pb2.SessionCall:
     """``request`` (of stub method ``method``) as a SessionCall with its deadline (id set
-    when it is sent)."""
-    call = lease_pb2.SessionCall(deadline_ms=deadline_ms_of(timeout))
-    getattr(call, KINDS[method].call).CopyFrom(request)
-    return call
+    when it is queued)."""
+    kind: dict[str, Any] = {KINDS[method].call: request}  # copied once, as it is built
+    return lease_pb2.SessionCall(deadline_ms=deadline_ms_of(timeout), **kind)
 
 
 def status_error(code: grpc.StatusCode | None, details: str) -> Exception:
@@ -210,27 +210,6 @@ def max_in_flight_of(headers: Iterable[tuple[str, str | bytes]] | None) -> int:
     return DEFAULT_MAX_IN_FLIGHT
 
 
-class Waiter(Protocol):
-    """What the twins wake a caller with: a ``concurrent.futures.Future`` or an
-    ``asyncio.Future`` (both have these)."""
-
-    def done(self) -> bool: ...
-
-    def set_result(self, result: Any, /) -> None: ...
-
-    def set_exception(self, exception: BaseException, /) -> None: ...
-
-
-def settle(waiter: Waiter, result: Message | Exception) -> None:
-    """Hand ``result`` to ``waiter``, unless its caller already gave up waiting."""
-    if waiter.done():
-        return
-    if isinstance(result, Exception):
-        waiter.set_exception(result)
-    else:
-        waiter.set_result(result)
-
-
 class Moved(NamedTuple, Generic[W]):
     """A call a goaway moves to a new stream."""
 
@@ -261,10 +240,8 @@ def deliver(received: Received[Any]) -> list[lease_pb2.SessionCall]:
     """
     orphans: list[lease_pb2.SessionCall] = []
     for waiter, reply in received.settled:
-        if waiter.done():
+        if waiter.done() or not settle(waiter, outcome(reply)):
             orphans += orphan_releases(reply)
-        else:
-            settle(waiter, outcome(reply))
     for waiter in received.failed:
         settle(waiter, draining_error())
     return orphans
@@ -295,23 +272,22 @@ def draining_error() -> Exception:
     return BackendUnavailableError("the lease server is draining: every stream was moved away")
 
 
-class SessionBook(Generic[W]):
-    """The calls of one open stream: queued to be sent, and sent and waiting for a reply.
+class SessionBook(StreamBook[tuple[lease_pb2.SessionCall, int], W]):
+    """The calls of one lease stream: each queued with how many goaways moved it here.
 
-    Not thread-safe: the sync transport guards it with a lock, the async one runs it on
-    one loop. A call counts against ``max_in_flight`` from the moment it is queued until
-    its reply (or the stream's end): a caller gives up waiting without freeing its slot,
+    A call counts against ``max_in_flight`` from the moment it is queued until its
+    reply (or the stream's end): a caller gives up waiting without freeing its slot,
     since the server still has the call until it answers (at the call's deadline at the
     latest).
     """
 
+    __slots__ = ("max_in_flight",)
+
     def __init__(self) -> None:
+        super().__init__()
         #: One call (the one that opens the stream) until the initial metadata says the
         #: server's limit (:meth:`limit`): callers arriving together must not overrun it.
         self.max_in_flight = 1
-        self._next_id = 1
-        self._queued: deque[tuple[int, lease_pb2.SessionCall, int]] = deque()
-        self._waiting: dict[int, W] = {}
 
     def limit(self, headers: Iterable[tuple[str, str | bytes]] | None) -> None:
         """The stream's initial metadata came: take the server's limit from it."""
@@ -321,45 +297,23 @@ class SessionBook(Generic[W]):
     def has_room(self) -> bool:
         return len(self._waiting) < self.max_in_flight
 
-    @property
-    def queued(self) -> int:
-        return len(self._queued)
+    def add_call(self, call: lease_pb2.SessionCall, waiter: W, moves: int = 0) -> None:
+        """Queue ``call`` (its id set); ``waiter`` is handed back with its outcome.
+        ``moves``: how many goaways moved it here from another stream."""
+        call.id = self.add((call, moves), waiter)
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._waiting)
-
-    def add(self, call: lease_pb2.SessionCall, waiter: W, moves: int = 0) -> None:
-        """Queue ``call``; ``waiter`` is handed back with its outcome. ``moves``: how many
-        goaways moved it here from another stream."""
-        call_id = self._next_id
-        self._next_id += 1
-        call.id = call_id
-        self._queued.append((call_id, call, moves))
-        self._waiting[call_id] = waiter
-
-    def take(self) -> lease_pb2.SessionRequest | None:
+    def message(self) -> lease_pb2.SessionRequest | None:
         """The next message: every call queued, up to :data:`MAX_SESSION_CALLS`; None
         if none is."""
         if not self._queued:
             return None
-        calls: list[lease_pb2.SessionCall] = []
-        while self._queued and len(calls) < MAX_SESSION_CALLS:
-            calls.append(self._queued.popleft()[1])
-        return lease_pb2.SessionRequest(calls=calls)
-
-    def settle(self, response: lease_pb2.SessionResponse) -> list[tuple[W, lease_pb2.SessionReply]]:
-        """Each reply of ``response`` with the waiter of its call."""
-        settled = []
-        for reply in response.replies:
-            waiter = self._waiting.pop(reply.id, None)
-            if waiter is not None:
-                settled.append((waiter, reply))
-        return settled
+        return lease_pb2.SessionRequest(
+            calls=[call for _, (call, _) in self.take(MAX_SESSION_CALLS)]
+        )
 
     def receive(self, response: lease_pb2.SessionResponse) -> Received[W]:
         """Take in one response (see :class:`Received`; hand it on with :func:`deliver`)."""
-        settled = self.settle(response)
+        settled = self.settle(response.replies)
         if not response.HasField("goaway"):
             return Received(settled, False, [], [])
         moved, failed = self.take_unsent()
@@ -370,18 +324,9 @@ class SessionBook(Generic[W]):
         those moved :data:`MAX_MOVES` times already, to fail with :func:`draining_error`."""
         moved: list[Moved[W]] = []
         failed: list[W] = []
-        for call_id, call, moves in self._queued:
-            waiter = self._waiting.pop(call_id)
+        for _, (call, moves), waiter in self.unsent():
             if moves < MAX_MOVES:
                 moved.append(Moved(waiter, call, moves + 1))
             else:
                 failed.append(waiter)
-        self._queued.clear()
         return moved, failed
-
-    def abandon(self) -> list[W]:
-        """The stream ended: every waiter still without a reply (queued or sent)."""
-        waiters = list(self._waiting.values())
-        self._waiting.clear()
-        self._queued.clear()
-        return waiters

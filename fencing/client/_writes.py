@@ -1,21 +1,23 @@
 """The I/O-free half of multi-resource and streamed writes, shared by the sync and asyncio
 twins (:mod:`fencing.client.write_stream`, :mod:`fencing.client.async_write_stream`).
 
-A write stream keeps a :class:`StreamBook`: writes wait in it until the sender packs
-everything waiting into one ``WriteStreamRequest`` (coalescing: the more writers, the
-fuller each message), each under an id; the reader hands every verdict back to the
-waiter of its id. The twins only move messages and wake waiters.
+A write stream keeps a :class:`WriteBook` (a
+:class:`~fencing.client._stream_book.StreamBook` of writes): writes wait in it until
+the sender packs everything waiting, up to ``max_batch``, into one
+``WriteStreamRequest`` (coalescing: the more writers, the fuller each message), each
+under an id; the reader hands every verdict back to the waiter of its id. The twins
+only move messages and wake waiters.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 from fencing import _status
 from fencing.client._core import WriteResult, op_to_proto, ops_list, write_request
+from fencing.client._stream_book import StreamBook
 from fencing.errors import FencingError, InvalidArgumentError
 from fencing.limits import MAX_STREAM_WRITES
 from fencing.types import Fenced, Op
@@ -92,63 +94,39 @@ def outcome(verdict: guard_pb2.WriteVerdict) -> WriteResult | FencingError:
     return _status.from_fields(error.reason, error.message, dict(error.metadata))
 
 
-class StreamBook(Generic[W]):
-    """Writes waiting to be sent, and writes sent and waiting for their verdict.
+class WriteBook(StreamBook[guard_pb2.WriteRequest, W]):
+    """Writes waiting to be sent, and writes sent and waiting for their verdict; a
+    message carries at most ``max_batch`` writes."""
 
-    Not thread-safe: the sync twin guards it with a lock, the async twin runs it on
-    one loop.
-    """
+    __slots__ = ("max_batch",)
 
     def __init__(self, max_batch: int = MAX_STREAM_WRITES) -> None:
         if not 1 <= max_batch <= MAX_STREAM_WRITES:
             raise InvalidArgumentError(
                 f"max_batch must be 1..{MAX_STREAM_WRITES}", field="max_batch"
             )
+        super().__init__()
         self.max_batch = max_batch
-        self._next_id = 1
-        self._queued: deque[tuple[int, guard_pb2.WriteRequest]] = deque()
-        self._waiting: dict[int, W] = {}
 
-    def add(self, fenced: Fenced, ops: Sequence[Op] | Op, idempotency_key: str, waiter: W) -> None:
+    def add_write(
+        self, fenced: Fenced, ops: Sequence[Op] | Op, idempotency_key: str, waiter: W
+    ) -> None:
         """Queue one write; ``waiter`` is handed back with its verdict."""
-        request = write_request(fenced, ops_list(ops), idempotency_key)
-        write_id = self._next_id
-        self._next_id += 1
-        self._queued.append((write_id, request))
-        self._waiting[write_id] = waiter
+        self.add(write_request(fenced, ops_list(ops), idempotency_key), waiter)
 
-    @property
-    def queued(self) -> int:
-        return len(self._queued)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._waiting)
-
-    def take(self) -> guard_pb2.WriteStreamRequest | None:
+    def message(self) -> guard_pb2.WriteStreamRequest | None:
         """The next message: everything queued, up to ``max_batch`` writes; None if empty."""
-        if not self._queued:
+        if not self.queued:
             return None
-        writes: list[guard_pb2.StreamedWrite] = []
-        while self._queued and len(writes) < self.max_batch:
-            write_id, request = self._queued.popleft()
-            writes.append(guard_pb2.StreamedWrite(id=write_id, write=request))
-        return guard_pb2.WriteStreamRequest(writes=writes)
+        return guard_pb2.WriteStreamRequest(
+            writes=[
+                guard_pb2.StreamedWrite(id=write_id, write=w)
+                for write_id, w in self.take(self.max_batch)
+            ]
+        )
 
-    def settle(
+    def verdicts(
         self, response: guard_pb2.WriteStreamResponse
     ) -> list[tuple[W, WriteResult | FencingError]]:
         """Each verdict of ``response`` with the waiter of its write."""
-        settled = []
-        for verdict in response.verdicts:
-            waiter = self._waiting.pop(verdict.id, None)
-            if waiter is not None:
-                settled.append((waiter, outcome(verdict)))
-        return settled
-
-    def abandon(self) -> list[W]:
-        """The stream ended: every waiter still without a verdict (queued or sent)."""
-        waiters = list(self._waiting.values())
-        self._waiting.clear()
-        self._queued.clear()
-        return waiters
+        return [(waiter, outcome(verdict)) for waiter, verdict in self.settle(response.verdicts)]

@@ -28,6 +28,7 @@ from fencing import propagation
 from fencing._renewal import RenewalPolicy
 from fencing.client import _core, _lease_stream
 from fencing.client._calls import AsyncCalls
+from fencing.client._closing import AsyncClosing
 from fencing.client._core import Clock, LeaseEvent
 from fencing.client._lease_stream import Transport
 from fencing.client._session import SessionCore
@@ -38,6 +39,10 @@ from fencing.types import Fenced, LeaseState
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+#: An asyncio lease's schedule is only used from its loop: nothing to lock (one shared
+#: no-op guard, not one made per lease).
+_ONE_LOOP = contextlib.nullcontext()
 
 
 class AsyncFencer(Protocol):
@@ -73,7 +78,7 @@ class AsyncLease(_core.LeaseBase[asyncio.Event]):
             policy,
             clock,
             asyncio.Event(),
-            contextlib.nullcontext(),
+            _ONE_LOOP,
             received_at=received_at,
             ttl_ms=ttl_ms,
         )
@@ -530,7 +535,7 @@ class AsyncLeaseClient(AsyncCalls):
         return await AsyncWatchStream(self._stub.Watch(request))._start()
 
 
-class AsyncWatchStream:
+class AsyncWatchStream(AsyncClosing):
     """An open ``Watch`` stream, asyncio flavour (from :meth:`AsyncLeaseClient.watch_stream`):
     ``start_revision``, ``log_id``, then its events (``async for``)."""
 
@@ -567,14 +572,3 @@ class AsyncWatchStream:
     async def aclose(self) -> None:
         """Cancel the stream."""
         self._rpc.cancel()
-
-    async def __aenter__(self) -> AsyncWatchStream:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import heapq
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +25,7 @@ from google.protobuf.message import Message
 from fencing.client import _lease_stream
 from fencing.client._calls import finish_stream
 from fencing.client._lease_stream import Fallback, Moved, SessionBook, Transport
+from fencing.client._stream_book import settle
 from fencing.errors import DeadlineExceededError
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 
@@ -36,8 +39,10 @@ class _AsyncStream:
     def __init__(self, owner: AsyncStreamStub) -> None:
         self._owner = owner
         self._book: SessionBook[asyncio.Future[Message]] = SessionBook()
-        self._changed = asyncio.Condition()
-        self._queued = asyncio.Event()
+        #: Callers waiting for room (the server's limit): woken when calls end.
+        self._room: list[asyncio.Future[None]] = []
+        #: The idle sender's wake-up (None while it sends).
+        self._wake: asyncio.Future[None] | None = None
         #: No new calls: closing, moved away (goaway) or ended.
         self.retired = False
         self._call: Any = owner._unary.Session()
@@ -45,6 +50,20 @@ class _AsyncStream:
             asyncio.create_task(self._send(), name="fencing-lease-stream-send"),
             asyncio.create_task(self._read(), name="fencing-lease-stream-read"),
         ]
+
+    def add(
+        self, call: lease_pb2.SessionCall, future: asyncio.Future[Message], moves: int = 0
+    ) -> bool:
+        """Queue ``call`` now if this stream takes it and has room (else False: see
+        :meth:`submit`), and wake the sender."""
+        if self.retired or not self._book.has_room:
+            return False
+        self._book.add_call(call, future, moves)
+        wake = self._wake
+        if wake is not None:
+            self._wake = None
+            wake.set_result(None)
+        return True
 
     async def submit(
         self,
@@ -56,33 +75,40 @@ class _AsyncStream:
         """Queue ``call`` once the server's limit leaves room (until ``end``, loop time);
         False if this stream takes no new calls."""
         loop = asyncio.get_running_loop()
-        if not self.retired and not self._book.has_room:
-            async with self._changed:
-                while not self.retired and not self._book.has_room:
-                    remaining = end - loop.time()
-                    if remaining <= 0:
-                        raise DeadlineExceededError(
-                            "deadline exceeded: the lease stream had no room for the call"
-                        )
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(remaining):
-                            await self._changed.wait()
-        if self.retired:
-            return False
-        self._book.add(call, future, moves)
-        self._queued.set()
-        return True
+        while not self.retired and not self._book.has_room:
+            remaining = end - loop.time()
+            if remaining <= 0:
+                raise DeadlineExceededError(
+                    "deadline exceeded: the lease stream had no room for the call"
+                )
+            room = loop.create_future()
+            self._room.append(room)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await room
+            finally:
+                if not room.done():
+                    self._room.remove(room)
+        return self.add(call, future, moves)
+
+    def _room_changed(self) -> None:
+        """Calls ended, the limit came, or the stream retired: the waiting callers look again."""
+        rooms, self._room = self._room, []
+        for room in rooms:
+            if not room.done():
+                room.set_result(None)
 
     async def _send(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            while True:
-                await self._queued.wait()
-                self._queued.clear()
-                if self.retired:  # half-close: the replies in flight still come
-                    await self._call.done_writing()
-                    return
-                while (message := self._book.take()) is not None:
+            while not self.retired:
+                while (message := self._book.message()) is not None:
                     await self._call.write(message)
+                if not self.retired:
+                    self._wake = wake = loop.create_future()
+                    await wake
+            await self._call.done_writing()  # half-close: the replies in flight still come
         except (grpc.RpcError, asyncio.InvalidStateError):
             return  # the reader sees the same end and settles every waiter
 
@@ -91,7 +117,7 @@ class _AsyncStream:
         try:
             headers = await self._call.initial_metadata()
             self._book.limit(headers)
-            await self._notify()
+            self._room_changed()
             while True:
                 response = await self._call.read()
                 if response is grpc.aio.EOF:
@@ -103,26 +129,27 @@ class _AsyncStream:
                     self._owner._release_orphan(orphan)
                 for move in received.moved:
                     self._owner._resubmit(move)
-                await self._notify()
+                if self._room:
+                    self._room_changed()
         except grpc.RpcError as err:
             error = self._owner._broken(err)
         self._retire()
         waiters = self._book.abandon()
         self._owner._ended(self)
         for future in waiters:
-            _lease_stream.settle(future, error())
-        await self._notify()
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+            settle(future, error())
+        self._room_changed()
 
     def _retire(self) -> None:
-        """No new calls on this stream."""
+        """No new calls on this stream: the sender half-closes, callers waiting for room
+        go elsewhere."""
         if not self.retired:
             self.retired = True
             self._owner._retired(self)
-            self._queued.set()
+            wake, self._wake = self._wake, None
+            if wake is not None:
+                wake.set_result(None)
+            self._room_changed()
 
     async def aclose(self) -> None:
         """Half-close; wait (up to CLOSE_TIMEOUT) for the replies in flight, then cancel."""
@@ -141,6 +168,7 @@ class AsyncStreamStub:
         self._streams: set[_AsyncStream] = set()
         self._closed = False
         self._moving: set[asyncio.Task[None]] = set()  # resubmissions (a goaway) under way
+        self._deadlines = _Deadlines()
         #: Set once the server answered UNIMPLEMENTED to Session (``auto``: unary from then on).
         self.unary_only = False
 
@@ -177,17 +205,18 @@ class AsyncStreamStub:
         end = loop.time() + timeout
         if not self.unary_only or self._transport is Transport.STREAM:
             future: asyncio.Future[Message] = loop.create_future()
-            await self._submit(_lease_stream.session_call(method, request, timeout), future, end)
-            # A timer, not asyncio.timeout around a shield: one handle per call. A task
-            # cancelled while it waits cancels the future itself (it is awaited directly);
+            call = _lease_stream.session_call(method, request, timeout)
+            stream = self._stream
+            if stream is None or not stream.add(call, future):  # no stream, or no room
+                await self._submit(call, future, end)
+            # Not asyncio.timeout around a shield: the future expires at ``end`` itself. A
+            # task cancelled while it waits cancels the future (it is awaited directly);
             # either way the future is done, so a late grant is released, not handed out.
-            timer = loop.call_at(end, _expire, future, timeout)
+            self._deadlines.add(loop, end, future, timeout)
             try:
                 return await future
             except Fallback:
                 pass
-            finally:
-                timer.cancel()
         result: Message = await getattr(self._unary, method)(
             request, timeout=max(0.001, end - loop.time())
         )
@@ -261,6 +290,7 @@ class AsyncStreamStub:
         self._closed = True
         streams = list(self._streams)
         await asyncio.gather(*(stream.aclose() for stream in streams), return_exceptions=True)
+        self._deadlines.close()
 
 
 def _fail_with(future: asyncio.Future[Message], task: asyncio.Task[None]) -> None:
@@ -271,13 +301,54 @@ def _fail_with(future: asyncio.Future[Message], task: asyncio.Task[None]) -> Non
         future.set_exception(exc)
 
 
-def _expire(future: asyncio.Future[Message], timeout: float) -> None:
-    if not future.done():
-        future.set_exception(
-            DeadlineExceededError(
-                f"deadline exceeded: no reply on the lease stream within {timeout:.3f} s"
-            )
-        )
+class _Deadlines:
+    """When the callers of a stub's calls stop waiting (``DeadlineExceededError``): one
+    timer, at the earliest deadline, for all of them, not a timer made and cancelled per
+    call. A call whose future is done by its deadline (its reply came, its caller was
+    cancelled) is passed over; the done ones ahead of the next deadline are dropped
+    whenever the timer fires."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, asyncio.Future[Message], float]] = []
+        self._order = itertools.count()  # ties on the deadline: never compare futures
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        end: float,
+        future: asyncio.Future[Message],
+        timeout: float,  # the call's, for its error message
+    ) -> None:
+        """Fail ``future`` at ``end`` (loop time) unless it is done by then."""
+        heapq.heappush(self._heap, (end, next(self._order), future, timeout))
+        timer = self._timer
+        if timer is None or end < timer.when():
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(end, self._expire, loop)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Everything due when this timer was (the loop may run it a clock tick early).
+        due = loop.time() if self._timer is None else max(loop.time(), self._timer.when())
+        self._timer = None
+        heap = self._heap
+        while heap and (heap[0][0] <= due or heap[0][2].done()):
+            _, _, future, timeout = heapq.heappop(heap)
+            if not future.done():
+                future.set_exception(
+                    DeadlineExceededError(
+                        f"deadline exceeded: no reply on the lease stream within {timeout:.3f} s"
+                    )
+                )
+        if heap:
+            self._timer = loop.call_at(heap[0][0], self._expire, loop)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._heap.clear()
 
 
 def _ignore(future: asyncio.Future[Message]) -> None:

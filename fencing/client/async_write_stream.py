@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import grpc
 import grpc.aio
 
 from fencing.client import _core
 from fencing.client._calls import finish_stream
+from fencing.client._closing import AsyncClosing
 from fencing.client._core import WriteResult
-from fencing.client._writes import StreamBook
+from fencing.client._stream_book import settle
+from fencing.client._writes import WriteBook
 from fencing.errors import BackendUnavailableError
 from fencing.limits import MAX_STREAM_WRITES
 from fencing.types import Fenced, Op
@@ -28,7 +29,7 @@ from fencing.v1 import guard_pb2_grpc
 CLOSE_TIMEOUT = 10.0
 
 
-class AsyncWriteStream:
+class AsyncWriteStream(AsyncClosing):
     """One open ``WriteStream`` call on a ``grpc.aio`` channel; use ``async with``::
 
     async with AsyncWriteStream(channel) as stream:
@@ -44,14 +45,14 @@ class AsyncWriteStream:
     ) -> None:
         self._stub = guard_pb2_grpc.GuardServiceStub(channel)
         self._timeout = timeout
-        self._book: StreamBook[asyncio.Future[WriteResult]] = StreamBook(max_batch)
+        self._book: WriteBook[asyncio.Future[WriteResult]] = WriteBook(max_batch)
         self._ready = asyncio.Event()
         self._closing = False
         self.error: Exception | None = None
         self._call: Any = None
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def start(self) -> AsyncWriteStream:
+    async def start(self) -> Self:
         if self._call is None:
             self._call = self._stub.WriteStream(timeout=self._timeout)
             self._tasks = [
@@ -73,7 +74,7 @@ class AsyncWriteStream:
         if self._closing or self._call is None:
             raise BackendUnavailableError("the write stream is not open")
         future: asyncio.Future[WriteResult] = asyncio.get_running_loop().create_future()
-        self._book.add(fenced, ops, idempotency_key, future)
+        self._book.add_write(fenced, ops, idempotency_key, future)
         self._ready.set()
         return await future
 
@@ -82,7 +83,7 @@ class AsyncWriteStream:
             while True:
                 await self._ready.wait()
                 self._ready.clear()
-                while (message := self._book.take()) is not None:
+                while (message := self._book.message()) is not None:
                     await self._call.write(message)
                 if self._closing:
                     await self._call.done_writing()
@@ -97,13 +98,8 @@ class AsyncWriteStream:
                 response = await self._call.read()
                 if response is grpc.aio.EOF:
                     break
-                for future, outcome in self._book.settle(response):
-                    if future.done():
-                        continue
-                    if isinstance(outcome, WriteResult):
-                        future.set_result(outcome)
-                    else:
-                        future.set_exception(outcome)
+                for future, outcome in self._book.verdicts(response):
+                    settle(future, outcome)
         except grpc.RpcError as err:
             translated = _core.translate(err)
             error = translated if isinstance(translated, Exception) else error
@@ -112,8 +108,7 @@ class AsyncWriteStream:
         self._closing = True
         self._ready.set()
         for future in self._book.abandon():
-            if not future.done():
-                future.set_exception(error)
+            settle(future, error)
 
     async def aclose(self) -> None:
         """Send what is queued, wait (up to ``CLOSE_TIMEOUT`` s) for its verdicts, end."""
@@ -123,13 +118,5 @@ class AsyncWriteStream:
         self._ready.set()
         await finish_stream(self._call, self._tasks, CLOSE_TIMEOUT)
 
-    async def __aenter__(self) -> AsyncWriteStream:
+    async def __aenter__(self) -> Self:
         return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

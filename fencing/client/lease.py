@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from types import TracebackType
 from typing import Any, Protocol
 
 import grpc
@@ -32,6 +31,7 @@ from fencing import propagation
 from fencing._renewal import RenewalPolicy
 from fencing.client import _core, _lease_stream
 from fencing.client._calls import BlockingCalls
+from fencing.client._closing import Closing
 from fencing.client._core import Clock, LeaseEvent
 from fencing.client._lease_stream import Transport
 from fencing.client._session import SessionCore
@@ -445,7 +445,7 @@ class LeaseClient(BlockingCalls):
         return WatchStream(self._stub.Watch(request))
 
 
-class WatchStream:
+class WatchStream(Closing):
     """An open ``Watch`` stream (from :meth:`LeaseClient.watch_stream`): where it starts,
     which log it reads, then its events (iterate it)."""
 
@@ -473,14 +473,3 @@ class WatchStream:
     def close(self) -> None:
         """Cancel the stream."""
         self._rpc.cancel()
-
-    def __enter__(self) -> WatchStream:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -34,6 +34,7 @@ from google.protobuf.message import Message
 
 from fencing.client import _lease_stream
 from fencing.client._lease_stream import Fallback, Moved, SessionBook, Transport
+from fencing.client._stream_book import settle
 from fencing.errors import DeadlineExceededError
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 
@@ -69,7 +70,7 @@ class _Stream:
                 self._cond.wait(remaining)
             if self.retired:
                 return False
-            self._book.add(call, future, moves)
+            self._book.add_call(call, future, moves)
             self._cond.notify_all()
             return True
 
@@ -79,7 +80,7 @@ class _Stream:
             with self._cond:
                 while not self._book.queued and not self.retired:
                     self._cond.wait()
-                message = None if self.retired else self._book.take()
+                message = None if self.retired else self._book.message()
             if message is None:  # retired: half-close, the replies in flight still come
                 return
             yield message
@@ -109,7 +110,7 @@ class _Stream:
             self._cond.notify_all()
         self._owner._ended(self)
         for future in waiters:
-            _lease_stream.settle(future, error())
+            settle(future, error())
 
     def _retire(self) -> None:
         """No new calls on this stream (under the lock)."""
@@ -173,7 +174,10 @@ class StreamStub:
         end = time.monotonic() + timeout
         if not self.unary_only or self._transport is Transport.STREAM:
             future: Future[Message] = Future()
-            self._submit(_lease_stream.session_call(method, request, timeout), future, end)
+            call = _lease_stream.session_call(method, request, timeout)
+            stream = self._stream  # read without the lock: a retired one says so
+            if stream is None or not stream.submit(call, future, end):
+                self._submit(call, future, end)
             try:
                 return future.result(max(0.0, end - time.monotonic()))
             except concurrent.futures.TimeoutError:
@@ -218,7 +222,7 @@ class StreamStub:
         try:
             self._submit(move.call, move.waiter, end, move.moves)
         except Exception as exc:  # no room before its deadline: the caller's failure
-            _lease_stream.settle(move.waiter, exc)
+            settle(move.waiter, exc)
 
     def _release_orphan(self, call: lease_pb2.SessionCall) -> None:
         """Send the release of a grant nobody waits for (never waiting for room: from the

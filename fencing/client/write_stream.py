@@ -20,21 +20,22 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
-from types import TracebackType
 from typing import Any
 
 import grpc
 
 from fencing.client import _core
+from fencing.client._closing import Closing
 from fencing.client._core import WriteResult
-from fencing.client._writes import StreamBook
+from fencing.client._stream_book import settle
+from fencing.client._writes import WriteBook
 from fencing.errors import BackendUnavailableError
 from fencing.limits import MAX_STREAM_WRITES
 from fencing.types import Fenced, Op
 from fencing.v1 import guard_pb2, guard_pb2_grpc
 
 
-class WriteStream:
+class WriteStream(Closing):
     """One open ``WriteStream`` call, shared by any number of writer threads."""
 
     def __init__(
@@ -44,7 +45,7 @@ class WriteStream:
         max_batch: int = MAX_STREAM_WRITES,
         timeout: float | None = None,
     ) -> None:
-        self._book: StreamBook[Future[WriteResult]] = StreamBook(max_batch)
+        self._book: WriteBook[Future[WriteResult]] = WriteBook(max_batch)
         self._cond = threading.Condition()
         self._closing = False
         self.error: Exception | None = None
@@ -68,7 +69,7 @@ class WriteStream:
                     self.error or BackendUnavailableError("the write stream is closed")
                 )
                 return future
-            self._book.add(fenced, ops, idempotency_key, future)
+            self._book.add_write(fenced, ops, idempotency_key, future)
             self._cond.notify()
         return future
 
@@ -89,7 +90,7 @@ class WriteStream:
             with self._cond:
                 while not self._book.queued and not self._closing:
                     self._cond.wait()
-                message = self._book.take()
+                message = self._book.message()
                 if message is None:  # closing, nothing left
                     return
             yield message
@@ -98,12 +99,9 @@ class WriteStream:
         try:
             for response in self._call:
                 with self._cond:
-                    settled = self._book.settle(response)
-                for future, outcome in settled:
-                    if isinstance(outcome, WriteResult):
-                        future.set_result(outcome)
-                    else:
-                        future.set_exception(outcome)
+                    verdicts = self._book.verdicts(response)
+                for future, outcome in verdicts:
+                    settle(future, outcome)
         except grpc.RpcError as err:
             error = _core.translate(err)
             self._finish(error if isinstance(error, Exception) else BackendUnavailableError())
@@ -118,8 +116,7 @@ class WriteStream:
             waiters = self._book.abandon()
             self._cond.notify_all()
         for future in waiters:
-            if not future.done():
-                future.set_exception(error)
+            settle(future, error)
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Send what is queued, wait for its verdicts, end the call."""
@@ -130,14 +127,3 @@ class WriteStream:
         if self._reader.is_alive():
             self._call.cancel()
             self._reader.join(1.0)
-
-    def __enter__(self) -> WriteStream:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

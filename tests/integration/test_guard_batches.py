@@ -102,6 +102,20 @@ def test_a_stream_gives_each_write_its_own_verdict(servers: RunningServers) -> N
     guard.close()
 
 
+def test_a_write_given_up_by_its_caller_leaves_the_stream_working(
+    servers: RunningServers,
+) -> None:
+    with GuardClient(servers.guard_address) as guard:
+        with guard.stream() as stream:
+            given_up = stream.submit(Claim("g", 1), Put("k", b"one"))
+            assert given_up.cancel()  # before its verdict: the guard still gets the write
+            # The stream's reader hands the next verdicts out as before.
+            assert stream.write(Claim("g", 2), Put("k", b"two"), timeout=10).fence == 2
+            assert not stream.broken
+        record = guard.read("g", "k")
+        assert record is not None and record.written_by_token == 2
+
+
 def test_coalesced_writes_from_many_threads(servers: RunningServers) -> None:
     with GuardClient(servers.guard_address, coalesce=True) as guard:
 

@@ -3,6 +3,8 @@ transport option."""
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import grpc
 import pytest
 
@@ -41,12 +43,12 @@ def test_what_arrives_together_goes_in_one_message_and_each_reply_finds_its_wait
     book: SessionBook[str] = SessionBook()
     book.limit([(SESSION_MAX_IN_FLIGHT_KEY, "10")])
     for name in ("a", "b", "c"):
-        book.add(acquire_call(name), f"waiter-{name}")
-    message = book.take()
+        book.add_call(acquire_call(name), f"waiter-{name}")
+    message = book.message()
     assert message is not None
     assert [c.acquire.resource for c in message.calls] == ["a", "b", "c"]
     assert len({c.id for c in message.calls}) == 3
-    assert book.take() is None
+    assert book.message() is None
     ids = {c.acquire.resource: c.id for c in message.calls}
     response = lease_pb2.SessionResponse(
         replies=[
@@ -55,7 +57,7 @@ def test_what_arrives_together_goes_in_one_message_and_each_reply_finds_its_wait
             lease_pb2.SessionReply(id=999, acquired=lease_pb2.Lease(token=1)),  # not ours
         ]
     )
-    settled = {w: _lease_stream.outcome(reply) for w, reply in book.settle(response)}
+    settled = {w: _lease_stream.outcome(reply) for w, reply in book.settle(response.replies)}
     assert set(settled) == {"waiter-c", "waiter-a"}
     assert settled["waiter-c"] == lease_pb2.Lease(token=7)
     assert isinstance(settled["waiter-a"], LeaseHeldError)
@@ -67,8 +69,8 @@ def test_a_message_holds_at_most_the_contracts_calls() -> None:
     book: SessionBook[int] = SessionBook()
     book.limit([(SESSION_MAX_IN_FLIGHT_KEY, str(MAX_SESSION_CALLS + 5))])
     for i in range(MAX_SESSION_CALLS + 5):
-        book.add(acquire_call(f"r{i}"), i)
-    first, second = book.take(), book.take()
+        book.add_call(acquire_call(f"r{i}"), i)
+    first, second = book.message(), book.message()
     assert first is not None and second is not None
     assert (len(first.calls), len(second.calls)) == (MAX_SESSION_CALLS, 5)
 
@@ -76,12 +78,12 @@ def test_a_message_holds_at_most_the_contracts_calls() -> None:
 def test_one_call_in_flight_until_the_server_says_its_limit() -> None:
     book: SessionBook[int] = SessionBook()
     rooms = [book.has_room]
-    book.add(acquire_call(), 1)
+    book.add_call(acquire_call(), 1)
     rooms.append(book.has_room)
     assert rooms == [True, False]  # the others wait for the initial metadata
     book.limit([(SESSION_MAX_IN_FLIGHT_KEY, b"3")])
-    book.add(acquire_call(), 2)
-    book.add(acquire_call(), 3)
+    book.add_call(acquire_call(), 2)
+    book.add_call(acquire_call(), 3)
     assert not book.has_room
     book.limit([])  # a server that says nothing: the default
     assert book.max_in_flight == _lease_stream.DEFAULT_MAX_IN_FLIGHT
@@ -90,10 +92,10 @@ def test_one_call_in_flight_until_the_server_says_its_limit() -> None:
 def test_a_goaway_moves_the_unsent_calls_once_then_fails_them() -> None:
     book: SessionBook[str] = SessionBook()
     book.limit([(SESSION_MAX_IN_FLIGHT_KEY, "10")])
-    book.add(acquire_call("sent"), "sent")
-    book.take()
-    book.add(acquire_call("fresh"), "fresh")
-    book.add(acquire_call("moved-before"), "moved-before", moves=_lease_stream.MAX_MOVES)
+    book.add_call(acquire_call("sent"), "sent")
+    book.message()
+    book.add_call(acquire_call("fresh"), "fresh")
+    book.add_call(acquire_call("moved-before"), "moved-before", moves=_lease_stream.MAX_MOVES)
     moved, failed = book.take_unsent()
     assert [(m.waiter, m.moves) for m in moved] == [("fresh", 1)]
     assert failed == ["moved-before"]
@@ -165,33 +167,64 @@ class FakeWaiter:
         self.results.append(exception)
 
 
-def test_a_grant_whose_caller_gave_up_is_released_and_nothing_else_is() -> None:
+grant = lease_pb2.Lease(resource="r", holder="h", token=4)
+other = lease_pb2.Lease(resource="s", holder="h", token=5)
+
+
+def delivered(
+    waiters: list[FakeWaiter], replies: list[lease_pb2.SessionReply]
+) -> list[lease_pb2.SessionCall]:
+    """The releases :func:`deliver` asks for after handing ``replies`` to the calls of
+    ``waiters`` (ids 1, 2...), sent on one stream."""
     book: SessionBook[FakeWaiter] = SessionBook()
     book.limit([(SESSION_MAX_IN_FLIGHT_KEY, "10")])
+    for waiter in waiters:
+        book.add_call(acquire_call(), waiter)
+    book.message()
+    return _lease_stream.deliver(book.receive(lease_pb2.SessionResponse(replies=replies)))
+
+
+def test_a_grant_whose_caller_gave_up_is_released_and_nothing_else_is() -> None:
     waiting, gone_acquire, gone_many, gone_renew = (
         FakeWaiter(),
         FakeWaiter(done=True),
         FakeWaiter(done=True),
         FakeWaiter(done=True),
     )
-    for waiter in (waiting, gone_acquire, gone_many, gone_renew):
-        book.add(acquire_call(), waiter)
-    book.take()
-    grant = lease_pb2.Lease(resource="r", holder="h", token=4)
-    other = lease_pb2.Lease(resource="s", holder="h", token=5)
-    response = lease_pb2.SessionResponse(
-        replies=[
+    orphans = delivered(
+        [waiting, gone_acquire, gone_many, gone_renew],
+        [
             lease_pb2.SessionReply(id=1, acquired=grant),
             lease_pb2.SessionReply(id=2, acquired=grant),
             lease_pb2.SessionReply(
                 id=3, acquired_many=lease_pb2.AcquireManyResponse(leases=[grant, other])
             ),
             lease_pb2.SessionReply(id=4, renewed=grant),
-        ]
+        ],
     )
-    orphans = _lease_stream.deliver(book.receive(response))
     assert waiting.results == [grant]
     assert [o.WhichOneof("call") for o in orphans] == ["release", "release_many"]
     assert (orphans[0].release.resource, orphans[0].release.token) == ("r", 4)
     assert orphans[0].release.holder == "h"
     assert [r.token for r in orphans[1].release_many.releases] == [4, 5]
+
+
+class CancelledMeanwhile(FakeWaiter):
+    """A thread's future its caller cancels (its timeout) just as the reader hands it a
+    reply: not done when asked, refusing the result a moment later."""
+
+    def set_result(self, result: object) -> None:
+        raise concurrent.futures.InvalidStateError("CANCELLED")
+
+
+def test_a_grant_whose_caller_gives_up_while_it_is_handed_out_is_released() -> None:
+    racing, waiting = CancelledMeanwhile(), FakeWaiter()
+    orphans = delivered(
+        [racing, waiting],
+        [
+            lease_pb2.SessionReply(id=1, acquired=grant),
+            lease_pb2.SessionReply(id=2, acquired=other),
+        ],
+    )
+    assert [(o.release.resource, o.release.token) for o in orphans] == [("r", 4)]
+    assert waiting.results == [other]
