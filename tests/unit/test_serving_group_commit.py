@@ -98,9 +98,9 @@ async def test_callers_a_step_answers_join_the_next_step_when_they_call_again_at
     inline_alone: bool,
 ) -> None:
     """Tasks that call again as soon as they are answered (a server's handlers, a
-    client's loop) are all in the next step: the step that follows one that ended forms
-    only once its callers had the loop back, so it does not go with the first of them
-    alone and leave the rest for a step after it."""
+    client's loop) share the next step: after a step of several callers, or with others
+    waiting, the next step forms only once the callers had the loop back, so one of them
+    does not go alone and leave the rest for a step after it."""
     commit = Recorder()
     group: GroupCommit[int, int] = GroupCommit(commit, inline_alone=inline_alone)
 
@@ -109,6 +109,6 @@ async def test_callers_a_step_answers_join_the_next_step_when_they_call_again_at
         assert await group.submit_one(100 + i) == (100 + i) * 10
 
     await asyncio.gather(*(twice(i) for i in range(8)))
-    # The first call went alone (nothing was running); the seven behind it and that
-    # first caller's second call are the next step; then the seven second calls.
+    # The first call went alone (nothing was running); the seven queued behind it and
+    # that first caller's second call are the next step; then the seven second calls.
     assert commit.steps == [[0], [1, 2, 3, 4, 5, 6, 7, 100], [101, 102, 103, 104, 105, 106, 107]]
