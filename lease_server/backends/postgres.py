@@ -114,9 +114,6 @@ class PostgresBackend:
     def __init__(self, url: str, schema: str | None = None) -> None:
         self._db = PostgresDatabase(PgConfig.from_url(url, schema), "fencing-lease-server")
         q = self._db.qualified
-        self._acquire_sql = q("SELECT * FROM {schema}.lease_acquire_logged(%s, %s, %s, %s)")
-        self._renew_sql = q("SELECT * FROM {schema}.lease_renew_logged(%s, %s, %s, %s)")
-        self._release_sql = q("SELECT * FROM {schema}.lease_release_logged(%s, %s, %s)")
         self._describe_sql = q("SELECT * FROM {schema}.lease_describe(%s)")
         # Code point order (COLLATE "C" on UTF-8), whatever the database's collation, so
         # the cursor and the order agree; the database's clock decides what is held.
@@ -195,27 +192,21 @@ class PostgresBackend:
     async def acquire(
         self, resource: str, holder: str, ttl_ms: int, request_id: str
     ) -> Grant | Held:
-        row = await self._db.fetchone(self._acquire_sql, (resource, holder, ttl_ms, request_id))
-        assert row is not None  # lease_acquire_logged always returns one row
-        granted, replayed, current_holder, token, ms, revision = row
-        await self._after_write([revision])
-        if granted:
-            return Grant(resource, current_holder, token, ms, replayed)
-        return Held(resource, current_holder, token, max(0, ms))
+        (outcome,) = await self.lease_steps([AcquireItem(resource, holder, ttl_ms, request_id)])
+        assert isinstance(outcome, Grant | Held)
+        return outcome
 
     async def renew(self, resource: str, token: int, holder: str, ttl_ms: int) -> Grant:
-        row = await self._db.fetchone(self._renew_sql, (resource, token, holder, ttl_ms))
-        if row is None or row[0] is None:
-            raise LeaseLost(resource=resource, token=token)
-        return Grant(resource, row[0], token, ttl_ms)  # a renewal appends nothing
+        (outcome,) = await self.lease_steps([RenewItem(resource, token, holder, ttl_ms)])
+        if isinstance(outcome, LeaseLost):
+            raise outcome
+        assert isinstance(outcome, Grant)
+        return outcome
 
     async def release(self, resource: str, token: int, holder: str) -> None:
-        row = await self._db.fetchone(self._release_sql, (resource, token, holder))
-        if row is None or not row[0]:
-            raise LeaseLost(resource=resource, token=token)
-        # Committed: this process's waiters may go now, before any numbering round trip.
-        self._dispatch(resource)
-        await self._after_write([row[1]])
+        (outcome,) = await self.lease_steps([ReleaseItem(resource, token, holder)])
+        if isinstance(outcome, LeaseLost):
+            raise outcome
 
     async def describe(self, resource: str) -> LeaseState:
         row = await self._db.fetchone(self._describe_sql, (resource,))
