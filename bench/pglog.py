@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -531,9 +532,11 @@ async def run(
     async with contextlib.AsyncExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fencing-pglog-")))
         tree = stack.enter_context(checkout(before)) if before else None
-        schemas = []
-        for _ in range(2 if before else 1):
-            schemas.append(await stack.enter_async_context(_schema_cm(dsn)))
+        schemas = [await stack.enter_async_context(_schema_cm(dsn))]
+        if before:
+            # Not migrated here: its own servers migrate it with its own migrations, or the
+            # code before would run on this code's SQL.
+            schemas.append(await stack.enter_async_context(_empty_schema(dsn)))
         sqlite = Backend("sqlite", f"sqlite:{tmp / 'leases.db'}", f"sqlite:{tmp / 'guard.db'}")
         backends = [sqlite, _pg_backend("postgres", dsn, schemas[0])]
         if tree is not None:
@@ -572,6 +575,21 @@ async def run(
 async def _schema_cm(dsn: str):  # type: ignore[no-untyped-def]
     async with pg_bench.bench_schema(dsn) as schema:
         yield schema
+
+
+@contextlib.asynccontextmanager
+async def _empty_schema(dsn: str):  # type: ignore[no-untyped-def]
+    """A schema name nobody uses, dropped on exit; whoever opens it first migrates it."""
+    schema = f"bench_{secrets.token_hex(4)}"
+    try:
+        yield schema
+    finally:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(
+                psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                    psycopg.sql.Identifier(schema)
+                )
+            )
 
 
 def _url(dsn: str, schema: str, app: str = "") -> str:

@@ -1,13 +1,13 @@
 """PostgreSQL lease backend: many lease-server processes, one database (``postgres://``).
 
 Each operation is one statement, and so one short transaction, calling a function
-installed by :mod:`serving.migrations` (``0001_leases.sql``, where the SQL and its
-reasoning live): ``lease_acquire`` raises the resource's counter with
-``INSERT ... ON CONFLICT DO UPDATE ... WHERE free or expired RETURNING`` and the
-token reaches the caller only after that commit (G1; counters are never deleted,
-no sequence is involved). Expiry is decided by the database's clock alone, read
-with ``clock_timestamp()`` under the row lock (G7), so any number of servers on
-any hosts agree (G2). URL parameters (``schema``, ``timeout``, ``pool_max``) are
+installed by :mod:`serving.migrations`, where the SQL and its reasoning live: Acquire,
+Renew and Release, alone or many callers' at once, are ``lease_steps`` of
+``0018_lease_steps_set.sql`` (a grant raises the resource's counter under its row
+lock, and the token reaches the caller only after that commit: G1; counters are never
+deleted, no sequence is involved). Expiry is decided by the database's clock alone,
+read with ``clock_timestamp()`` with the row locks held (G7), so any number of servers
+on any hosts agree (G2). URL parameters (``schema``, ``timeout``, ``pool_max``) are
 described in :mod:`serving.postgres_db`; every call is bounded by ``timeout`` and fails
 with ``BackendUnavailableError`` when the database is unreachable.
 
@@ -22,18 +22,18 @@ the last grant before the loss and the first after it. It is a session setting
 it holds for every path that grants; tokens become sparse (about 1.8e15).
 Synchronous replication makes it unnecessary.
 
-**Lease calls of many callers in one round trip** (``0017_lease_steps.sql``,
+**Lease calls of many callers in one round trip** (``0018_lease_steps_set.sql``,
 :meth:`PostgresBackend.lease_steps`): the calls the server's group commit
-(:mod:`lease_server.grouped`) gathered go as one statement, each judged by its single
-call's function, in resource order (the lock order), their events numbered once at
-the end.
+(:mod:`lease_server.grouped`) gathered go as one statement, every row locked in
+resource order (the lock order), each call judged as alone, their events numbered
+once at the end; a lone call is the same statement with one call.
 
 **Event log** (:class:`~lease_server.backends.base.EventLog`, ``0005_lease_events.sql``,
-numbered as ``0013_event_sequencer.sql`` says). An acquire, release or expiry appends
-its events to ``lease_events_pending`` in the transaction of the change, and numbers
-them there if the one ``lease_event_log`` row is free (``SKIP LOCKED``; the transaction
-then holds it to commit); if another appender holds it, the events stay pending and the
-write commits without waiting. ``lease_events_sequence`` numbers what is pending: this
+numbered as ``0013_event_sequencer.sql`` says, by ``lease_events_log`` of
+``0018_lease_steps_set.sql``). An acquire, release or expiry numbers its events in the
+transaction of the change if the one ``lease_event_log`` row is free (``SKIP LOCKED``;
+the transaction then holds it to commit); if another appender holds it, the events are
+parked in ``lease_events_pending`` and the write commits without waiting. ``lease_events_sequence`` numbers what is pending: this
 object runs it after a write that left events pending (and again in the background,
 with backoff, while the row is taken) and before a read that could come up short;
 concurrent callers in one process share one run. Revisions are dense and commit

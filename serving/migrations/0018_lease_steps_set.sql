@@ -307,20 +307,16 @@ BEGIN
                (SELECT max(u.occ) FROM every AS u)
         INTO r_ord, r_ok, r_replayed, r_holder, r_token, r_ttl,
              e_ord, e_kind, e_resource, e_token, e_holder, e_ttl, v_rounds
-        FROM (SELECT array_agg(v.o ORDER BY v.r COLLATE "C") AS o,
-                     array_agg(v.ok ORDER BY v.r COLLATE "C") AS ok,
-                     array_agg(v.replayed ORDER BY v.r COLLATE "C") AS rp,
-                     array_agg(v.v_holder ORDER BY v.r COLLATE "C") AS h,
-                     array_agg(v.v_token ORDER BY v.r COLLATE "C") AS t,
-                     array_agg(v.v_ttl ORDER BY v.r COLLATE "C") AS ttl
+        -- One aggregate pass each, so the arrays are aligned; the events in the order
+        -- they are numbered (resource, then EXPIRED before ACQUIRED), the verdicts in
+        -- any (each carries its ord).
+        FROM (SELECT array_agg(v.o) AS o, array_agg(v.ok) AS ok, array_agg(v.replayed) AS rp,
+                     array_agg(v.v_holder) AS h, array_agg(v.v_token) AS t,
+                     array_agg(v.v_ttl) AS ttl
               FROM verdicts AS v) AS a,
-             (SELECT array_agg(e.o ORDER BY e.r COLLATE "C", e.n) AS o,
-                     array_agg(e.kind ORDER BY e.r COLLATE "C", e.n) AS kind,
-                     array_agg(e.r ORDER BY e.r COLLATE "C", e.n) AS r,
-                     array_agg(e.token ORDER BY e.r COLLATE "C", e.n) AS t,
-                     array_agg(e.holder ORDER BY e.r COLLATE "C", e.n) AS h,
-                     array_agg(e.ttl ORDER BY e.r COLLATE "C", e.n) AS ttl
-              FROM events AS e) AS b;
+             (SELECT array_agg(e.o) AS o, array_agg(e.kind) AS kind, array_agg(e.r) AS r,
+                     array_agg(e.token) AS t, array_agg(e.holder) AS h, array_agg(e.ttl) AS ttl
+              FROM (SELECT * FROM events AS x ORDER BY x.r COLLATE "C", x.n) AS e) AS b;
         v_round := v_round + 1;
     END LOOP;
     -- 4. The step's events, numbered once (or parked if the log row is taken).
