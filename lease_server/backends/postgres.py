@@ -33,10 +33,11 @@ numbered as ``0013_event_sequencer.sql`` says, by ``lease_events_log`` of
 ``0018_lease_steps_set.sql``). An acquire, release or expiry numbers its events in the
 transaction of the change if the one ``lease_event_log`` row is free (``SKIP LOCKED``;
 the transaction then holds it to commit); if another appender holds it, the events are
-parked in ``lease_events_pending`` and the write commits without waiting. ``lease_events_sequence`` numbers what is pending: this
-object runs it after a write that left events pending (and again in the background,
-with backoff, while the row is taken) and before a read that could come up short;
-concurrent callers in one process share one run. Revisions are dense and commit
+parked in ``lease_events_pending`` and the write commits without waiting.
+``lease_events_sequence`` numbers what is pending: this object runs it soon after a
+write that parked events, unless its next write numbered them first (and again in the
+background, with backoff, while the row is taken), and before a read that could come
+up short; concurrent callers in one process share one run. Revisions are dense and commit
 ordered (rule 3): only the row's holder numbers, and it holds the row to commit. A
 renewal is not an event. ``lease_expire_due`` clears expired leases (``FOR UPDATE SKIP
 LOCKED``, re-checked under the lock) and appends their EXPIRED in the same transaction;
@@ -97,6 +98,9 @@ log = logging.getLogger(__name__)
 
 #: A quiet LISTEN connection is pinged this often (seconds), to notice a dead one.
 LISTEN_PING_S = 10.0
+#: Events a step parked (another server's step held the log row) wait this long (seconds)
+#: for this process's next step to number them before a sequencer run of their own does.
+PARKED_NUMBERING_S = 0.005
 _RECONNECT_DELAYS = (0.1, 0.2, 0.5, 1.0, 2.0)
 
 
@@ -152,6 +156,8 @@ class PostgresBackend:
         self._renumber: asyncio.Task[None] | None = None
         #: Sequencer runs for steps whose events another appender left pending.
         self._numbering: set[asyncio.Task[object]] = set()
+        #: The sequencer run due for parked events, unless a step numbers them first.
+        self._parked: asyncio.TimerHandle | None = None
         self._callbacks: list[Callable[[str], None]] = []
         self._event_callbacks: list[Callable[[int], None]] = []
         #: The highest revision reported to the ``on_events`` callbacks.
@@ -176,6 +182,9 @@ class PostgresBackend:
 
     async def close(self) -> None:
         self._opened = False
+        if self._parked is not None:
+            self._parked.cancel()
+            self._parked = None
         for task in (self._listener, self._renumber, *self._numbering):
             if task is not None:
                 task.cancel()
@@ -333,16 +342,35 @@ class PostgresBackend:
             outcomes.append(outcome)
         if any(r < 0 for r in revisions):
             # Another appender (another server's step) held the log row: the events are
-            # committed and pending. Number them in the background rather than make
+            # committed and parked. Number them in the background rather than make
             # every caller of this step wait one more round trip (a reader numbers what
             # it needs before it reads; a watch guard asks for a token it has not seen).
-            # Concurrent ones share one sequencer run (see _sequence).
-            task = asyncio.get_running_loop().create_task(self._after_write(revisions))
-            self._numbering.add(task)
-            task.add_done_callback(self._numbering.discard)
-        else:
-            await self._after_write(revisions)
+            self._park()
+            return outcomes
+        if self._parked is not None and any(r > 0 for r in revisions):
+            # This step took the log row after the parked events committed (steps of a
+            # process run one after another), so it numbered them first: no run needed.
+            self._parked.cancel()
+            self._parked = None
+        await self._after_write(revisions)
         return outcomes
+
+    def _park(self) -> None:
+        """A step's events were parked: have them numbered soon. Under load the next
+        step of this process (or another server's) numbers them on its way, moving every
+        committed pending event before its own, so the run of their own waits
+        ``PARKED_NUMBERING_S`` for that first; concurrent ones share one run (see
+        :meth:`_sequence`), which retries while another transaction holds the row."""
+        if self._parked is None:
+            self._parked = asyncio.get_running_loop().call_later(
+                PARKED_NUMBERING_S, self._number_parked
+            )
+
+    def _number_parked(self) -> None:
+        self._parked = None
+        task = asyncio.get_running_loop().create_task(self._after_write([-1]))
+        self._numbering.add(task)
+        task.add_done_callback(self._numbering.discard)
 
     # -- the event log -----------------------------------------------------------------------
 
