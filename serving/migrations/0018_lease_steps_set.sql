@@ -87,10 +87,12 @@ BEGIN
     seqs := '{}';
     revisions := '{}';
     busy := false;
-    IF v_given = 0 AND NOT EXISTS (SELECT 1 FROM lease_events_pending) THEN
-        -- Nothing to number (or only what is not committed yet): no lock, no commit.
-        SELECT g.head INTO head FROM lease_event_log AS g WHERE g.id = 1;
-        RETURN;
+    IF v_given = 0 THEN
+        IF NOT EXISTS (SELECT 1 FROM lease_events_pending) THEN
+            -- Nothing to number (or only what is not committed yet): no lock, no commit.
+            SELECT g.head INTO head FROM lease_event_log AS g WHERE g.id = 1;
+            RETURN;
+        END IF;
     END IF;
     -- Numberers take turns here and never wait for each other. The next statement has
     -- a snapshot taken after the lock: it sees what the holder before this one moved,
@@ -145,10 +147,12 @@ BEGIN
         FROM unnest(p_kinds, p_resources, p_tokens, p_holders, p_ttl_ms)
              WITH ORDINALITY AS u(kind, resource, token, holder, ttl_ms, n);
         v_numbered := v_given;
-        PERFORM pg_notify(c.channel, u.r)
-        FROM (SELECT lease_channel() AS channel) AS c,
-             (SELECT DISTINCT u.r FROM unnest(p_kinds, p_resources) AS u(k, r)
-              WHERE u.k IN ('released', 'expired')) AS u;
+        IF p_kinds && ARRAY['released', 'expired'] THEN
+            PERFORM pg_notify(c.channel, u.r)
+            FROM (SELECT lease_channel() AS channel) AS c,
+                 (SELECT DISTINCT u.r FROM unnest(p_kinds, p_resources) AS u(k, r)
+                  WHERE u.k IN ('released', 'expired')) AS u;
+        END IF;
     END IF;
     head := v_head + v_numbered;
     IF v_numbered > 0 THEN
@@ -336,65 +340,79 @@ BEGIN
 END
 $$;
 
--- The single calls and the many-at-once calls: lease_steps of their calls.
+-- The single calls and the many-at-once calls: lease_steps of their calls. In plpgsql,
+-- as the channels below: a SQL function with a SET clause is planned at every call.
 CREATE OR REPLACE FUNCTION lease_acquire_logged(
     p_resource text, p_holder text, p_ttl_ms bigint, p_request_id text,
     OUT granted boolean, OUT replayed boolean, OUT holder text, OUT token bigint,
     OUT ttl_ms bigint, OUT revision bigint
 )
-LANGUAGE sql SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
     SELECT s.ok, s.replayed, s.holder, s.token, s.ttl_ms, s.revision
+    INTO granted, replayed, holder, token, ttl_ms, revision
     FROM lease_steps(ARRAY['acquire'], ARRAY[p_resource], ARRAY[p_holder], ARRAY[0::bigint],
-                     ARRAY[p_ttl_ms], ARRAY[p_request_id]) AS s
+                     ARRAY[p_ttl_ms], ARRAY[p_request_id]) AS s;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION lease_renew_logged(
     p_resource text, p_token bigint, p_holder text, p_ttl_ms bigint,
     OUT holder text, OUT revision bigint
 )
-LANGUAGE sql SET search_path FROM CURRENT AS $$
-    SELECT CASE WHEN s.ok THEN s.holder END, s.revision
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    SELECT CASE WHEN s.ok THEN s.holder END, s.revision INTO holder, revision
     FROM lease_steps(ARRAY['renew'], ARRAY[p_resource], ARRAY[p_holder], ARRAY[p_token],
-                     ARRAY[p_ttl_ms], ARRAY['']) AS s
+                     ARRAY[p_ttl_ms], ARRAY['']) AS s;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION lease_release_logged(
     p_resource text, p_token bigint, p_holder text,
     OUT released boolean, OUT revision bigint
 )
-LANGUAGE sql SET search_path FROM CURRENT AS $$
-    SELECT s.ok, s.revision
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    SELECT s.ok, s.revision INTO released, revision
     FROM lease_steps(ARRAY['release'], ARRAY[p_resource], ARRAY[p_holder], ARRAY[p_token],
-                     ARRAY[0::bigint], ARRAY['']) AS s
+                     ARRAY[0::bigint], ARRAY['']) AS s;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION lease_renew_many(
     p_resources text[], p_tokens bigint[], p_holders text[], p_ttl_ms bigint[]
 )
 RETURNS TABLE (ord bigint, holder text, revision bigint)
-LANGUAGE sql SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN QUERY
     SELECT s.ord, s.holder, s.revision
     FROM lease_steps(array_fill('renew'::text, ARRAY[cardinality(p_resources)]), p_resources,
                      p_holders, p_tokens, p_ttl_ms,
                      array_fill(''::text, ARRAY[cardinality(p_resources)])) AS s
-    WHERE s.ok
+    WHERE s.ok;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION lease_release_many(
     p_resources text[], p_tokens bigint[], p_holders text[]
 )
 RETURNS TABLE (ord bigint, revision bigint)
-LANGUAGE sql SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN QUERY
     SELECT s.ord, s.revision
     FROM lease_steps(array_fill('release'::text, ARRAY[cardinality(p_resources)]),
                      p_resources, p_holders, p_tokens,
                      array_fill(0::bigint, ARRAY[cardinality(p_resources)]),
                      array_fill(''::text, ARRAY[cardinality(p_resources)])) AS s
-    WHERE s.ok
+    WHERE s.ok;
+END
 $$;
 
--- The channels, in plpgsql: a SQL function with a SET clause is planned afresh on every
--- call, and the numbering above calls them in every step that notifies.
+-- The channels, in plpgsql too: the numbering above calls them in every step that
+-- notifies.
 CREATE OR REPLACE FUNCTION lease_channel() RETURNS text
 LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
 BEGIN
