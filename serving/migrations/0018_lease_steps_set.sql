@@ -38,8 +38,10 @@
 --            token, remaining ms of the live lease)
 --   renew:   the current unexpired token (and holder, unless ''): expiry moved
 --   release: the same test: the lease freed, the counter kept
---   revision: > 0 the head its events were numbered through, < 0 minus the seq of its
---             last event left pending (run lease_events_sequence), 0 none appended
+--   revision: for a call that appended events, > 0 the head they were numbered
+--             through, or < 0 when they were left pending (minus the seq of the last
+--             event the step parked: run lease_events_sequence); 0 for one that
+--             appended none
 --   events: a takeover of an expired lease appends its EXPIRED, then the ACQUIRED; a
 --           release its RELEASED; a renewal nothing.
 --
@@ -194,20 +196,24 @@ LANGUAGE plpgsql SET search_path FROM CURRENT SET plan_cache_mode = force_generi
 #variable_conflict use_column
 DECLARE
     v_now timestamptz;
+    v_missing boolean;
+    v_distinct bigint;
+    -- The round of each step (its resource's k-th step: round k), NULL when all are 1.
+    v_occ bigint[];
     v_rounds bigint := 1;
     v_round bigint := 1;
     v_head bigint := 0;
     v_busy boolean := false;
     v_revisions bigint[] := '{}';
-    -- One entry per step, in the order judged.
+    -- One entry per step, in the order judged; ev: it appended events.
     r_ord bigint[] := '{}';
     r_ok boolean[] := '{}';
     r_replayed boolean[] := '{}';
     r_holder text[] := '{}';
     r_token bigint[] := '{}';
     r_ttl bigint[] := '{}';
-    -- One entry per event, in the order appended, with the step (ord) that made it.
-    e_ord bigint[] := '{}';
+    r_ev boolean[] := '{}';
+    -- One entry per event, in the order appended.
     e_kind text[] := '{}';
     e_resource text[] := '{}';
     e_token bigint[] := '{}';
@@ -220,9 +226,13 @@ BEGIN
     -- 1. Every row, in the lock order; a free row for a new resource to acquire. Rows
     -- are never deleted, so when every resource to acquire has one now, it still has
     -- one when it is locked: a plain FOR UPDATE in that order locks them all.
-    IF EXISTS (SELECT 1 FROM unnest(p_resources, p_kinds) AS u(r, k)
-               WHERE u.k = 'acquire'
-                 AND NOT EXISTS (SELECT 1 FROM leases AS x WHERE x.resource = u.r)) THEN
+    SELECT coalesce(bool_or(u.k = 'acquire'
+                            AND NOT EXISTS (SELECT 1 FROM leases AS x WHERE x.resource = u.r)),
+                    false),
+           count(DISTINCT u.r)
+    INTO v_missing, v_distinct
+    FROM unnest(p_resources, p_kinds) AS u(r, k);
+    IF v_missing THEN
         INSERT INTO leases AS l (resource, counter)
         SELECT s.r, 0
         FROM (SELECT u.r, bool_or(u.k = 'acquire') AS acquired
@@ -236,15 +246,18 @@ BEGIN
     END IF;
     -- 2. The instant of every decision, read with every lock held.
     v_now := clock_timestamp();
-    -- 3. One statement per round: decide, apply, and collect verdicts and events (and,
-    -- in the first, how many rounds there are).
+    IF v_distinct < cardinality(p_resources) THEN
+        SELECT array_agg(x.n ORDER BY x.o), max(x.n) INTO v_occ, v_rounds
+        FROM (SELECT u.o, row_number() OVER (PARTITION BY u.r ORDER BY u.o) AS n
+              FROM unnest(p_resources) WITH ORDINALITY AS u(r, o)) AS x;
+    END IF;
+    -- 3. One statement per round: decide, apply, and collect verdicts and events.
     WHILE v_round <= v_rounds LOOP
-        WITH every AS (
-            SELECT u.*, row_number() OVER (PARTITION BY u.r ORDER BY u.o) AS occ
+        WITH s AS (
+            SELECT u.k, u.r, u.h, u.t, u.ttl, u.rid, u.o
             FROM unnest(p_kinds, p_resources, p_holders, p_tokens, p_ttl_ms, p_request_ids)
                  WITH ORDINALITY AS u(k, r, h, t, ttl, rid, o)
-        ), s AS (
-            SELECT u.k, u.r, u.h, u.t, u.ttl, u.rid, u.o FROM every AS u WHERE u.occ = v_round
+            WHERE coalesce(v_occ[u.o], 1) = v_round
         ), cur AS (
             SELECT s.*, l.holder AS l_holder, l.token AS l_token, l.expires_at AS l_expires,
                    l.request_id AS l_request_id,
@@ -303,40 +316,40 @@ BEGIN
                                         ELSE v.k = 'release' END
         )
         SELECT r_ord || coalesce(a.o, '{}'), r_ok || coalesce(a.ok, '{}'),
+               r_ev || coalesce(a.ev, '{}'),
                r_replayed || coalesce(a.rp, '{}'), r_holder || coalesce(a.h, '{}'),
                r_token || coalesce(a.t, '{}'), r_ttl || coalesce(a.ttl, '{}'),
-               e_ord || coalesce(b.o, '{}'), e_kind || coalesce(b.kind, '{}'),
+               e_kind || coalesce(b.kind, '{}'),
                e_resource || coalesce(b.r, '{}'), e_token || coalesce(b.t, '{}'),
-               e_holder || coalesce(b.h, '{}'), e_ttl || coalesce(b.ttl, '{}'),
-               (SELECT max(u.occ) FROM every AS u)
-        INTO r_ord, r_ok, r_replayed, r_holder, r_token, r_ttl,
-             e_ord, e_kind, e_resource, e_token, e_holder, e_ttl, v_rounds
+               e_holder || coalesce(b.h, '{}'), e_ttl || coalesce(b.ttl, '{}')
+        INTO r_ord, r_ok, r_ev, r_replayed, r_holder, r_token, r_ttl,
+             e_kind, e_resource, e_token, e_holder, e_ttl
         -- One aggregate pass each, so the arrays are aligned; the events in the order
         -- they are numbered (resource, then EXPIRED before ACQUIRED), the verdicts in
         -- any (each carries its ord).
         FROM (SELECT array_agg(v.o) AS o, array_agg(v.ok) AS ok, array_agg(v.replayed) AS rp,
                      array_agg(v.v_holder) AS h, array_agg(v.v_token) AS t,
-                     array_agg(v.v_ttl) AS ttl
+                     array_agg(v.v_ttl) AS ttl,
+                     array_agg(v.change AND v.k <> 'renew') AS ev
               FROM verdicts AS v) AS a,
-             (SELECT array_agg(e.o) AS o, array_agg(e.kind) AS kind, array_agg(e.r) AS r,
+             (SELECT array_agg(e.kind) AS kind, array_agg(e.r) AS r,
                      array_agg(e.token) AS t, array_agg(e.holder) AS h, array_agg(e.ttl) AS ttl
               FROM (SELECT * FROM events AS x ORDER BY x.r COLLATE "C", x.n) AS e) AS b;
         v_round := v_round + 1;
     END LOOP;
     -- 4. The step's events, numbered once (or parked if the log row is taken).
-    IF cardinality(e_ord) > 0 THEN
+    IF cardinality(e_kind) > 0 THEN
         SELECT l.head, l.busy, l.revisions INTO v_head, v_busy, v_revisions
         FROM lease_events_log(e_kind, e_resource, e_token, e_holder, e_ttl) AS l;
+        IF v_busy THEN
+            -- Minus the seq of the last event parked: "run the sequencer after commit".
+            v_head := v_revisions[cardinality(v_revisions)];
+        END IF;
     END IF;
     RETURN QUERY
-    SELECT x.o, x.ok, x.rp, x.h, x.t, x.ttl,
-           CASE WHEN e.o IS NULL THEN 0::bigint
-                WHEN v_busy THEN e.rev
-                ELSE v_head END
-    FROM unnest(r_ord, r_ok, r_replayed, r_holder, r_token, r_ttl) AS x(o, ok, rp, h, t, ttl)
-    LEFT JOIN (SELECT u.o, min(u.rev) AS rev
-               FROM unnest(e_ord, v_revisions) AS u(o, rev) GROUP BY u.o) AS e
-           ON e.o = x.o;
+    SELECT x.o, x.ok, x.rp, x.h, x.t, x.ttl, CASE WHEN x.ev THEN v_head ELSE 0::bigint END
+    FROM unnest(r_ord, r_ok, r_replayed, r_holder, r_token, r_ttl, r_ev)
+         AS x(o, ok, rp, h, t, ttl, ev);
 END
 $$;
 
