@@ -154,9 +154,11 @@ async def run(
                 started.append((srv, port))
             setups.append(Setup(label, url, started, PgCpu(url, app)))
         for r in range(rounds):
-            for s in setups if r % 2 == 0 else reversed(setups):
-                for count in servers:
-                    for n in clients:
+            for count in servers:
+                for n in clients:
+                    # Before and now back to back, first one then the other: both see the
+                    # load of the same few seconds.
+                    for s in setups if r % 2 == 0 else reversed(setups):
                         progress(f"round {r}: {s.label}, {count} server(s), {n} clients")
                         row = await _round(s, n, count, duration)
                         s.rows.setdefault((count, n), []).append(row)
