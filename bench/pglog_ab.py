@@ -2,14 +2,14 @@
 
 :mod:`bench.pglog` measures the code before and the code now one after the other, and on
 a shared machine the load drifts between them. Here both run at once, each in a database
-of its own (so neither's NOTIFYs wake the other's listeners), and each round measures
-them in turn (before, now; then now, before ...), so both see the same load. Per round
-and setup: Acquire+Release pairs/s from N gRPC clients, the lease servers' CPU per call,
-PostgreSQL's CPU per call (its backend processes serving them, from ``/proc``), calls
-per backend step (the servers' ``fencing_lease_step_calls_total`` /
-``fencing_lease_steps_total``), and, with two servers on one schema, the sequencer runs
-per step (``pg_stat_statements`` when the database has it). The medians end the run,
-with now / before.
+of its own (so neither's NOTIFYs wake the other's listeners), and each measurement of one
+is followed at once by the same of the other (before, now; in the next round now,
+before), so both see the load of the same few seconds. Each measurement: Acquire+Release
+pairs/s from N gRPC clients, the lease servers' CPU per call, PostgreSQL's CPU per call
+(its backend processes serving them, from ``/proc``), calls per backend step (the
+servers' ``fencing_lease_step_calls_total`` / ``fencing_lease_steps_total``), and the
+sequencer runs per step (``pg_stat_statements``, when the server has it loaded; else
+nan). The medians end the run, with now / before.
 
 ``python -m bench.pglog_ab --before REF [--clients 1,16] [--servers 1,2] [--rounds 6]
 [--duration 3]`` (``FENCING_BENCH_POSTGRES_DSN``, default the local test database; the
