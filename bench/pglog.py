@@ -28,7 +28,9 @@ Everything is measured in one run, each figure against a baseline from the same 
 
 ``python -m bench.pglog [--duration S] [--clients 1,16] [--before REF]``; ``REF`` (a
 commit, default none) is exported with ``git archive`` to a temporary directory and
-its servers run from there.
+its servers run from there, on a schema they migrate themselves. The setups are
+measured one after the other, so the load may drift between them: to compare the code
+before with this one, :mod:`bench.pglog_ab` runs both at once, alternating.
 """
 
 from __future__ import annotations
