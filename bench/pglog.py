@@ -7,6 +7,13 @@ Everything is measured in one run, each figure against a baseline from the same 
   this repository (its own schema, its own migrations), plus an empty call and a
   one-op guarded Write on each backend's guard. Every row also says the server's CPU
   per call (``/proc`` of the server processes), i.e. what one call costs the server;
+* **CPU per call**: the server's CPU for an Acquire alone and a Release alone (each
+  client acquires resources of its own for a while, then releases them all), next to
+  the empty call's and a one-op Write's, per backend; on PostgreSQL also PostgreSQL's
+  own CPU per call: the backend processes serving that server's connections (found by
+  the ``application_name`` the bench gives its URL), from ``/proc``. PostgreSQL's
+  shared background processes (WAL writer, checkpointer, autovacuum) are not counted:
+  other users of the same server share them;
 * **P7b, in process**: the backend object alone (``acquire`` + ``release``) from 8 tasks
   and from 1, SQLite against PostgreSQL (and ``before``, in a subprocess of its own),
   called as the service calls it: through the group commit of lease calls
@@ -21,7 +28,9 @@ Everything is measured in one run, each figure against a baseline from the same 
 
 ``python -m bench.pglog [--duration S] [--clients 1,16] [--before REF]``; ``REF`` (a
 commit, default none) is exported with ``git archive`` to a temporary directory and
-its servers run from there.
+its servers run from there, on a schema they migrate themselves. The setups are
+measured one after the other, so the load may drift between them: to compare the code
+before with this one, :mod:`bench.pglog_ab` runs both at once, alternating.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -41,10 +51,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc.aio
+import psycopg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench import postgres as pg_bench
-from bench.harness import Op, Result, measure, progress, server, table
+from bench.harness import Op, Result, cpu_seconds, measure, progress, server, table
 from fencing.v1 import guard_pb2, guard_pb2_grpc, lease_pb2, lease_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,19 +95,73 @@ class Backend:
     lease_url: str
     guard_url: str
     tree: Path | None = None
+    #: The database the URLs name (to find their backend processes), "" if not PostgreSQL.
+    dsn: str = ""
+    #: The ``application_name`` of the lease server's and the guard's connections.
+    lease_app: str = ""
+    guard_app: str = ""
 
 
-async def _with_cpu(pids: Sequence[int], coro_name: str, run: object) -> Result:
-    from bench.harness import cpu_seconds
+@dataclass
+class Cpu:
+    """One kind of call's CPU per call (microseconds): the server's and PostgreSQL's."""
 
-    before = sum(cpu_seconds(p) for p in pids)
+    backend: str
+    what: str
+    clients: int
+    server_us: float
+    postgres_us: float
+
+
+class PgCpu:
+    """CPU seconds of the PostgreSQL backend processes whose ``application_name`` is
+    ``name`` (one lease server's or guard's pooled and listening connections), from
+    ``/proc``: PostgreSQL's own cost of what that server asked of it. Nothing (0) when
+    the server is not on PostgreSQL."""
+
+    def __init__(self, dsn: str, name: str) -> None:
+        self.dsn = dsn
+        self.name = name
+
+    async def _pids(self) -> list[int]:
+        if not self.name:
+            return []
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (self.name,)
+            )
+            return [int(row[0]) for row in await cur.fetchall()]
+
+    async def snapshot(self) -> dict[int, float]:
+        """Each backend's CPU seconds so far."""
+        return {pid: cpu_seconds(pid) for pid in await self._pids()}
+
+    async def since(self, before: dict[int, float]) -> float:
+        """CPU seconds used since ``before`` (a backend started since counts whole)."""
+        now = await self.snapshot()
+        return sum(cpu - before.get(pid, 0.0) for pid, cpu in now.items())
+
+
+def _cpu_note(server_s: float, pg_s: float, calls: float, pg: bool) -> str:
+    note = f"server {server_s / calls * 1e6:,.0f} us CPU/call" if calls else ""
+    if pg and calls:
+        note += f", postgres {pg_s / calls * 1e6:,.0f} us"
+    return note
+
+
+async def _with_cpu(
+    pids: Sequence[int], pg: PgCpu, run: object, is_pg: bool, per_call: float = 1.0
+) -> tuple[Result, float, float]:
+    """Run the measurement ``run`` and note the CPU per call it cost the server process
+    (``pids``) and PostgreSQL (``pg``): the result, and both in microseconds."""
+    before, pg_before = sum(cpu_seconds(p) for p in pids), await pg.snapshot()
     assert asyncio.iscoroutine(run)
     result: Result = await run
     used = sum(cpu_seconds(p) for p in pids) - before
-    calls = result.ops / result.per_call
-    result.note = f"server {used / calls * 1e6:,.0f} us CPU/call" if calls else ""
-    del coro_name
-    return result
+    pg_used = await pg.since(pg_before)
+    calls = result.ops / result.per_call * per_call
+    result.note = _cpu_note(used, pg_used, calls, is_pg)
+    return result, used / calls * 1e6 if calls else 0.0, pg_used / calls * 1e6 if calls else 0.0
 
 
 def _empty_op(health: list[health_pb2_grpc.HealthStub]) -> Op:
@@ -118,6 +183,48 @@ def _acquire_release_op(stubs: list[lease_pb2_grpc.LeaseServiceAsyncStub], prefi
     return acquire_release
 
 
+#: Resources each client acquires, then releases, to measure the two calls apart.
+SPLIT = 150
+
+
+async def _acquire_then_release(
+    stubs: Sequence[lease_pb2_grpc.LeaseServiceAsyncStub], label: str
+) -> tuple[Op, Op]:
+    """Two ops: each client's Acquire of its next resource (``SPLIT`` of them, all held),
+    and its Release of the next one it holds: run the first ``SPLIT`` times per client,
+    then the second as many times, to see what each call costs alone."""
+    held: list[list[tuple[str, int]]] = [[] for _ in stubs]
+    taken = [0] * len(stubs)
+
+    async def acquire(i: int) -> None:
+        resource = f"split-{label}-{i}-{taken[i] % SPLIT}"
+        taken[i] += 1
+        got = await stubs[i].Acquire(
+            lease_pb2.AcquireRequest(resource=resource, holder=f"c{i}", ttl_ms=120_000)
+        )
+        held[i].append((got.resource, got.token))
+
+    async def release(i: int) -> None:
+        resource, token = held[i].pop()
+        await stubs[i].Release(
+            lease_pb2.ReleaseRequest(resource=resource, token=token, holder=f"c{i}")
+        )
+
+    return acquire, release
+
+
+async def _times(op: Op, clients: int, count: int, name: str) -> Result:
+    """``op(i)`` exactly ``count`` times from each of ``clients`` tasks, timed."""
+
+    async def loop(i: int) -> None:
+        for _ in range(count):
+            await op(i)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(loop(i) for i in range(clients)))
+    return Result(name, clients, clients * count, time.perf_counter() - started)
+
+
 def _write_op(guards: list[guard_pb2_grpc.GuardServiceAsyncStub]) -> Op:
     async def write(i: int) -> None:
         await guards[i].Write(
@@ -131,8 +238,13 @@ def _write_op(guards: list[guard_pb2_grpc.GuardServiceAsyncStub]) -> Op:
     return write
 
 
-async def _grpc_rows(b: Backend, clients: Sequence[int], duration: float) -> list[Result]:
+async def _grpc_rows(
+    b: Backend, clients: Sequence[int], duration: float
+) -> tuple[list[Result], list[Cpu]]:
     rows: list[Result] = []
+    cpus: list[Cpu] = []
+    is_pg = bool(b.dsn)
+    lease_pg, guard_pg = PgCpu(b.dsn, b.lease_app), PgCpu(b.dsn, b.guard_app)
     with (
         code_from(b.tree),
         server("lease_server", "--backend", b.lease_url, cwd=b.tree) as lease,
@@ -149,13 +261,19 @@ async def _grpc_rows(b: Backend, clients: Sequence[int], duration: float) -> lis
             acquire_release = _acquire_release_op(stubs, "p7")
             write = _write_op(guards)
 
+            def cpu(what: str, server_us: float, pg_us: float, n: int = n) -> None:
+                cpus.append(Cpu(b.label, what, n, server_us, pg_us))
+
             try:
                 progress(f"{b.label}: empty call, {n} clients")
-                rows.append(
-                    await _with_cpu(
-                        lease.pids, "", measure(f"{b.label}: {FLOOR}", empty, n, duration)
-                    )
+                r, us, pg_us = await _with_cpu(
+                    lease.pids,
+                    lease_pg,
+                    measure(f"{b.label}: {FLOOR}", empty, n, duration),
+                    is_pg,
                 )
+                rows.append(r)
+                cpu("empty call", us, pg_us)
                 progress(f"{b.label}: Acquire+Release, {n} clients")
                 r = await measure(
                     f"{b.label}: Acquire+Release",
@@ -166,35 +284,78 @@ async def _grpc_rows(b: Backend, clients: Sequence[int], duration: float) -> lis
                 )
                 rows.append(r)
                 # Its CPU per call: a second short run (the first one's ratio stays clean).
-                cpu = await _with_cpu(
+                got, _, _ = await _with_cpu(
                     lease.pids,
-                    "",
+                    lease_pg,
                     measure("cpu", acquire_release, n, min(duration, 2.0), per_call=2),
+                    is_pg,
+                    per_call=2,
                 )
-                r.note = cpu.note.replace("call", "call (Acquire or Release)")
-                progress(f"{b.label}: Write, {n} clients")
-                rows.append(
-                    await _with_cpu(
-                        guard.pids,
-                        "",
-                        measure(
-                            f"{b.label}: Write (1 op)",
-                            write,
-                            n,
-                            duration,
-                            baseline="sqlite: Write (1 op)",
-                        ),
+                r.note = got.note.replace("call", "call (Acquire or Release)", 1)
+                progress(f"{b.label}: Acquire alone, then Release alone, {n} clients")
+                acquire, release = await _acquire_then_release(stubs, f"{n}")
+                for op in (acquire, release):  # every resource's row exists from here on
+                    await _times(op, n, SPLIT, "warm-up")
+                for what, op in (("Acquire", acquire), ("Release", release)):
+                    _, us, pg_us = await _with_cpu(
+                        lease.pids, lease_pg, _times(op, n, SPLIT, what), is_pg
                     )
+                    cpu(what, us, pg_us)
+                progress(f"{b.label}: Write, {n} clients")
+                r, us, pg_us = await _with_cpu(
+                    guard.pids,
+                    guard_pg,
+                    measure(
+                        f"{b.label}: Write (1 op)",
+                        write,
+                        n,
+                        duration,
+                        baseline="sqlite: Write (1 op)",
+                    ),
+                    is_pg,
                 )
+                rows.append(r)
+                cpu("Write (1 op)", us, pg_us)
             finally:
                 for c in chans + gchans:
                     await c.close()
-    return rows
+    return rows, cpus
 
 
-async def _two_servers(b: Backend, n: int, duration: float) -> list[Result]:
-    """n clients on one server, then split over two on the same schema."""
+def cpu_table(cpus: Sequence[Cpu]) -> str:
+    """Server CPU per call (and PostgreSQL's, on PostgreSQL) by backend and kind of call,
+    each against the empty call's server CPU on the same server and client count."""
+    whats = ("empty call", "Acquire", "Release", "Write (1 op)")
+    lines = [
+        "CPU per call, us: the server's (x the empty call's on that server), + PostgreSQL's",
+        f"{'backend':<18} {'clients':>7}  " + "  ".join(f"{w:>22}" for w in whats),
+    ]
+    keys = sorted({(c.backend, c.clients) for c in cpus}, key=lambda k: (k[1], k[0]))
+    for backend, n in keys:
+        got = {c.what: c for c in cpus if c.backend == backend and c.clients == n}
+        floor = got["empty call"].server_us if "empty call" in got else 0.0
+        cells = []
+        for w in whats:
+            c = got.get(w)
+            if c is None:
+                cells.append(f"{'-':>22}")
+                continue
+            text = f"{c.server_us:,.0f}"
+            if floor and w != "empty call":
+                text += f" ({c.server_us / floor:.1f}x)"
+            if backend.startswith("postgres") and w != "empty call":
+                text += f" +{c.postgres_us:,.0f}"
+            cells.append(f"{text:>22}")
+        lines.append(f"{backend:<18} {n:>7}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+async def _two_servers(b: Backend, n: int, duration: float) -> tuple[list[Result], list[str]]:
+    """n clients on one server, then split over two on the same schema; with each
+    setup's CPU per call (both servers', and PostgreSQL's for both)."""
     rows: list[Result] = []
+    notes: list[str] = []
+    pg = PgCpu(b.dsn, b.lease_app)
     with (
         code_from(b.tree),
         server("lease_server", "--backend", b.lease_url, cwd=b.tree) as one,
@@ -211,19 +372,29 @@ async def _two_servers(b: Backend, n: int, duration: float) -> list[Result]:
 
             progress(f"{b.label}: Acquire+Release on {label}, {n} clients")
             try:
-                rows.append(
-                    await measure(
+                r, us, pg_us = await _with_cpu(
+                    [*one.pids, *two.pids],
+                    pg,
+                    measure(
                         f"{b.label}: Acquire+Release, {label}",
                         acquire_release,
                         n,
                         duration,
                         baseline=f"{b.label}: Acquire+Release, 1 server",
-                    )
+                    ),
+                    True,
+                    per_call=2,
+                )
+                rows.append(r)
+                notes.append(
+                    f"{b.label}, {label}, {n} clients: {r.rate * 2:,.0f} calls/s; per call"
+                    f" {us:,.0f} us CPU of the lease servers, {pg_us:,.0f} us of PostgreSQL"
+                    f" ({(us + pg_us) * r.rate * 2 / 1e6:.2f} cores busy with it)"
                 )
             finally:
                 for c in chans:
                     await c.close()
-    return rows
+    return rows, notes
 
 
 def _pct(samples: list[float], q: float) -> float:
@@ -363,20 +534,25 @@ async def run(
     async with contextlib.AsyncExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fencing-pglog-")))
         tree = stack.enter_context(checkout(before)) if before else None
-        schemas = []
-        for _ in range(2 if before else 1):
-            schemas.append(await stack.enter_async_context(_schema_cm(dsn)))
+        schemas = [await stack.enter_async_context(_schema_cm(dsn))]
+        if before:
+            # Not migrated here: its own servers migrate it with its own migrations, or the
+            # code before would run on this code's SQL.
+            schemas.append(await stack.enter_async_context(_empty_schema(dsn)))
         sqlite = Backend("sqlite", f"sqlite:{tmp / 'leases.db'}", f"sqlite:{tmp / 'guard.db'}")
-        now = Backend("postgres", _url(dsn, schemas[0]), _url(dsn, schemas[0]))
-        backends = [sqlite, now]
+        backends = [sqlite, _pg_backend("postgres", dsn, schemas[0])]
         if tree is not None:
-            backends.append(
-                Backend("postgres before", _url(dsn, schemas[1]), _url(dsn, schemas[1]), tree)
-            )
+            backends.append(_pg_backend("postgres before", dsn, schemas[1], tree))
+        cpus: list[Cpu] = []
         for b in backends:
-            rows += await _grpc_rows(b, clients, duration)
+            got, cpu = await _grpc_rows(b, clients, duration)
+            rows += got
+            cpus += cpu
+        lines += cpu_table(cpus).splitlines()
         for b in backends[1:]:
-            rows += await _two_servers(b, max(clients), duration)
+            got, notes = await _two_servers(b, max(clients), duration)
+            rows += got
+            lines += notes
         for n in (8, 1):
             for b in backends:
                 kind = "sqlite" if b is sqlite else "postgres"
@@ -403,8 +579,39 @@ async def _schema_cm(dsn: str):  # type: ignore[no-untyped-def]
         yield schema
 
 
-def _url(dsn: str, schema: str) -> str:
-    return f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
+@contextlib.asynccontextmanager
+async def _empty_schema(dsn: str):  # type: ignore[no-untyped-def]
+    """A schema name nobody uses, dropped on exit; whoever opens it first migrates it."""
+    schema = f"bench_{secrets.token_hex(4)}"
+    try:
+        yield schema
+    finally:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(
+                psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                    psycopg.sql.Identifier(schema)
+                )
+            )
+
+
+def _url(dsn: str, schema: str, app: str = "") -> str:
+    url = f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
+    return f"{url}&application_name={app}" if app else url
+
+
+def _pg_backend(label: str, dsn: str, schema: str, tree: Path | None = None) -> Backend:
+    """A PostgreSQL backend on ``schema``, its servers' connections named apart (so their
+    PostgreSQL processes can be found: :class:`PgCpu`)."""
+    lease_app, guard_app = f"{schema}-lease", f"{schema}-guard"
+    return Backend(
+        label,
+        _url(dsn, schema, lease_app),
+        _url(dsn, schema, guard_app),
+        tree,
+        dsn=dsn,
+        lease_app=lease_app,
+        guard_app=guard_app,
+    )
 
 
 def ratios(rows: Sequence[Result]) -> list[str]:
@@ -414,7 +621,7 @@ def ratios(rows: Sequence[Result]) -> list[str]:
         return next((r.rate for r in rows if r.name == name and r.concurrency == n), 0.0)
 
     out = []
-    n = max(r.concurrency for r in rows)
+    n = max(r.concurrency for r in rows if r.name.endswith("Acquire+Release"))
     for label in ("postgres", "postgres before"):
         pg, lite = rate(f"{label}: Acquire+Release", n), rate("sqlite: Acquire+Release", n)
         if pg and lite:

@@ -3,9 +3,11 @@
 The one mechanism behind the guard's batched writes (:mod:`guard.commit`), the queue's
 batched completes (:mod:`lease_server.queue.batch`) and the lease calls that arrive
 together (:mod:`lease_server.grouped`). Items submitted while the backend is busy wait
-in a queue; as soon as one of ``concurrency`` slots frees up, everything queued (up to
-``max_items`` items and ``max_weight`` weight) goes to ``commit`` as one step, which
-returns one verdict per item, in order. An idle backend gets a lone item at once,
+in a queue; as soon as one of ``concurrency`` slots frees up (after a step of several
+callers, on the loop's next turn, so that those it answered may queue again first),
+everything
+queued (up to ``max_items`` items and ``max_weight`` weight) goes to ``commit`` as one
+step, which returns one verdict per item, in order. An idle backend gets a lone item at once,
 alone: no timer, so a lone caller pays nothing; under load a batch grows by itself to
 what arrived during one step, so one round trip (and one commit) serves many callers.
 
@@ -129,8 +131,7 @@ class GroupCommit(Generic[I, V]):
             self.batches += 1
             self.batched += len(items)
         finally:
-            self._running -= 1
-            self._kick()  # what queued up meanwhile goes now
+            self._free_slot(answered=len(items))  # what queued up meanwhile goes next
         return verdicts
 
     def _drop_abandoned(self) -> None:
@@ -174,5 +175,21 @@ class GroupCommit(Generic[I, V]):
             for (_, ticket, i), verdict in zip(batch, verdicts, strict=True):
                 ticket.settle(i, verdict)
         finally:
-            self._running -= 1
-            self._kick()
+            self._free_slot(answered=len(batch))
+
+    def _free_slot(self, answered: int) -> None:
+        """A step that ``answered`` items ended: its slot frees up. If it answered
+        several, or others wait, the next step forms on the loop's next turn: the step's
+        callers were woken first (their futures were just settled), so those that call
+        again at once (a server's handlers, a client's loop) queue up before it forms
+        and share it, instead of the first of them going alone and the others in a step
+        after it (with one slot, half as many steps). A lone caller with no one waiting
+        frees it at once: its next call goes alone, inline if asked, as before."""
+        if answered > 1 or self._queue:
+            asyncio.get_running_loop().call_soon(self._release_slot)
+        else:
+            self._release_slot()
+
+    def _release_slot(self) -> None:
+        self._running -= 1
+        self._kick()

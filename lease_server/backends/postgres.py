@@ -1,13 +1,13 @@
 """PostgreSQL lease backend: many lease-server processes, one database (``postgres://``).
 
 Each operation is one statement, and so one short transaction, calling a function
-installed by :mod:`serving.migrations` (``0001_leases.sql``, where the SQL and its
-reasoning live): ``lease_acquire`` raises the resource's counter with
-``INSERT ... ON CONFLICT DO UPDATE ... WHERE free or expired RETURNING`` and the
-token reaches the caller only after that commit (G1; counters are never deleted,
-no sequence is involved). Expiry is decided by the database's clock alone, read
-with ``clock_timestamp()`` under the row lock (G7), so any number of servers on
-any hosts agree (G2). URL parameters (``schema``, ``timeout``, ``pool_max``) are
+installed by :mod:`serving.migrations`, where the SQL and its reasoning live: Acquire,
+Renew and Release, alone or many callers' at once, are ``lease_steps`` of
+``0018_lease_steps_set.sql`` (a grant raises the resource's counter under its row
+lock, and the token reaches the caller only after that commit: G1; counters are never
+deleted, no sequence is involved). Expiry is decided by the database's clock alone,
+read with ``clock_timestamp()`` with the row locks held (G7), so any number of servers
+on any hosts agree (G2). URL parameters (``schema``, ``timeout``, ``pool_max``) are
 described in :mod:`serving.postgres_db`; every call is bounded by ``timeout`` and fails
 with ``BackendUnavailableError`` when the database is unreachable.
 
@@ -22,21 +22,22 @@ the last grant before the loss and the first after it. It is a session setting
 it holds for every path that grants; tokens become sparse (about 1.8e15).
 Synchronous replication makes it unnecessary.
 
-**Lease calls of many callers in one round trip** (``0017_lease_steps.sql``,
+**Lease calls of many callers in one round trip** (``0018_lease_steps_set.sql``,
 :meth:`PostgresBackend.lease_steps`): the calls the server's group commit
-(:mod:`lease_server.grouped`) gathered go as one statement, each judged by its single
-call's function, in resource order (the lock order), their events numbered once at
-the end.
+(:mod:`lease_server.grouped`) gathered go as one statement, every row locked in
+resource order (the lock order), each call judged as alone, their events numbered
+once at the end; a lone call is the same statement with one call.
 
 **Event log** (:class:`~lease_server.backends.base.EventLog`, ``0005_lease_events.sql``,
-numbered as ``0013_event_sequencer.sql`` says). An acquire, release or expiry appends
-its events to ``lease_events_pending`` in the transaction of the change, and numbers
-them there if the one ``lease_event_log`` row is free (``SKIP LOCKED``; the transaction
-then holds it to commit); if another appender holds it, the events stay pending and the
-write commits without waiting. ``lease_events_sequence`` numbers what is pending: this
-object runs it after a write that left events pending (and again in the background,
-with backoff, while the row is taken) and before a read that could come up short;
-concurrent callers in one process share one run. Revisions are dense and commit
+numbered as ``0013_event_sequencer.sql`` says, by ``lease_events_log`` of
+``0018_lease_steps_set.sql``). An acquire, release or expiry numbers its events in the
+transaction of the change if the one ``lease_event_log`` row is free (``SKIP LOCKED``;
+the transaction then holds it to commit); if another appender holds it, the events are
+parked in ``lease_events_pending`` and the write commits without waiting.
+``lease_events_sequence`` numbers what is pending: this object runs it soon after a
+write that parked events, unless its next write numbered them first (and again in the
+background, with backoff, while the row is taken), and before a read that could come
+up short; concurrent callers in one process share one run. Revisions are dense and commit
 ordered (rule 3): only the row's holder numbers, and it holds the row to commit. A
 renewal is not an event. ``lease_expire_due`` clears expired leases (``FOR UPDATE SKIP
 LOCKED``, re-checked under the lock) and appends their EXPIRED in the same transaction;
@@ -97,6 +98,9 @@ log = logging.getLogger(__name__)
 
 #: A quiet LISTEN connection is pinged this often (seconds), to notice a dead one.
 LISTEN_PING_S = 10.0
+#: Events a step parked (another server's step held the log row) wait this long (seconds)
+#: for this process's next step to number them before a sequencer run of their own does.
+PARKED_NUMBERING_S = 0.005
 _RECONNECT_DELAYS = (0.1, 0.2, 0.5, 1.0, 2.0)
 
 
@@ -114,9 +118,6 @@ class PostgresBackend:
     def __init__(self, url: str, schema: str | None = None) -> None:
         self._db = PostgresDatabase(PgConfig.from_url(url, schema), "fencing-lease-server")
         q = self._db.qualified
-        self._acquire_sql = q("SELECT * FROM {schema}.lease_acquire_logged(%s, %s, %s, %s)")
-        self._renew_sql = q("SELECT * FROM {schema}.lease_renew_logged(%s, %s, %s, %s)")
-        self._release_sql = q("SELECT * FROM {schema}.lease_release_logged(%s, %s, %s)")
         self._describe_sql = q("SELECT * FROM {schema}.lease_describe(%s)")
         # Code point order (COLLATE "C" on UTF-8), whatever the database's collation, so
         # the cursor and the order agree; the database's clock decides what is held.
@@ -142,6 +143,12 @@ class PostgresBackend:
             "SELECT * FROM {schema}.lease_steps(%s::text[], %s::text[], %s::text[],"
             " %s::bigint[], %s::bigint[], %s::text[])"
         )
+        # The same function for a lone call, its arguments sent as values: adapting six
+        # one-item lists costs this process more than the call's own SQL costs it.
+        self._step_sql = q(
+            "SELECT * FROM {schema}.lease_steps(ARRAY[%s::text], ARRAY[%s::text],"
+            " ARRAY[%s::text], ARRAY[%s::bigint], ARRAY[%s::bigint], ARRAY[%s::text])"
+        )
         self._channels_sql = q("SELECT {schema}.lease_channel(), {schema}.lease_events_channel()")
         self._head_sql = q("SELECT head FROM {schema}.lease_event_log WHERE id = 1")
         self._log_id_sql = q("SELECT log_id FROM {schema}.lease_event_log_identity WHERE id = 1")
@@ -155,6 +162,8 @@ class PostgresBackend:
         self._renumber: asyncio.Task[None] | None = None
         #: Sequencer runs for steps whose events another appender left pending.
         self._numbering: set[asyncio.Task[object]] = set()
+        #: The sequencer run due for parked events, unless a step numbers them first.
+        self._parked: asyncio.TimerHandle | None = None
         self._callbacks: list[Callable[[str], None]] = []
         self._event_callbacks: list[Callable[[int], None]] = []
         #: The highest revision reported to the ``on_events`` callbacks.
@@ -179,6 +188,9 @@ class PostgresBackend:
 
     async def close(self) -> None:
         self._opened = False
+        if self._parked is not None:
+            self._parked.cancel()
+            self._parked = None
         for task in (self._listener, self._renumber, *self._numbering):
             if task is not None:
                 task.cancel()
@@ -195,27 +207,21 @@ class PostgresBackend:
     async def acquire(
         self, resource: str, holder: str, ttl_ms: int, request_id: str
     ) -> Grant | Held:
-        row = await self._db.fetchone(self._acquire_sql, (resource, holder, ttl_ms, request_id))
-        assert row is not None  # lease_acquire_logged always returns one row
-        granted, replayed, current_holder, token, ms, revision = row
-        await self._after_write([revision])
-        if granted:
-            return Grant(resource, current_holder, token, ms, replayed)
-        return Held(resource, current_holder, token, max(0, ms))
+        (outcome,) = await self.lease_steps([AcquireItem(resource, holder, ttl_ms, request_id)])
+        assert isinstance(outcome, Grant | Held)
+        return outcome
 
     async def renew(self, resource: str, token: int, holder: str, ttl_ms: int) -> Grant:
-        row = await self._db.fetchone(self._renew_sql, (resource, token, holder, ttl_ms))
-        if row is None or row[0] is None:
-            raise LeaseLost(resource=resource, token=token)
-        return Grant(resource, row[0], token, ttl_ms)  # a renewal appends nothing
+        (outcome,) = await self.lease_steps([RenewItem(resource, token, holder, ttl_ms)])
+        if isinstance(outcome, LeaseLost):
+            raise outcome
+        assert isinstance(outcome, Grant)
+        return outcome
 
     async def release(self, resource: str, token: int, holder: str) -> None:
-        row = await self._db.fetchone(self._release_sql, (resource, token, holder))
-        if row is None or not row[0]:
-            raise LeaseLost(resource=resource, token=token)
-        # Committed: this process's waiters may go now, before any numbering round trip.
-        self._dispatch(resource)
-        await self._after_write([row[1]])
+        (outcome,) = await self.lease_steps([ReleaseItem(resource, token, holder)])
+        if isinstance(outcome, LeaseLost):
+            raise outcome
 
     async def describe(self, resource: str) -> LeaseState:
         row = await self._db.fetchone(self._describe_sql, (resource,))
@@ -315,10 +321,12 @@ class PostgresBackend:
                 ttls.append(0)
                 request_ids.append("")
             holders.append(op.holder)
-        rows = await self._db.fetchall(
-            self._steps_sql,
-            (kinds, [op.resource for op in steps], holders, tokens, ttls, request_ids),
-        )
+        resources = [op.resource for op in steps]
+        args = (kinds, resources, holders, tokens, ttls, request_ids)
+        if len(steps) == 1:
+            rows = await self._db.fetchall(self._step_sql, [arg[0] for arg in args])
+        else:
+            rows = await self._db.fetchall(self._steps_sql, args)
         by_ord = {int(row[0]): row for row in rows}
         outcomes: list[StepOutcome] = []
         revisions: list[int] = []
@@ -342,16 +350,35 @@ class PostgresBackend:
             outcomes.append(outcome)
         if any(r < 0 for r in revisions):
             # Another appender (another server's step) held the log row: the events are
-            # committed and pending. Number them in the background rather than make
+            # committed and parked. Number them in the background rather than make
             # every caller of this step wait one more round trip (a reader numbers what
             # it needs before it reads; a watch guard asks for a token it has not seen).
-            # Concurrent ones share one sequencer run (see _sequence).
-            task = asyncio.get_running_loop().create_task(self._after_write(revisions))
-            self._numbering.add(task)
-            task.add_done_callback(self._numbering.discard)
-        else:
-            await self._after_write(revisions)
+            self._park()
+            return outcomes
+        if self._parked is not None and any(r > 0 for r in revisions):
+            # This step took the log row after the parked events committed (steps of a
+            # process run one after another), so it numbered them first: no run needed.
+            self._parked.cancel()
+            self._parked = None
+        await self._after_write(revisions)
         return outcomes
+
+    def _park(self) -> None:
+        """A step's events were parked: have them numbered soon. Under load the next
+        step of this process (or another server's) numbers them on its way, moving every
+        committed pending event before its own, so the run of their own waits
+        ``PARKED_NUMBERING_S`` for that first; concurrent ones share one run (see
+        :meth:`_sequence`), which retries while another transaction holds the row."""
+        if self._parked is None:
+            self._parked = asyncio.get_running_loop().call_later(
+                PARKED_NUMBERING_S, self._number_parked
+            )
+
+    def _number_parked(self) -> None:
+        self._parked = None
+        task = asyncio.get_running_loop().create_task(self._after_write([-1]))
+        self._numbering.add(task)
+        task.add_done_callback(self._numbering.discard)
 
     # -- the event log -----------------------------------------------------------------------
 

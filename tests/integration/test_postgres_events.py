@@ -12,10 +12,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from lease_server.backends import postgres as backend_module
 from lease_server.backends.postgres import PostgresBackend
 from lease_server.leases import Grant, LoggedEvent, Scope, TransitionKind
 from serving import postgres_db
 from tests import pg as testpg
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -287,3 +289,87 @@ async def test_a_change_that_commits_later_is_never_skipped_by_a_reader_in_betwe
     assert sorted(_events(tuple(seen))) == [(A, "first"), (A, "second")]
     assert [e.revision for e in seen] == [1, 2]
     assert await a.head_revision() == 2
+
+
+async def _held_log_row(dsn: str, name: str) -> psycopg.AsyncConnection[Any]:
+    """A connection in a transaction holding the log row, as another server's step does
+    while it commits."""
+    conn = await psycopg.AsyncConnection.connect(dsn)
+    await conn.execute(
+        sql.SQL("SELECT 1 FROM {}.lease_event_log WHERE id = 1 FOR UPDATE").format(
+            sql.Identifier(name)
+        )
+    )
+    return conn
+
+
+async def _numbered(dsn: str, name: str) -> list[tuple[int, str, str]]:
+    """The log as the table holds it, and the pending count, read without the backend
+    (whose reads would number what is pending first)."""
+    s = sql.Identifier(name)
+    rows = await _sql(
+        dsn, sql.SQL("SELECT revision, kind, resource FROM {}.lease_events ORDER BY 1").format(s)
+    )
+    pending = await _sql(dsn, sql.SQL("SELECT count(*) FROM {}.lease_events_pending").format(s))
+    return [(int(r), k, res) for r, k, res in rows] + [(-1, "pending", str(pending[0][0]))]
+
+
+async def test_events_a_step_parked_are_numbered_by_its_next_step_without_a_run_of_their_own(
+    schema: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that finds the log row taken (two servers on one schema collide on it all
+    the time) parks its events and commits. The next step of the process takes the row
+    after they committed, so it numbers them, before its own: a sequencer run of their
+    own would be one more transaction for nothing. With that run's delay made long,
+    only the next step can have numbered them; and no run was started."""
+    dsn, name = schema
+    monkeypatch.setattr(backend_module, "PARKED_NUMBERING_S", 3600.0)
+    backend = PostgresBackend(dsn, name)
+    await backend.open()
+    runs = 0
+    sequence = backend._sequence
+
+    async def counted() -> tuple[int, dict[int, int], bool]:
+        nonlocal runs
+        runs += 1
+        return await sequence()
+
+    monkeypatch.setattr(backend, "_sequence", counted)
+    try:
+        holder = await _held_log_row(dsn, name)
+        granted = await backend.acquire("parked", "h", 5000, "")
+        assert isinstance(granted, Grant)
+        await holder.rollback()
+        await holder.close()
+        assert await _numbered(dsn, name) == [(-1, "pending", "1")]
+        await backend.release("parked", granted.token, "h")
+        assert await _numbered(dsn, name) == [
+            (1, "acquired", "parked"),
+            (2, "released", "parked"),
+            (-1, "pending", "0"),
+        ]
+        assert runs == 0
+    finally:
+        await backend.close()
+
+
+async def test_events_a_step_parked_are_numbered_without_another_step(
+    schema: tuple[str, str],
+) -> None:
+    """The other way: nothing follows the step that parked its events, and no one
+    reads; its sequencer run numbers them, once the row is free."""
+    dsn, name = schema
+    backend = PostgresBackend(dsn, name)
+    await backend.open()
+    try:
+        holder = await _held_log_row(dsn, name)
+        assert isinstance(await backend.acquire("alone", "h", 5000, ""), Grant)
+        await holder.rollback()
+        await holder.close()
+
+        async def numbered() -> bool:
+            return await _numbered(dsn, name) == [(1, "acquired", "alone"), (-1, "pending", "0")]
+
+        await eventually(numbered, "the parked ACQUIRED numbered")
+    finally:
+        await backend.close()

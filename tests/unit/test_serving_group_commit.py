@@ -91,3 +91,24 @@ async def test_an_item_whose_caller_went_away_before_its_step_is_not_sent() -> N
     gone.cancel()
     assert await first == 10 and await kept == 30
     assert commit.steps == [[1], [3]]
+
+
+@pytest.mark.parametrize("inline_alone", [False, True])
+async def test_callers_a_step_answers_join_the_next_step_when_they_call_again_at_once(
+    inline_alone: bool,
+) -> None:
+    """Tasks that call again as soon as they are answered (a server's handlers, a
+    client's loop) share the next step: after a step of several callers, or with others
+    waiting, the next step forms only once the callers had the loop back, so one of them
+    does not go alone and leave the rest for a step after it."""
+    commit = Recorder()
+    group: GroupCommit[int, int] = GroupCommit(commit, inline_alone=inline_alone)
+
+    async def twice(i: int) -> None:
+        assert await group.submit_one(i) == i * 10
+        assert await group.submit_one(100 + i) == (100 + i) * 10
+
+    await asyncio.gather(*(twice(i) for i in range(8)))
+    # The first call went alone (nothing was running); the seven queued behind it and
+    # that first caller's second call are the next step; then the seven second calls.
+    assert commit.steps == [[0], [1, 2, 3, 4, 5, 6, 7, 100], [101, 102, 103, 104, 105, 106, 107]]
