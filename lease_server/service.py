@@ -48,7 +48,7 @@ from lease_server.leases import (
     TransitionKind,
 )
 from lease_server.metrics import LeaseMetrics
-from lease_server.session import CallKind, Sessions
+from lease_server.session import CallKind, Sessions, Step
 from lease_server.waiters import WaitQueues
 from lease_server.watch import EventFeed, ResourceFeed
 from serving.admission import DEFAULT_MAX_SESSION_IN_FLIGHT
@@ -453,16 +453,18 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
             )
         return outcome
 
+    async def _step(self, call: Step) -> StepOutcome:
+        """The verdict of ``call``'s one step; a failed step counted, then raised."""
+        try:
+            (outcome,) = await self.grouped.steps([call.item])
+        except FencingError:
+            call.failed()
+            raise
+        return outcome
+
     async def renew(self, request: lease_pb2.RenewRequest) -> lease_pb2.Lease:
         call = self._renew_call(request)
-        item = call.item
-        try:
-            grant: StepOutcome = await self.backend.renew(
-                item.resource, item.token, item.holder, item.ttl_ms
-            )
-        except LeaseLost as exc:
-            grant = exc
-        return call.finish(grant)
+        return call.finish(await self._step(call))
 
     def _renew_call(self, request: lease_pb2.RenewRequest) -> _Renew:
         return _Renew(
@@ -477,12 +479,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
 
     async def release(self, request: lease_pb2.ReleaseRequest) -> lease_pb2.ReleaseResponse:
         call = self._release_call(request)
-        item = call.item
-        try:
-            await self.backend.release(item.resource, item.token, item.holder)
-        except LeaseLost as exc:
-            return call.finish(exc)
-        return call.finish(None)
+        return call.finish(await self._step(call))
 
     def _release_call(self, request: lease_pb2.ReleaseRequest) -> _Release:
         return _Release(

@@ -75,7 +75,9 @@ def acquire(resource: str, holder: str = "h", *, wait_ms: int = 0, ttl_ms: int =
     )
 
 
-PING = lease_pb2.SessionCall(ping=lease_pb2.Ping())
+def ping() -> lease_pb2.SessionCall:
+    """A new ping call (a call object takes the id it is sent with: never share one)."""
+    return lease_pb2.SessionCall(ping=lease_pb2.Ping())
 
 
 def error(reply: lease_pb2.SessionReply) -> Exception:

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fencing import BackendUnavailableError, LeaseClient, _status
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from serving.ports import free_port
-from tests.sessions import PING, Stream, acquire, error
+from tests.sessions import Stream, acquire, error, ping
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.e2e
@@ -143,7 +143,7 @@ async def test_sigterm_drains_session_streams_goaway_then_their_calls_then_the_e
             (waiting,) = await stream.send(
                 acquire("orders", holder="B", wait_ms=120_000, request_id="b-1")
             )
-            assert (await stream.ask(PING)).WhichOneof("outcome") == "pong"
+            assert (await stream.ask(ping())).WhichOneof("outcome") == "pong"
             proc.send_signal(signal.SIGTERM)
             await eventually(lambda: any(r.HasField("goaway") for r in stream.responses), "goaway")
             answer = await asyncio.wait_for(waiting, HANG_GUARD)

@@ -40,7 +40,7 @@ from serving.auth import AuthPolicy
 from serving.server import KEEPALIVE_TIME_MS, BuiltServer, ServerOptions, build_server
 from tests.backends import LEASE_BACKENDS
 from tests.e2e.test_postgres_servers import lease_server_processes
-from tests.sessions import PING, Stream, acquire, error, info, release
+from tests.sessions import Stream, acquire, error, info, ping, release
 from tests.waiting import HANG_GUARD, eventually
 
 
@@ -245,7 +245,7 @@ async def test_the_steps_of_one_message_are_one_backend_step_in_message_order(
         lease_pb2.SessionCall(release=lease_pb2.ReleaseRequest(resource="nobody", token=3)),
         # Invalid, so never a step; a ping is the stream's own.
         acquire("two", ttl_ms=5),
-        PING,
+        ping(),
     )
     granted, held, lost, invalid, pong = await asyncio.wait_for(
         asyncio.gather(*futures), HANG_GUARD
@@ -427,7 +427,7 @@ async def test_calls_beyond_the_in_flight_cap_are_resource_exhausted(
     assert exhausted.limit == "session_in_flight"
     assert beyond.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
     # Pings are not calls in flight: the stream's liveness is never refused.
-    assert (await stream.ask(PING)).WhichOneof("outcome") == "pong"
+    assert (await stream.ask(ping())).WhichOneof("outcome") == "pong"
     assert not any(w.done() for w in waiting)
     # The cap is per stream: another stream of the same client is not full.
     other = Stream(lease_pb2_grpc.LeaseServiceStub(channel).Session())
@@ -468,7 +468,7 @@ async def test_a_bad_deadline_is_invalid_naming_it(stream: Stream) -> None:
 async def test_calls_are_counted_by_kind_and_code(served: Served, stream: Stream) -> None:
     await stream.ask(acquire("c"))
     await stream.ask(acquire("c", holder="other"))
-    await stream.ask(PING)
+    await stream.ask(ping())
     value = served.built.metrics.registry.get_sample_value
     calls = "fencing_lease_session_calls_total"
     assert value(calls, {"kind": "acquire", "code": "OK"}) == 1
