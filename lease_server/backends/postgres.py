@@ -2,8 +2,9 @@
 
 Each operation is one statement, and so one short transaction, calling a function
 installed by :mod:`serving.migrations`, where the SQL and its reasoning live: Acquire,
-Renew and Release, alone or many callers' at once, are ``lease_steps`` of
-``0018_lease_steps_set.sql`` (a grant raises the resource's counter under its row
+Renew and Release, alone or many callers' at once, and AcquireMany, RenewMany and
+ReleaseMany, are ``lease_steps`` (``0018_lease_steps_set.sql``, linear in its calls
+since ``0019_lease_steps_linear.sql``) (a grant raises the resource's counter under its row
 lock, and the token reaches the caller only after that commit: G1; counters are never
 deleted, no sequence is involved). Expiry is decided by the database's clock alone,
 read with ``clock_timestamp()`` with the row locks held (G7), so any number of servers
@@ -22,7 +23,7 @@ the last grant before the loss and the first after it. It is a session setting
 it holds for every path that grants; tokens become sparse (about 1.8e15).
 Synchronous replication makes it unnecessary.
 
-**Lease calls of many callers in one round trip** (``0018_lease_steps_set.sql``,
+**Lease calls of many callers in one round trip** (``0019_lease_steps_linear.sql``,
 :meth:`PostgresBackend.lease_steps`): the calls the server's group commit
 (:mod:`lease_server.grouped`) gathered go as one statement, every row locked in
 resource order (the lock order), each call judged as alone, their events numbered
@@ -291,7 +292,7 @@ class PostgresBackend:
             for n, i in enumerate(items, start=1)
         ]
 
-    # -- lease calls of many callers in one round trip (0017_lease_steps.sql) -------------------
+    # -- lease calls of many callers in one round trip (0019_lease_steps_linear.sql) ---------
 
     #: Steps in flight at once: one. While it is out, the next batch forms. Two steps
     #: at once would contend for the event log row (the second leaves its events

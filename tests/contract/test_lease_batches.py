@@ -12,6 +12,7 @@ import pytest
 from redis.crc import key_slot
 
 from fencing.errors import InvalidArgumentError, LeaseLost
+from fencing.limits import MAX_ACQUIRE_MANY, MAX_RENEW_MANY
 from lease_server.backends.base import (
     LeaseBackend,
     LeaseBatches,
@@ -248,3 +249,32 @@ async def _grant(
     outcome = await backend.acquire(resource, holder, ttl_ms, "")
     assert isinstance(outcome, Grant), outcome
     return outcome
+
+
+async def test_renew_many_and_release_many_at_their_limit(batch_backend: Batch) -> None:
+    """One RenewMany of MAX_RENEW_MANY leases, then one ReleaseMany of them, each one
+    backend call bounded by the backend's own timeout: every lease renewed, then freed.
+    A client holding that many renews them all in one call every few seconds; a backend
+    whose work grew faster than the number of leases ran past its timeout here and the
+    client lost every lease."""
+    backend, batches, _ = batch_backend
+    if getattr(backend, "cluster", False):
+        pytest.skip("AcquireMany cannot span a Redis Cluster's slots to take so many")
+    if isinstance(batches, OneByOne):
+        pytest.skip("one call per lease: nothing at stake in the size of one call")
+    grants: list[Grant] = []
+    for chunk in range(MAX_RENEW_MANY // MAX_ACQUIRE_MANY):
+        taken = await batches.acquire_many(
+            [f"lim{chunk}-{i}" for i in range(MAX_ACQUIRE_MANY)], "h", 60_000, ""
+        )
+        assert isinstance(taken, list)
+        grants.extend(taken)
+    assert len(grants) == MAX_RENEW_MANY
+    renewed = await batches.renew_many(
+        [RenewItem(g.resource, g.token, "h", 60_000) for g in grants]
+    )
+    assert all(isinstance(o, Grant) for o in renewed)
+    released = await batches.release_many([ReleaseItem(g.resource, g.token, "h") for g in grants])
+    assert released == [None] * MAX_RENEW_MANY
+    for g in grants[:: MAX_ACQUIRE_MANY // 2]:
+        assert not (await backend.describe(g.resource)).held
