@@ -17,7 +17,6 @@ it for good before a drain.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -46,6 +45,7 @@ from serving.admission import (
 from serving.auth import AuthPolicy
 from serving.logs import banner
 from serving.metrics import GrpcMetrics, Metrics, MetricsInterceptor
+from serving.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -213,11 +213,7 @@ class BuiltServer:
     async def enter_shutdown(self) -> None:
         """Stop background tasks and report NOT_SERVING for good (before draining)."""
         tasks, self.tasks = self.tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*tasks)
         await self.health.enter_graceful_shutdown()
 
 

@@ -64,7 +64,6 @@ costs latency, never correctness.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -94,6 +93,7 @@ from serving.postgres_db import (
     PostgresDatabase,
     migrate,
 )
+from serving.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -192,11 +192,9 @@ class PostgresBackend:
         if self._parked is not None:
             self._parked.cancel()
             self._parked = None
-        for task in (self._listener, self._renumber, *self._numbering):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait(
+            *(t for t in (self._listener, self._renumber, *self._numbering) if t is not None)
+        )
         self._listener = self._renumber = None
         self._numbering.clear()
         await self._db.close()

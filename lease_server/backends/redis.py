@@ -139,6 +139,7 @@ from serving.redis_db import (
     text,
     unescape_tag,
 )
+from serving.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -170,8 +171,6 @@ EVENTS_PER_RESOURCE = 100
 LISTEN_BACKOFF = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 #: Idle seconds after which the listener PINGs its subscription.
 LISTEN_PING_INTERVAL = 5.0
-#: Seconds close() gives the release listener to end after a cancel before cancelling again.
-RECANCEL_S = 0.5
 
 
 class RedisBackend(redis_db.Probed):
@@ -254,14 +253,10 @@ class RedisBackend(redis_db.Probed):
     async def close(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:
-            # Cancelled again until it ends: redis-py can swallow a cancellation that
-            # lands as its pub/sub read times out, and the listener's loop would go on
-            # (a lease server's drain then never finished).
-            while not listener.done():
-                listener.cancel()
-                await asyncio.wait({listener}, timeout=RECANCEL_S)
-            if not listener.cancelled():
-                listener.result()  # its own failure, if it had one
+            # Cancelled again until it ends: redis-py can swallow a cancellation (see
+            # serving.tasks), and the listener's loop would go on (a lease server's
+            # drain then never finished). Its own failure, if it had one, is raised.
+            await cancel_and_wait(listener)
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
