@@ -6,6 +6,7 @@
     python -m bench --clients 1,16       # client counts
     python -m bench --all                # everything, and bench/RESULTS.md written
     python -m bench --queue              # also the queue (service vs hand-written SQL)
+    python -m bench --all --queue --pglog  # every section, opt-in ones too, in RESULTS.md
 
 Sections: ``floor`` (the empty gRPC call, and the embedded SQLite servers against it),
 ``redis`` (redis-py Lock, raw EVALSHA, our servers on Redis), ``postgres`` (the guard's
@@ -16,8 +17,8 @@ writes per second against the backend's own check-and-write), ``scale`` (latency
 1,000 against 1,000,000 resources), ``sessions`` (one client holding 10,000 leases),
 ``peers`` (etcd, PostgreSQL advisory locks and redis-py Lock next to ours), ``pglog``
 (PostgreSQL's lease path against SQLite's, gRPC and in process, two servers, release to
-waiter and watch delays; ``FENCING_BENCH_BEFORE=<commit>`` adds that commit's servers,
-only with ``--only pglog``), ``queue``
+waiter and watch delays; ``FENCING_BENCH_BEFORE=<commit>`` adds that commit's servers;
+only with ``--pglog`` or ``--only pglog``), ``queue``
 (jobs/s through the QueueService next to hand-written SKIP LOCKED SQL on PostgreSQL, and our
 worker next to procrastinate's when it is installed (``bench/queue_peer.py``); only with
 ``--queue`` or ``--only queue``). A section whose server is unreachable is skipped with
@@ -339,6 +340,7 @@ def parser() -> argparse.ArgumentParser:
         help="comma-separated sections (default: %(default)s)",
     )
     p.add_argument("--queue", action="store_true", help="add the queue section")
+    p.add_argument("--pglog", action="store_true", help="add the pglog section")
     p.add_argument("--all", action="store_true", help="every section, and write bench/RESULTS.md")
     p.add_argument("--results", type=Path, default=RESULTS_MD, help="where --all writes")
     p.add_argument(
@@ -551,15 +553,23 @@ def write_results(
     path.write_text(text, encoding="utf-8")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def sections_to_run(args: argparse.Namespace) -> list[str]:
+    """``--all``: every section but the opt-in ones; else ``--only``'s. ``--queue`` and
+    ``--pglog`` add theirs to either, so one ``--all`` run can write them all."""
     names = (
         [n for n in SECTIONS if n not in OPT_IN]
         if args.all
         else [n for n in args.only.split(",") if n]
     )
-    if args.queue and "queue" not in names:
-        names.append("queue")
+    for name in sorted(OPT_IN):
+        if getattr(args, name) and name not in names:
+            names.append(name)
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    names = sections_to_run(args)
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
         print(

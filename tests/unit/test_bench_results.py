@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.__main__ import Options, Report, carried_over, sections_of, write_results
+from bench.__main__ import (
+    OPT_IN,
+    SECTIONS,
+    Options,
+    Report,
+    carried_over,
+    parser,
+    sections_of,
+    sections_to_run,
+    write_results,
+)
 from bench.harness import Result
 
 STARTED = "2027-01-02 03:04:05 UTC"
@@ -153,3 +163,16 @@ def test_nothing_to_carry_over_without_an_earlier_file(tmp_path: Path) -> None:
     text = _write(path, {"floor": (_floor_report(), 30.0)})
     assert "were not measured by this run" not in text
     assert carried_over("", {}) == []
+
+
+def test_all_runs_the_opt_in_sections_asked_for() -> None:
+    """``--all`` alone leaves the opt-in sections out; ``--queue`` and ``--pglog`` add
+    them, so one command measures every section and writes RESULTS.md."""
+    plain = sections_to_run(parser().parse_args(["--all"]))
+    assert plain == [n for n in SECTIONS if n not in OPT_IN]
+    every = sections_to_run(parser().parse_args(["--all", "--queue", "--pglog"]))
+    assert set(every) == set(SECTIONS)
+    assert sections_to_run(parser().parse_args(["--only", "floor", "--pglog"])) == [
+        "floor",
+        "pglog",
+    ]
