@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-#: Seconds between cancellations of a task that has not ended yet.
-RECANCEL_S = 0.1
+#: Seconds between cancellations of a task that has not ended yet: the time a task has
+#: for its own cleanup after a cancellation (a watch follower stores its cursor) before
+#: it is cancelled again.
+RECANCEL_S = 0.5
 
 
 async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
