@@ -14,7 +14,7 @@ import pytest
 from fencing import GuardClient
 from fencing.testing import RunningServers, running_servers
 from fencingctl.lock import EXIT_NOT_ACQUIRED
-from tests.integration.test_cli_lock import env, wait_for
+from tests.integration.test_cli_lock import env, read_line
 from tests.waiting import HANG_GUARD
 
 
@@ -75,8 +75,7 @@ def test_elect_runs_the_leader_and_leader_shows_it(servers: RunningServers, tmp_
         cwd=tmp_path,
     )
     try:
-        wait_for(tmp_path / "leading")
-        term, value, resource = (tmp_path / "leading").read_text().split()
+        term, value, resource = read_line(tmp_path / "leading").split()
         assert (value, resource) == ("10.0.0.1:80", "sched")
         line = f"name=sched leader=true term={term} holder=n1 value=10.0.0.1:80"
         assert leader(servers) == line

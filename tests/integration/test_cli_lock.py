@@ -80,6 +80,18 @@ def wait_for(path: Path) -> None:
         time.sleep(0.02)
 
 
+def read_line(path: Path) -> str:
+    """The line a command writes to ``path`` (``echo ... > path``), once it is whole:
+    the shell creates the file before it writes, so the file can be there and empty."""
+    end = time.monotonic() + HANG_GUARD
+    while True:
+        text = path.read_text() if path.exists() else ""
+        if text.endswith("\n"):
+            return text
+        assert time.monotonic() < end, f"{path.name} never held a whole line: {text!r}"
+        time.sleep(0.02)
+
+
 def test_runs_the_command_with_the_lease_in_its_environment(
     servers: RunningServers, tmp_path: Path
 ) -> None:
@@ -228,22 +240,21 @@ def test_a_lost_lease_stops_the_command(
     # ignored across exec), so SIGKILL is what ends it.
     trap = "trap '' TERM; " if ignores_term else ""
     script = f"{trap}echo $FENCING_TOKEN > token; exec sleep {HANG_GUARD * 2:g}"
-    holder = subprocess.Popen(
+    with subprocess.Popen(
         [*lock_argv(servers, "cron", "--ttl", "1", "--grace", "0.2"), "--", "sh", "-c", script],
         env=env(),
         cwd=tmp_path,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    try:
-        wait_for(tmp_path / "token")
-        token = int((tmp_path / "token").read_text())
-        with LeaseClient(servers.lease_address) as leases:
-            leases.release("cron", token)  # taken away: the next renewal is refused
-        _, err = holder.communicate(timeout=HANG_GUARD)
-    finally:
-        holder.kill()
-        holder.wait()
+    ) as holder:  # its pipe closed however the test ends
+        try:
+            token = int(read_line(tmp_path / "token"))
+            with LeaseClient(servers.lease_address) as leases:
+                leases.release("cron", token)  # taken away: the next renewal is refused
+            _, err = holder.communicate(timeout=HANG_GUARD)
+        finally:
+            holder.kill()
+            holder.wait()
     assert holder.returncode == EXIT_LOST
     assert "SIGTERM" in err
     assert ("SIGKILL" in err) is ignores_term
