@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +38,13 @@ from lease_server.metrics import LeaseMetrics
 from lease_server.server import lease_services, start_lease_server
 from lease_server.service import LeaseService
 from serving.auth import AuthPolicy
-from serving.server import KEEPALIVE_TIME_MS, BuiltServer, ServerOptions, build_server
+from serving.server import (
+    KEEPALIVE_TIME_MS,
+    KEEPALIVE_TIMEOUT_MS,
+    BuiltServer,
+    ServerOptions,
+    build_server,
+)
 from tests.backends import LEASE_BACKENDS
 from tests.e2e.test_postgres_servers import lease_server_processes
 from tests.sessions import Stream, acquire, error, info, ping, release
@@ -567,10 +574,12 @@ async def test_a_paused_client_is_noticed_by_keepalive_and_its_calls_let_go() ->
     waiter it left with it; the control server, keepalive as shipped (10 + 5 s), still
     holds its stream then."""
     servers = []
-    for keepalive_ms in (500, KEEPALIVE_TIME_MS):
+    # The control's keepalive as shipped, timeout included: 15 s before it could drop the
+    # stream, where the quick one drops it within about 1 s.
+    for keepalive_ms, timeout_ms in ((500, 500), (KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS)):
         backend = MemoryBackend()
         await backend.open()
-        options = ServerOptions(keepalive_time_ms=keepalive_ms, keepalive_timeout_ms=500)
+        options = ServerOptions(keepalive_time_ms=keepalive_ms, keepalive_timeout_ms=timeout_ms)
         server = await serve(backend, options)
         holder = Stream.open(grpc.aio.insecure_channel(server.address))
         assert (await holder.ask(acquire("busy", holder="first"))).WhichOneof("outcome")
@@ -589,11 +598,13 @@ async def test_a_paused_client_is_noticed_by_keepalive_and_its_calls_let_go() ->
             waiters = server.service.waiters
             await eventually(lambda w=waiters: w.waiting("busy") == 1, "queued")  # type: ignore[misc]
         client.send_signal(signal.SIGSTOP)
+        paused = time.monotonic()
         await eventually(
             lambda: quick.service.sessions.open_streams == 1, "the paused stream dropped"
         )
         await eventually(lambda: quick.service.waiters.waiting("busy") == 0, "its waiter let go")
-        assert control.service.sessions.open_streams == 2
+        waited = time.monotonic() - paused
+        assert control.service.sessions.open_streams == 2, f"{waited:.1f} s after the pause"
         assert control.service.waiters.waiting("busy") == 1
     finally:
         client.kill()
