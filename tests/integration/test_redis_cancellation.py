@@ -23,6 +23,7 @@ from lease_server.backends.redis import RedisBackend
 from serving.server import BuiltServer
 from serving.tasks import cancel_and_wait
 from tests import redis_server
+from tests.waiting import HANG_GUARD
 
 pytestmark = pytest.mark.redis
 
@@ -30,8 +31,6 @@ Call = Callable[[], Awaitable[object]]
 #: Cancellations per test, each at another point of a call (0 to 1.2 ms after it began);
 #: about half are swallowed once here, and each of those costs a RECANCEL_S.
 TRIALS = 12
-#: Seconds: only a task that ignored its cancellation waits this long.
-HANG_GUARD = 10.0
 
 
 @pytest.fixture(params=["guard-store", "lease-backend"])
