@@ -12,12 +12,14 @@ a paused former owner that wakes up after a takeover changes nothing::
 
 The asyncio twins (``AsyncLeaseClient``, ``AsyncGuardClient``) have the same methods,
 and cancel the body of ``async with leases.hold(...)`` when the lease is lost.
-Leader election fenced by its term: :class:`Election` / :class:`AsyncElection`.
+Leader election fenced by its term: :class:`Election` / :class:`AsyncElection`; at most N
+holders, each with its own token: :class:`Semaphore` / :class:`AsyncSemaphore`.
 Errors: see :mod:`fencing.errors`.
 """
 
 from fencing import _version
 from fencing.async_election import AsyncElection, AsyncLeadership
+from fencing.async_semaphore import AsyncSemaphore
 from fencing.client import (
     AsyncGuardClient,
     AsyncLease,
@@ -47,6 +49,7 @@ from fencing.errors import (
     StaleTokenError,
     UnauthenticatedError,
 )
+from fencing.semaphore import Semaphore
 from fencing.tls import TLSConfig
 from fencing.types import Claim, Delete, Fenced, Op, Put, Record
 
@@ -60,6 +63,7 @@ __all__ = [
     "AsyncLease",
     "AsyncLeaseClient",
     "AsyncQueueClient",
+    "AsyncSemaphore",
     "BackendUnavailableError",
     "Claim",
     "DeadlineExceededError",
@@ -85,6 +89,7 @@ __all__ = [
     "QueueClient",
     "Record",
     "ResourceExhaustedError",
+    "Semaphore",
     "StaleTokenError",
     "TLSConfig",
     "UnauthenticatedError",

@@ -1,4 +1,4 @@
-"""``fencing lock RESOURCE [--ttl S] [--timeout S] -- CMD [ARGS...]``: run CMD holding a lease.
+"""``fencing lock RESOURCE [-n N] [OPTIONS] -- CMD [ARGS...]``: run CMD holding a lease.
 
 Like ``etcdctl lock NAME CMD``, ``consul lock`` or ``flock``, with a fencing token:
 
@@ -15,6 +15,12 @@ Like ``etcdctl lock NAME CMD``, ``consul lock`` or ``flock``, with a fencing tok
    the whole process was paused), sends CMD SIGTERM, then SIGKILL after ``--grace``
    seconds; anything CMD still sends the guard after the loss is refused there;
 5. releases the lease when CMD exits, and exits with CMD's status.
+
+With ``-n N`` (like ``consul lock -n N``) up to N commands hold RESOURCE at once: each
+takes one of N slot leases ``RESOURCE/slot-0`` .. ``RESOURCE/slot-{N-1}`` (a
+semaphore, :mod:`fencing.semaphore`), with its own token, and ``FENCING_RESOURCE``
+names that slot, so what CMD writes with ``fencing put "$FENCING_RESOURCE" ...`` is
+fenced per slot. Every holder of RESOURCE must give the same N.
 
 Exit codes of its own (CMD's status otherwise; a CMD killed by signal N gives 128+N):
 75 (``EXIT_NOT_ACQUIRED``) when the timeout ran out with the lease still held by
@@ -34,12 +40,13 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from types import FrameType
 from typing import Any
 
-from fencing.client import GuardClient, Lease
+from fencing.client import GuardClient, Lease, LeaseClient
 from fencing.errors import AcquireTimeoutError, FencingError, LeaseLost
+from fencing.semaphore import MAX_LIMIT, Semaphore
 from fencingctl import connect
 from serving import exits
 
@@ -187,6 +194,28 @@ def command_of(args: argparse.Namespace) -> list[str]:
     return rest
 
 
+def holding(
+    args: argparse.Namespace, leases: LeaseClient, fence: list[GuardClient]
+) -> AbstractContextManager[Lease]:
+    """The lease on RESOURCE, or with ``-n N`` above 1 one of its semaphore's N slot leases
+    (``RESOURCE/slot-i``, each with its own token: :mod:`fencing.semaphore`)."""
+    if args.limit > 1:
+        semaphore = Semaphore(leases, args.name, args.limit, args.ttl, fence=fence)
+        return semaphore.hold(timeout=args.timeout)
+    return leases.hold(args.name, args.ttl, timeout=args.timeout, fence=fence)
+
+
+def limit_arg(text: str) -> int:
+    """``-n``: how many may hold RESOURCE at once (1 .. MAX_LIMIT)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be an integer 1 .. {MAX_LIMIT}, got {text!r}")
+    return value
+
+
 def _run(args: argparse.Namespace) -> int:
     command = command_of(args)
     try:
@@ -195,7 +224,7 @@ def _run(args: argparse.Namespace) -> int:
             fence = guard_of(args, stack)
             code = 0
             try:
-                with leases.hold(args.name, args.ttl, timeout=args.timeout, fence=fence) as lease:
+                with holding(args, leases, fence) as lease:
                     code = run_while_held(args, lease, command)
             except LeaseLost:
                 return EXIT_LOST
@@ -265,6 +294,16 @@ def register(sub: Any) -> None:
         default=None,
         help="seconds to wait while another holds it (default: forever); then exit "
         f"{EXIT_NOT_ACQUIRED}",
+    )
+    options.add_argument(
+        "-n",
+        "--limit",
+        type=limit_arg,
+        default=1,
+        metavar="N",
+        help="let up to N hold RESOURCE at once, like consul lock -n (a semaphore: each "
+        "holder gets one of N slot leases RESOURCE/slot-0..N-1 with its own token, and "
+        "FENCING_RESOURCE names that slot; default %(default)s: RESOURCE itself)",
     )
     add_run_options(options)
     p = runner_parser(

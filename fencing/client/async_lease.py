@@ -258,10 +258,14 @@ class AsyncHold(_AsyncHolding):
         self.lease: AsyncLease | None = None
         self._current: Token[Fenced | None] | None = None
 
-    async def __aenter__(self) -> AsyncLease:
-        lease = await self._client.acquire(
+    async def _take(self) -> AsyncLease:
+        """The lease the block holds (a subclass may take it otherwise: a semaphore's slot)."""
+        return await self._client.acquire(
             self._resource, self._ttl, self._timeout, fence=self._fence
         )
+
+    async def __aenter__(self) -> AsyncLease:
+        lease = await self._take()
         self.lease = lease
         self._keep([lease])
         self._current = propagation.set_current(lease)
