@@ -26,7 +26,7 @@ import grpc
 from fencing.client import GuardClient, LeaseClient
 from fencing.errors import FencingError, InvalidArgumentError
 from fencing.types import Claim, Put
-from fencingctl import connect
+from fencingctl import connect, keepalive
 from serving import exits
 
 
@@ -265,6 +265,8 @@ def register(sub: Any) -> None:
     p.add_argument("resource")
     _common(p, lease=True)
     p.set_defaults(run=_describe)
+
+    keepalive.register_action(lsub)
 
     p = sub.add_parser("put", help="guarded write of one key with a token")
     p.add_argument("resource")
