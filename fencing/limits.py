@@ -29,7 +29,10 @@ prefix             0-256 bytes of UTF-8, no control characters
 page_size          0 (default 100) or 1 .. 1,000 leases per List page, jobs per
                    ListJobs page
 page_token         0-256 bytes (a previous List page's next_page_token); of ListJobs,
-                   the one its previous page returned
+                   the one its previous page returned; of ListRecords, 0-1024 bytes
+                   (a key)
+records page       0 (default 100) or 1 .. 1,000 records per ListRecords page, and
+                   at most 3 MiB of values (at least one record)
 job id             1 .. 2**63 - 1
 requeue limit      0 (default 1,000) or 1 .. 1,000 dead jobs per RequeueDead
 queue              1-128 bytes of UTF-8, no control characters
@@ -174,6 +177,16 @@ def check_page_size(value: int, field: str = "page_size") -> int:
 def check_page_token(value: str, field: str = "page_token") -> str:
     """A List cursor: empty (the first page) or a token the server handed out."""
     return check_name(field, value, MAX_RESOURCE_BYTES, required=False)
+
+
+#: About how many bytes of values one ListRecords page carries (at least one record), so
+#: a page fits the 4 MiB a gRPC client accepts by default, even with 1 MiB values.
+MAX_RECORDS_PAGE_BYTES = 3 * 1024 * 1024
+
+
+def check_record_page_token(value: str, field: str = "page_token") -> str:
+    """A ListRecords cursor: empty (the first page) or the last key of the page before."""
+    return check_name(field, value, MAX_KEY_BYTES, required=False)
 
 
 def check_job_page_token(value: str, field: str = "page_token") -> int:

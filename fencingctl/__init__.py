@@ -22,6 +22,7 @@ from fencingctl import (
     ops,
     outbox,
     queue,
+    records,
     serve,
     watch,
 )
@@ -29,7 +30,20 @@ from serving import exits
 
 Command = Callable[[argparse.Namespace], int]
 
-MODULES = [serve, ops, lock, elect, watch, queue, outbox, migrate, healthcheck, demo, chaos]
+MODULES = [
+    serve,
+    ops,
+    records,
+    lock,
+    elect,
+    watch,
+    queue,
+    outbox,
+    migrate,
+    healthcheck,
+    demo,
+    chaos,
+]
 
 
 def parser() -> argparse.ArgumentParser:

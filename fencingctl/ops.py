@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -176,6 +177,18 @@ def _get(args: argparse.Namespace) -> dict[str, Any]:
         }
 
 
+def _get_or_list(args: argparse.Namespace) -> int:
+    """``get RESOURCE KEY`` reads one key; without KEY, or with ``--prefix``, it lists."""
+    from fencingctl import records  # it builds on this module's helpers
+
+    if args.key is None or args.prefix is not None:
+        if args.key is not None:
+            print("fencing get: error: give KEY or --prefix, not both", file=sys.stderr)
+            return exits.USAGE
+        return records.list_records(args)
+    return _get(args)
+
+
 @_guarded
 def _fence(args: argparse.Namespace) -> dict[str, Any]:
     resource, token = args.resource, args.token
@@ -282,11 +295,14 @@ def register(sub: Any) -> None:
     _common(p, lease=False)
     p.set_defaults(run=_put)
 
-    p = sub.add_parser("get", help="read one key and the token that wrote it")
+    p = sub.add_parser("get", help="read one key and the token that wrote it, or list keys")
     p.add_argument("resource")
-    p.add_argument("key")
+    p.add_argument("key", nargs="?", default=None, help="the key (none: list RESOURCE's keys)")
+    from fencingctl import records  # it builds on this module's helpers
+
+    records.add_list_options(p)
     _common(p, lease=False)
-    p.set_defaults(run=_get)
+    p.set_defaults(run=_get_or_list)
 
     p = sub.add_parser(
         "fence",

@@ -430,6 +430,37 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         )
 
     @rpc
+    async def ListRecords(
+        self, request: guard_pb2.ListRecordsRequest, context: Context
+    ) -> guard_pb2.ListRecordsResponse:
+        """A page of one resource's records under a key prefix, in key order.
+
+        Asks the store for one more than the page, so a full page says whether another
+        follows; the page also stops at MAX_RECORDS_PAGE_BYTES (3 MiB) of values. The
+        cursor is the page's last key (the next page starts after it).
+        """
+        resource = limits.check_resource(request.resource)
+        prefix = limits.check_prefix(request.prefix)
+        size = limits.check_page_size(request.page_size)
+        after = limits.check_record_page_token(request.page_token)
+        found = await self.store.list_records(resource, prefix, after, size + 1)
+        page: list[guard_pb2.KeyRecord] = []
+        total = 0
+        for key, record in found[:size]:
+            if page and total + len(record.value) > limits.MAX_RECORDS_PAGE_BYTES:
+                break
+            total += len(record.value)
+            page.append(
+                guard_pb2.KeyRecord(
+                    key=key, value=record.value, written_by_token=record.written_by_token
+                )
+            )
+        more = len(found) > len(page)
+        return guard_pb2.ListRecordsResponse(
+            records=page, next_page_token=page[-1].key if more else ""
+        )
+
+    @rpc
     async def Fence(
         self, request: guard_pb2.FenceRequest, context: Context
     ) -> guard_pb2.FenceState:

@@ -48,7 +48,7 @@ action                        methods
 ``write`` ``read`` ``fence``  GuardService Write, WriteMany (every resource of it),
                               WriteStream (each streamed write, judged on its own:
                               a write outside the grants gets PERMISSION_DENIED as
-                              its verdict); Read and DescribeFence; Fence
+                              its verdict); Read, ListRecords and DescribeFence; Fence
 ``enqueue`` ``claim``         QueueService Enqueue, PutSchedule, DeleteSchedule (by the
                               schedule's queue); Claim, Heartbeat, Complete, Fail, Release
 ``describe``                  QueueService Stats, ListSchedules, ListJobs, GetJob
@@ -120,6 +120,7 @@ METHOD_ACTIONS: dict[str, Action] = {
     _GUARD + "WriteMany": Action.WRITE,
     _GUARD + "WriteStream": Action.WRITE,
     _GUARD + "Read": Action.READ,
+    _GUARD + "ListRecords": Action.READ,
     _GUARD + "DescribeFence": Action.READ,
     _GUARD + "Fence": Action.FENCE,
     _GUARD + "ResetFence": Action.RESET_FENCE,

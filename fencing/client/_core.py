@@ -933,5 +933,17 @@ def read_result(msg: guard_pb2.ReadResponse) -> Record | None:
     return Record(msg.value, msg.written_by_token) if msg.found else None
 
 
+def list_records_request(
+    resource: str, prefix: str, page_size: int, page_token: str
+) -> guard_pb2.ListRecordsRequest:
+    return guard_pb2.ListRecordsRequest(
+        resource=resource, prefix=prefix, page_size=page_size, page_token=page_token
+    )
+
+
+def key_records(msg: guard_pb2.ListRecordsResponse) -> list[tuple[str, Record]]:
+    return [(r.key, Record(r.value, r.written_by_token)) for r in msg.records]
+
+
 def ops_list(ops: Sequence[Op] | Op) -> list[Op]:
     return [ops] if isinstance(ops, Put | Delete) else list(ops)

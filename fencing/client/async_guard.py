@@ -7,7 +7,7 @@ from :mod:`fencing.client._core`, so only the waiting differs.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import TypeVar
 
 import grpc
@@ -91,6 +91,21 @@ class AsyncGuardClient(AsyncCalls):
         """The value under ``key`` with the token that wrote it, or None."""
         msg = await self._call(self._stub.Read, _core.read_request(resource, key))
         return _core.read_result(msg)
+
+    async def list_records(
+        self, resource: str, prefix: str = "", *, page_size: int = 0
+    ) -> AsyncGenerator[tuple[str, Record], None]:
+        """Yield ``(key, record)`` under ``prefix``, a page at a time; see
+        ``GuardClient.list_records``."""
+        page_token = ""
+        while True:
+            request = _core.list_records_request(resource, prefix, page_size, page_token)
+            page = await self._call(self._stub.ListRecords, request)
+            for item in _core.key_records(page):
+                yield item
+            page_token = page.next_page_token
+            if not page_token:
+                return
 
     async def fence(self, fenced: Fenced) -> int:
         """Promise: from now on reject every token older than ``fenced.token``."""

@@ -7,7 +7,7 @@ The asyncio twin is :mod:`fencing.client.async_guard`; both only send what
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
 import grpc
@@ -96,6 +96,26 @@ class GuardClient(BlockingCalls):
     def read(self, resource: str, key: str) -> Record | None:
         """The value under ``key`` with the token that wrote it, or None."""
         return _core.read_result(self._call(self._stub.Read, _core.read_request(resource, key)))
+
+    def list_records(
+        self, resource: str, prefix: str = "", *, page_size: int = 0
+    ) -> Iterator[tuple[str, Record]]:
+        """Yield ``(key, record)`` for the keys of ``resource`` starting with ``prefix``,
+        in key order (by code point).
+
+        Asks for one page at a time (``page_size`` records, at most 1,000; 0: the
+        guard's default, 100; a page also stops at at most 3 MiB of values) as the
+        iteration goes on. Each page is read on its own: a key written or deleted
+        meanwhile may or may not appear, none twice.
+        """
+        page_token = ""
+        while True:
+            request = _core.list_records_request(resource, prefix, page_size, page_token)
+            page = self._call(self._stub.ListRecords, request)
+            yield from _core.key_records(page)
+            page_token = page.next_page_token
+            if not page_token:
+                return
 
     def fence(self, fenced: Fenced) -> int:
         """Promise: from now on reject every token older than ``fenced.token``."""

@@ -198,6 +198,82 @@ class ReadResponse(_message.Message):
 Global___ReadResponse: _TypeAlias = ReadResponse  # noqa: Y015
 
 @_typing.final
+class ListRecordsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    PREFIX_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    resource: _builtins.str
+    prefix: _builtins.str
+    page_size: _builtins.int
+    page_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        resource: _builtins.str = ...,
+        prefix: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "prefix", b"prefix", "resource", b"resource"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRecordsRequest: _TypeAlias = ListRecordsRequest  # noqa: Y015
+
+@_typing.final
+class KeyRecord(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    WRITTEN_BY_TOKEN_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    value: _builtins.bytes
+    written_by_token: _builtins.int
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        value: _builtins.bytes = ...,
+        written_by_token: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value", "written_by_token", b"written_by_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeyRecord: _TypeAlias = KeyRecord  # noqa: Y015
+
+@_typing.final
+class ListRecordsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___KeyRecord]: ...
+    def __init__(
+        self,
+        *,
+        records: _abc.Iterable[Global___KeyRecord] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRecordsResponse: _TypeAlias = ListRecordsResponse  # noqa: Y015
+
+@_typing.final
 class FenceRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -44,6 +44,11 @@ class GuardServiceStub:
                 request_serializer=fencing_dot_v1_dot_guard__pb2.ReadRequest.SerializeToString,
                 response_deserializer=fencing_dot_v1_dot_guard__pb2.ReadResponse.FromString,
                 _registered_method=True)
+        self.ListRecords = channel.unary_unary(
+                '/fencing.v1.GuardService/ListRecords',
+                request_serializer=fencing_dot_v1_dot_guard__pb2.ListRecordsRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_guard__pb2.ListRecordsResponse.FromString,
+                _registered_method=True)
         self.Fence = channel.unary_unary(
                 '/fencing.v1.GuardService/Fence',
                 request_serializer=fencing_dot_v1_dot_guard__pb2.FenceRequest.SerializeToString,
@@ -87,6 +92,16 @@ class GuardServiceServicer:
 
     def Read(self, request, context):
         """Read one key, with the token of the write that stored it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRecords(self, request, context):
+        """The records of one resource whose key starts with prefix, in key order (by code
+        point), a page at a time: at most page_size records (0: 100; at most 1,000) and
+        at most 3 MiB of values (always at least one record). next_page_token (empty on the
+        last page) is passed back as page_token; each page is read on its own.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -150,6 +165,11 @@ def add_GuardServiceServicer_to_server(servicer, server):
                     servicer.Read,
                     request_deserializer=fencing_dot_v1_dot_guard__pb2.ReadRequest.FromString,
                     response_serializer=fencing_dot_v1_dot_guard__pb2.ReadResponse.SerializeToString,
+            ),
+            'ListRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRecords,
+                    request_deserializer=fencing_dot_v1_dot_guard__pb2.ListRecordsRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_guard__pb2.ListRecordsResponse.SerializeToString,
             ),
             'Fence': grpc.unary_unary_rpc_method_handler(
                     servicer.Fence,
@@ -231,6 +251,33 @@ class GuardService:
             '/fencing.v1.GuardService/Read',
             fencing_dot_v1_dot_guard__pb2.ReadRequest.SerializeToString,
             fencing_dot_v1_dot_guard__pb2.ReadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.GuardService/ListRecords',
+            fencing_dot_v1_dot_guard__pb2.ListRecordsRequest.SerializeToString,
+            fencing_dot_v1_dot_guard__pb2.ListRecordsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,12 @@ class GuardServiceStub:
     """
     Read: _grpc.UnaryUnaryMultiCallable[_guard_pb2.ReadRequest, _guard_pb2.ReadResponse]
     """Read one key, with the token of the write that stored it."""
+    ListRecords: _grpc.UnaryUnaryMultiCallable[_guard_pb2.ListRecordsRequest, _guard_pb2.ListRecordsResponse]
+    """The records of one resource whose key starts with prefix, in key order (by code
+    point), a page at a time: at most page_size records (0: 100; at most 1,000) and
+    at most 3 MiB of values (always at least one record). next_page_token (empty on the
+    last page) is passed back as page_token; each page is read on its own.
+    """
     Fence: _grpc.UnaryUnaryMultiCallable[_guard_pb2.FenceRequest, _guard_pb2.FenceState]
     """Advance the fence without writing data (never lowers it; idempotent). In strict
     mode the token must be the live lease or job claim (LEASE_LOST otherwise).
@@ -84,6 +90,12 @@ class GuardServiceAsyncStub(GuardServiceStub):
     """
     Read: _aio.UnaryUnaryMultiCallable[_guard_pb2.ReadRequest, _guard_pb2.ReadResponse]  # type: ignore[assignment]
     """Read one key, with the token of the write that stored it."""
+    ListRecords: _aio.UnaryUnaryMultiCallable[_guard_pb2.ListRecordsRequest, _guard_pb2.ListRecordsResponse]  # type: ignore[assignment]
+    """The records of one resource whose key starts with prefix, in key order (by code
+    point), a page at a time: at most page_size records (0: 100; at most 1,000) and
+    at most 3 MiB of values (always at least one record). next_page_token (empty on the
+    last page) is passed back as page_token; each page is read on its own.
+    """
     Fence: _aio.UnaryUnaryMultiCallable[_guard_pb2.FenceRequest, _guard_pb2.FenceState]  # type: ignore[assignment]
     """Advance the fence without writing data (never lowers it; idempotent). In strict
     mode the token must be the live lease or job claim (LEASE_LOST otherwise).
@@ -131,6 +143,18 @@ class GuardServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_guard_pb2.ReadResponse, _abc.Awaitable[_guard_pb2.ReadResponse]]:
         """Read one key, with the token of the write that stored it."""
+
+    @_abc_1.abstractmethod
+    def ListRecords(
+        self,
+        request: _guard_pb2.ListRecordsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_guard_pb2.ListRecordsResponse, _abc.Awaitable[_guard_pb2.ListRecordsResponse]]:
+        """The records of one resource whose key starts with prefix, in key order (by code
+        point), a page at a time: at most page_size records (0: 100; at most 1,000) and
+        at most 3 MiB of values (always at least one record). next_page_token (empty on the
+        last page) is passed back as page_token; each page is read on its own.
+        """
 
     @_abc_1.abstractmethod
     def Fence(

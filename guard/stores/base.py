@@ -120,6 +120,12 @@ class GuardStore(Protocol):
     async def read(self, resource: str, key: str) -> Record | None:
         """The value under ``key`` and the token that wrote it, or None."""
 
+    async def list_records(
+        self, resource: str, prefix: str, after: str, limit: int
+    ) -> list[tuple[str, Record]]:
+        """Up to ``limit`` records of ``resource`` whose key starts with ``prefix`` and
+        sorts after ``after`` ('' : from the first), in key order by code point."""
+
     async def fence(self, resource: str, token: int, mode: FenceMode = FenceMode.MONOTONIC) -> int:
         """Advance the fence to ``token`` (see :func:`guard.fence.advance`); return it.
 

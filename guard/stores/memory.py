@@ -121,6 +121,14 @@ class MemoryStore:
     async def read(self, resource: str, key: str) -> Record | None:
         return self._data.get((resource, key))
 
+    async def list_records(
+        self, resource: str, prefix: str, after: str, limit: int
+    ) -> list[tuple[str, Record]]:
+        keys = sorted(
+            k for r, k in self._data if r == resource and k.startswith(prefix) and k > after
+        )
+        return [(k, self._data[(resource, k)]) for k in keys[:limit]]
+
     async def fence(self, resource: str, token: int, mode: FenceMode = FenceMode.MONOTONIC) -> int:
         new = fence_rule.advance(resource, token, self._fences.get(resource, 0))
         fence_rule.may_fence(resource, token, mode, live=False)

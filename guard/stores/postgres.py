@@ -98,6 +98,12 @@ class PostgresStore:
         self._read_sql = q(
             "SELECT value, token FROM {schema}.data WHERE resource = %s AND key = %s"
         )
+        # COLLATE "C": code point order, the same on every store and database locale.
+        self._list_sql = q(
+            "SELECT key, value, token FROM {schema}.data WHERE resource = %s "
+            'AND key COLLATE "C" > %s AND key COLLATE "C" >= %s AND starts_with(key, %s) '
+            'ORDER BY key COLLATE "C" LIMIT %s'
+        )
         self._fence_sql = q("SELECT {schema}.guard_fence(%s, %s, %s)")
         self._reset_sql = q("SELECT {schema}.guard_reset_fence(%s, %s)")
         self._describe_sql = q("SELECT fence FROM {schema}.fences WHERE resource = %s")
@@ -204,6 +210,12 @@ class PostgresStore:
     async def read(self, resource: str, key: str) -> Record | None:
         row = await self._db.fetchone(self._read_sql, (resource, key))
         return Record(bytes(row[0]), int(row[1])) if row else None
+
+    async def list_records(
+        self, resource: str, prefix: str, after: str, limit: int
+    ) -> list[tuple[str, Record]]:
+        rows = await self._db.fetchall(self._list_sql, (resource, after, prefix, prefix, limit))
+        return [(str(k), Record(bytes(v), int(t))) for k, v, t in rows]
 
     async def fence(self, resource: str, token: int, mode: FenceMode = FenceMode.MONOTONIC) -> int:
         row = await self._db.fetchone(self._fence_sql, (resource, token, mode.value))

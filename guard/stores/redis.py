@@ -347,11 +347,27 @@ class RedisStore(redis_db.Probed):
         keys = ResourceKeys(self.prefix, resource)
         with driver_errors("read"):
             raw = await self.client.hget(keys.data, key)
-        if raw is None:
-            return None
-        blob = raw if isinstance(raw, bytes) else raw.encode("utf-8")
-        token, _, value = blob.partition(b":")
-        return Record(value, int(token))
+        return None if raw is None else _record_of(raw)
+
+    async def list_records(
+        self, resource: str, prefix: str, after: str, limit: int
+    ) -> list[tuple[str, Record]]:
+        # A resource's records are one hash: its field names are read whole (HKEYS,
+        # the size of one resource's data), sorted here, and one page's values fetched.
+        keys = ResourceKeys(self.prefix, resource)
+        with driver_errors("list_records"):
+            raw_names = await self.client.hkeys(keys.data)
+            names = sorted(
+                n
+                for n in (r if isinstance(r, str) else r.decode("utf-8") for r in raw_names)
+                if n > after and n.startswith(prefix)
+            )[:limit]
+            blobs = await self.client.hmget(keys.data, names) if names else []
+        page: list[tuple[str, Record]] = []
+        for name, raw in zip(names, blobs, strict=True):
+            if raw is not None:  # else deleted between the two calls
+                page.append((name, _record_of(raw)))
+        return page
 
     async def fence(self, resource: str, token: int, mode: FenceMode = FenceMode.MONOTONIC) -> int:
         keys = ResourceKeys(self.prefix, resource)
@@ -395,3 +411,10 @@ class RedisStore(redis_db.Probed):
         for key in await redis_db.scan_keys(self.client, pattern):
             pruned += int(await self._run("prune", [text(key)], [str(max(0, older_than_ms))]))
         return pruned
+
+
+def _record_of(raw: bytes | str) -> Record:
+    """A record as the data hash keeps it: ``token:value``."""
+    blob = raw if isinstance(raw, bytes) else raw.encode("utf-8")
+    token, _, value = blob.partition(b":")
+    return Record(value, int(token))

@@ -216,6 +216,21 @@ class SQLiteStore:
 
         return await self._db.query(q)
 
+    async def list_records(
+        self, resource: str, prefix: str, after: str, limit: int
+    ) -> list[tuple[str, Record]]:
+        # TEXT compares by its UTF-8 bytes (BINARY): the order of code points. The
+        # range on key lets the primary key's index do the work.
+        def q(conn: sqlite3.Connection) -> list[tuple[str, Record]]:
+            rows = conn.execute(
+                "SELECT key, value, token FROM data WHERE resource = ? AND key > ? "
+                "AND key >= ? AND substr(key, 1, length(?)) = ? ORDER BY key LIMIT ?",
+                (resource, after, prefix, prefix, prefix, limit),
+            ).fetchall()
+            return [(str(k), Record(bytes(v), int(t))) for k, v, t in rows]
+
+        return await self._db.query(q)
+
     async def fence(self, resource: str, token: int, mode: FenceMode = FenceMode.MONOTONIC) -> int:
         def tx(conn: sqlite3.Connection) -> int:
             new = fence_rule.advance(resource, token, _fence_of(conn, resource))

@@ -186,3 +186,25 @@ async def test_mode_off_accepts_stale_tokens(guard_store: GuardStore) -> None:
     result = await guard_store.write("r", 2, [Put("k", b"stale")], mode=FenceMode.OFF)
     assert result.fence == 9
     assert await guard_store.read("r", "k") == Record(b"stale", 2)
+
+
+async def test_list_records_in_code_point_order_under_a_prefix_after_a_cursor(
+    guard_store: GuardStore,
+) -> None:
+    # Mixed case, a non-ASCII key and a LIKE wildcard: the order is the code points'
+    # on every store (whatever the database's locale), and "%" and "_" are literal.
+    keys = ["cfg/b", "cfg/B", "cfg/a", "cfg/é", "cfg/_x", "cfg%", "other", "cfg/a/deep"]
+    await guard_store.write("r", 3, [Put(k, k.encode()) for k in keys])
+    await guard_store.write("r2", 1, [Put("cfg/zz", b"elsewhere")])
+    under = sorted(k for k in keys if k.startswith("cfg/"))
+    assert under == ["cfg/B", "cfg/_x", "cfg/a", "cfg/a/deep", "cfg/b", "cfg/é"]
+    page = await guard_store.list_records("r", "cfg/", "", 10)
+    assert page == [(k, Record(k.encode(), 3)) for k in under]
+    assert [k for k, _ in await guard_store.list_records("r", "cfg/", "", 2)] == under[:2]
+    after = await guard_store.list_records("r", "cfg/", "cfg/a", 10)
+    assert [k for k, _ in after] == under[3:]
+    assert [k for k, _ in await guard_store.list_records("r", "", "", 100)] == sorted(keys)
+    assert await guard_store.list_records("r", "cfg/", "cfg/é", 10) == []
+    assert await guard_store.list_records("none", "", "", 10) == []
+    await guard_store.write("r", 3, [Delete("cfg/b")])
+    assert "cfg/b" not in [k for k, _ in await guard_store.list_records("r", "cfg/", "", 10)]
