@@ -27,7 +27,7 @@ import grpc
 from fencing.client.guard import GuardClient
 from fencing.client.queue import JobAction, JobInfo, QueueClient
 from fencing.errors import FencingError
-from fencingctl import connect, schedules
+from fencingctl import connect, schedules, worker
 from serving import exits
 
 COLUMNS = (
@@ -253,6 +253,7 @@ def register(sub: Any) -> None:
         help="queue stats, enqueue a job; list, show, retry, cancel, requeue jobs; periodic jobs",
     )
     qsub = queue.add_subparsers(dest="queue_command", required=True, metavar="ACTION")
+    worker.register_action(qsub)
 
     p = qsub.add_parser(
         "stats", help="ready, running, expired, dead, cancelled, oldest age per queue"
