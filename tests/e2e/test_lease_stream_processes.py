@@ -1,0 +1,147 @@
+"""The lease stream against a real lease-server process, both SDK twins: a retried
+acquire keeps the lease it is handed when the server wakes from a pause (the replies of
+its abandoned attempts are not released behind its back), with the old orphan rule as
+the control that shows two holders at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from fencing import AsyncLeaseClient, LeaseClient
+from fencing.client import _lease_stream
+from fencing.errors import LeaseHeldError
+from tests.e2e.test_postgres_servers import SERVER_ARGS, lease_server_processes
+from tests.waiting import HANG_GUARD
+
+pytestmark = pytest.mark.e2e
+
+#: The client's rpc timeout and the server's pause: the first attempts time out, the
+#: acquire plan retries with the same request id on the same stream, and the server
+#: wakes while the last attempt still waits (attempts at about 0, 0.55, 1.15, 1.85 s).
+RPC_TIMEOUT = 0.5
+PAUSE = 2.2
+
+
+@contextlib.contextmanager
+def lease_server(*extra: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """One ``python -m lease_server`` process on the memory backend."""
+    command = ("-m", "lease_server", *SERVER_ARGS, *extra)
+    with lease_server_processes("memory://", 1, command) as [(address, proc)]:
+        yield address, proc
+
+
+@contextlib.contextmanager
+def paused(proc: subprocess.Popen[str], seconds: float) -> Iterator[None]:
+    """SIGSTOP ``proc`` now, SIGCONT it ``seconds`` later (and on leaving, at the latest)."""
+    proc.send_signal(signal.SIGSTOP)
+    timer = threading.Timer(seconds, proc.send_signal, (signal.SIGCONT,))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        proc.send_signal(signal.SIGCONT)
+
+
+def settled(stub: Any) -> bool:
+    """No call of the client in flight on any of its streams (the releases of grants
+    nobody waits for are calls too)."""
+    return all(stream._book.in_flight == 0 for stream in list(stub._streams))
+
+
+def wait_until(check: Callable[[], bool]) -> None:
+    end = time.monotonic() + HANG_GUARD
+    while not check():
+        assert time.monotonic() < end, "condition still false"
+        time.sleep(0.01)
+
+
+def old_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control: every grant whose caller stopped waiting is released, whoever else
+    waits for the same request id (the rule before)."""
+    monkeypatch.setattr(_lease_stream.Acquires, "keeps", lambda self, rid, grant: False)
+
+
+def sync_retried_acquire(address: str, proc: subprocess.Popen[str]) -> tuple[Any, Any]:
+    """``acquire_nowait`` across the pause, then a second client's try: (the first
+    lease, the second client's outcome)."""
+    with (
+        LeaseClient(address, holder="first", rpc_timeout=RPC_TIMEOUT, transport="stream") as first,
+        LeaseClient(address, holder="second", transport="stream") as second,
+    ):
+        first.acquire_nowait("warm", ttl=60).release()  # the stream is open, its limit known
+        with paused(proc, PAUSE):
+            lease = first.acquire_nowait("r", ttl=60)
+        wait_until(lambda: settled(first._stub))
+        try:
+            outcome: Any = second.acquire("r", ttl=60, timeout=1.0)
+        except LeaseHeldError as exc:
+            outcome = exc
+        lease.check()  # the first holder's own view: still held
+        return lease, outcome
+
+
+def async_retried_acquire(address: str, proc: subprocess.Popen[str]) -> tuple[Any, Any]:
+    async def run() -> tuple[Any, Any]:
+        first = AsyncLeaseClient(
+            address, holder="first", rpc_timeout=RPC_TIMEOUT, transport="stream"
+        )
+        second = AsyncLeaseClient(address, holder="second", transport="stream")
+        try:
+            await (await first.acquire_nowait("warm", ttl=60)).release()
+            loop = asyncio.get_running_loop()
+            proc.send_signal(signal.SIGSTOP)
+            wake = loop.call_later(PAUSE, proc.send_signal, signal.SIGCONT)
+            try:
+                lease = await first.acquire_nowait("r", ttl=60)
+            finally:
+                wake.cancel()
+                proc.send_signal(signal.SIGCONT)
+            end = loop.time() + HANG_GUARD
+            while not settled(first._stub):
+                assert loop.time() < end, "calls still in flight"
+                await asyncio.sleep(0.01)
+            try:
+                outcome: Any = await second.acquire("r", ttl=60, timeout=1.0)
+            except LeaseHeldError as exc:
+                outcome = exc
+            lease.check()  # the first holder's own view: still held
+            return lease, outcome
+        finally:
+            await first.aclose()
+            await second.aclose()
+
+    return asyncio.run(run())
+
+
+TWINS = {"sync": sync_retried_acquire, "async": async_retried_acquire}
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_retried_acquire_keeps_the_lease_its_abandoned_attempts_were_granted(twin: str) -> None:
+    """The server, paused past the rpc timeout, grants the first attempt and replays it
+    to the retries: the caller holds that token, and the other client is refused."""
+    with lease_server() as (address, proc):
+        lease, outcome = TWINS[twin](address, proc)
+    assert isinstance(outcome, LeaseHeldError), f"a second holder of token {outcome.token}"
+    assert outcome.holder == lease.holder  # the first client holds it, as it believes
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_control_releasing_every_abandoned_grant_makes_two_holders(
+    twin: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old_rule(monkeypatch)
+    with lease_server() as (address, proc):
+        lease, outcome = TWINS[twin](address, proc)
+    assert not isinstance(outcome, BaseException), outcome
+    assert outcome.token > lease.token  # granted while the first still believes it holds
