@@ -36,7 +36,11 @@ from fencing.errors import (
     InvalidArgumentError,
 )
 from fencing.limits import MAX_DEADLINE_MS, MAX_SESSION_CALLS
-from fencing.types import SESSION_MAX_IN_FLIGHT_KEY
+from fencing.types import (
+    SESSION_MAX_IN_FLIGHT_KEY,
+    SESSION_MAX_UPKEEP_IN_FLIGHT_KEY,
+    UPKEEP_CALLS,
+)
 from fencing.v1 import lease_pb2
 
 W = TypeVar("W")  # what a transport wakes a caller with (a Future)
@@ -199,15 +203,29 @@ def refusal(closed: bool, transport: Transport) -> Exception:
     return Fallback()
 
 
-def max_in_flight_of(headers: Iterable[tuple[str, str | bytes]] | None) -> int:
-    """The server's limit of calls in flight from a stream's initial metadata (the default
-    if it says none)."""
+def _count(headers: Iterable[tuple[str, str | bytes]] | None, name: str) -> int | None:
+    """The positive count of initial metadata ``name`` (None if absent or not one)."""
     for key, value in headers or ():
-        if key == SESSION_MAX_IN_FLIGHT_KEY:
+        if key == name:
             text = value.decode() if isinstance(value, bytes) else value
             if text.isdigit() and int(text) > 0:
                 return int(text)
-    return DEFAULT_MAX_IN_FLIGHT
+    return None
+
+
+def max_in_flight_of(headers: Iterable[tuple[str, str | bytes]] | None) -> int:
+    """The server's limit of calls in flight from a stream's initial metadata (the default
+    if it says none): of acquires, if it keeps a limit apart for renewals and releases
+    (:func:`max_upkeep_of`), else of every call."""
+    found = _count(headers, SESSION_MAX_IN_FLIGHT_KEY)
+    return DEFAULT_MAX_IN_FLIGHT if found is None else found
+
+
+def max_upkeep_of(headers: Iterable[tuple[str, str | bytes]] | None) -> int | None:
+    """The server's limit of renewals and releases in flight apart from the acquires, from
+    a stream's initial metadata; None from a server without one (every call counts in
+    :func:`max_in_flight_of`)."""
+    return _count(headers, SESSION_MAX_UPKEEP_IN_FLIGHT_KEY)
 
 
 class Moved(NamedTuple, Generic[W]):
@@ -390,32 +408,49 @@ def draining_error() -> Exception:
     return BackendUnavailableError("the lease server is draining: every stream was moved away")
 
 
+def is_upkeep(call: lease_pb2.SessionCall) -> bool:
+    """A renewal or release (one or many): counted apart from the acquires where the
+    server says so (:func:`max_upkeep_of`)."""
+    return call.WhichOneof("call") in UPKEEP_CALLS
+
+
 class SessionBook(StreamBook[tuple[lease_pb2.SessionCall, int], W]):
     """The calls of one lease stream: each queued with how many goaways moved it here.
 
-    A call counts against ``max_in_flight`` from the moment it is queued until its
+    A call counts against the server's limit from the moment it is queued until its
     reply (or the stream's end): a caller gives up waiting without freeing its slot,
     since the server still has the call until it answers (at the call's deadline at the
-    latest).
+    latest). Renewals and releases count in a limit of their own where the server keeps
+    one (``max_upkeep``), so acquires waiting in line never hold up the renewal of a
+    lease already held; else every call counts in ``max_in_flight``.
     """
 
-    __slots__ = ("_request_ids", "max_in_flight")
+    __slots__ = ("_request_ids", "_upkeep", "max_in_flight", "max_upkeep")
 
     def __init__(self) -> None:
         super().__init__()
         #: The request id of each acquire in the book, by call id.
         self._request_ids: dict[int, str] = {}
+        #: The ids of the renewals and releases in the book.
+        self._upkeep: set[int] = set()
         #: One call (the one that opens the stream) until the initial metadata says the
         #: server's limit (:meth:`limit`): callers arriving together must not overrun it.
         self.max_in_flight = 1
+        self.max_upkeep: int | None = None
 
     def limit(self, headers: Iterable[tuple[str, str | bytes]] | None) -> None:
-        """The stream's initial metadata came: take the server's limit from it."""
+        """The stream's initial metadata came: take the server's limits from it."""
         self.max_in_flight = max_in_flight_of(headers)
+        self.max_upkeep = max_upkeep_of(headers)
 
-    @property
-    def has_room(self) -> bool:
-        return len(self._waiting) < self.max_in_flight
+    def has_room(self, call: lease_pb2.SessionCall) -> bool:
+        """Whether ``call`` may be queued now without passing the server's limit."""
+        upkeep = len(self._upkeep)
+        if self.max_upkeep is None:
+            return len(self._waiting) < self.max_in_flight
+        if is_upkeep(call):
+            return upkeep < self.max_upkeep
+        return len(self._waiting) - upkeep < self.max_in_flight
 
     def add_call(self, call: lease_pb2.SessionCall, waiter: W, moves: int = 0) -> None:
         """Queue ``call`` (its id set); ``waiter`` is handed back with its outcome.
@@ -424,6 +459,8 @@ class SessionBook(StreamBook[tuple[lease_pb2.SessionCall, int], W]):
         request_id = request_id_of(call)
         if request_id:
             self._request_ids[call.id] = request_id
+        elif is_upkeep(call):
+            self._upkeep.add(call.id)
 
     def message(self) -> lease_pb2.SessionRequest | None:
         """The next message: every call queued, up to :data:`MAX_SESSION_CALLS`; None
@@ -436,11 +473,11 @@ class SessionBook(StreamBook[tuple[lease_pb2.SessionCall, int], W]):
 
     def receive(self, response: lease_pb2.SessionResponse) -> Received[W]:
         """Take in one response (see :class:`Received`; hand it on with :func:`deliver`)."""
-        ids = self._request_ids
-        settled = [
-            (waiter, reply, ids.pop(reply.id, ""))
-            for waiter, reply in self.settle(response.replies)
-        ]
+        ids, upkeep = self._request_ids, self._upkeep
+        settled = []
+        for waiter, reply in self.settle(response.replies):
+            upkeep.discard(reply.id)
+            settled.append((waiter, reply, ids.pop(reply.id, "")))
         if not response.HasField("goaway"):
             return Received(settled, False, [], [])
         moved, failed = self.take_unsent()
@@ -453,6 +490,7 @@ class SessionBook(StreamBook[tuple[lease_pb2.SessionCall, int], W]):
         moved: list[Moved[W]] = []
         failed: list[tuple[W, str]] = []
         for call_id, (call, moves), waiter in self.unsent():
+            self._upkeep.discard(call_id)
             request_id = self._request_ids.pop(call_id, "")
             if moves < MAX_MOVES:
                 moved.append(Moved(waiter, call, moves + 1))
@@ -465,4 +503,5 @@ class SessionBook(StreamBook[tuple[lease_pb2.SessionCall, int], W]):
         the acquires among them."""
         request_ids = list(self._request_ids.values())
         self._request_ids.clear()
+        self._upkeep.clear()
         return self.abandon(), request_ids

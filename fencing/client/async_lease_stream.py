@@ -56,7 +56,7 @@ class _AsyncStream:
     ) -> bool:
         """Queue ``call`` now if this stream takes it and has room (else False: see
         :meth:`submit`), and wake the sender."""
-        if self.retired or not self._book.has_room:
+        if self.retired or not self._book.has_room(call):
             return False
         self._book.add_call(call, future, moves)
         wake = self._wake
@@ -75,7 +75,7 @@ class _AsyncStream:
         """Queue ``call`` once the server's limit leaves room (until ``end``, loop time);
         False if this stream takes no new calls."""
         loop = asyncio.get_running_loop()
-        while not self.retired and not self._book.has_room:
+        while not self.retired and not self._book.has_room(call):
             remaining = end - loop.time()
             if remaining <= 0:
                 raise DeadlineExceededError(

@@ -61,7 +61,7 @@ class _Stream:
         """Queue ``call`` once the server's limit leaves room (until ``end``); False if this
         stream takes no new calls."""
         with self._cond:
-            while not self.retired and not self._book.has_room:
+            while not self.retired and not self._book.has_room(call):
                 remaining = end - time.monotonic()
                 if remaining <= 0:
                     raise DeadlineExceededError(

@@ -1,7 +1,10 @@
-"""The lease stream against a real lease-server process, both SDK twins: a retried
-acquire keeps the lease it is handed when the server wakes from a pause (the replies of
-its abandoned attempts are not released behind its back), with the old orphan rule as
-the control that shows two holders at once."""
+"""The lease stream against a real lease-server process, both SDK twins.
+
+A retried acquire keeps the lease it is handed when the server wakes from a pause (the
+replies of its abandoned attempts are not released behind its back), with the old
+orphan rule as the control that shows two holders at once. A lease kept by ``hold`` is
+renewed while the same client's waiting acquires fill the stream's in-flight limit,
+with a client that counts them in one limit as the control that loses it."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import pytest
 
 from fencing import AsyncLeaseClient, LeaseClient
 from fencing.client import _lease_stream
-from fencing.errors import LeaseHeldError
+from fencing.errors import AcquireTimeoutError, LeaseHeldError, LeaseLost
 from tests.e2e.test_postgres_servers import SERVER_ARGS, lease_server_processes
 from tests.waiting import HANG_GUARD
 
@@ -145,3 +148,114 @@ def test_control_releasing_every_abandoned_grant_makes_two_holders(
         lease, outcome = TWINS[twin](address, proc)
     assert not isinstance(outcome, BaseException), outcome
     assert outcome.token > lease.token  # granted while the first still believes it holds
+
+
+# -- renewals never wait behind acquires ------------------------------------------------
+
+#: The held lease's ttl, and how long the acquires wait in line: past two ttls, so a
+#: lease whose renewals cannot be sent is lost meanwhile.
+TTL = 1.0
+WAIT = 3.0
+
+
+def one_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control: the client counts renewals and releases in the acquires' limit, as
+    against a server that keeps no lane apart for them (the rule before)."""
+    monkeypatch.setattr(_lease_stream, "max_upkeep_of", lambda headers: None)
+
+
+def sync_hold_behind_waiting_acquires(address: str, waiting: int) -> bool:
+    """``hold`` a lease for two ttls while ``waiting`` acquires of the same client wait
+    in line on its stream: whether the lease was lost."""
+    with (
+        LeaseClient(address, holder="holder", transport="unary") as other,
+        LeaseClient(address, holder="keeper", transport="stream") as client,
+    ):
+        busy = [f"busy{i}" for i in range(waiting)]
+        other.acquire_many(busy, ttl=60)
+        outcomes: list[BaseException] = []
+
+        def wait(resource: str) -> None:
+            try:
+                client.acquire(resource, ttl=5, timeout=WAIT)
+            except BaseException as exc:
+                outcomes.append(exc)
+
+        threads = [threading.Thread(target=wait, args=(r,)) for r in busy]
+        try:
+            with client.hold("kept", ttl=TTL) as lease:
+                for thread in threads:
+                    thread.start()
+                wait_until(lambda: in_flight(client._stub) >= waiting)
+                lost = lease.lost.wait(2 * TTL)
+        except LeaseLost:
+            lost = True
+        for thread in threads:
+            thread.join(HANG_GUARD)
+        assert len(outcomes) == waiting and all(
+            isinstance(exc, AcquireTimeoutError) for exc in outcomes
+        ), outcomes
+        return lost
+
+
+def async_hold_behind_waiting_acquires(address: str, waiting: int) -> bool:
+    async def run() -> bool:
+        other = AsyncLeaseClient(address, holder="holder", transport="unary")
+        client = AsyncLeaseClient(address, holder="keeper", transport="stream")
+        try:
+            busy = [f"busy{i}" for i in range(waiting)]
+            await other.acquire_many(busy, ttl=60)
+            tasks = []
+            try:
+                async with client.hold("kept", ttl=TTL) as lease:
+                    tasks = [
+                        asyncio.create_task(client.acquire(r, ttl=5, timeout=WAIT)) for r in busy
+                    ]
+                    end = asyncio.get_running_loop().time() + HANG_GUARD
+                    while in_flight(client._stub) < waiting:
+                        assert asyncio.get_running_loop().time() < end, "not all in line"
+                        await asyncio.sleep(0.01)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(lease.lost.wait(), 2 * TTL)
+                    lost = lease.lost.is_set()
+            except LeaseLost:
+                lost = True
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            assert all(isinstance(o, AcquireTimeoutError) for o in outcomes), outcomes
+            return lost
+        finally:
+            await client.aclose()
+            await other.aclose()
+
+    return asyncio.run(run())
+
+
+def in_flight(stub: Any) -> int:
+    return sum(stream._book.in_flight for stream in list(stub._streams))
+
+
+HOLDERS = {"sync": sync_hold_behind_waiting_acquires, "async": async_hold_behind_waiting_acquires}
+
+
+@pytest.mark.parametrize("twin", HOLDERS)
+def test_a_held_lease_is_renewed_while_waiting_acquires_fill_the_streams_limit(
+    twin: str,
+) -> None:
+    with lease_server("--session-max-in-flight", "4") as (address, _):
+        assert not HOLDERS[twin](address, 4)
+
+
+@pytest.mark.parametrize("twin", HOLDERS)
+def test_control_renewals_counted_with_the_acquires_lose_the_lease(
+    twin: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one_limit(monkeypatch)
+    with lease_server("--session-max-in-flight", "4") as (address, _):
+        assert HOLDERS[twin](address, 4)
+
+
+@pytest.mark.parametrize("twin", HOLDERS)
+def test_the_default_limit_filled_by_waiting_acquires_leaves_renewals_room(twin: str) -> None:
+    """The default limit (256) with more waiters allowed per client than that."""
+    with lease_server("--max-waiters-per-client", "300") as (address, _):
+        assert not HOLDERS[twin](address, 256)

@@ -19,7 +19,7 @@ from fencing.errors import (
     UnauthenticatedError,
 )
 from fencing.limits import MAX_DEADLINE_MS, MAX_SESSION_CALLS
-from fencing.types import SESSION_MAX_IN_FLIGHT_KEY
+from fencing.types import SESSION_MAX_IN_FLIGHT_KEY, SESSION_MAX_UPKEEP_IN_FLIGHT_KEY
 from fencing.v1 import lease_pb2
 
 
@@ -77,16 +77,49 @@ def test_a_message_holds_at_most_the_contracts_calls() -> None:
 
 def test_one_call_in_flight_until_the_server_says_its_limit() -> None:
     book: SessionBook[int] = SessionBook()
-    rooms = [book.has_room]
+    rooms = [book.has_room(acquire_call())]
     book.add_call(acquire_call(), 1)
-    rooms.append(book.has_room)
+    rooms.append(book.has_room(acquire_call()))
     assert rooms == [True, False]  # the others wait for the initial metadata
     book.limit([(SESSION_MAX_IN_FLIGHT_KEY, b"3")])
     book.add_call(acquire_call(), 2)
     book.add_call(acquire_call(), 3)
-    assert not book.has_room
+    assert not book.has_room(acquire_call())
+    assert not book.has_room(renew_call())  # one limit for every call: an older server
     book.limit([])  # a server that says nothing: the default
     assert book.max_in_flight == _lease_stream.DEFAULT_MAX_IN_FLIGHT
+
+
+def renew_call() -> lease_pb2.SessionCall:
+    request = lease_pb2.RenewRequest(resource="r", token=1, ttl_ms=1000)
+    return _lease_stream.session_call("Renew", request, 1.0)
+
+
+def release_call() -> lease_pb2.SessionCall:
+    request = lease_pb2.ReleaseRequest(resource="r", token=1)
+    return _lease_stream.session_call("Release", request, 1.0)
+
+
+def test_renewals_and_releases_have_a_limit_apart_from_the_acquires() -> None:
+    book: SessionBook[int] = SessionBook()
+    book.limit([(SESSION_MAX_IN_FLIGHT_KEY, "2"), (SESSION_MAX_UPKEEP_IN_FLIGHT_KEY, b"2")])
+    book.add_call(acquire_call(), 1)
+    book.add_call(acquire_call(), 2)
+    assert not book.has_room(acquire_call())  # acquires waiting in line fill theirs
+    assert book.has_room(renew_call())
+    book.add_call(renew_call(), 3)
+    assert book.has_room(release_call())
+    book.add_call(release_call(), 4)
+    assert not book.has_room(renew_call())
+    book.message()
+    (reply,) = book.receive(
+        lease_pb2.SessionResponse(
+            replies=[lease_pb2.SessionReply(id=3, renewed=lease_pb2.Lease(token=1))]
+        )
+    ).settled
+    assert reply[0] == 3
+    assert book.has_room(renew_call())
+    assert not book.has_room(acquire_call())
 
 
 def test_a_goaway_moves_the_unsent_calls_once_then_fails_them() -> None:
