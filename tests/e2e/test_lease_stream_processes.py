@@ -27,11 +27,12 @@ from tests.waiting import HANG_GUARD
 
 pytestmark = pytest.mark.e2e
 
-#: The client's rpc timeout and the server's pause: the first attempts time out, the
-#: acquire plan retries with the same request id on the same stream, and the server
-#: wakes while the last attempt still waits (attempts at about 0, 0.55, 1.15, 1.85 s).
+#: The client's rpc timeout, and the attempts sent before the paused server wakes: the
+#: first ones time out, the acquire plan retries with the same request id on the same
+#: stream (attempts at about 0, 0.55, 1.15, 1.85 s), and the server wakes as the last
+#: one is sent, so it has an rpc timeout to answer it.
 RPC_TIMEOUT = 0.5
-PAUSE = 2.2
+ATTEMPTS = 4
 
 
 @contextlib.contextmanager
@@ -43,15 +44,25 @@ def lease_server(*extra: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
 
 
 @contextlib.contextmanager
-def paused(proc: subprocess.Popen[str], seconds: float) -> Iterator[None]:
-    """SIGSTOP ``proc`` now, SIGCONT it ``seconds`` later (and on leaving, at the latest)."""
+def paused(proc: subprocess.Popen[str], stub: Any) -> Iterator[None]:
+    """SIGSTOP ``proc`` now; SIGCONT it once the client of ``stub`` has sent
+    :data:`ATTEMPTS` calls it has no reply to (about 1.9 s on), or on leaving."""
     proc.send_signal(signal.SIGSTOP)
-    timer = threading.Timer(seconds, proc.send_signal, (signal.SIGCONT,))
-    timer.start()
+    leaving = threading.Event()
+
+    def wake() -> None:
+        end = time.monotonic() + HANG_GUARD
+        while in_flight(stub) < ATTEMPTS and time.monotonic() < end and not leaving.is_set():
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGCONT)
+
+    waker = threading.Thread(target=wake)
+    waker.start()
     try:
         yield
     finally:
-        timer.cancel()
+        leaving.set()
+        waker.join()
         proc.send_signal(signal.SIGCONT)
 
 
@@ -82,7 +93,7 @@ def sync_retried_acquire(address: str, proc: subprocess.Popen[str]) -> tuple[Any
         LeaseClient(address, holder="second", transport="stream") as second,
     ):
         first.acquire_nowait("warm", ttl=60).release()  # the stream is open, its limit known
-        with paused(proc, PAUSE):
+        with paused(proc, first._stub):
             lease = first.acquire_nowait("r", ttl=60)
         wait_until(lambda: settled(first._stub))
         try:
@@ -102,13 +113,8 @@ def async_retried_acquire(address: str, proc: subprocess.Popen[str]) -> tuple[An
         try:
             await (await first.acquire_nowait("warm", ttl=60)).release()
             loop = asyncio.get_running_loop()
-            proc.send_signal(signal.SIGSTOP)
-            wake = loop.call_later(PAUSE, proc.send_signal, signal.SIGCONT)
-            try:
+            with paused(proc, first._stub):
                 lease = await first.acquire_nowait("r", ttl=60)
-            finally:
-                wake.cancel()
-                proc.send_signal(signal.SIGCONT)
             end = loop.time() + HANG_GUARD
             while not settled(first._stub):
                 assert loop.time() < end, "calls still in flight"
