@@ -397,7 +397,7 @@ class AsyncLeaseClient(AsyncCalls):
         ``fence`` guards are promised to concurrently.
         """
         plan = _core.AcquirePlan(resource, self.holder, ttl, timeout, self._clock)
-        lease = await self._acquire(plan)
+        (lease,) = await self._acquire(plan)
         await self._promise(lease, fence)
         return lease
 
@@ -406,12 +406,22 @@ class AsyncLeaseClient(AsyncCalls):
     ) -> AsyncLease:
         """Acquire only if free now; :class:`LeaseHeldError` at once otherwise."""
         plan = _core.AcquirePlan(resource, self.holder, ttl, None, self._clock, nowait=True)
-        lease = await self._acquire(plan)
+        (lease,) = await self._acquire(plan)
         await self._promise(lease, fence)
         return lease
 
-    async def _acquire(self, plan: _core.AcquirePlan) -> AsyncLease:
-        return (await self._run(self._steps.acquire(plan)))[0]
+    async def _acquire(
+        self, plan: _core.AcquirePlan, resources: Sequence[str] | None = None
+    ) -> list[AsyncLease]:
+        # On the lease stream, a grant of the plan's request id is not released on its
+        # behalf while the plan goes on (a retry may be handed the same lease).
+        stub = self._stub
+        with (
+            stub.acquiring(plan.request_id)
+            if isinstance(stub, AsyncStreamStub)
+            else contextlib.nullcontext()
+        ):
+            return await self._run(self._steps.acquire(plan, resources))
 
     async def _promise(self, lease: AsyncLease, guards: Sequence[AsyncFencer]) -> None:
         if not guards:
@@ -461,7 +471,7 @@ class AsyncLeaseClient(AsyncCalls):
         """Acquire every resource, all or nothing, in one call: see
         :meth:`LeaseClient.acquire_many <fencing.client.lease.LeaseClient.acquire_many>`."""
         plan = _core.AcquirePlan(resources[0], self.holder, ttl, timeout, self._clock)
-        return await self._run(self._steps.acquire(plan, resources))
+        return await self._acquire(plan, resources)
 
     def hold_many(
         self,
