@@ -75,6 +75,33 @@ class FenceReset:
     fence: int
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A write or fence the guard refused (``GuardClient.list_refusals``): its ErrorInfo
+    ``reason`` (STALE_TOKEN, LEASE_LOST), the ``token`` it carried, the ``fence`` it met
+    (STALE_TOKEN), the ``call`` (write, multi-resource write, fence), the ``principal``
+    that sent it and when (``at_unix_ms``, the guard's clock)."""
+
+    resource: str
+    reason: str
+    token: int
+    fence: int
+    call: str
+    principal: str
+    at_unix_ms: int
+
+
+def list_refusals_request(resource: str) -> guard_pb2.ListRefusalsRequest:
+    return guard_pb2.ListRefusalsRequest(resource=resource)
+
+
+def refusals(msg: guard_pb2.ListRefusalsResponse) -> list[Refusal]:
+    return [
+        Refusal(msg.resource, r.reason, r.token, r.fence, r.call, r.principal, r.at_unix_ms)
+        for r in msg.refusals
+    ]
+
+
 def reset_fence_request(resource: str, to_token: int) -> guard_pb2.ResetFenceRequest:
     return guard_pb2.ResetFenceRequest(resource=resource, to_token=to_token)
 

@@ -15,7 +15,7 @@ import grpc
 from fencing.client import _core, _writes
 from fencing.client._calls import BlockingCalls
 from fencing.client._core import WriteResult
-from fencing.client._writes import FenceReset, ManyResult
+from fencing.client._writes import FenceReset, ManyResult, Refusal
 from fencing.client.write_stream import WriteStream
 from fencing.limits import MAX_STREAM_WRITES
 from fencing.tls import TLSConfig
@@ -104,6 +104,12 @@ class GuardClient(BlockingCalls):
     def describe_fence(self, resource: str) -> int:
         """The guard's fence for ``resource`` (0 if never written or fenced)."""
         return self._call(self._stub.DescribeFence, _core.describe_fence_request(resource)).fence
+
+    def list_refusals(self, resource: str) -> list[Refusal]:
+        """The guard's recent refusals of ``resource``, newest first: a bounded ring per
+        resource in the guard's memory (see :mod:`guard.refusals`), empty after a restart."""
+        request = _writes.list_refusals_request(resource)
+        return _writes.refusals(self._call(self._stub.ListRefusals, request))
 
     def reset_fence(self, resource: str, to_token: int) -> FenceReset:
         """An operator's recovery: set ``resource``'s fence to ``to_token``, lower or higher.
