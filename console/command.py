@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -100,10 +101,18 @@ async def serve_console(
 ) -> None:
     """Serve the app built by ``app_factory`` on ``listen`` until cancelled; call
     ``on_ready(url)`` once bound (a port 0 is replaced by the one picked)."""
-    import uvicorn
 
     host, port = split_address(listen)
-    app = app_factory()
+    # Bound here, so a taken port is an OSError for the caller (uvicorn would exit).
+    sock = socket.create_server((host, int(port)))
+    try:
+        await _serve(app_factory(), sock, host, on_ready)
+    finally:
+        sock.close()
+
+
+async def _serve(app: Any, sock: socket.socket, host: str, on_ready: Callable[[str], None]) -> None:
+    import uvicorn
 
     class Server(uvicorn.Server):
         # The caller owns the signals (fencing serve's own handlers, or run's).
@@ -114,29 +123,30 @@ async def serve_console(
     server = Server(
         uvicorn.Config(
             app,
-            host=host,
-            port=int(port),
             log_config=None,
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=1,
         )
     )
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:
             if task.done():
-                await task  # raises why it could not start
-                raise OSError(f"the console could not listen on {listen}")
+                try:
+                    await task  # raises why it could not start
+                except SystemExit as exc:  # uvicorn's way to say it
+                    raise OSError(f"the console could not start (exit {exc.code})") from exc
+                raise OSError("the console could not start")
             await asyncio.sleep(0.02)
-        bound = server.servers[0].sockets[0].getsockname()
-        on_ready(f"http://{host}:{bound[1]}/")
+        on_ready(f"http://{host}:{sock.getsockname()[1]}/")
         await asyncio.shield(task)
     finally:
         # Event streams never end on their own: end them, or shutdown waits for them.
         app.state.console.feed.close_streams()
         server.should_exit = True
-        await task
+        with contextlib.suppress(SystemExit):
+            await task
 
 
 def run(args: argparse.Namespace) -> int:
