@@ -326,6 +326,8 @@ class Console:
                 "This console was started without --allow-actions: it refuses every action.",
             )
         session = self.session(request)
+        if session is None and request.method == "POST":
+            return self.error(request, 403, "Refused", "Log in as an operator first.")
         if session is None:
             here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
             return RedirectResponse(f"/login?{urlencode({'next': here})}", status_code=303)

@@ -1,0 +1,118 @@
+"""The console's login, CSRF and read-only refusals over real HTTP against real servers
+(the browser tests show the pages; these check what a forged request gets)."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from console.operators import Operators, parse_operators, password_digest
+from fencing import InvalidArgumentError, QueueClient
+from fencing.testing import RunningServers, running_servers
+from tests.e2e.console_helpers import OPERATOR, PASSWORD, running_console
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[RunningServers]:
+    with running_servers() as s:
+        yield s
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    return urllib.request.build_opener(
+        urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
+    )
+
+
+def _fetch(
+    opener: urllib.request.OpenerDirector, url: str, form: dict[str, str] | None = None
+) -> tuple[int, str]:
+    data = urllib.parse.urlencode(form).encode() if form is not None else None
+    try:
+        with opener.open(url, data=data, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def _dead_job(servers: RunningServers, queue: str) -> int:
+    with QueueClient(servers.queue_address, worker="w") as worker:
+        worker.enqueue(queue, b"x", max_attempts=1)
+        (job,) = worker.claim(queue, ttl=30)
+        worker.fail(job, "boom")
+        assert worker.get_job(job.id).state == "dead"
+        return job.id
+
+
+def test_an_action_needs_login_and_the_sessions_csrf_token(servers: RunningServers) -> None:
+    job_id = _dead_job(servers, "csrf-q")
+    target = {"queue": "csrf-q", "job": str(job_id)}
+    with running_console(servers.lease_address, servers.guard_address, allow_actions=True) as url:
+        browser = _opener()
+        # Not logged in: the action is refused.
+        status, body = _fetch(browser, f"{url}/actions/retry", {**target, "csrf": "x"})
+        assert status == 403 and "Log in" in body
+        status, body = _fetch(browser, f"{url}/login", {"operator": OPERATOR, "password": "no"})
+        assert status == 401 and "Wrong name or password" in body
+        status, _ = _fetch(browser, f"{url}/login", {"operator": OPERATOR, "password": PASSWORD})
+        assert status == 200
+        # Logged in, but a forged form without the session's token: refused, nothing done.
+        status, body = _fetch(browser, f"{url}/actions/retry", {**target, "csrf": "forged"})
+        assert status == 403 and "CSRF" in body
+        with QueueClient(servers.queue_address) as q:
+            assert q.get_job(job_id).state == "dead"
+        status, page = _fetch(browser, f"{url}/actions/retry?queue=csrf-q&job={job_id}")
+        assert status == 200
+        found = re.search(r'name="csrf" value="([^"]+)"', page)
+        assert found is not None
+        status, body = _fetch(browser, f"{url}/actions/retry", {**target, "csrf": found[1]})
+        assert status == 200 and "retried" in body
+        with QueueClient(servers.queue_address) as q:
+            assert q.get_job(job_id).state == "ready"
+
+
+def test_a_read_only_console_refuses_even_a_logged_in_form(servers: RunningServers) -> None:
+    job_id = _dead_job(servers, "ro-q")
+    with running_console(servers.lease_address, servers.guard_address) as url:
+        status, body = _fetch(
+            _opener(), f"{url}/actions/requeue-dead", {"queue": "ro-q", "job": str(job_id)}
+        )
+        assert status == 403 and "Read-only" in body
+        status, _ = _fetch(_opener(), f"{url}/login", {"operator": OPERATOR, "password": PASSWORD})
+        assert status == 401  # no operators configured: nobody logs in
+    with QueueClient(servers.queue_address) as q:
+        assert q.get_job(job_id).state == "dead"
+
+
+def test_operators_are_checked_naming_the_entry() -> None:
+    digest = password_digest("pw").hex()
+    assert parse_operators(f"bob:sha256:{digest}, ") == {"bob": bytes.fromhex(digest)}
+    with pytest.raises(InvalidArgumentError, match=r"operators\[1\]"):
+        parse_operators(f"bob:sha256:{digest},carol:hunter2")
+    with pytest.raises(InvalidArgumentError, match="64 hex digits"):
+        parse_operators("bob:sha256:abcd")
+    ops = Operators(parse_operators(f"bob:sha256:{digest}"))
+    assert ops.login("bob", "wrong") is None
+    assert ops.login("eve", "pw") is None
+    session = ops.session(ops.login("bob", "pw"))
+    assert session is not None and session.operator == "bob"
+    assert not Operators.csrf_ok(session, "") and Operators.csrf_ok(session, session.csrf)
+
+
+def test_allow_actions_without_operators_is_a_usage_error() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "console", "--allow-actions", "--check-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "allow_actions needs operators" in done.stderr
