@@ -258,6 +258,23 @@ class Console:
             view["error"] = str(exc)
         return view
 
+    # -- guards ---------------------------------------------------------------------------
+
+    async def guards(self, request: Request) -> Response:
+        async def view(address: str) -> dict[str, Any]:
+            client = self.upstream.guards[address]
+            try:
+                info = await self.upstream.guard(address, client.describe_guard())
+            except (Unreachable, FencingError) as exc:
+                return {"address": address, "info": None, "error": str(exc), "lag": None}
+            lag = None
+            if info.watch_state and self.feed.revision:
+                lag = max(0, self.feed.revision - info.watch_revision)
+            return {"address": address, "info": info, "error": "", "lag": lag}
+
+        views = await asyncio.gather(*(view(a) for a in self.upstream.guards))
+        return self.render(request, "guards.html", {"views": views, "revision": self.feed.revision})
+
     # -- queues ---------------------------------------------------------------------------
 
     async def queues(self, request: Request) -> Response:
@@ -484,6 +501,7 @@ def build_app(upstream: Upstream, settings: Settings | None = None) -> Starlette
         Route("/leases/rows", console.lease_rows),
         Route("/events", console.events),
         Route("/resources/{name:path}", console.resource),
+        Route("/guards", console.guards),
         Route("/queues", console.queues),
         Route("/queues/{queue}", console.queue),
         Route("/queues/{queue}/jobs/{job:int}", console.job),

@@ -14,7 +14,7 @@ worst case, whatever the rate of refusals or the number of resources refused.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,6 +51,8 @@ class RefusalLog:
         self.resources = resources
         self._clock = clock
         self._rings: OrderedDict[str, deque[Refusal]] = OrderedDict()
+        #: Every refusal since the start, by reason (never forgotten: one key per reason).
+        self.counts: Counter[str] = Counter()
 
     def record(
         self,
@@ -63,6 +65,7 @@ class RefusalLog:
         principal: str = "",
     ) -> None:
         """Remember one refusal of ``resource`` (forgetting the oldest beyond the bounds)."""
+        self.counts[reason] += 1
         ring = self._rings.get(resource)
         if ring is None:
             if len(self._rings) >= self.resources:

@@ -19,6 +19,7 @@ import grpc.aio
 from prometheus_client import CollectorRegistry
 
 from fencing import _status, limits
+from fencing._version import VERSION
 from fencing.errors import (
     FencingError,
     InvalidArgumentError,
@@ -30,6 +31,7 @@ from fencing.types import Delete, Op, Put
 from fencing.v1 import guard_pb2, guard_pb2_grpc
 from guard.commit import GroupCommit
 from guard.fence import FenceMode
+from guard.follower import FollowerStatus
 from guard.metrics import GuardMetrics
 from guard.refusals import RefusalLog
 from guard.stores.base import BatchedWrite, GuardStore, ResourceWrite, Verdict
@@ -107,6 +109,13 @@ class Grants(Protocol):
         """Return if ``token`` was granted; ``LeaseLost`` if it never was."""
 
 
+class Following(Protocol):
+    """A watch guard's follower, as DescribeGuard reports it."""
+
+    @property
+    def status(self) -> FollowerStatus: ...
+
+
 def _write_error(exc: FencingError) -> guard_pb2.WriteError:
     code, reason, message, metadata = _status.to_fields(exc)
     return guard_pb2.WriteError(code=code, reason=reason, message=message, metadata=metadata)
@@ -134,6 +143,10 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         self.stale_rejections = 0
         self.metrics = metrics or GuardMetrics(CollectorRegistry())
         self.refusals = RefusalLog()
+        #: What DescribeGuard reports, set by the server once it knows them.
+        self.store_name = store.name
+        self.durability_warning = ""
+        self.follower: Following | None = None
         #: Watch mode: who vouches for tokens above those seen granted (set by the server
         #: once the follower exists); None: the fence rule alone judges.
         self.grants: Grants | None = None
@@ -539,3 +552,22 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
                 for r in self.refusals.recent(resource)
             ],
         )
+
+    @rpc
+    async def DescribeGuard(
+        self, request: guard_pb2.DescribeGuardRequest, context: Context
+    ) -> guard_pb2.GuardInfo:
+        """This guard's mode, store, follower and refusal counts."""
+        info = guard_pb2.GuardInfo(
+            version=VERSION,
+            fence_mode=self.mode.value,
+            store=self.store_name,
+            durability_warning=self.durability_warning,
+            refusals=dict(self.refusals.counts),
+        )
+        if self.follower is not None:
+            status = self.follower.status
+            info.watch_state = status.state
+            info.watch_revision = status.revision
+            info.watch_error = status.last_error
+        return info

@@ -91,6 +91,36 @@ class Refusal:
     at_unix_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class GuardInfo:
+    """What a guard says of itself (``GuardClient.describe_guard``): its ``version``,
+    ``fence_mode``, ``store`` kind and ``durability_warning`` ('' when durable); in
+    watch mode its follower's ``watch_state``, last applied ``watch_revision`` and
+    ``watch_error``; and its refusals since it started, by reason (``refusals``)."""
+
+    version: str
+    fence_mode: str
+    store: str
+    durability_warning: str
+    watch_state: str
+    watch_revision: int
+    watch_error: str
+    refusals: dict[str, int]
+
+
+def guard_info(msg: guard_pb2.GuardInfo) -> GuardInfo:
+    return GuardInfo(
+        msg.version,
+        msg.fence_mode,
+        msg.store,
+        msg.durability_warning,
+        msg.watch_state,
+        msg.watch_revision,
+        msg.watch_error,
+        dict(msg.refusals),
+    )
+
+
 def list_refusals_request(resource: str) -> guard_pb2.ListRefusalsRequest:
     return guard_pb2.ListRefusalsRequest(resource=resource)
 

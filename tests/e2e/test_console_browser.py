@@ -119,6 +119,11 @@ def test_a_stale_write_shows_on_the_resource_page_with_reason_and_token(
         expect(page.locator("table.timeline")).to_contain_text("RELEASED")
         page.screenshot(path=str(SHOTS / "resource.png"), full_page=True)
         second.release()
+    page.get_by_role("link", name="Guards").click()
+    row = page.locator(f"tr[data-guard='{servers.guard_address}']")
+    expect(row).to_contain_text("monotonic")
+    expect(row).to_contain_text("STALE_TOKEN")
+    page.screenshot(path=str(SHOTS / "guards.png"))
 
 
 def test_an_operator_cancels_a_running_job_and_the_workers_late_write_is_refused(

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from fencing import AsyncGuardClient, AsyncLease, AsyncLeaseClient
 from fencing.client import LeaseEvent, LeaseState, WriteResult
-from fencing.client._writes import ManyResult, Refusal
+from fencing.client._writes import GuardInfo, ManyResult, Refusal
 from fencing.types import Fenced, Op, Record
 
 T = TypeVar("T")
@@ -159,6 +159,9 @@ class SyncGuardClient:
 
     def describe_fence(self, resource: str) -> int:
         return self._portal.call(self.client.describe_fence(resource))
+
+    def describe_guard(self) -> GuardInfo:
+        return self._portal.call(self.client.describe_guard())
 
     def list_refusals(self, resource: str) -> list[Refusal]:
         return self._portal.call(self.client.list_refusals(resource))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.cookiejar
 import re
 import subprocess
@@ -15,9 +16,11 @@ from collections.abc import Iterator
 import pytest
 
 from console.operators import Operators, parse_operators, password_digest
-from fencing import InvalidArgumentError, QueueClient
+from fencing import GuardClient, InvalidArgumentError, LeaseClient, QueueClient
 from fencing.testing import RunningServers, running_servers
+from guard.fence import FenceMode
 from tests.e2e.console_helpers import OPERATOR, PASSWORD, running_console
+from tests.waiting import eventually
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +119,19 @@ def test_allow_actions_without_operators_is_a_usage_error() -> None:
     )
     assert done.returncode == 2
     assert "allow_actions needs operators" in done.stderr
+
+
+def test_the_guards_page_shows_a_watch_guards_follower_and_its_lag() -> None:
+    with (
+        running_servers(mode=FenceMode.WATCH) as servers,
+        running_console(servers.lease_address, servers.guard_address) as url,
+        LeaseClient(servers.lease_address) as leases,
+    ):
+        leases.acquire("watched", 30)
+        with GuardClient(servers.guard_address) as guard:
+            asyncio.run(eventually(lambda: guard.describe_fence("watched") == 1, "fenced"))
+        status, body = _fetch(_opener(), f"{url}/guards")
+        assert status == 200
+        assert "watch" in body and "following at revision" in body
+        assert "not durable: " in body  # the memory store says it forgets
+        assert re.search(r"\d+ revisions", body)

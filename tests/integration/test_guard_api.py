@@ -104,3 +104,6 @@ def test_list_refusals_names_reason_token_and_fence(guard: GuardClient) -> None:
         ("STALE_TOKEN", 3, 5, "write"),
     ]
     assert guard.list_refusals("other") == []
+    info = guard.describe_guard()
+    assert info.refusals["STALE_TOKEN"] >= 2
+    assert (info.fence_mode, info.store, info.watch_state) == ("monotonic", "sqlite", "")
