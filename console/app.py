@@ -49,6 +49,16 @@ TIMELINE_QUIET = 0.3
 REFRESH_EVERY = 0.25
 #: Comment lines keep an idle event stream open through proxies (seconds).
 KEEPALIVE = 15.0
+#: Every page: scripts only from the console itself (no inline script, no eval), never
+#: framed (an action's confirmation cannot be clicked through another site's frame).
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
 JOB_STATES = ("ready", "waiting", "running", "succeeded", "dead", "cancelled")
 ACTIONS = ("retry", "cancel", "requeue-dead")
 
@@ -112,7 +122,9 @@ class Console:
             "lease_addr": self.upstream.lease_addr,
             **context,
         }
-        return HTMLResponse(self.env.get_template(name).render(full), status_code=status)
+        return HTMLResponse(
+            self.env.get_template(name).render(full), status_code=status, headers=HEADERS
+        )
 
     def error(self, request: Request, status: int, title: str, detail: str) -> HTMLResponse:
         return self.render(

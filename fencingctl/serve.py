@@ -7,8 +7,8 @@ order of precedence (see :mod:`serving.config` and docs/configuration.md).
 Once both listen, the web console (:mod:`console`) starts on 127.0.0.1 at
 ``--console-port`` (8080; 0: off) as a client of the two, with the servers' TLS
 settings and ``FENCING_AUTH_TOKEN``. It is a convenience, not the product: if it
-cannot start (the ``console`` extra is not installed, the port is taken) a WARNING
-says why and the servers go on without it.
+cannot start (the port is taken; the ``console`` extra is not installed, said at INFO
+unless ``--console-port`` was set) a WARNING says why and the servers go on without it.
 """
 
 from __future__ import annotations
@@ -195,7 +195,9 @@ async def _console(args: argparse.Namespace, lease_addr: str, guard_addr: str) -
 
         await serve_console(lambda: make_app(client), f"127.0.0.1:{args.console_port}", ready)
     except ImportError as exc:
-        log.warning(
+        # Quiet unless asked for: an image without the extra starts this way every time.
+        log.log(
+            logging.WARNING if args.console_port_given else logging.INFO,
             "console not started: %s (pip install 'fencing-guard[console]'; "
             "--console-port 0 turns it off)",
             exc,
@@ -232,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
         return settled.report(COMMAND)
     configure_logging(args.log_level, args.log_format)
     args.data_path = settled.extra.resolve()
+    args.console_port_given = settled.sources.get("console_port") != "default"
     try:
         warn_if_new(args.data_path)
         args.data_path.mkdir(parents=True, exist_ok=True)

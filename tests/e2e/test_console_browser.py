@@ -58,9 +58,21 @@ def page(browser: Browser) -> Iterator[Page]:
         d.dismiss()
 
     pg.on("dialog", dialog)
+    # Script errors and Content-Security-Policy violations show as console errors (a
+    # 403 or 404 page is a "Failed to load resource" error too: that one is expected).
+    errors: list[str] = []
+    pg.on(
+        "console",
+        lambda m: (
+            errors.append(m.text)
+            if m.type == "error" and "Failed to load resource" not in m.text
+            else None
+        ),
+    )
     yield pg
     context.close()
     assert dialogs == [], f"a script ran: {dialogs}"
+    assert errors == [], f"errors in the browser: {errors}"
 
 
 def _name(stem: str) -> str:
@@ -153,6 +165,7 @@ def test_an_operator_cancels_a_running_job_and_the_workers_late_write_is_refused
             guard.put(job, "sent", b"2")
         page.goto(f"{url}/queues/{queue}/jobs/{job.id}")
         expect(page.get_by_test_id("job-state")).to_have_text("cancelled")
+        page.goto("about:blank")  # leave before this console stops (its event stream)
 
 
 def test_a_read_only_console_refuses_actions(

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from console.operators import Operators, parse_operators, password_digest
-from fencing import GuardClient, InvalidArgumentError, LeaseClient, QueueClient
+from fencing import Claim, GuardClient, InvalidArgumentError, LeaseClient, LeaseLost, QueueClient
 from fencing.testing import RunningServers, running_servers
 from guard.fence import FenceMode
 from tests.e2e.console_helpers import OPERATOR, PASSWORD, running_console
@@ -135,3 +135,10 @@ def test_the_guards_page_shows_a_watch_guards_follower_and_its_lag() -> None:
         assert "watch" in body and "following at revision" in body
         assert "not durable: " in body  # the memory store says it forgets
         assert re.search(r"\d+ revisions", body)
+        # A token the lease server never granted: LEASE_LOST, remembered with its token.
+        with GuardClient(servers.guard_address) as guard, pytest.raises(LeaseLost):
+            guard.put(Claim("watched", 99), "k", b"v")
+        status, body = _fetch(_opener(), f"{url}/resources/watched")
+        assert status == 200
+        assert re.search(r"<td>LEASE_LOST</td><td class=\"num\">99</td>", body), body
+        assert "LEASE_LOST 1" in _fetch(_opener(), f"{url}/guards")[1]
