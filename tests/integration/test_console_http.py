@@ -12,6 +12,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,7 @@ from console.operators import Operators, parse_operators, password_digest
 from fencing import Claim, GuardClient, InvalidArgumentError, LeaseClient, LeaseLost, QueueClient
 from fencing.testing import RunningServers, running_servers
 from guard.fence import FenceMode
-from tests.e2e.console_helpers import OPERATOR, PASSWORD, running_console
+from tests.e2e.console_helpers import OPERATOR, OPERATORS, PASSWORD, running_console
 from tests.waiting import eventually
 
 
@@ -55,7 +56,9 @@ def _dead_job(servers: RunningServers, queue: str) -> int:
         return job.id
 
 
-def test_an_action_needs_login_and_the_sessions_csrf_token(servers: RunningServers) -> None:
+def test_an_action_needs_login_and_the_sessions_csrf_token(
+    servers: RunningServers, caplog: pytest.LogCaptureFixture
+) -> None:
     job_id = _dead_job(servers, "csrf-q")
     target = {"queue": "csrf-q", "job": str(job_id)}
     with running_console(servers.lease_address, servers.guard_address, allow_actions=True) as url:
@@ -78,6 +81,11 @@ def test_an_action_needs_login_and_the_sessions_csrf_token(servers: RunningServe
         assert found is not None
         status, body = _fetch(browser, f"{url}/actions/retry", {**target, "csrf": found[1]})
         assert status == 200 and "retried" in body
+        assert any(
+            r.getMessage()
+            == f"console action retry queue=csrf-q job={job_id} by={OPERATOR}: retried"
+            for r in caplog.records
+        ), "the action is logged with who did it"
         with QueueClient(servers.queue_address) as q:
             assert q.get_job(job_id).state == "ready"
 
@@ -108,6 +116,29 @@ def test_operators_are_checked_naming_the_entry() -> None:
     session = ops.session(ops.login("bob", "pw"))
     assert session is not None and session.operator == "bob"
     assert not Operators.csrf_ok(session, "") and Operators.csrf_ok(session, session.csrf)
+
+
+def test_the_settings_come_from_a_toml_file_too(tmp_path: Path) -> None:
+    config = tmp_path / "console.toml"
+    config.write_text(
+        f'allow_actions = true\noperators = "{OPERATORS}"\nconsole_listen = "127.0.0.1:0"\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "console", "--config", str(config), "--check-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"allow_actions = True  # {config}: allow_actions" in done.stdout
+    config.write_text('operators = "carol:hunter2"\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "console", "--config", str(config), "--check-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "operators[0]" in done.stderr
 
 
 def test_allow_actions_without_operators_is_a_usage_error() -> None:
