@@ -230,6 +230,13 @@ class SyncLeaseClient:
         finally:
             self._portal.call(stream.aclose())
 
+    def list_page(
+        self, prefix: str = "", *, page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[LeaseState], str]:
+        return self._portal.call(
+            self.client.list_page(prefix, page_size=page_size, page_token=page_token)
+        )
+
     def list_held(self, prefix: str = "", *, page_size: int = 0) -> Iterator[LeaseState]:
         stream = self.client.list_held(prefix, page_size=page_size)
         try:

@@ -173,3 +173,24 @@ def test_the_guards_page_shows_a_watch_guards_follower_and_its_lag() -> None:
         assert status == 200
         assert re.search(r"<td>LEASE_LOST</td><td class=\"num\">99</td>", body), body
         assert "LEASE_LOST 1" in _fetch(_opener(), f"{url}/guards")[1]
+
+
+def test_the_queue_pages_show_stats_jobs_by_state_and_the_last_error(
+    servers: RunningServers,
+) -> None:
+    job_id = _dead_job(servers, "pages-q")
+    with QueueClient(servers.queue_address) as q:
+        waiting = q.enqueue("pages-q", b"later", delay=3600).id
+    with running_console(servers.lease_address, servers.guard_address) as url:
+        status, body = _fetch(_opener(), f"{url}/queues")
+        assert status == 200 and 'href="/queues/pages-q"' in body
+        status, body = _fetch(_opener(), f"{url}/queues/pages-q?state=dead")
+        assert status == 200
+        assert f'href="/queues/pages-q/jobs/{job_id}"' in body and "boom" in body
+        assert f"/jobs/{waiting}" not in body
+        status, body = _fetch(_opener(), f"{url}/queues/pages-q")
+        assert f"/jobs/{waiting}" in body
+        status, _ = _fetch(_opener(), f"{url}/queues/pages-q?state=nonsense")
+        assert status == 400
+        status, _ = _fetch(_opener(), f"{url}/queues/no-such-queue")
+        assert status == 404
