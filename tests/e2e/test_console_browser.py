@@ -165,6 +165,7 @@ def test_an_operator_cancels_a_running_job_and_the_workers_late_write_is_refused
             guard.put(job, "sent", b"2")
         page.goto(f"{url}/queues/{queue}/jobs/{job.id}")
         expect(page.get_by_test_id("job-state")).to_have_text("cancelled")
+        page.screenshot(path=str(SHOTS / "job.png"), full_page=True)
         page.goto("about:blank")  # leave before this console stops (its event stream)
 
 
