@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
+from console import command as console
 from fencing._version import VERSION
 from fencingctl import (
     chaos,
@@ -29,7 +30,20 @@ from serving import exits
 
 Command = Callable[[argparse.Namespace], int]
 
-MODULES = [serve, ops, lock, elect, watch, queue, outbox, migrate, healthcheck, demo, chaos]
+MODULES = [
+    serve,
+    console,
+    ops,
+    lock,
+    elect,
+    watch,
+    queue,
+    outbox,
+    migrate,
+    healthcheck,
+    demo,
+    chaos,
+]
 
 
 def parser() -> argparse.ArgumentParser:

@@ -502,6 +502,15 @@ class AsyncLeaseClient(AsyncCalls):
         msg = await self._call(self._stub.Describe, _core.describe_request(resource))
         return _core.lease_state(msg)
 
+    async def list_page(
+        self, prefix: str = "", *, page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[LeaseState], str]:
+        """One page of :meth:`list_held` and the next page's token; see
+        ``LeaseClient.list_page``."""
+        request = _core.list_request(prefix, page_size, page_token)
+        page = await self._call(self._stub.List, request)
+        return [_core.lease_state(msg) for msg in page.leases], page.next_page_token
+
     async def list_held(
         self, prefix: str = "", *, page_size: int = 0
     ) -> AsyncGenerator[LeaseState, None]:

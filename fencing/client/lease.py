@@ -400,6 +400,14 @@ class LeaseClient(BlockingCalls):
         """Who holds ``resource`` now, with which token, and the last token ever issued."""
         return _core.lease_state(self._call(self._stub.Describe, _core.describe_request(resource)))
 
+    def list_page(
+        self, prefix: str = "", *, page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[LeaseState], str]:
+        """One page of :meth:`list_held`: the leases and the ``page_token`` of the next page
+        ('' after the last), for a caller that pages on demand (a web page's "next")."""
+        page = self._call(self._stub.List, _core.list_request(prefix, page_size, page_token))
+        return [_core.lease_state(msg) for msg in page.leases], page.next_page_token
+
     def list_held(self, prefix: str = "", *, page_size: int = 0) -> Iterator[LeaseState]:
         """Yield the held leases whose resource starts with ``prefix``, in resource order.
 
