@@ -24,6 +24,7 @@ COPY serving ./serving
 COPY lease_server ./lease_server
 COPY guard ./guard
 COPY chaos ./chaos
+COPY console ./console
 # constraints.txt pins every runtime dependency (scripts/gen_constraints.py), so the
 # same source builds the same image.
 RUN /opt/fencing/bin/pip install -c constraints.txt ".[postgres,redis]"

@@ -21,8 +21,10 @@ waiter and watch delays; ``FENCING_BENCH_BEFORE=<commit>`` adds that commit's se
 only with ``--pglog`` or ``--only pglog``), ``queue``
 (jobs/s through the QueueService next to hand-written SKIP LOCKED SQL on PostgreSQL, and our
 worker next to procrastinate's when it is installed (``bench/queue_peer.py``); only with
-``--queue`` or ``--only queue``). A section whose server is unreachable is skipped with
-a note, never faked. Progress goes to stderr, tables to stdout.
+``--queue`` or ``--only queue``), ``console`` (the web console's leases page with
+100,000 held leases against the CLI's own ``List`` call, and its Watch streams). A
+section whose server is unreachable is skipped with a note, never faked. Progress goes
+to stderr, tables to stdout.
 """
 
 from __future__ import annotations
@@ -297,6 +299,23 @@ async def _peers(o: Options) -> Report:
     return report
 
 
+async def _console(o: Options) -> Report:
+    from bench import console
+
+    run = await asyncio.to_thread(console.measure, 100_000, 20)
+    report = Report(text=console.markdown(run), markdown=console.markdown(run))
+    report.targets.append(
+        (
+            "console: leases page with 100,000 held leases < 300 ms a page; "
+            "one Watch stream however many tabs",
+            f"slowest page {run.slowest_page_ms:.1f} ms; Watch streams {run.idle_streams} idle, "
+            f"{run.streams_with_tabs} with {console.TABS} tabs",
+            _met(run.slowest_page_ms < console.TARGET_MS and run.streams_with_tabs == 1),
+        )
+    )
+    return report
+
+
 async def _transport(o: Options) -> list[Result]:
     from bench import transport
 
@@ -321,6 +340,7 @@ SECTIONS: dict[str, tuple[str, Section]] = {
     ),
     "pglog": ("PostgreSQL's lease path against SQLite's (P6, P7, P7b)", _pglog),
     "transport": ("The SDK's lease stream against its unary calls (SQLite)", _transport),
+    "console": ("The web console's leases page with 100,000 held leases", _console),
 }
 #: Sections run only when asked for (``--queue``, or ``--only``).
 OPT_IN = {"queue", "pglog"}

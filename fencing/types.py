@@ -13,8 +13,16 @@ WATCH_START_KEY = "fencing-watch-after"
 #: a resume cursor belongs to (absent where the backend's log has none).
 WATCH_LOG_KEY = "fencing-watch-log"
 #: Initial metadata of a ``Session`` stream: how many calls the server takes in flight
-#: on it at once (a call beyond that is answered ``RESOURCE_EXHAUSTED``).
+#: on it at once (a call beyond that is answered ``RESOURCE_EXHAUSTED``); with
+#: :data:`SESSION_MAX_UPKEEP_IN_FLIGHT_KEY`, how many acquires.
 SESSION_MAX_IN_FLIGHT_KEY = "fencing-session-max-in-flight"
+#: Initial metadata of a ``Session`` stream: how many renewals and releases (the
+#: :data:`UPKEEP_CALLS`) the server takes in flight on it apart from the acquires, so
+#: that acquires waiting in line never hold up the renewal of a lease already held.
+#: Absent (an older server): one limit for every call.
+SESSION_MAX_UPKEEP_IN_FLIGHT_KEY = "fencing-session-max-upkeep-in-flight"
+#: The ``SessionCall`` kinds counted in the upkeep limit: the calls on leases already held.
+UPKEEP_CALLS = frozenset({"renew", "release", "renew_many", "release_many"})
 
 
 class Fenced(Protocol):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
+from console import command as console
 from fencing._version import VERSION
 from fencingctl import (
     chaos,
@@ -32,6 +33,7 @@ Command = Callable[[argparse.Namespace], int]
 
 MODULES = [
     serve,
+    console,
     ops,
     records,
     lock,

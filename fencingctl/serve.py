@@ -3,14 +3,22 @@
 Both servers share the process's settings (TLS, auth, caps, one metrics endpoint);
 settings come from flags, ``FENCING_*`` variables and an optional TOML file, in that
 order of precedence (see :mod:`serving.config` and docs/configuration.md).
+
+Once both listen, the web console (:mod:`console`) starts on 127.0.0.1 at
+``--console-port`` (8080; 0: off) as a client of the two, with the servers' TLS
+settings and ``FENCING_AUTH_TOKEN``. It is a convenience, not the product: if it
+cannot start (the port is taken; the ``console`` extra is not installed, said at INFO
+unless ``--console-port`` was set) a WARNING says why and the servers go on without it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +84,15 @@ OPTIONS: tuple[config.Option, ...] = (
         else o
         for o in QUEUE_OPTIONS
     ),
+    config.Option(
+        "console_port",
+        "FENCING_CONSOLE_PORT",
+        8080,
+        "port of the web console on 127.0.0.1 (fencing console); 0 turns it off",
+        int,
+        check=config.port_range,
+        metavar="PORT",
+    ),
     *config.LEASE_LIMIT_OPTIONS,
     # Quieter by default than the standalone servers: this is the interactive command.
     *(
@@ -135,16 +152,62 @@ async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
                 queue_backend=leases.queue.name,
             )
         banner(f"data in {data}; stop with Ctrl-C or SIGTERM", data_dir=str(data))
+        if args.console_port:
+            # Started after the banners above, so they stay the first lines of stdout.
+            consoles.append(asyncio.create_task(_console(args, leases.address, guard.address)))
 
-    signal_name = await serve_until_signal(
-        [guard, leases],
-        grace=args.grace,
-        metrics=options.metrics,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-        on_ready=ready,
-    )
+    consoles: list[asyncio.Task[None]] = []
+    try:
+        signal_name = await serve_until_signal(
+            [guard, leases],
+            grace=args.grace,
+            metrics=options.metrics,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
+            on_ready=ready,
+        )
+    finally:
+        for task in consoles:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     banner(f"{signal_name}: stopped", signal=signal_name)
+
+
+async def _console(args: argparse.Namespace, lease_addr: str, guard_addr: str) -> None:
+    """Serve the web console over the two servers until cancelled; a WARNING (and no
+    console) if it cannot start."""
+    try:
+        from console.command import make_app, serve_console
+
+        client = argparse.Namespace(
+            lease_addr=lease_addr,
+            guard_addr=guard_addr,
+            tls_ca=args.tls_ca,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_server_name=None,
+            auth_token=os.environ.get("FENCING_AUTH_TOKEN") or None,
+        )
+
+        def ready(url: str) -> None:
+            banner(f"console on {url}", url=url)
+
+        await serve_console(lambda: make_app(client), f"127.0.0.1:{args.console_port}", ready)
+    except ImportError as exc:
+        # Quiet unless asked for: an image without the extra starts this way every time.
+        log.log(
+            logging.WARNING if args.console_port_given else logging.INFO,
+            "console not started: %s (pip install 'fencing-guard[console]'; "
+            "--console-port 0 turns it off)",
+            exc,
+        )
+    except OSError as exc:
+        log.warning(
+            "console not started on port %d: %s (--console-port picks another, 0 turns it off)",
+            args.console_port,
+            exc,
+        )
 
 
 def warn_if_new(data: Path) -> bool:
@@ -171,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
         return settled.report(COMMAND)
     configure_logging(args.log_level, args.log_format)
     args.data_path = settled.extra.resolve()
+    args.console_port_given = settled.sources.get("console_port") != "default"
     try:
         warn_if_new(args.data_path)
         args.data_path.mkdir(parents=True, exist_ok=True)

@@ -139,10 +139,12 @@ async def start_guard(
     check_mode(st, mode)
     await st.open()
     try:
-        require_durability(st, "guard store " + st.name, require_durable)
+        warning = require_durability(st, "guard store " + st.name, require_durable)
         timeouts = metrics.group(StorageMetrics).timeouts.labels("guard")
         bounded = with_deadline(st, options.backend_timeout, "guard store", timeouts.inc)
         service, services = guard_services(bounded, mode, metrics.group(GuardMetrics))
+        service.store_name = st.name
+        service.durability_warning = warning or ""
         built = await build_server(
             address, services, reflection_enabled=reflection, options=options
         )
@@ -173,5 +175,6 @@ async def start_guard(
             on_state=running._watch_health,
         )
         service.grants = running.follower  # tokens above those seen granted are asked about
+        service.follower = running.follower
         built.spawn(running.follower.run())
     return running

@@ -3,7 +3,8 @@
 Validates each request whole before the store sees it (a bad op anywhere means
 nothing is applied), and logs each acceptance and each stale-token (or, strict,
 lease-lost) rejection with resource and tokens (as structured fields too), never
-values, and counts them (:mod:`guard.metrics`). ``ResetFence``, the operator's
+values, counts them (:mod:`guard.metrics`) and remembers the recent refusals of each
+resource (:mod:`guard.refusals`, read by ``ListRefusals``). ``ResetFence``, the operator's
 recovery from a wedged fence, is logged at WARNING with who, what, from and to.
 """
 
@@ -18,6 +19,7 @@ import grpc.aio
 from prometheus_client import CollectorRegistry
 
 from fencing import _status, limits
+from fencing._version import VERSION
 from fencing.errors import (
     FencingError,
     InvalidArgumentError,
@@ -29,7 +31,9 @@ from fencing.types import Delete, Op, Put
 from fencing.v1 import guard_pb2, guard_pb2_grpc
 from guard.commit import GroupCommit
 from guard.fence import FenceMode
+from guard.follower import FollowerStatus
 from guard.metrics import GuardMetrics
+from guard.refusals import RefusalLog
 from guard.stores.base import BatchedWrite, GuardStore, ResourceWrite, Verdict
 from serving.admission import authorize_item, current_principal
 from serving.server import rpc
@@ -105,6 +109,13 @@ class Grants(Protocol):
         """Return if ``token`` was granted; ``LeaseLost`` if it never was."""
 
 
+class Following(Protocol):
+    """A watch guard's follower, as DescribeGuard reports it."""
+
+    @property
+    def status(self) -> FollowerStatus: ...
+
+
 def _write_error(exc: FencingError) -> guard_pb2.WriteError:
     code, reason, message, metadata = _status.to_fields(exc)
     return guard_pb2.WriteError(code=code, reason=reason, message=message, metadata=metadata)
@@ -131,6 +142,11 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         self.mode = mode
         self.stale_rejections = 0
         self.metrics = metrics or GuardMetrics(CollectorRegistry())
+        self.refusals = RefusalLog()
+        #: What DescribeGuard reports, set by the server once it knows them.
+        self.store_name = store.name
+        self.durability_warning = ""
+        self.follower: Following | None = None
         #: Watch mode: who vouches for tokens above those seen granted (set by the server
         #: once the follower exists); None: the fence rule alone judges.
         self.grants: Grants | None = None
@@ -181,7 +197,9 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
             self.metrics.writes.labels("replayed").inc(replayed)
         return verdicts
 
-    async def _never_granted(self, items: Sequence[tuple[str, int]]) -> list[FencingError | None]:
+    async def _never_granted(
+        self, items: Sequence[tuple[str, int]], call: str = "write"
+    ) -> list[FencingError | None]:
         """Admission, before the store: per (resource, token), the error of a token the
         lease server never granted (or could not be asked about), else None."""
         grants = self.grants
@@ -197,6 +215,13 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         for (i, resource, token), answer in zip(asking, answers, strict=True):
             if isinstance(answer, FencingError):
                 found[i] = answer
+                self.refusals.record(
+                    resource,
+                    answer.reason,
+                    token,
+                    call=call,
+                    principal=current_principal() or "",
+                )
                 log.warning(
                     "unvouched token refused resource=%s token=%d: %s",
                     resource,
@@ -212,10 +237,10 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
                 raise answer
         return found
 
-    async def _admit(self, resource: str, token: int) -> None:
+    async def _admit(self, resource: str, token: int, call: str = "write") -> None:
         """Raise what :meth:`_never_granted` finds for one token."""
         if self.grants is not None and not self.grants.vouched(resource, token):
-            (error,) = await self._never_granted([(resource, token)])
+            (error,) = await self._never_granted([(resource, token)], call)
             if error is not None:
                 raise error
 
@@ -237,6 +262,8 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         self._lease_lost(what, resource, token)
 
     def _lease_lost(self, what: str, resource: str, token: int) -> None:
+        principal = current_principal() or ""
+        self.refusals.record(resource, LeaseLost.reason, token, call=what, principal=principal)
         log.warning(
             "%s refused resource=%s token=%d: not the live lease or job claim (strict)",
             what,
@@ -245,13 +272,22 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
             extra={
                 "resource": resource,
                 "token": token,
-                "principal": current_principal() or "",
+                "principal": principal,
             },
         )
 
     def _rejected(self, what: str, resource: str, token: int, exc: StaleTokenError) -> None:
         self.stale_rejections += 1
         self.metrics.stale(resource)
+        principal = current_principal() or ""
+        self.refusals.record(
+            resource,
+            StaleTokenError.reason,
+            token,
+            fence=exc.current_token,
+            call=what,
+            principal=principal,
+        )
         log.warning(
             "stale %s rejected resource=%s token=%d fence=%d",
             what,
@@ -262,7 +298,7 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
                 "resource": resource,
                 "token": token,
                 "current_token": exc.current_token,
-                "principal": current_principal() or "",
+                "principal": principal,
             },
         )
 
@@ -298,7 +334,9 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         if total_ops > limits.MAX_OPS:
             limits.check_op_count(total_ops, "writes[].ops")
         key = limits.check_idempotency_key(request.idempotency_key)
-        for error in await self._never_granted([(w.resource, w.token) for w in writes]):
+        for error in await self._never_granted(
+            [(w.resource, w.token) for w in writes], "multi-resource write"
+        ):
             if error is not None:
                 raise error
         try:
@@ -466,7 +504,7 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
     ) -> guard_pb2.FenceState:
         resource = limits.check_resource(request.resource)
         token = limits.check_token(request.token)
-        await self._admit(resource, token)
+        await self._admit(resource, token, "fence")
         try:
             fence = await self.store.fence(resource, token, self.mode)
         except StaleTokenError as exc:
@@ -524,3 +562,43 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         return guard_pb2.ResetFenceResponse(
             resource=resource, previous_fence=previous, fence=to_token
         )
+
+    @rpc
+    async def ListRefusals(
+        self, request: guard_pb2.ListRefusalsRequest, context: Context
+    ) -> guard_pb2.ListRefusalsResponse:
+        """The resource's recent refusals, newest first (:class:`guard.refusals.RefusalLog`)."""
+        resource = limits.check_resource(request.resource)
+        return guard_pb2.ListRefusalsResponse(
+            resource=resource,
+            refusals=[
+                guard_pb2.Refusal(
+                    reason=r.reason,
+                    token=r.token,
+                    fence=r.fence,
+                    call=r.call,
+                    principal=r.principal,
+                    at_unix_ms=r.at_unix_ms,
+                )
+                for r in self.refusals.recent(resource)
+            ],
+        )
+
+    @rpc
+    async def DescribeGuard(
+        self, request: guard_pb2.DescribeGuardRequest, context: Context
+    ) -> guard_pb2.GuardInfo:
+        """This guard's mode, store, follower and refusal counts."""
+        info = guard_pb2.GuardInfo(
+            version=VERSION,
+            fence_mode=self.mode.value,
+            store=self.store_name,
+            durability_warning=self.durability_warning,
+            refusals=dict(self.refusals.counts),
+        )
+        if self.follower is not None:
+            status = self.follower.status
+            info.watch_state = status.state
+            info.watch_revision = status.revision
+            info.watch_error = status.last_error
+        return info

@@ -13,9 +13,14 @@ A stream keeps nothing but its calls in flight: a broken stream's calls have unk
 outcomes, and a client retries them on a new stream, to any server (an acquire with
 the same ``request_id`` and holder returns the lease already granted).
 
-Limits: at most ``max_in_flight`` calls in flight per stream (sent to the client in
-initial metadata :data:`~fencing.types.SESSION_MAX_IN_FLIGHT_KEY`; a call beyond
-it is answered ``RESOURCE_EXHAUSTED``), at most
+Limits: at most ``max_in_flight`` acquires (one or many) in flight per stream, and
+apart from them at most ``max_in_flight`` renewals and releases
+(:data:`~fencing.types.UPKEEP_CALLS`), so that acquires waiting in line never hold up
+the renewal of a lease the client already holds (both sent to the client in initial
+metadata, :data:`~fencing.types.SESSION_MAX_IN_FLIGHT_KEY` and
+:data:`~fencing.types.SESSION_MAX_UPKEEP_IN_FLIGHT_KEY`; an older client, which
+counts every call in the first, stays under both; a call beyond its limit is answered
+``RESOURCE_EXHAUSTED``), at most
 :data:`~fencing.limits.MAX_SESSION_CALLS` calls per message (``INVALID_ARGUMENT``
 naming ``calls``, for each of them), ``deadline_ms`` per call
 (``DEADLINE_EXCEEDED``; it cuts an acquire's wait short). :meth:`Sessions.drain`
@@ -45,7 +50,11 @@ from fencing.errors import (
     InvalidArgumentError,
     ResourceExhaustedError,
 )
-from fencing.types import SESSION_MAX_IN_FLIGHT_KEY
+from fencing.types import (
+    SESSION_MAX_IN_FLIGHT_KEY,
+    SESSION_MAX_UPKEEP_IN_FLIGHT_KEY,
+    UPKEEP_CALLS,
+)
 from fencing.v1 import lease_pb2
 from lease_server.leases import LeaseStep, StepOutcome
 from lease_server.metrics import LeaseMetrics
@@ -156,7 +165,10 @@ class Sessions:
         answered, or the server drains; a message the server cannot read ends it
         with that error (``INVALID_ARGUMENT`` for bytes that are no SessionRequest)."""
         stream = _Stream(self)
-        await context.send_initial_metadata(((SESSION_MAX_IN_FLIGHT_KEY, str(self.max_in_flight)),))
+        cap = str(self.max_in_flight)
+        await context.send_initial_metadata(
+            ((SESSION_MAX_IN_FLIGHT_KEY, cap), (SESSION_MAX_UPKEEP_IN_FLIGHT_KEY, cap))
+        )
         self._open.add(stream)
         self.metrics.session_streams.set(len(self._open))
         if self.draining:
@@ -230,6 +242,8 @@ class _Stream:
         #: The task answering each call in flight, by id (None for a moment: a call of a
         #: message being read, before the task deciding its message's steps exists).
         self.in_flight: dict[int, asyncio.Task[None] | None] = {}
+        #: The ids of the renewals and releases among them (counted in a limit of their own).
+        self.upkeep: set[int] = set()
         self.read_all = False
         self.draining = False
         self.ended = False
@@ -285,9 +299,12 @@ class _Stream:
                     f"call id {call.id} is already in flight on this stream", field="id"
                 )
             cap = self.sessions.max_in_flight
-            if len(self.in_flight) >= cap:
+            upkeep = which in UPKEEP_CALLS
+            held = len(self.upkeep) if upkeep else len(self.in_flight) - len(self.upkeep)
+            if held >= cap:
+                what = "renewals and releases" if upkeep else "acquires"
                 raise ResourceExhaustedError(
-                    f"this stream already has {cap} calls in flight, its limit: wait for "
+                    f"this stream already has {cap} {what} in flight, its limit: wait for "
                     "replies before sending more",
                     limit="session_in_flight",
                 )
@@ -304,6 +321,8 @@ class _Stream:
             method = known.method if known is not None else ""
             self._reply(which or "none", self._internal(which or "none", method, call.id))
             return None
+        if upkeep:
+            self.upkeep.add(call.id)
         if step is not None:
             # In flight from now: the task deciding its message is filled in once it exists.
             self.in_flight[call.id] = None
@@ -379,7 +398,7 @@ class _Stream:
         """Answer one call of a batch with its result or error (another exception:
         INTERNAL, already logged); it is no longer in flight."""
         stepped.answered = True
-        del self.in_flight[stepped.call_id]
+        self._answered(stepped.call_id)
         which = stepped.which
         if isinstance(outcome, FencingError):
             reply = lease_pb2.SessionReply(id=stepped.call_id, error=_status.to_status(outcome))
@@ -400,7 +419,7 @@ class _Stream:
         try:
             reply = await self._answer(call_id, which, kind, request, deadline_ms)
         finally:
-            del self.in_flight[call_id]
+            self._answered(call_id)
         self._reply(which, reply)
         self._end_if_done()
 
@@ -433,6 +452,11 @@ class _Stream:
             if not timer.expired():
                 raise
             raise _deadline_passed(deadline_ms) from None
+
+    def _answered(self, call_id: int) -> None:
+        """``call_id`` is no longer in flight."""
+        del self.in_flight[call_id]
+        self.upkeep.discard(call_id)
 
     def _error(self, kind: str, call_id: int, exc: FencingError) -> None:
         self._reply(kind, lease_pb2.SessionReply(id=call_id, error=_status.to_status(exc)))

@@ -48,7 +48,8 @@ action                        methods
 ``write`` ``read`` ``fence``  GuardService Write, WriteMany (every resource of it),
                               WriteStream (each streamed write, judged on its own:
                               a write outside the grants gets PERMISSION_DENIED as
-                              its verdict); Read, ListRecords and DescribeFence; Fence
+                              its verdict); Read, ListRecords, DescribeFence,
+                              ListRefusals, DescribeGuard (on every resource); Fence
 ``enqueue`` ``claim``         QueueService Enqueue, PutSchedule, DeleteSchedule (by the
                               schedule's queue); Claim, Heartbeat, Complete, Fail, Release
 ``describe``                  QueueService Stats, ListSchedules, ListJobs, GetJob
@@ -122,6 +123,8 @@ METHOD_ACTIONS: dict[str, Action] = {
     _GUARD + "Read": Action.READ,
     _GUARD + "ListRecords": Action.READ,
     _GUARD + "DescribeFence": Action.READ,
+    _GUARD + "ListRefusals": Action.READ,
+    _GUARD + "DescribeGuard": Action.READ,
     _GUARD + "Fence": Action.FENCE,
     _GUARD + "ResetFence": Action.RESET_FENCE,
     _QUEUE + "Enqueue": Action.ENQUEUE,

@@ -448,8 +448,9 @@ MAX_SESSION_IN_FLIGHT = Option(
     "session_max_in_flight",
     "FENCING_SESSION_MAX_IN_FLIGHT",
     DEFAULT_MAX_SESSION_IN_FLIGHT,
-    "calls in flight per lease Session stream (told to the client in its initial "
-    "metadata); a call beyond it is answered RESOURCE_EXHAUSTED",
+    "acquires in flight per lease Session stream, and as many renewals and releases "
+    "apart from them (told to the client in its initial metadata); a call beyond its "
+    "limit is answered RESOURCE_EXHAUSTED",
     int,
     check=positive,
     metavar="N",

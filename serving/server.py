@@ -123,10 +123,11 @@ class ServerOptions:
     loopback unless ``insecure``. ``auth``: the policy naming principals and their
     grants; None means authentication is off, except that mTLS alone turns it on
     with every certificate the CA signed allowed everything. ``max_waiters`` and
-    ``max_watch_streams``: per-client caps. ``session_max_in_flight``: calls in flight
-    per lease Session stream. ``metrics``: the process's metrics (a
-    private registry when None). ``backend_timeout``: the deadline of every backend
-    or store call. ``health_interval``: seconds between backend health probes.
+    ``max_watch_streams``: per-client caps. ``session_max_in_flight``: acquires in
+    flight per lease Session stream (and as many renewals and releases apart).
+    ``metrics``: the process's metrics (a private registry when None).
+    ``backend_timeout``: the deadline of every backend or store call.
+    ``health_interval``: seconds between backend health probes.
     ``reuse_port``: share the port with sibling worker processes.
     """
 

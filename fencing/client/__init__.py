@@ -12,7 +12,7 @@ from fencing.client._queue import (
     QueueStats,
     ScheduleInfo,
 )
-from fencing.client._writes import FenceReset, ManyResult
+from fencing.client._writes import FenceReset, GuardInfo, ManyResult, Refusal
 from fencing.client.async_guard import AsyncGuardClient
 from fencing.client.async_lease import AsyncLease, AsyncLeaseClient, AsyncWatchStream
 from fencing.client.async_queue import AsyncQueueClient
@@ -35,6 +35,7 @@ __all__ = [
     "FailOutcome",
     "FenceReset",
     "GuardClient",
+    "GuardInfo",
     "Job",
     "JobAction",
     "JobInfo",
@@ -45,6 +46,7 @@ __all__ = [
     "ManyResult",
     "QueueClient",
     "QueueStats",
+    "Refusal",
     "ScheduleInfo",
     "WatchStream",
     "WriteResult",

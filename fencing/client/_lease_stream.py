@@ -36,7 +36,11 @@ from fencing.errors import (
     InvalidArgumentError,
 )
 from fencing.limits import MAX_DEADLINE_MS, MAX_SESSION_CALLS
-from fencing.types import SESSION_MAX_IN_FLIGHT_KEY
+from fencing.types import (
+    SESSION_MAX_IN_FLIGHT_KEY,
+    SESSION_MAX_UPKEEP_IN_FLIGHT_KEY,
+    UPKEEP_CALLS,
+)
 from fencing.v1 import lease_pb2
 
 W = TypeVar("W")  # what a transport wakes a caller with (a Future)
@@ -199,15 +203,29 @@ def refusal(closed: bool, transport: Transport) -> Exception:
     return Fallback()
 
 
-def max_in_flight_of(headers: Iterable[tuple[str, str | bytes]] | None) -> int:
-    """The server's limit of calls in flight from a stream's initial metadata (the default
-    if it says none)."""
+def _count(headers: Iterable[tuple[str, str | bytes]] | None, name: str) -> int | None:
+    """The positive count of initial metadata ``name`` (None if absent or not one)."""
     for key, value in headers or ():
-        if key == SESSION_MAX_IN_FLIGHT_KEY:
+        if key == name:
             text = value.decode() if isinstance(value, bytes) else value
             if text.isdigit() and int(text) > 0:
                 return int(text)
-    return DEFAULT_MAX_IN_FLIGHT
+    return None
+
+
+def max_in_flight_of(headers: Iterable[tuple[str, str | bytes]] | None) -> int:
+    """The server's limit of calls in flight from a stream's initial metadata (the default
+    if it says none): of acquires, if it keeps a limit apart for renewals and releases
+    (:func:`max_upkeep_of`), else of every call."""
+    found = _count(headers, SESSION_MAX_IN_FLIGHT_KEY)
+    return DEFAULT_MAX_IN_FLIGHT if found is None else found
+
+
+def max_upkeep_of(headers: Iterable[tuple[str, str | bytes]] | None) -> int | None:
+    """The server's limit of renewals and releases in flight apart from the acquires, from
+    a stream's initial metadata; None from a server without one (every call counts in
+    :func:`max_in_flight_of`)."""
+    return _count(headers, SESSION_MAX_UPKEEP_IN_FLIGHT_KEY)
 
 
 class Moved(NamedTuple, Generic[W]):
@@ -219,48 +237,166 @@ class Moved(NamedTuple, Generic[W]):
 
 
 class Received(NamedTuple, Generic[W]):
-    """What one SessionResponse does to a stream's calls: the replies to hand out, and on
-    a goaway (the stream then takes no new calls) the unsent calls to move and those to
-    fail (moved too often)."""
+    """What one SessionResponse does to a stream's calls: the replies to hand out (each
+    with the request id of its call, empty but for an acquire's), and on a goaway (the
+    stream then takes no new calls) the unsent calls to move and those to fail (moved
+    too often, with their request ids)."""
 
-    settled: list[tuple[W, lease_pb2.SessionReply]]
+    settled: list[tuple[W, lease_pb2.SessionReply, str]]
     goaway: bool
     moved: list[Moved[W]]
-    failed: list[W]
+    failed: list[tuple[W, str]]
 
 
-def deliver(received: Received[Any]) -> list[lease_pb2.SessionCall]:
-    """Hand out the replies of ``received``, and fail the calls it could not move.
-
-    Returns the releases to send for grants nobody waits for any more: the caller of
-    an acquire gave up (its timeout, a cancelled task) while the server still had the
-    call, since a stream cannot cancel one call as a unary RPC's cancellation does;
-    the server granted it later, and the lease would otherwise block its resource for
-    its whole ttl.
-    """
-    orphans: list[lease_pb2.SessionCall] = []
-    for waiter, reply in received.settled:
-        if waiter.done() or not settle(waiter, outcome(reply)):
-            orphans += orphan_releases(reply)
-    for waiter in received.failed:
-        settle(waiter, draining_error())
-    return orphans
+def request_id_of(call: lease_pb2.SessionCall) -> str:
+    """The ``request_id`` of an acquire (one or many); empty for any other call."""
+    which = call.WhichOneof("call")
+    if which == "acquire":
+        return call.acquire.request_id
+    if which == "acquire_many":
+        return call.acquire_many.request_id
+    return ""
 
 
-def orphan_releases(reply: lease_pb2.SessionReply) -> list[lease_pb2.SessionCall]:
-    """The release of the grant in ``reply`` (none if it granted nothing), token-checked
-    so it frees only that grant."""
+def grants_of(reply: lease_pb2.SessionReply) -> list[lease_pb2.Lease]:
+    """The leases ``reply`` grants (none if it is no acquire's grant)."""
     which = reply.WhichOneof("outcome")
     if which == "acquired":
-        grants = [reply.acquired]
-    elif which == "acquired_many":
-        grants = list(reply.acquired_many.leases)
-    else:
-        return []
+        return [reply.acquired]
+    if which == "acquired_many":
+        return list(reply.acquired_many.leases)
+    return []
+
+
+class Acquires:
+    """Who may still take a grant, by the ``request_id`` of the acquire it answers: the
+    acquires of one lease client on all its streams (the sync twin guards it with its
+    stub's lock). I/O-free.
+
+    Every attempt of one ``acquire`` carries the same request id, and the server answers
+    a retry of a granted one with the same token (a replay). So a grant whose own caller
+    stopped waiting (its attempt timed out, and the acquire tried again) may be the very
+    lease another attempt of the same acquire is handed: it is released on the caller's
+    behalf (:func:`deliver`) only if nobody can take it any more. It is kept while the
+    acquire that sent it is still going (:meth:`begin`/:meth:`end`: it may be between
+    attempts, and its next one would be answered with the token a release frees), and
+    when a reply with the same request id and token was handed to a caller (the replies
+    of an acquire's attempts come in the order the server finishes them, not the order
+    they were sent). A kept grant the acquire never took is released when it ends.
+    """
+
+    __slots__ = ("_calls", "_kept", "_parked", "_plans")
+
+    def __init__(self) -> None:
+        #: Acquires going on, by request id (their attempts may still come).
+        self._plans: dict[str, int] = {}
+        #: Calls sent (or queued) without their outcome yet, by request id.
+        self._calls: dict[str, int] = {}
+        #: The grants handed to a caller, by request id: (resource, token).
+        self._kept: dict[str, set[tuple[str, int]]] = {}
+        #: Grants nobody waited for, kept while their acquire goes on.
+        self._parked: dict[str, list[lease_pb2.Lease]] = {}
+
+    def __len__(self) -> int:
+        """Request ids remembered (none once every acquire ended and its calls came back)."""
+        return len(self._plans.keys() | self._calls.keys() | self._kept.keys())
+
+    def begin(self, request_id: str) -> None:
+        """An acquire with ``request_id`` starts: its grants are kept until :meth:`end`."""
+        self._plans[request_id] = self._plans.get(request_id, 0) + 1
+
+    def end(self, request_id: str) -> list[lease_pb2.SessionCall]:
+        """The acquire of ``request_id`` returned or gave up: the releases of the grants
+        it left (none it was handed)."""
+        left = self._plans.pop(request_id, 1) - 1
+        if left:
+            self._plans[request_id] = left
+            return []
+        kept = self._kept.get(request_id, set())
+        parked = self._parked.pop(request_id, [])
+        self._forget(request_id)
+        return releases_of([g for g in parked if (g.resource, g.token) not in kept])
+
+    def sent(self, request_id: str) -> None:
+        """A call with ``request_id`` is queued on a stream (its outcome will come)."""
+        if request_id:
+            self._calls[request_id] = self._calls.get(request_id, 0) + 1
+
+    def gone(self, request_id: str) -> None:
+        """A call with ``request_id`` will have no reply (never sent, or its stream ended)."""
+        if request_id:
+            left = self._calls.pop(request_id, 1) - 1
+            if left:
+                self._calls[request_id] = left
+            self._forget(request_id)
+
+    def keeps(self, request_id: str, grant: lease_pb2.Lease) -> bool:
+        """Whether a grant nobody waited for may still be someone's: its acquire goes on,
+        or a caller was handed the same lease."""
+        if not request_id:
+            return False
+        return request_id in self._plans or (grant.resource, grant.token) in self._kept.get(
+            request_id, ()
+        )
+
+    def answered(
+        self, waiter: Any, reply: lease_pb2.SessionReply, request_id: str
+    ) -> list[lease_pb2.SessionCall]:
+        """Hand ``reply`` to ``waiter`` (the call's caller, unless it gave up); the
+        releases of the grants in it that nobody can take."""
+        grants = grants_of(reply)
+        added: set[tuple[str, int]] = set()
+        if grants and request_id and not waiter.done():
+            # Recorded before the caller wakes: its acquire may end at once.
+            kept = self._kept.setdefault(request_id, set())
+            added = {(g.resource, g.token) for g in grants} - kept
+            kept |= added
+        if settle(waiter, outcome(reply)):
+            grants = []
+        elif added:  # its caller gave up meanwhile: not handed out after all
+            self._kept[request_id] -= added
+        orphans: list[lease_pb2.Lease] = []
+        for grant in grants:
+            if not self.keeps(request_id, grant):
+                orphans.append(grant)
+            elif (grant.resource, grant.token) not in self._kept.get(request_id, ()):
+                self._parked.setdefault(request_id, []).append(grant)
+        if request_id:
+            self.gone(request_id)
+        return releases_of(orphans)
+
+    def _forget(self, request_id: str) -> None:
+        if request_id not in self._plans and not self._calls.get(request_id):
+            self._kept.pop(request_id, None)
+            self._parked.pop(request_id, None)
+
+
+def deliver(received: Received[Any], acquires: Acquires) -> list[lease_pb2.SessionCall]:
+    """Hand out the replies of ``received``, and fail the calls it could not move.
+
+    Returns the releases to send for grants nobody can take (see :class:`Acquires`):
+    the caller of an acquire gave up (its timeout, a cancelled task) while the server
+    still had the call, since a stream cannot cancel one call as a unary RPC's
+    cancellation does; the server granted it later, and the lease would otherwise
+    block its resource for its whole ttl.
+    """
+    releases: list[lease_pb2.SessionCall] = []
+    for waiter, reply, request_id in received.settled:
+        releases += acquires.answered(waiter, reply, request_id)
+    for waiter, request_id in received.failed:
+        acquires.gone(request_id)
+        settle(waiter, draining_error())
+    return releases
+
+
+def releases_of(grants: list[lease_pb2.Lease]) -> list[lease_pb2.SessionCall]:
+    """The release of ``grants`` (none if empty), token-checked so it frees only them."""
     releases = [
         lease_pb2.ReleaseRequest(resource=g.resource, token=g.token, holder=g.holder)
         for g in grants
     ]
+    if not releases:
+        return []
     if len(releases) == 1:
         return [session_call("Release", releases[0], ORPHAN_RELEASE_TIMEOUT)]
     many = lease_pb2.ReleaseManyRequest(releases=releases)
@@ -272,35 +408,59 @@ def draining_error() -> Exception:
     return BackendUnavailableError("the lease server is draining: every stream was moved away")
 
 
+def is_upkeep(call: lease_pb2.SessionCall) -> bool:
+    """A renewal or release (one or many): counted apart from the acquires where the
+    server says so (:func:`max_upkeep_of`)."""
+    return call.WhichOneof("call") in UPKEEP_CALLS
+
+
 class SessionBook(StreamBook[tuple[lease_pb2.SessionCall, int], W]):
     """The calls of one lease stream: each queued with how many goaways moved it here.
 
-    A call counts against ``max_in_flight`` from the moment it is queued until its
+    A call counts against the server's limit from the moment it is queued until its
     reply (or the stream's end): a caller gives up waiting without freeing its slot,
     since the server still has the call until it answers (at the call's deadline at the
-    latest).
+    latest). Renewals and releases count in a limit of their own where the server keeps
+    one (``max_upkeep``), so acquires waiting in line never hold up the renewal of a
+    lease already held; else every call counts in ``max_in_flight``.
     """
 
-    __slots__ = ("max_in_flight",)
+    __slots__ = ("_request_ids", "_upkeep", "max_in_flight", "max_upkeep")
 
     def __init__(self) -> None:
         super().__init__()
+        #: The request id of each acquire in the book, by call id.
+        self._request_ids: dict[int, str] = {}
+        #: The ids of the renewals and releases in the book.
+        self._upkeep: set[int] = set()
         #: One call (the one that opens the stream) until the initial metadata says the
         #: server's limit (:meth:`limit`): callers arriving together must not overrun it.
         self.max_in_flight = 1
+        self.max_upkeep: int | None = None
 
     def limit(self, headers: Iterable[tuple[str, str | bytes]] | None) -> None:
-        """The stream's initial metadata came: take the server's limit from it."""
+        """The stream's initial metadata came: take the server's limits from it."""
         self.max_in_flight = max_in_flight_of(headers)
+        self.max_upkeep = max_upkeep_of(headers)
 
-    @property
-    def has_room(self) -> bool:
-        return len(self._waiting) < self.max_in_flight
+    def has_room(self, call: lease_pb2.SessionCall) -> bool:
+        """Whether ``call`` may be queued now without passing the server's limit."""
+        upkeep = len(self._upkeep)
+        if self.max_upkeep is None:
+            return len(self._waiting) < self.max_in_flight
+        if is_upkeep(call):
+            return upkeep < self.max_upkeep
+        return len(self._waiting) - upkeep < self.max_in_flight
 
     def add_call(self, call: lease_pb2.SessionCall, waiter: W, moves: int = 0) -> None:
         """Queue ``call`` (its id set); ``waiter`` is handed back with its outcome.
         ``moves``: how many goaways moved it here from another stream."""
         call.id = self.add((call, moves), waiter)
+        request_id = request_id_of(call)
+        if request_id:
+            self._request_ids[call.id] = request_id
+        elif is_upkeep(call):
+            self._upkeep.add(call.id)
 
     def message(self) -> lease_pb2.SessionRequest | None:
         """The next message: every call queued, up to :data:`MAX_SESSION_CALLS`; None
@@ -313,20 +473,35 @@ class SessionBook(StreamBook[tuple[lease_pb2.SessionCall, int], W]):
 
     def receive(self, response: lease_pb2.SessionResponse) -> Received[W]:
         """Take in one response (see :class:`Received`; hand it on with :func:`deliver`)."""
-        settled = self.settle(response.replies)
+        ids, upkeep = self._request_ids, self._upkeep
+        settled = []
+        for waiter, reply in self.settle(response.replies):
+            upkeep.discard(reply.id)
+            settled.append((waiter, reply, ids.pop(reply.id, "")))
         if not response.HasField("goaway"):
             return Received(settled, False, [], [])
         moved, failed = self.take_unsent()
         return Received(settled, True, moved, failed)
 
-    def take_unsent(self) -> tuple[list[Moved[W]], list[W]]:
+    def take_unsent(self) -> tuple[list[Moved[W]], list[tuple[W, str]]]:
         """A goaway: the calls not sent yet, to move to a new stream, and the waiters of
-        those moved :data:`MAX_MOVES` times already, to fail with :func:`draining_error`."""
+        those moved :data:`MAX_MOVES` times already (with their request ids), to fail
+        with :func:`draining_error`."""
         moved: list[Moved[W]] = []
-        failed: list[W] = []
-        for _, (call, moves), waiter in self.unsent():
+        failed: list[tuple[W, str]] = []
+        for call_id, (call, moves), waiter in self.unsent():
+            self._upkeep.discard(call_id)
+            request_id = self._request_ids.pop(call_id, "")
             if moves < MAX_MOVES:
                 moved.append(Moved(waiter, call, moves + 1))
             else:
-                failed.append(waiter)
+                failed.append((waiter, request_id))
         return moved, failed
+
+    def end(self) -> tuple[list[W], list[str]]:
+        """The stream ended: every waiter still without a reply, and the request ids of
+        the acquires among them."""
+        request_ids = list(self._request_ids.values())
+        self._request_ids.clear()
+        self._upkeep.clear()
+        return self.abandon(), request_ids

@@ -75,6 +75,63 @@ class FenceReset:
     fence: int
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A write or fence the guard refused (``GuardClient.list_refusals``): its ErrorInfo
+    ``reason`` (STALE_TOKEN, LEASE_LOST), the ``token`` it carried, the ``fence`` it met
+    (STALE_TOKEN), the ``call`` (write, multi-resource write, fence), the ``principal``
+    that sent it and when (``at_unix_ms``, the guard's clock)."""
+
+    resource: str
+    reason: str
+    token: int
+    fence: int
+    call: str
+    principal: str
+    at_unix_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class GuardInfo:
+    """What a guard says of itself (``GuardClient.describe_guard``): its ``version``,
+    ``fence_mode``, ``store`` kind and ``durability_warning`` ('' when durable); in
+    watch mode its follower's ``watch_state``, last applied ``watch_revision`` and
+    ``watch_error``; and its refusals since it started, by reason (``refusals``)."""
+
+    version: str
+    fence_mode: str
+    store: str
+    durability_warning: str
+    watch_state: str
+    watch_revision: int
+    watch_error: str
+    refusals: dict[str, int]
+
+
+def guard_info(msg: guard_pb2.GuardInfo) -> GuardInfo:
+    return GuardInfo(
+        msg.version,
+        msg.fence_mode,
+        msg.store,
+        msg.durability_warning,
+        msg.watch_state,
+        msg.watch_revision,
+        msg.watch_error,
+        dict(msg.refusals),
+    )
+
+
+def list_refusals_request(resource: str) -> guard_pb2.ListRefusalsRequest:
+    return guard_pb2.ListRefusalsRequest(resource=resource)
+
+
+def refusals(msg: guard_pb2.ListRefusalsResponse) -> list[Refusal]:
+    return [
+        Refusal(msg.resource, r.reason, r.token, r.fence, r.call, r.principal, r.at_unix_ms)
+        for r in msg.refusals
+    ]
+
+
 def reset_fence_request(resource: str, to_token: int) -> guard_pb2.ResetFenceRequest:
     return guard_pb2.ResetFenceRequest(resource=resource, to_token=to_token)
 

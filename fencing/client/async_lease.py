@@ -401,7 +401,7 @@ class AsyncLeaseClient(AsyncCalls):
         ``fence`` guards are promised to concurrently.
         """
         plan = _core.AcquirePlan(resource, self.holder, ttl, timeout, self._clock)
-        lease = await self._acquire(plan)
+        (lease,) = await self._acquire(plan)
         await self._promise(lease, fence)
         return lease
 
@@ -410,12 +410,22 @@ class AsyncLeaseClient(AsyncCalls):
     ) -> AsyncLease:
         """Acquire only if free now; :class:`LeaseHeldError` at once otherwise."""
         plan = _core.AcquirePlan(resource, self.holder, ttl, None, self._clock, nowait=True)
-        lease = await self._acquire(plan)
+        (lease,) = await self._acquire(plan)
         await self._promise(lease, fence)
         return lease
 
-    async def _acquire(self, plan: _core.AcquirePlan) -> AsyncLease:
-        return (await self._run(self._steps.acquire(plan)))[0]
+    async def _acquire(
+        self, plan: _core.AcquirePlan, resources: Sequence[str] | None = None
+    ) -> list[AsyncLease]:
+        # On the lease stream, a grant of the plan's request id is not released on its
+        # behalf while the plan goes on (a retry may be handed the same lease).
+        stub = self._stub
+        with (
+            stub.acquiring(plan.request_id)
+            if isinstance(stub, AsyncStreamStub)
+            else contextlib.nullcontext()
+        ):
+            return await self._run(self._steps.acquire(plan, resources))
 
     async def _promise(self, lease: AsyncLease, guards: Sequence[AsyncFencer]) -> None:
         if not guards:
@@ -465,7 +475,7 @@ class AsyncLeaseClient(AsyncCalls):
         """Acquire every resource, all or nothing, in one call: see
         :meth:`LeaseClient.acquire_many <fencing.client.lease.LeaseClient.acquire_many>`."""
         plan = _core.AcquirePlan(resources[0], self.holder, ttl, timeout, self._clock)
-        return await self._run(self._steps.acquire(plan, resources))
+        return await self._acquire(plan, resources)
 
     def hold_many(
         self,
@@ -495,6 +505,15 @@ class AsyncLeaseClient(AsyncCalls):
         """Who holds ``resource`` now, with which token, and the last token ever issued."""
         msg = await self._call(self._stub.Describe, _core.describe_request(resource))
         return _core.lease_state(msg)
+
+    async def list_page(
+        self, prefix: str = "", *, page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[LeaseState], str]:
+        """One page of :meth:`list_held` and the next page's token; see
+        ``LeaseClient.list_page``."""
+        request = _core.list_request(prefix, page_size, page_token)
+        page = await self._call(self._stub.List, request)
+        return [_core.lease_state(msg) for msg in page.leases], page.next_page_token
 
     async def list_held(
         self, prefix: str = "", *, page_size: int = 0

@@ -15,7 +15,7 @@ import contextlib
 import functools
 import heapq
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -56,7 +56,7 @@ class _AsyncStream:
     ) -> bool:
         """Queue ``call`` now if this stream takes it and has room (else False: see
         :meth:`submit`), and wake the sender."""
-        if self.retired or not self._book.has_room:
+        if self.retired or not self._book.has_room(call):
             return False
         self._book.add_call(call, future, moves)
         wake = self._wake
@@ -75,7 +75,7 @@ class _AsyncStream:
         """Queue ``call`` once the server's limit leaves room (until ``end``, loop time);
         False if this stream takes no new calls."""
         loop = asyncio.get_running_loop()
-        while not self.retired and not self._book.has_room:
+        while not self.retired and not self._book.has_room(call):
             remaining = end - loop.time()
             if remaining <= 0:
                 raise DeadlineExceededError(
@@ -125,8 +125,7 @@ class _AsyncStream:
                 received = self._book.receive(response)
                 if received.goaway:  # new calls, and the unsent, elsewhere
                     self._retire()
-                for orphan in _lease_stream.deliver(received):
-                    self._owner._release_orphan(orphan)
+                self._owner._deliver(received)
                 for move in received.moved:
                     self._owner._resubmit(move)
                 if self._room:
@@ -134,8 +133,8 @@ class _AsyncStream:
         except grpc.RpcError as err:
             error = self._owner._broken(err)
         self._retire()
-        waiters = self._book.abandon()
-        self._owner._ended(self)
+        waiters, request_ids = self._book.end()
+        self._owner._ended(self, request_ids)
         for future in waiters:
             settle(future, error())
         self._room_changed()
@@ -167,8 +166,10 @@ class AsyncStreamStub:
         self._stream: _AsyncStream | None = None
         self._streams: set[_AsyncStream] = set()
         self._closed = False
-        self._moving: set[asyncio.Task[None]] = set()  # resubmissions (a goaway) under way
+        self._moving: set[asyncio.Task[Any]] = set()  # resubmissions (a goaway) under way
         self._deadlines = _Deadlines()
+        #: The client's acquires, for the grants nobody waits for.
+        self._acquires = _lease_stream.Acquires()
         #: Set once the server answered UNIMPLEMENTED to Session (``auto``: unary from then on).
         self.unary_only = False
 
@@ -195,6 +196,17 @@ class AsyncStreamStub:
     async def ReleaseMany(self, request: Message, timeout: float) -> Message:  # noqa: ASYNC109
         return await self._call("ReleaseMany", request, timeout)
 
+    @contextlib.contextmanager
+    def acquiring(self, request_id: str) -> Iterator[None]:
+        """Around an acquire whose attempts all carry ``request_id``; see
+        :meth:`fencing.client.lease_stream.StreamStub.acquiring`."""
+        self._acquires.begin(request_id)
+        try:
+            yield
+        finally:
+            for release in self._acquires.end(request_id):
+                self._release_orphan(release)
+
     async def _call(
         self,
         method: str,
@@ -206,9 +218,17 @@ class AsyncStreamStub:
         if not self.unary_only or self._transport is Transport.STREAM:
             future: asyncio.Future[Message] = loop.create_future()
             call = _lease_stream.session_call(method, request, timeout)
-            stream = self._stream
-            if stream is None or not stream.add(call, future):  # no stream, or no room
-                await self._submit(call, future, end)
+            request_id = _lease_stream.request_id_of(call)
+            self._acquires.sent(request_id)
+            queued = False
+            try:
+                stream = self._stream
+                queued = stream is not None and stream.add(call, future)
+                # No stream, or no room:
+                queued = queued or await self._submit(call, future, end)
+            finally:
+                if not queued:
+                    self._acquires.gone(request_id)
             # Not asyncio.timeout around a shield: the future expires at ``end`` itself. A
             # task cancelled while it waits cancels the future (it is awaited directly);
             # either way the future is done, so a late grant is released, not handed out.
@@ -228,14 +248,16 @@ class AsyncStreamStub:
         future: asyncio.Future[Message],
         end: float,
         moves: int = 0,
-    ) -> None:
+    ) -> bool:
+        """Queue ``call`` on the current stream (a new one if none); False if it cannot go
+        on a stream (``future`` then has the refusal)."""
         while True:
             stream = self._current()
             if stream is None:  # closed, or the server has no Session
                 future.set_exception(self._refusal())
-                return
+                return False
             if await stream.submit(call, future, end, moves):
-                return
+                return True
 
     def _current(self) -> _AsyncStream | None:
         if self._closed or self.unary_only:
@@ -249,12 +271,25 @@ class AsyncStreamStub:
 
     def _resubmit(self, move: Moved[asyncio.Future[Message]]) -> None:
         """A call not sent before a goaway: on the next stream (its deadline as it was)."""
-        if not move.waiter.done():
-            end = asyncio.get_running_loop().time() + move.call.deadline_ms / 1000
-            task = asyncio.create_task(self._submit(move.call, move.waiter, end, move.moves))
-            self._moving.add(task)
-            task.add_done_callback(self._moving.discard)
-            task.add_done_callback(functools.partial(_fail_with, move.waiter))
+        if move.waiter.done():
+            self._acquires.gone(_lease_stream.request_id_of(move.call))
+            return
+        end = asyncio.get_running_loop().time() + move.call.deadline_ms / 1000
+        task = asyncio.create_task(self._submit(move.call, move.waiter, end, move.moves))
+        self._moving.add(task)
+        task.add_done_callback(self._moving.discard)
+        task.add_done_callback(functools.partial(_fail_with, move.waiter))
+        task.add_done_callback(functools.partial(self._moved, move.call))
+
+    def _moved(self, call: lease_pb2.SessionCall, task: asyncio.Task[bool]) -> None:
+        """A moved call that was not queued again will have no reply."""
+        if task.cancelled() or task.exception() is not None or not task.result():
+            self._acquires.gone(_lease_stream.request_id_of(call))
+
+    def _deliver(self, received: _lease_stream.Received[asyncio.Future[Message]]) -> None:
+        """Hand out the replies of one response; release the grants nobody can take."""
+        for release in _lease_stream.deliver(received, self._acquires):
+            self._release_orphan(release)
 
     def _release_orphan(self, call: lease_pb2.SessionCall) -> None:
         """Send the release of a grant nobody waits for (never waiting for room; without
@@ -271,8 +306,11 @@ class AsyncStreamStub:
         if self._stream is stream:
             self._stream = None
 
-    def _ended(self, stream: _AsyncStream) -> None:
+    def _ended(self, stream: _AsyncStream, request_ids: list[str]) -> None:
+        """``stream`` ended; the acquires among its calls left will have no reply."""
         self._streams.discard(stream)
+        for request_id in request_ids:
+            self._acquires.gone(request_id)
 
     def _broken(self, err: grpc.RpcError) -> Callable[[], Exception]:
         """The stream ended with ``err``: what each of its calls in flight fails with."""
@@ -293,7 +331,7 @@ class AsyncStreamStub:
         self._deadlines.close()
 
 
-def _fail_with(future: asyncio.Future[Message], task: asyncio.Task[None]) -> None:
+def _fail_with(future: asyncio.Future[Message], task: asyncio.Task[Any]) -> None:
     """A moved call whose resubmission failed (e.g. no room before its deadline)."""
     if not task.cancelled() and task.exception() is not None and not future.done():
         exc = task.exception()
@@ -357,6 +395,6 @@ def _ignore(future: asyncio.Future[Message]) -> None:
         future.exception()
 
 
-def _ignore_task(task: asyncio.Task[None]) -> None:
+def _ignore_task(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()

@@ -211,6 +211,20 @@ class AsyncQueueClient(AsyncCalls):
 
     # -- admin -----------------------------------------------------------------------------
 
+    async def list_jobs_page(
+        self,
+        queue: str,
+        *,
+        state: str = "",
+        page_size: int = 0,
+        page_token: str = "",
+        include_payload: bool = False,
+    ) -> tuple[list[JobInfo], str]:
+        """See :meth:`QueueClient.list_jobs_page`."""
+        request = core.list_jobs_request(queue, state, page_size, page_token, include_payload)
+        page = await self._call(self._stub.ListJobs, request, retry=True)
+        return [core.job_info(msg) for msg in page.jobs], page.next_page_token
+
     async def list_jobs(
         self, queue: str, *, state: str = "", page_size: int = 0, include_payload: bool = False
     ) -> AsyncIterator[JobInfo]:

@@ -15,12 +15,12 @@ import grpc
 from fencing.client import _core, _writes
 from fencing.client._calls import BlockingCalls
 from fencing.client._core import WriteResult
-from fencing.client._writes import FenceReset, ManyResult
+from fencing.client._writes import FenceReset, GuardInfo, ManyResult, Refusal
 from fencing.client.write_stream import WriteStream
 from fencing.limits import MAX_STREAM_WRITES
 from fencing.tls import TLSConfig
 from fencing.types import Delete, Fenced, Op, Put, Record
-from fencing.v1 import guard_pb2_grpc
+from fencing.v1 import guard_pb2, guard_pb2_grpc
 
 Resp = TypeVar("Resp")
 
@@ -124,6 +124,17 @@ class GuardClient(BlockingCalls):
     def describe_fence(self, resource: str) -> int:
         """The guard's fence for ``resource`` (0 if never written or fenced)."""
         return self._call(self._stub.DescribeFence, _core.describe_fence_request(resource)).fence
+
+    def describe_guard(self) -> GuardInfo:
+        """What the guard says of itself: fence mode, store, follower, refusal counts."""
+        request = guard_pb2.DescribeGuardRequest()
+        return _writes.guard_info(self._call(self._stub.DescribeGuard, request))
+
+    def list_refusals(self, resource: str) -> list[Refusal]:
+        """The guard's recent refusals of ``resource``, newest first: a bounded ring per
+        resource in the guard's memory (see :mod:`guard.refusals`), empty after a restart."""
+        request = _writes.list_refusals_request(resource)
+        return _writes.refusals(self._call(self._stub.ListRefusals, request))
 
     def reset_fence(self, resource: str, to_token: int) -> FenceReset:
         """An operator's recovery: set ``resource``'s fence to ``to_token``, lower or higher.

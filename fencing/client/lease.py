@@ -268,19 +268,29 @@ class LeaseClient(BlockingCalls):
         lease is released and that guard's error is raised (with a note naming it).
         """
         plan = _core.AcquirePlan(resource, self.holder, ttl, timeout, self._clock)
-        lease = self._acquire(plan)
+        (lease,) = self._acquire(plan)
         self._promise(lease, fence)
         return lease
 
     def acquire_nowait(self, resource: str, ttl: float, *, fence: Sequence[Fencer] = ()) -> Lease:
         """Acquire only if free now; :class:`LeaseHeldError` at once otherwise."""
         plan = _core.AcquirePlan(resource, self.holder, ttl, None, self._clock, nowait=True)
-        lease = self._acquire(plan)
+        (lease,) = self._acquire(plan)
         self._promise(lease, fence)
         return lease
 
-    def _acquire(self, plan: _core.AcquirePlan) -> Lease:
-        return self._run(self._steps.acquire(plan))[0]
+    def _acquire(
+        self, plan: _core.AcquirePlan, resources: Sequence[str] | None = None
+    ) -> list[Lease]:
+        # On the lease stream, a grant of the plan's request id is not released on its
+        # behalf while the plan goes on (a retry may be handed the same lease).
+        stub = self._stub
+        with (
+            stub.acquiring(plan.request_id)
+            if isinstance(stub, StreamStub)
+            else contextlib.nullcontext()
+        ):
+            return self._run(self._steps.acquire(plan, resources))
 
     def _promise(self, lease: Lease, guards: Sequence[Fencer]) -> None:
         for guard in guards:
@@ -357,7 +367,7 @@ class LeaseClient(BlockingCalls):
         order of ``resources``, not renewed (use :meth:`hold_many`).
         """
         plan = _core.AcquirePlan(resources[0], self.holder, ttl, timeout, self._clock)
-        return self._run(self._steps.acquire(plan, resources))
+        return self._acquire(plan, resources)
 
     @contextlib.contextmanager
     def hold_many(
@@ -389,6 +399,14 @@ class LeaseClient(BlockingCalls):
     def describe(self, resource: str) -> LeaseState:
         """Who holds ``resource`` now, with which token, and the last token ever issued."""
         return _core.lease_state(self._call(self._stub.Describe, _core.describe_request(resource)))
+
+    def list_page(
+        self, prefix: str = "", *, page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[LeaseState], str]:
+        """One page of :meth:`list_held`: the leases and the ``page_token`` of the next page
+        ('' after the last), for a caller that pages on demand (a web page's "next")."""
+        page = self._call(self._stub.List, _core.list_request(prefix, page_size, page_token))
+        return [_core.lease_state(msg) for msg in page.leases], page.next_page_token
 
     def list_held(self, prefix: str = "", *, page_size: int = 0) -> Iterator[LeaseState]:
         """Yield the held leases whose resource starts with ``prefix``, in resource order.

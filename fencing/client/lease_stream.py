@@ -61,7 +61,7 @@ class _Stream:
         """Queue ``call`` once the server's limit leaves room (until ``end``); False if this
         stream takes no new calls."""
         with self._cond:
-            while not self.retired and not self._book.has_room:
+            while not self.retired and not self._book.has_room(call):
                 remaining = end - time.monotonic()
                 if remaining <= 0:
                     raise DeadlineExceededError(
@@ -98,17 +98,16 @@ class _Stream:
                     if received.goaway:  # new calls, and the unsent, elsewhere
                         self._retire()
                     self._cond.notify_all()
-                for orphan in _lease_stream.deliver(received):
-                    self._owner._release_orphan(orphan)
+                self._owner._deliver(received)
                 for move in received.moved:
                     self._owner._resubmit(move)
         except grpc.RpcError as err:
             error = self._owner._broken(err)
         with self._cond:
             self._retire()
-            waiters = self._book.abandon()
+            waiters, request_ids = self._book.end()
             self._cond.notify_all()
-        self._owner._ended(self)
+        self._owner._ended(self, request_ids)
         for future in waiters:
             settle(future, error())
 
@@ -144,6 +143,8 @@ class StreamStub:
         self._stream: _Stream | None = None
         self._streams: set[_Stream] = set()
         self._closed = False
+        #: The client's acquires, for the grants nobody waits for (under ``_lock``).
+        self._acquires = _lease_stream.Acquires()
         #: Set once the server answered UNIMPLEMENTED to Session (``auto``: unary from then on).
         self.unary_only = False
 
@@ -170,21 +171,41 @@ class StreamStub:
     def ReleaseMany(self, request: Message, timeout: float) -> Message:
         return self._call("ReleaseMany", request, timeout)
 
+    @contextlib.contextmanager
+    def acquiring(self, request_id: str) -> Iterator[None]:
+        """Around an acquire whose attempts all carry ``request_id``: a grant of it is
+        not released on the caller's behalf while the acquire goes on (see
+        :class:`~fencing.client._lease_stream.Acquires`)."""
+        with self._lock:
+            self._acquires.begin(request_id)
+        try:
+            yield
+        finally:
+            with self._lock:
+                releases = self._acquires.end(request_id)
+            for release in releases:
+                self._release_orphan(release)
+
     def _call(self, method: str, request: Message, timeout: float) -> Message:
         end = time.monotonic() + timeout
         if not self.unary_only or self._transport is Transport.STREAM:
             future: Future[Message] = Future()
             call = _lease_stream.session_call(method, request, timeout)
-            stream = self._stream  # read without the lock: a retired one says so
-            if stream is None or not stream.submit(call, future, end):
-                self._submit(call, future, end)
+            request_id = _lease_stream.request_id_of(call)
+            if request_id:
+                with self._lock:
+                    self._acquires.sent(request_id)
+            queued = False
             try:
-                return future.result(max(0.0, end - time.monotonic()))
-            except concurrent.futures.TimeoutError:
-                future.cancel()
-                raise DeadlineExceededError(
-                    f"deadline exceeded: no reply on the lease stream within {timeout:.3f} s"
-                ) from None
+                stream = self._stream  # read without the lock: a retired one says so
+                queued = stream is not None and stream.submit(call, future, end)
+                queued = queued or self._submit(call, future, end)
+            finally:
+                if not queued and request_id:
+                    with self._lock:
+                        self._acquires.gone(request_id)
+            try:
+                return self._wait(future, end, timeout)
             except Fallback:
                 pass
         result: Message = getattr(self._unary, method)(
@@ -192,16 +213,30 @@ class StreamStub:
         )
         return result
 
+    @staticmethod
+    def _wait(future: Future[Message], end: float, timeout: float) -> Message:
+        try:
+            return future.result(max(0.0, end - time.monotonic()))
+        except concurrent.futures.TimeoutError:
+            if future.cancel():
+                raise DeadlineExceededError(
+                    f"deadline exceeded: no reply on the lease stream within {timeout:.3f} s"
+                ) from None
+        # The reply came as the wait ended: the caller's, not a grant for nobody.
+        return future.result()
+
     def _submit(
         self, call: lease_pb2.SessionCall, future: Future[Message], end: float, moves: int = 0
-    ) -> None:
+    ) -> bool:
+        """Queue ``call`` on the current stream (a new one if none); False if it cannot go
+        on a stream (``future`` then has the refusal)."""
         while True:
             stream = self._current()
             if stream is None:  # closed, or the server has no Session
                 future.set_exception(self._refusal())
-                return
+                return False
             if stream.submit(call, future, end, moves):
-                return
+                return True
 
     def _current(self) -> _Stream | None:
         with self._lock:
@@ -216,13 +251,25 @@ class StreamStub:
 
     def _resubmit(self, move: Moved[Future[Message]]) -> None:
         """A call not sent before a goaway: on the next stream (its deadline as it was)."""
-        if move.waiter.done():
-            return
-        end = time.monotonic() + move.call.deadline_ms / 1000
+        queued = False
         try:
-            self._submit(move.call, move.waiter, end, move.moves)
+            if not move.waiter.done():
+                end = time.monotonic() + move.call.deadline_ms / 1000
+                queued = self._submit(move.call, move.waiter, end, move.moves)
         except Exception as exc:  # no room before its deadline: the caller's failure
             settle(move.waiter, exc)
+        finally:
+            request_id = _lease_stream.request_id_of(move.call)
+            if not queued and request_id:  # never sent: no reply will come
+                with self._lock:
+                    self._acquires.gone(request_id)
+
+    def _deliver(self, received: _lease_stream.Received[Future[Message]]) -> None:
+        """Hand out the replies of one response; release the grants nobody can take."""
+        with self._lock:
+            releases = _lease_stream.deliver(received, self._acquires)
+        for release in releases:
+            self._release_orphan(release)
 
     def _release_orphan(self, call: lease_pb2.SessionCall) -> None:
         """Send the release of a grant nobody waits for (never waiting for room: from the
@@ -235,9 +282,12 @@ class StreamStub:
             if self._stream is stream:
                 self._stream = None
 
-    def _ended(self, stream: _Stream) -> None:
+    def _ended(self, stream: _Stream, request_ids: list[str]) -> None:
+        """``stream`` ended; the acquires among its calls left will have no reply."""
         with self._lock:
             self._streams.discard(stream)
+            for request_id in request_ids:
+                self._acquires.gone(request_id)
 
     def _broken(self, err: grpc.RpcError) -> Callable[[], Exception]:
         """The stream ended with ``err``: what each of its calls in flight fails with."""

@@ -268,6 +268,21 @@ class QueueClient(BlockingCalls):
 
     # -- admin -----------------------------------------------------------------------------
 
+    def list_jobs_page(
+        self,
+        queue: str,
+        *,
+        state: str = "",
+        page_size: int = 0,
+        page_token: str = "",
+        include_payload: bool = False,
+    ) -> tuple[list[JobInfo], str]:
+        """One page of :meth:`list_jobs` and the ``page_token`` of the next ('' after the
+        last), for a caller that pages on demand."""
+        request = core.list_jobs_request(queue, state, page_size, page_token, include_payload)
+        page = self._call(self._stub.ListJobs, request, retry=True)
+        return [core.job_info(msg) for msg in page.jobs], page.next_page_token
+
     def list_jobs(
         self, queue: str, *, state: str = "", page_size: int = 0, include_payload: bool = False
     ) -> Iterator[JobInfo]:

@@ -617,3 +617,175 @@ class ResetFenceResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResetFenceResponse: _TypeAlias = ResetFenceResponse  # noqa: Y015
+
+@_typing.final
+class ListRefusalsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    resource: _builtins.str
+    def __init__(
+        self,
+        *,
+        resource: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["resource", b"resource"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRefusalsRequest: _TypeAlias = ListRefusalsRequest  # noqa: Y015
+
+@_typing.final
+class Refusal(_message.Message):
+    """One refused call: what was refused, the token it carried, and why."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
+    CALL_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    AT_UNIX_MS_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """The ErrorInfo reason it got: STALE_TOKEN (token below the fence), LEASE_LOST (strict:
+    not the live lease or job claim; watch: a token the lease server never granted).
+    """
+    token: _builtins.int
+    fence: _builtins.int
+    """The resource's fence the token was judged against (STALE_TOKEN; 0 otherwise)."""
+    call: _builtins.str
+    """"write", "multi-resource write" or "fence"."""
+    principal: _builtins.str
+    """The authenticated principal that sent it ('' without auth)."""
+    at_unix_ms: _builtins.int
+    """When it was refused, in milliseconds since the Unix epoch (the guard's clock)."""
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        token: _builtins.int = ...,
+        fence: _builtins.int = ...,
+        call: _builtins.str = ...,
+        principal: _builtins.str = ...,
+        at_unix_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_unix_ms", b"at_unix_ms", "call", b"call", "fence", b"fence", "principal", b"principal", "reason", b"reason", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Refusal: _TypeAlias = Refusal  # noqa: Y015
+
+@_typing.final
+class DescribeGuardRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeGuardRequest: _TypeAlias = DescribeGuardRequest  # noqa: Y015
+
+@_typing.final
+class GuardInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class RefusalsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    FENCE_MODE_FIELD_NUMBER: _builtins.int
+    STORE_FIELD_NUMBER: _builtins.int
+    DURABILITY_WARNING_FIELD_NUMBER: _builtins.int
+    WATCH_STATE_FIELD_NUMBER: _builtins.int
+    WATCH_REVISION_FIELD_NUMBER: _builtins.int
+    WATCH_ERROR_FIELD_NUMBER: _builtins.int
+    REFUSALS_FIELD_NUMBER: _builtins.int
+    version: _builtins.str
+    fence_mode: _builtins.str
+    """monotonic, watch, strict or off."""
+    store: _builtins.str
+    """The store's kind (memory, sqlite, postgres, redis), and why it may forget an
+    acknowledged fence ('' when it is durable).
+    """
+    durability_warning: _builtins.str
+    watch_state: _builtins.str
+    """Watch mode only (else empty / 0): the follower's state (following, connecting,
+    ...), the last lease-server revision it applied, and why its last stream ended.
+    """
+    watch_revision: _builtins.int
+    watch_error: _builtins.str
+    @_builtins.property
+    def refusals(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Refused writes and fences since the guard started, by ErrorInfo reason."""
+
+    def __init__(
+        self,
+        *,
+        version: _builtins.str = ...,
+        fence_mode: _builtins.str = ...,
+        store: _builtins.str = ...,
+        durability_warning: _builtins.str = ...,
+        watch_state: _builtins.str = ...,
+        watch_revision: _builtins.int = ...,
+        watch_error: _builtins.str = ...,
+        refusals: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["durability_warning", b"durability_warning", "fence_mode", b"fence_mode", "refusals", b"refusals", "store", b"store", "version", b"version", "watch_error", b"watch_error", "watch_revision", b"watch_revision", "watch_state", b"watch_state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GuardInfo: _TypeAlias = GuardInfo  # noqa: Y015
+
+@_typing.final
+class ListRefusalsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    REFUSALS_FIELD_NUMBER: _builtins.int
+    resource: _builtins.str
+    @_builtins.property
+    def refusals(self) -> _containers.RepeatedCompositeFieldContainer[Global___Refusal]:
+        """Newest first."""
+
+    def __init__(
+        self,
+        *,
+        resource: _builtins.str = ...,
+        refusals: _abc.Iterable[Global___Refusal] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["refusals", b"refusals", "resource", b"resource"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRefusalsResponse: _TypeAlias = ListRefusalsResponse  # noqa: Y015

@@ -74,6 +74,16 @@ class GuardServiceStub:
                 request_serializer=fencing_dot_v1_dot_guard__pb2.ResetFenceRequest.SerializeToString,
                 response_deserializer=fencing_dot_v1_dot_guard__pb2.ResetFenceResponse.FromString,
                 _registered_method=True)
+        self.ListRefusals = channel.unary_unary(
+                '/fencing.v1.GuardService/ListRefusals',
+                request_serializer=fencing_dot_v1_dot_guard__pb2.ListRefusalsRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_guard__pb2.ListRefusalsResponse.FromString,
+                _registered_method=True)
+        self.DescribeGuard = channel.unary_unary(
+                '/fencing.v1.GuardService/DescribeGuard',
+                request_serializer=fencing_dot_v1_dot_guard__pb2.DescribeGuardRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_guard__pb2.GuardInfo.FromString,
+                _registered_method=True)
 
 
 class GuardServiceServicer:
@@ -153,6 +163,23 @@ class GuardServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRefusals(self, request, context):
+        """The resource's most recent refused writes and fences, newest first, as this guard
+        process remembers them: a bounded ring per resource, for the most recently refused
+        resources only, lost on restart (docs/console.md gives the bound). Read-only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeGuard(self, request, context):
+        """What this guard is and how it is doing: its fence mode, its store, a watch guard's
+        follower, and its refusals since it started, by reason. Read-only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GuardServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -195,6 +222,16 @@ def add_GuardServiceServicer_to_server(servicer, server):
                     servicer.ResetFence,
                     request_deserializer=fencing_dot_v1_dot_guard__pb2.ResetFenceRequest.FromString,
                     response_serializer=fencing_dot_v1_dot_guard__pb2.ResetFenceResponse.SerializeToString,
+            ),
+            'ListRefusals': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRefusals,
+                    request_deserializer=fencing_dot_v1_dot_guard__pb2.ListRefusalsRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_guard__pb2.ListRefusalsResponse.SerializeToString,
+            ),
+            'DescribeGuard': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeGuard,
+                    request_deserializer=fencing_dot_v1_dot_guard__pb2.DescribeGuardRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_guard__pb2.GuardInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -413,6 +450,60 @@ class GuardService:
             '/fencing.v1.GuardService/ResetFence',
             fencing_dot_v1_dot_guard__pb2.ResetFenceRequest.SerializeToString,
             fencing_dot_v1_dot_guard__pb2.ResetFenceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRefusals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.GuardService/ListRefusals',
+            fencing_dot_v1_dot_guard__pb2.ListRefusalsRequest.SerializeToString,
+            fencing_dot_v1_dot_guard__pb2.ListRefusalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeGuard(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.GuardService/DescribeGuard',
+            fencing_dot_v1_dot_guard__pb2.DescribeGuardRequest.SerializeToString,
+            fencing_dot_v1_dot_guard__pb2.GuardInfo.FromString,
             options,
             channel_credentials,
             insecure,

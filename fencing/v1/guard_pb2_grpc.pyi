@@ -77,6 +77,15 @@ class GuardServiceStub:
     and counted. Where the guard's store holds the lease table (PostgreSQL, Redis with
     the lease server's prefix) a to_token below a granted token is INVALID_ARGUMENT.
     """
+    ListRefusals: _grpc.UnaryUnaryMultiCallable[_guard_pb2.ListRefusalsRequest, _guard_pb2.ListRefusalsResponse]
+    """The resource's most recent refused writes and fences, newest first, as this guard
+    process remembers them: a bounded ring per resource, for the most recently refused
+    resources only, lost on restart (docs/console.md gives the bound). Read-only.
+    """
+    DescribeGuard: _grpc.UnaryUnaryMultiCallable[_guard_pb2.DescribeGuardRequest, _guard_pb2.GuardInfo]
+    """What this guard is and how it is doing: its fence mode, its store, a watch guard's
+    follower, and its refusals since it started, by reason. Read-only.
+    """
 
 @_typing.type_check_only
 class GuardServiceAsyncStub(GuardServiceStub):
@@ -120,6 +129,15 @@ class GuardServiceAsyncStub(GuardServiceStub):
     holder is let back in. Needs the separate permission reset_fence; logged at WARNING
     and counted. Where the guard's store holds the lease table (PostgreSQL, Redis with
     the lease server's prefix) a to_token below a granted token is INVALID_ARGUMENT.
+    """
+    ListRefusals: _aio.UnaryUnaryMultiCallable[_guard_pb2.ListRefusalsRequest, _guard_pb2.ListRefusalsResponse]  # type: ignore[assignment]
+    """The resource's most recent refused writes and fences, newest first, as this guard
+    process remembers them: a bounded ring per resource, for the most recently refused
+    resources only, lost on restart (docs/console.md gives the bound). Read-only.
+    """
+    DescribeGuard: _aio.UnaryUnaryMultiCallable[_guard_pb2.DescribeGuardRequest, _guard_pb2.GuardInfo]  # type: ignore[assignment]
+    """What this guard is and how it is doing: its fence mode, its store, a watch guard's
+    follower, and its refusals since it started, by reason. Read-only.
     """
 
 class GuardServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -209,6 +227,27 @@ class GuardServiceServicer(metaclass=_abc_1.ABCMeta):
         holder is let back in. Needs the separate permission reset_fence; logged at WARNING
         and counted. Where the guard's store holds the lease table (PostgreSQL, Redis with
         the lease server's prefix) a to_token below a granted token is INVALID_ARGUMENT.
+        """
+
+    @_abc_1.abstractmethod
+    def ListRefusals(
+        self,
+        request: _guard_pb2.ListRefusalsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_guard_pb2.ListRefusalsResponse, _abc.Awaitable[_guard_pb2.ListRefusalsResponse]]:
+        """The resource's most recent refused writes and fences, newest first, as this guard
+        process remembers them: a bounded ring per resource, for the most recently refused
+        resources only, lost on restart (docs/console.md gives the bound). Read-only.
+        """
+
+    @_abc_1.abstractmethod
+    def DescribeGuard(
+        self,
+        request: _guard_pb2.DescribeGuardRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_guard_pb2.GuardInfo, _abc.Awaitable[_guard_pb2.GuardInfo]]:
+        """What this guard is and how it is doing: its fence mode, its store, a watch guard's
+        follower, and its refusals since it started, by reason. Read-only.
         """
 
 def add_GuardServiceServicer_to_server(servicer: GuardServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

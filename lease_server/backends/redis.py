@@ -774,7 +774,7 @@ class RedisBackend(redis_db.Probed):
                 await asyncio.sleep(delay)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
                 if own is not None:
                     with contextlib.suppress(Exception):
                         await own.aclose()

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from fencing import AsyncGuardClient, AsyncLease, AsyncLeaseClient
 from fencing.client import LeaseEvent, LeaseState, WriteResult
-from fencing.client._writes import ManyResult
+from fencing.client._writes import GuardInfo, ManyResult, Refusal
 from fencing.types import Fenced, Op, Record
 
 T = TypeVar("T")
@@ -160,6 +160,12 @@ class SyncGuardClient:
     def describe_fence(self, resource: str) -> int:
         return self._portal.call(self.client.describe_fence(resource))
 
+    def describe_guard(self) -> GuardInfo:
+        return self._portal.call(self.client.describe_guard())
+
+    def list_refusals(self, resource: str) -> list[Refusal]:
+        return self._portal.call(self.client.list_refusals(resource))
+
     def write_many(
         self, writes: Sequence[tuple[Fenced, Sequence[Op] | Op]], *, idempotency_key: str = ""
     ) -> ManyResult:
@@ -223,6 +229,13 @@ class SyncLeaseClient:
                     return
         finally:
             self._portal.call(stream.aclose())
+
+    def list_page(
+        self, prefix: str = "", *, page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[LeaseState], str]:
+        return self._portal.call(
+            self.client.list_page(prefix, page_size=page_size, page_token=page_token)
+        )
 
     def list_held(self, prefix: str = "", *, page_size: int = 0) -> Iterator[LeaseState]:
         stream = self.client.list_held(prefix, page_size=page_size)

@@ -89,3 +89,21 @@ def test_sdk_names_the_field(guard: GuardClient) -> None:
     with pytest.raises(InvalidArgumentError) as err:
         guard.read("r", "")
     assert err.value.field == "key"
+
+
+def test_list_refusals_names_reason_token_and_fence(guard: GuardClient) -> None:
+    assert guard.list_refusals("acct-r") == []
+    guard.put(Claim("acct-r", 5), "k", b"v")
+    with pytest.raises(StaleTokenError):
+        guard.put(Claim("acct-r", 3), "k", b"late")
+    with pytest.raises(StaleTokenError):
+        guard.fence(Claim("acct-r", 4))
+    refusals = guard.list_refusals("acct-r")
+    assert [(r.reason, r.token, r.fence, r.call) for r in refusals] == [
+        ("STALE_TOKEN", 4, 5, "fence"),
+        ("STALE_TOKEN", 3, 5, "write"),
+    ]
+    assert guard.list_refusals("other") == []
+    info = guard.describe_guard()
+    assert info.refusals["STALE_TOKEN"] >= 2
+    assert (info.fence_mode, info.store, info.watch_state) == ("monotonic", "sqlite", "")

@@ -27,6 +27,12 @@ def test_lists_every_held_lease_page_by_page(lease_client: LeaseClientFactory) -
     assert all(s.held and s.holder == "lister" for s in listed)
     assert {s.resource: s.token for s in listed} == tokens
     assert [s.resource for s in leases.list_held()] == [*sorted(tokens), "other"]
+    # Page by page on demand, as the console's "next page" does.
+    first, token = leases.list_page("jobs/", page_size=2)
+    second, token = leases.list_page("jobs/", page_size=2, page_token=token)
+    third, token = leases.list_page("jobs/", page_size=2, page_token=token)
+    assert [s.resource for s in first + second + third] == sorted(tokens)
+    assert token == ""
 
 
 def test_a_page_is_bounded_at_the_edge(lease_client: LeaseClientFactory) -> None:

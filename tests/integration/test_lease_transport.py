@@ -309,7 +309,7 @@ async def test_a_grant_nobody_waits_for_any_more_is_released(servers: RunningSer
 async def test_control_without_the_release_the_abandoned_grant_blocks_its_ttl(
     servers: RunningServers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_lease_stream, "orphan_releases", lambda reply: [])
+    monkeypatch.setattr(_lease_stream, "releases_of", lambda grants: [])
     state = await _give_up_waiting(servers)
     assert (state.held, state.holder) == (True, "quitter")
 

@@ -82,6 +82,9 @@ def test_list_pages_through_a_queue_in_id_order(queue: QueueClient) -> None:
     (running,) = queue.claim("mail")
     assert [j.id for j in queue.list_jobs("mail", page_size=2)] == ids
     assert [j.id for j in queue.list_jobs("mail", state="ready", page_size=1)] == ids[1:]
+    first, token = queue.list_jobs_page("mail", page_size=3)
+    rest, token = queue.list_jobs_page("mail", page_size=3, page_token=token)
+    assert ([j.id for j in first + rest], token) == (ids, "")
     (info,) = queue.list_jobs("mail", state="running", include_payload=True)
     assert (info.id, info.state, info.lease_owner, info.token) == (
         running.id,

@@ -29,7 +29,7 @@ from fencing.errors import (
     ResourceExhaustedError,
 )
 from fencing.limits import MAX_SESSION_CALLS
-from fencing.types import SESSION_MAX_IN_FLIGHT_KEY
+from fencing.types import SESSION_MAX_IN_FLIGHT_KEY, SESSION_MAX_UPKEEP_IN_FLIGHT_KEY
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from lease_server.backends.base import LeaseBackend
 from lease_server.backends.memory import MemoryBackend
@@ -155,6 +155,7 @@ async def test_every_call_kind_is_answered_by_id(stream: Stream) -> None:
 async def test_the_stream_announces_its_in_flight_limit(stream: Stream) -> None:
     metadata = dict(await stream.call.initial_metadata())
     assert metadata[SESSION_MAX_IN_FLIGHT_KEY] == str(MAX_IN_FLIGHT)
+    assert metadata[SESSION_MAX_UPKEEP_IN_FLIGHT_KEY] == str(MAX_IN_FLIGHT)
 
 
 #: Calls whose unary twin fails, and how (each checked against the unary call itself).
@@ -433,6 +434,13 @@ async def test_calls_beyond_the_in_flight_cap_are_resource_exhausted(
     assert isinstance(exhausted, ResourceExhaustedError)
     assert exhausted.limit == "session_in_flight"
     assert beyond.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    # Renewals and releases have a limit of their own: acquires waiting in line never
+    # hold up the renewal of a lease already held.
+    renew = lease_pb2.RenewRequest(
+        resource="busy", token=first.acquired.token, ttl_ms=60_000, holder="first"
+    )
+    renewed = await stream.ask(lease_pb2.SessionCall(renew=renew))
+    assert renewed.WhichOneof("outcome") == "renewed", renewed
     # Pings are not calls in flight: the stream's liveness is never refused.
     assert (await stream.ask(ping())).WhichOneof("outcome") == "pong"
     assert not any(w.done() for w in waiting)

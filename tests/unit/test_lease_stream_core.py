@@ -19,7 +19,7 @@ from fencing.errors import (
     UnauthenticatedError,
 )
 from fencing.limits import MAX_DEADLINE_MS, MAX_SESSION_CALLS
-from fencing.types import SESSION_MAX_IN_FLIGHT_KEY
+from fencing.types import SESSION_MAX_IN_FLIGHT_KEY, SESSION_MAX_UPKEEP_IN_FLIGHT_KEY
 from fencing.v1 import lease_pb2
 
 
@@ -77,16 +77,49 @@ def test_a_message_holds_at_most_the_contracts_calls() -> None:
 
 def test_one_call_in_flight_until_the_server_says_its_limit() -> None:
     book: SessionBook[int] = SessionBook()
-    rooms = [book.has_room]
+    rooms = [book.has_room(acquire_call())]
     book.add_call(acquire_call(), 1)
-    rooms.append(book.has_room)
+    rooms.append(book.has_room(acquire_call()))
     assert rooms == [True, False]  # the others wait for the initial metadata
     book.limit([(SESSION_MAX_IN_FLIGHT_KEY, b"3")])
     book.add_call(acquire_call(), 2)
     book.add_call(acquire_call(), 3)
-    assert not book.has_room
+    assert not book.has_room(acquire_call())
+    assert not book.has_room(renew_call())  # one limit for every call: an older server
     book.limit([])  # a server that says nothing: the default
     assert book.max_in_flight == _lease_stream.DEFAULT_MAX_IN_FLIGHT
+
+
+def renew_call() -> lease_pb2.SessionCall:
+    request = lease_pb2.RenewRequest(resource="r", token=1, ttl_ms=1000)
+    return _lease_stream.session_call("Renew", request, 1.0)
+
+
+def release_call() -> lease_pb2.SessionCall:
+    request = lease_pb2.ReleaseRequest(resource="r", token=1)
+    return _lease_stream.session_call("Release", request, 1.0)
+
+
+def test_renewals_and_releases_have_a_limit_apart_from_the_acquires() -> None:
+    book: SessionBook[int] = SessionBook()
+    book.limit([(SESSION_MAX_IN_FLIGHT_KEY, "2"), (SESSION_MAX_UPKEEP_IN_FLIGHT_KEY, b"2")])
+    book.add_call(acquire_call(), 1)
+    book.add_call(acquire_call(), 2)
+    assert not book.has_room(acquire_call())  # acquires waiting in line fill theirs
+    assert book.has_room(renew_call())
+    book.add_call(renew_call(), 3)
+    assert book.has_room(release_call())
+    book.add_call(release_call(), 4)
+    assert not book.has_room(renew_call())
+    book.message()
+    (reply,) = book.receive(
+        lease_pb2.SessionResponse(
+            replies=[lease_pb2.SessionReply(id=3, renewed=lease_pb2.Lease(token=1))]
+        )
+    ).settled
+    assert reply[0] == 3
+    assert book.has_room(renew_call())
+    assert not book.has_room(acquire_call())
 
 
 def test_a_goaway_moves_the_unsent_calls_once_then_fails_them() -> None:
@@ -98,7 +131,7 @@ def test_a_goaway_moves_the_unsent_calls_once_then_fails_them() -> None:
     book.add_call(acquire_call("moved-before"), "moved-before", moves=_lease_stream.MAX_MOVES)
     moved, failed = book.take_unsent()
     assert [(m.waiter, m.moves) for m in moved] == [("fresh", 1)]
-    assert failed == ["moved-before"]
+    assert failed == [("moved-before", "")]
     assert isinstance(_lease_stream.draining_error(), BackendUnavailableError)
     assert book.queued == 0
     assert book.abandon() == ["sent"]  # in flight: its reply still comes on this stream
@@ -181,7 +214,8 @@ def delivered(
     for waiter in waiters:
         book.add_call(acquire_call(), waiter)
     book.message()
-    return _lease_stream.deliver(book.receive(lease_pb2.SessionResponse(replies=replies)))
+    received = book.receive(lease_pb2.SessionResponse(replies=replies))
+    return _lease_stream.deliver(received, _lease_stream.Acquires())
 
 
 def test_a_grant_whose_caller_gave_up_is_released_and_nothing_else_is() -> None:
@@ -228,3 +262,118 @@ def test_a_grant_whose_caller_gives_up_while_it_is_handed_out_is_released() -> N
     )
     assert [(o.release.resource, o.release.token) for o in orphans] == [("r", 4)]
     assert waiting.results == [other]
+
+
+# -- a grant nobody waits for, by request id -------------------------------------------
+
+
+def acquire_with_id(request_id: str) -> lease_pb2.SessionCall:
+    request = lease_pb2.AcquireRequest(resource="r", holder="h", ttl_ms=1000, request_id=request_id)
+    return _lease_stream.session_call("Acquire", request, 1.0)
+
+
+class Client:
+    """One stream's book and the client's acquires, as a twin drives them."""
+
+    def __init__(self) -> None:
+        self.book: SessionBook[FakeWaiter] = SessionBook()
+        self.book.limit([(SESSION_MAX_IN_FLIGHT_KEY, "10")])
+        self.acquires = _lease_stream.Acquires()
+
+    def send(self, request_id: str, waiter: FakeWaiter) -> int:
+        call = acquire_with_id(request_id)
+        self.acquires.sent(request_id)
+        self.book.add_call(call, waiter)
+        self.book.message()
+        return call.id
+
+    def reply(self, call_id: int, lease: lease_pb2.Lease = grant) -> list[lease_pb2.SessionCall]:
+        response = lease_pb2.SessionResponse(
+            replies=[lease_pb2.SessionReply(id=call_id, acquired=lease)]
+        )
+        return _lease_stream.deliver(self.book.receive(response), self.acquires)
+
+
+def released(calls: list[lease_pb2.SessionCall]) -> list[tuple[str, int]]:
+    return [(c.release.resource, c.release.token) for c in calls]
+
+
+def test_a_replay_to_an_attempt_still_waiting_keeps_the_grant_of_an_abandoned_one() -> None:
+    client = Client()
+    client.acquires.begin("rid")
+    timed_out, waiting = FakeWaiter(done=True), FakeWaiter()
+    first, retry = client.send("rid", timed_out), client.send("rid", waiting)
+    assert client.reply(first) == []
+    assert client.reply(retry) == []
+    assert waiting.results == [grant]
+    assert client.acquires.end("rid") == []
+    assert len(client.acquires) == 0  # nothing left remembered
+
+
+def test_a_grant_handed_out_first_is_kept_when_an_abandoned_attempt_answers_later() -> None:
+    client = Client()
+    client.acquires.begin("rid")
+    timed_out, waiting = FakeWaiter(done=True), FakeWaiter()
+    first, retry = client.send("rid", timed_out), client.send("rid", waiting)
+    assert client.reply(retry) == []
+    assert client.acquires.end("rid") == []  # the acquire returned the lease
+    assert client.reply(first) == []  # the same lease, replayed late: the caller's
+    assert len(client.acquires) == 0
+
+
+def test_a_grant_that_comes_between_attempts_waits_for_the_next_one() -> None:
+    client = Client()
+    client.acquires.begin("rid")
+    first = client.send("rid", FakeWaiter(done=True))
+    assert client.reply(first) == []  # the acquire is pausing before its retry
+    waiting = FakeWaiter()
+    assert client.reply(client.send("rid", waiting)) == []
+    assert waiting.results == [grant]
+    assert client.acquires.end("rid") == []
+
+
+def test_a_kept_grant_the_acquire_never_took_is_released_when_it_gives_up() -> None:
+    client = Client()
+    client.acquires.begin("rid")
+    assert client.reply(client.send("rid", FakeWaiter(done=True))) == []
+    assert released(client.acquires.end("rid")) == [("r", 4)]
+    assert len(client.acquires) == 0
+
+
+def test_a_grant_of_an_acquire_that_ended_is_released_unless_it_was_handed_out() -> None:
+    client = Client()
+    client.acquires.begin("gave-up")
+    late = client.send("gave-up", FakeWaiter(done=True))
+    assert client.acquires.end("gave-up") == []
+    assert released(client.reply(late)) == [("r", 4)]
+    # An older grant of the same request id (expired, taken over since) is no one's.
+    client.acquires.begin("rid")
+    old, retry = client.send("rid", FakeWaiter(done=True)), client.send("rid", FakeWaiter())
+    assert client.reply(retry, other) == []
+    assert client.acquires.end("rid") == []
+    assert released(client.reply(old)) == [("r", 4)]
+    assert len(client.acquires) == 0
+
+
+def test_an_attempt_cancelled_while_its_grant_is_handed_out_leaves_it_to_the_acquire() -> None:
+    client = Client()
+    client.acquires.begin("rid")
+    assert client.reply(client.send("rid", CancelledMeanwhile())) == []
+    assert released(client.acquires.end("rid")) == [("r", 4)]
+
+
+def test_an_acquire_without_a_request_id_is_released_when_abandoned() -> None:
+    client = Client()
+    assert released(client.reply(client.send("", FakeWaiter(done=True)))) == [("r", 4)]
+
+
+def test_calls_a_stream_ends_without_replies_are_forgotten() -> None:
+    client = Client()
+    client.acquires.begin("rid")
+    client.send("rid", FakeWaiter())
+    waiters, request_ids = client.book.end()
+    assert (len(waiters), request_ids) == (1, ["rid"])
+    for request_id in request_ids:
+        client.acquires.gone(request_id)
+    assert client.acquires.end("rid") == []
+    assert len(client.acquires) == 0
