@@ -54,6 +54,21 @@ def load_handler(spec: str) -> Callable[..., object]:
     return handler
 
 
+def _at_least(low: float, kind: type[int] | type[float]) -> Callable[[str], float]:
+    """An argparse type: a number of ``kind`` no smaller than ``low`` (a usage error else)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low:g}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         handler = load_handler(args.handler)
@@ -91,13 +106,20 @@ def register_action(qsub: Any) -> None:
     p.add_argument("handler", metavar="MODULE:HANDLER")
     p.add_argument("--queue", required=True, help="the queue to work on")
     p.add_argument(
-        "--concurrency", type=int, default=1, help="jobs run at once (default %(default)s)"
+        "--concurrency",
+        type=_at_least(1, int),
+        default=1,
+        help="jobs run at once (default %(default)s)",
     )
-    p.add_argument("--ttl", type=float, default=30.0, help="each claim's lease, seconds")
-    p.add_argument("--poll", type=float, default=1.0, help="seconds one claim waits for work")
+    p.add_argument(
+        "--ttl", type=_at_least(0.1, float), default=30.0, help="each claim's lease, seconds"
+    )
+    p.add_argument(
+        "--poll", type=_at_least(0, float), default=1.0, help="seconds one claim waits for work"
+    )
     p.add_argument(
         "--grace",
-        type=float,
+        type=_at_least(0, float),
         default=30.0,
         help="seconds the running handlers get after SIGTERM/SIGINT (default %(default)s)",
     )

@@ -138,3 +138,9 @@ def test_a_handler_that_cannot_be_imported_is_a_usage_error(
         argv, env=env(), cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD
     )
     assert done.returncode == exits.USAGE and "has no 'nope'" in done.stderr
+    argv[5] = "user_tasks:tasks"
+    for bad in (["--concurrency", "0"], ["--grace", "-3"]):
+        done = subprocess.run(
+            [*argv, *bad], env=env(), cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == exits.USAGE and bad[0] in done.stderr
