@@ -19,8 +19,10 @@ Like ``etcdctl lock NAME CMD``, ``consul lock`` or ``flock``, with a fencing tok
 Exit codes of its own (CMD's status otherwise; a CMD killed by signal N gives 128+N):
 75 (``EXIT_NOT_ACQUIRED``) when the timeout ran out with the lease still held by
 another, 76 (``EXIT_LOST``) when the lease was lost while CMD ran (whatever CMD
-then returned), 1 for another error (server unreachable, refused), 127 when CMD
-cannot be started, 130 when interrupted (Ctrl-C) while still waiting for the lease.
+then returned), 127 when CMD cannot be started, 130 when interrupted (Ctrl-C) while
+still waiting for the lease. An error before CMD ran exits with its code in the
+table of ``fencing --help``, as every command: 12 (UNREACHABLE) when no server
+answered at the address, 2 for a bad flag.
 Once CMD runs, SIGINT and SIGTERM are passed on to it, and it decides.
 
 """
