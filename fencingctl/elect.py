@@ -23,7 +23,7 @@ from typing import Any
 from fencing.client import GuardClient, LeaseClient
 from fencing.election import Election, Leader
 from fencing.errors import AcquireTimeoutError, FencingError, LeaseLost
-from fencingctl import connect, lock
+from fencingctl import connect, hints, lock
 from serving import exits
 
 
@@ -52,7 +52,7 @@ def _elect(args: argparse.Namespace) -> int:
         print(f"fencing elect: not elected: {exc}", file=sys.stderr)
         return lock.EXIT_NOT_ACQUIRED
     except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
-        return exits.fail(exc)
+        return hints.fail(args, exc)
     except KeyboardInterrupt:  # while waiting for the lease: nothing was started
         return exits.CODES["INTERRUPTED"]
 
@@ -91,7 +91,7 @@ def _leader(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return exits.CODES["INTERRUPTED"]
     except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
-        return exits.fail(exc)
+        return hints.fail(args, exc)
     return 0
 
 

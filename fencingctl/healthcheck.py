@@ -31,7 +31,11 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "addresses", nargs="+", metavar="ADDR", help="host:port of a lease server or guard"
+        "addresses",
+        nargs="+",
+        metavar="ADDR",
+        type=connect.checker(connect.DEFAULT_LEASE_ADDR),
+        help="host:port of a lease server or guard",
     )
     p.add_argument("--service", default="", help="service to ask about (default: the whole server)")
     p.add_argument("--timeout", type=float, default=3.0, help="seconds (default %(default)s)")

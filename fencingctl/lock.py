@@ -42,7 +42,7 @@ from typing import Any
 
 from fencing.client import GuardClient, Lease
 from fencing.errors import AcquireTimeoutError, FencingError, LeaseLost
-from fencingctl import connect
+from fencingctl import connect, hints
 from serving import exits
 
 #: Exit code when the lease was not acquired within ``--timeout`` (serving.exits.TABLE).
@@ -206,7 +206,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"fencing lock: not acquired: {exc}", file=sys.stderr)
         return EXIT_NOT_ACQUIRED
     except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
-        return exits.fail(exc)
+        return hints.fail(args, exc)
     except KeyboardInterrupt:  # while waiting for the lease: nothing was started
         return exits.CODES["INTERRUPTED"]
 

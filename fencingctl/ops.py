@@ -26,7 +26,7 @@ import grpc
 from fencing.client import GuardClient, LeaseClient
 from fencing.errors import FencingError, InvalidArgumentError
 from fencing.types import Claim, Put
-from fencingctl import connect
+from fencingctl import connect, hints
 from serving import exits
 
 
@@ -45,7 +45,7 @@ def _guarded(
             _emit(args, fn(args))
         except (FencingError, grpc.RpcError, ValueError) as exc:
             # ValueError: unreadable certificate files (a usage error).
-            return exits.fail(exc, as_json=args.json)
+            return hints.fail(args, exc, as_json=args.json)
         return exits.OK
 
     return run
@@ -89,8 +89,8 @@ def _list(args: argparse.Namespace) -> int:
                         "last_token": s.last_token,
                     },
                 )
-    except (FencingError, ValueError) as exc:
-        return exits.fail(exc)
+    except (FencingError, grpc.RpcError, ValueError) as exc:
+        return hints.fail(args, exc, as_json=args.json)
     return 0
 
 

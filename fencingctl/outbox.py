@@ -17,8 +17,7 @@ import os
 from typing import Any
 
 from fencing.errors import FencingError
-from fencingctl import connect
-from serving import exits
+from fencingctl import connect, hints
 from serving.logs import configure_logging
 
 
@@ -58,7 +57,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_publish(args))
     except (FencingError, ValueError) as exc:
-        return exits.fail(exc)
+        return hints.fail(args, exc)
 
 
 def register(sub: Any) -> None:

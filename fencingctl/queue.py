@@ -27,7 +27,7 @@ import grpc
 from fencing.client.guard import GuardClient
 from fencing.client.queue import JobAction, JobInfo, QueueClient
 from fencing.errors import FencingError
-from fencingctl import connect, schedules
+from fencingctl import connect, hints, schedules
 from serving import exits
 
 COLUMNS = (
@@ -55,7 +55,7 @@ def _stats(args: argparse.Namespace) -> int:
         with _client(args) as client:
             stats = client.stats(args.queue or "", window=args.window)
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     if args.json:
         print(json.dumps([dataclasses.asdict(s) for s in stats]))
         return 0
@@ -93,7 +93,7 @@ def _enqueue(args: argparse.Namespace) -> int:
                 resource=args.resource,
             )
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     fields = {"queue": args.queue, "id": job.id, "created": job.created, "state": job.state}
     print(json.dumps(fields) if args.json else " ".join(f"{k}={v}" for k, v in fields.items()))
     return 0
@@ -130,7 +130,7 @@ def _jobs(args: argparse.Namespace) -> int:
                 if args.limit and shown >= args.limit:
                     break
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     if not args.json:
         if shown:
             _table(rows)
@@ -162,7 +162,7 @@ def _job(args: argparse.Namespace) -> int:
         with _client(args) as client:
             info = client.get_job(args.id, queue=args.queue, include_payload=args.payload)
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     if args.json:
         print(json.dumps(_info_json(info)))
     else:
@@ -205,7 +205,7 @@ def _retry(args: argparse.Namespace) -> int:
         with _client(args) as client:
             action = client.retry_job(args.id, queue=args.queue)
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     return _acted(args, "retry", action, [])
 
 
@@ -215,7 +215,7 @@ def _cancel(args: argparse.Namespace) -> int:
         with _client(args) as client:
             action = client.cancel_job(args.id, queue=args.queue, reason=args.reason, fence=guards)
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     finally:
         for guard in guards:
             guard.close()
@@ -228,7 +228,7 @@ def _requeue(args: argparse.Namespace) -> int:
         with _client(args) as client:
             requeued = client.requeue_dead(args.queue, limit=args.limit)
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     if args.json:
         print(json.dumps({"queue": args.queue, "requeued": requeued}))
     else:
@@ -317,6 +317,7 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         metavar="HOST:PORT",
+        type=connect.checker(connect.DEFAULT_GUARD_ADDR),
         help="a monotonic guard to fence to the cancel's token (repeatable); strict and "
         "watch guards fence the cancelled claim by themselves",
     )

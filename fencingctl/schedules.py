@@ -23,7 +23,7 @@ import grpc
 
 from fencing.client import ScheduleInfo
 from fencing.errors import FencingError
-from fencingctl import connect
+from fencingctl import connect, hints
 from serving import exits
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -76,7 +76,7 @@ def _list(args: argparse.Namespace) -> int:
         with connect.queue_client(args) as client:
             found = client.list_schedules(args.queue or "")
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     if args.json:
         print(json.dumps([_as_json(s) for s in found]))
         return 0
@@ -106,7 +106,7 @@ def _add(args: argparse.Namespace) -> int:
                 catch_up=args.catch_up,
             )
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     if args.json:
         print(json.dumps(_as_json(info)))
     else:
@@ -125,7 +125,7 @@ def _remove(args: argparse.Namespace) -> int:
         with connect.queue_client(args) as client:
             deleted = client.delete_schedule(args.name, queue=args.queue)
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     if not deleted:
         where = f" of queue {args.queue!r}" if args.queue else ""
         return exits.fail(NoSuchSchedule(f"no schedule {args.name!r}{where}"), as_json=args.json)

@@ -22,8 +22,7 @@ from typing import Any
 
 from fencing.client import LeaseEvent
 from fencing.errors import FencingError, InvalidArgumentError
-from fencingctl import connect
-from serving import exits
+from fencingctl import connect, hints
 
 
 def event_fields(event: LeaseEvent) -> dict[str, Any]:
@@ -55,7 +54,7 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
-        return exits.fail(exc)
+        return hints.fail(args, exc)
     return 0
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from fencing.tls import TLSConfig, check_transport, split_address
+from fencing.tls import TLSConfig, check_transport
 from serving import storage
 from serving.admission import (
     DEFAULT_MAX_SESSION_IN_FLIGHT,
@@ -110,10 +110,37 @@ def non_negative(value: Any) -> None:
         raise ValueError(f"must be 0 or more, got {value}")
 
 
+def address_problem(value: str, *, bind: bool = True, port: int = 50051) -> str | None:
+    """What is wrong with ``value`` as a ``HOST:PORT`` (with a hint at the likely
+    mistake), or None if nothing is: the one rule for the servers' binds and the
+    clients' addresses (``bind=False``: port 0, "pick one", is for binds only).
+    ``port``: the port a hint suggests when none was given."""
+    ports = "0..65535; 0 picks one" if bind else "1..65535"
+    if "://" in value:
+        scheme, _, rest = value.partition("://")
+        return f"not a URL: drop {scheme + '://'!r} and give HOST:PORT ({rest.rstrip('/')!r}?)" + (
+            "; TLS is the --tls-* options" if scheme.lower() in ("https", "grpcs") else ""
+        )
+    if any(c.isspace() for c in value):
+        return f"no spaces in HOST:PORT, got {value!r}"
+    host, sep, given = value.rpartition(":")
+    if not sep or (host.startswith("[") != host.endswith("]")):
+        return f"no port: give HOST:PORT ({value}:{port}?)"
+    if not host.strip("[]"):
+        return f"no host: give HOST:PORT (127.0.0.1{value}?)"
+    if ":" in host and not host.startswith("["):
+        return f"an IPv6 host goes in brackets: [HOST]:PORT, got {value!r}"
+    if not given.isdigit():
+        return f"the port must be a number ({ports}), got {given!r}"
+    if not (0 if bind else 1) <= int(given) <= 65535:
+        return f"the port must be {ports}, got {given}"
+    return None
+
+
 def address(value: Any) -> None:
-    host, port = split_address(value)
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"must be host:port (port 0..65535; 0 picks one), got {value!r}")
+    problem = address_problem(value)
+    if problem is not None:
+        raise ValueError(f"must be host:port: {problem}")
 
 
 # -- declarations -------------------------------------------------------------------------
