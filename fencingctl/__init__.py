@@ -9,6 +9,8 @@ parser through a ``register(subparsers)`` function.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Callable, Sequence
 
 from fencing._version import VERSION
@@ -49,4 +51,14 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     run: Command = args.run
-    return run(args)
+    try:
+        code = run(args)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe cannot be caught
+    except BrokenPipeError:
+        # The reader went away (``fencing watch | head``): stop quietly, as the Python
+        # docs recommend for SIGPIPE. stdout goes to devnull so that the interpreter's
+        # own flush on exit does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return exits.FAILURE
+    return code

@@ -43,8 +43,13 @@ def _run(args: argparse.Namespace) -> int:
             raise InvalidArgumentError("give RESOURCE or --prefix, not both", field="prefix")
         if args.start < 0:
             raise InvalidArgumentError("--from must be a revision >= 0", field="from")
-        with connect.lease_client(args) as client:
-            stream = client.watch(args.resource, prefix=args.prefix, after_revision=args.start)
+        # The stream is closed on every way out (Ctrl-C, a closed stdout): it cancels it.
+        with (
+            connect.lease_client(args) as client,
+            client.watch_stream(
+                args.resource, prefix=args.prefix, after_revision=args.start
+            ) as stream,
+        ):
             for event in stream:
                 fields = event_fields(event)
                 if args.json:
