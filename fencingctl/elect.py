@@ -23,7 +23,7 @@ from typing import Any
 from fencing.client import GuardClient, LeaseClient
 from fencing.election import Election, Leader
 from fencing.errors import AcquireTimeoutError, FencingError, LeaseLost
-from fencingctl import connect, hints, lock
+from fencingctl import connect, flags, hints, lock
 from serving import exits
 
 
@@ -107,13 +107,13 @@ def register(sub: Any) -> None:
         "--value", default="", help="what to proclaim as the leader's (e.g. its address)"
     )
     options.add_argument(
-        "--ttl", type=float, default=10.0, help="leadership lease seconds (default %(default)s)"
+        "--ttl", type=flags.ttl, default=10.0, help="the leadership lease's ttl (default 10s)"
     )
     options.add_argument(
         "--timeout",
-        type=float,
+        type=flags.seconds,
         default=None,
-        help="seconds to wait to be elected (default: forever); then exit "
+        help="how long to wait to be elected (default: forever); then exit "
         f"{lock.EXIT_NOT_ACQUIRED}",
     )
     lock.add_run_options(options, addresses=_addresses)

@@ -42,7 +42,7 @@ from typing import Any
 
 from fencing.client import GuardClient, Lease
 from fencing.errors import AcquireTimeoutError, FencingError, LeaseLost
-from fencingctl import connect, hints
+from fencingctl import connect, flags, hints
 from serving import exits
 
 #: Exit code when the lease was not acquired within ``--timeout`` (serving.exits.TABLE).
@@ -235,9 +235,9 @@ def add_run_options(
     ``addresses`` adding its connection options (default: :func:`add_addresses`)."""
     p.add_argument(
         "--grace",
-        type=float,
+        type=flags.seconds,
         default=10.0,
-        help="seconds between SIGTERM and SIGKILL once the lease is lost (default %(default)s)",
+        help="how long between SIGTERM and SIGKILL once the lease is lost (default 10s)",
     )
     p.add_argument("--holder", default="", help="holder name (default host-pid-random)")
     (addresses or add_addresses)(p)
@@ -250,6 +250,7 @@ def runner_parser(
     p: argparse.ArgumentParser = sub.add_parser(
         name, parents=[options], formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
     )
+    options.prog = p.prog  # its errors name the command
     p.add_argument("name", metavar=metavar)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     p.set_defaults(options=options, parser=p)
@@ -259,13 +260,13 @@ def runner_parser(
 def register(sub: Any) -> None:
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument(
-        "--ttl", type=float, default=10.0, help="lease seconds (default %(default)s)"
+        "--ttl", type=flags.ttl, default=10.0, help="the lease's ttl: 30s, 1m... (default 10s)"
     )
     options.add_argument(
         "--timeout",
-        type=float,
+        type=flags.seconds,
         default=None,
-        help="seconds to wait while another holds it (default: forever); then exit "
+        help="how long to wait while another holds it (default: forever); then exit "
         f"{EXIT_NOT_ACQUIRED}",
     )
     add_run_options(options)

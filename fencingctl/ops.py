@@ -24,9 +24,9 @@ from typing import Any
 import grpc
 
 from fencing.client import GuardClient, LeaseClient
-from fencing.errors import FencingError, InvalidArgumentError
+from fencing.errors import FencingError
 from fencing.types import Claim, Put
-from fencingctl import connect, hints
+from fencingctl import connect, flags, hints
 from serving import exits
 
 
@@ -129,18 +129,17 @@ def token_of(args: argparse.Namespace) -> int:
         return int(args.token)
     raw = os.environ.get("FENCING_TOKEN", "")
     if not raw:
-        raise InvalidArgumentError(
-            "no token: give --token, or run inside 'fencing lock' (FENCING_TOKEN)", field="token"
+        raise flags.UsageError(
+            "no token: give --token, or run inside 'fencing lock' (FENCING_TOKEN)"
         )
     if not raw.isdigit():
-        raise InvalidArgumentError(f"FENCING_TOKEN must be a number, not {raw!r}", field="token")
+        raise flags.UsageError(f"FENCING_TOKEN must be a number, not {raw!r}")
     held = os.environ.get("FENCING_RESOURCE", "")
     if held and held != args.resource:
         # A token means something only for its own resource: writing it to another
         # would raise that resource's fence to a number nobody was granted there.
-        raise InvalidArgumentError(
-            f"FENCING_TOKEN is a token of {held!r}, not of {args.resource!r}: give --token",
-            field="token",
+        raise flags.UsageError(
+            f"FENCING_TOKEN is a token of {held!r}, not of {args.resource!r}: give --token"
         )
     return int(raw)
 
@@ -185,15 +184,13 @@ def _fence(args: argparse.Namespace) -> dict[str, Any]:
         resource, token, args.reset = token, None, True
     if args.reset:
         if token is not None:
-            raise InvalidArgumentError(
-                "a reset takes no token: it uses the lease server's last_token", field="token"
-            )
+            raise flags.UsageError("a reset takes no token: it uses the lease server's last_token")
         return _reset(args, resource)
     with _guard_client(args) as guard:
         if token is None:
             return {"resource": resource, "fence": guard.describe_fence(resource)}
         if not token.isdigit():
-            raise InvalidArgumentError(f"token must be a number, not {token!r}", field="token")
+            raise flags.UsageError(f"token must be a number, not {token!r}")
         return {"resource": resource, "fence": guard.fence(Claim(resource, int(token)))}
 
 
@@ -225,22 +222,24 @@ def register(sub: Any) -> None:
 
     p = lsub.add_parser("acquire", help="acquire a lease and print its token")
     p.add_argument("resource")
-    p.add_argument("--ttl", type=float, default=10.0, help="seconds (default %(default)s)")
-    p.add_argument("--wait", type=float, default=0.0, help="seconds to wait if held")
+    p.add_argument("--ttl", type=flags.ttl, default=10.0, help="duration: 30s, 1m... (default 10s)")
+    p.add_argument(
+        "--wait", type=flags.wait, default=0.0, help="how long to wait if held (default 0)"
+    )
     p.add_argument("--holder", default="", help="holder name (default host-pid-random)")
     _common(p, lease=True)
     p.set_defaults(run=_acquire)
 
     p = lsub.add_parser("renew", help="renew a lease by its token")
     p.add_argument("resource")
-    p.add_argument("token", type=int)
-    p.add_argument("--ttl", type=float, default=10.0, help="seconds (default %(default)s)")
+    p.add_argument("token", type=flags.token)
+    p.add_argument("--ttl", type=flags.ttl, default=10.0, help="duration: 30s, 1m... (default 10s)")
     _common(p, lease=True)
     p.set_defaults(run=_renew)
 
     p = lsub.add_parser("release", help="release a lease by its token")
     p.add_argument("resource")
-    p.add_argument("token", type=int)
+    p.add_argument("token", type=flags.token)
     _common(p, lease=True)
     p.set_defaults(run=_release)
 
@@ -254,7 +253,7 @@ def register(sub: Any) -> None:
     p.add_argument("--prefix", default="", help="only resources starting with it")
     p.add_argument(
         "--page-size",
-        type=int,
+        type=flags.page_size,
         default=0,
         help="leases per call to the server (1-1000; default the server's, 100)",
     )
@@ -272,7 +271,7 @@ def register(sub: Any) -> None:
     p.add_argument("value")
     p.add_argument(
         "--token",
-        type=int,
+        type=flags.token,
         default=None,
         help="the writer's fencing token (default: env FENCING_TOKEN, as 'fencing lock' sets)",
     )

@@ -27,7 +27,7 @@ import grpc
 from fencing.client.guard import GuardClient
 from fencing.client.queue import JobAction, JobInfo, QueueClient
 from fencing.errors import FencingError
-from fencingctl import connect, hints, schedules
+from fencingctl import connect, flags, hints, schedules
 from serving import exits
 
 COLUMNS = (
@@ -259,7 +259,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument("queue", nargs="?", default="", help="one queue (default: all)")
     p.add_argument(
-        "--window", type=float, default=0.0, help="seconds of history for retry_rate (default 300)"
+        "--window",
+        type=flags.seconds,
+        default=0.0,
+        help="how much history retry_rate covers: 1h, 30m... (default 5m)",
     )
     _common(p)
     p.set_defaults(run=_stats)
@@ -269,9 +272,13 @@ def register(sub: Any) -> None:
     p.add_argument("payload")
     p.add_argument("--idempotency-key", default="", help="a second enqueue returns the first job")
     p.add_argument("--ordering-key", default="", help="jobs of one key run one at a time, in order")
-    p.add_argument("--priority", type=int, default=0, help="higher first (-1000..1000)")
-    p.add_argument("--max-attempts", type=int, default=0, help="default: the server's (5)")
-    p.add_argument("--delay", type=float, default=0.0, help="seconds before it is due")
+    p.add_argument("--priority", type=flags.priority, default=0, help="higher first (-1000..1000)")
+    p.add_argument(
+        "--max-attempts", type=flags.max_attempts, default=0, help="default: the server's (5)"
+    )
+    p.add_argument(
+        "--delay", type=flags.delay, default=0.0, help="how long until it is due: 30s, 5m..."
+    )
     p.add_argument("--resource", default="", help="guard resource its token fences")
     _common(p)
     p.set_defaults(run=_enqueue)
@@ -284,13 +291,15 @@ def register(sub: Any) -> None:
         choices=["waiting", "ready", "running", "succeeded", "dead", "cancelled"],
         help="only jobs in this state (default: every state)",
     )
-    p.add_argument("--page-size", type=int, default=0, help="jobs per request (1..1000)")
-    p.add_argument("--limit", type=int, default=0, help="stop after this many (0: all)")
+    p.add_argument(
+        "--page-size", type=flags.page_size, default=0, help="jobs per request (1..1000)"
+    )
+    p.add_argument("--limit", type=flags.count, default=0, help="stop after this many (0: all)")
     _common(p)
     p.set_defaults(run=_jobs)
 
     p = qsub.add_parser("job", help="one job: state, attempts, last error, token, worker, times")
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=flags.job_id)
     p.add_argument("--queue", default="", help="the job's queue (auth policies scope by it)")
     p.add_argument("--payload", action="store_true", help="show the payload too")
     _common(p)
@@ -300,7 +309,7 @@ def register(sub: Any) -> None:
         "retry",
         help="make a dead, cancelled or failed job due now (attempts kept, one more allowed)",
     )
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=flags.job_id)
     p.add_argument("--queue", default="", help="the job's queue (auth policies scope by it)")
     _common(p)
     p.set_defaults(run=_retry)
@@ -309,7 +318,7 @@ def register(sub: Any) -> None:
         "cancel",
         help="cancel a waiting, ready or running job; a running job's claim is fenced",
     )
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=flags.job_id)
     p.add_argument("--queue", default="", help="the job's queue (auth policies scope by it)")
     p.add_argument("--reason", default="", help="kept as the job's last_error")
     p.add_argument(
@@ -326,7 +335,12 @@ def register(sub: Any) -> None:
 
     p = qsub.add_parser("requeue", help="retry the dead jobs of a queue (up to --limit a call)")
     p.add_argument("queue")
-    p.add_argument("--limit", type=int, default=0, help="at most this many (1..1000; 0: 1000)")
+    p.add_argument(
+        "--limit",
+        type=flags.integer(0, 1000),
+        default=0,
+        help="at most this many (1..1000; 0: 1000)",
+    )
     _common(p)
     p.set_defaults(run=_requeue)
 

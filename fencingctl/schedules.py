@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -23,21 +22,8 @@ import grpc
 
 from fencing.client import ScheduleInfo
 from fencing.errors import FencingError
-from fencingctl import connect, hints
+from fencingctl import connect, flags, hints
 from serving import exits
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-
-
-def parse_every(text: str) -> float:
-    """``90``, ``90s``, ``5m``, ``1h``, ``1d``, ``1500ms`` -> seconds."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a duration (a number with ms, s, m, h or d; default s)"
-        )
-    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
 def _when(seconds: float | None) -> str:
@@ -46,17 +32,10 @@ def _when(seconds: float | None) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _every_text(seconds: float) -> str:
-    for unit in ("d", "h", "m", "s"):
-        if seconds >= _UNITS[unit] and seconds % _UNITS[unit] == 0:
-            return f"{seconds / _UNITS[unit]:g}{unit}"
-    return f"{seconds * 1000:g}ms"
-
-
 COLUMNS: tuple[tuple[str, Callable[[ScheduleInfo], str]], ...] = (
     ("name", lambda s: s.name),
     ("queue", lambda s: s.queue),
-    ("schedule", lambda s: s.cron or f"every {_every_text(s.every)}"),
+    ("schedule", lambda s: s.cron or f"every {flags.show_seconds(s.every)}"),
     ("tz", lambda s: s.timezone or "UTC"),
     ("catch_up", lambda s: str(s.catch_up)),
     ("next_run", lambda s: _when(s.next_run)),
@@ -156,16 +135,18 @@ def register(qsub: Any, common: Callable[[argparse.ArgumentParser], None]) -> No
     when = p.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", help="5 fields: minute hour day-of-month month day-of-week")
     when.add_argument(
-        "--every", type=parse_every, help="a fixed interval: 90, 30s, 5m, 1h, 1d (at least 1s)"
+        "--every", type=flags.every, help="a fixed interval: 90, 30s, 5m, 1h, 1d (at least 1s)"
     )
     p.add_argument("--timezone", default="", help="IANA time zone of --cron (default UTC)")
     p.add_argument("--payload", default="", help="each job's payload; '-' reads stdin")
-    p.add_argument("--priority", type=int, default=0, help="higher first (-1000..1000)")
-    p.add_argument("--max-attempts", type=int, default=0, help="default: the server's (5)")
+    p.add_argument("--priority", type=flags.priority, default=0, help="higher first (-1000..1000)")
+    p.add_argument(
+        "--max-attempts", type=flags.max_attempts, default=0, help="default: the server's (5)"
+    )
     p.add_argument("--resource", default="", help="guard resource the jobs' tokens fence")
     p.add_argument(
         "--catch-up",
-        type=int,
+        type=flags.integer(0, 100),
         default=0,
         help="after downtime, enqueue each missed period, the latest N (0..100; default 0: "
         "only the latest)",

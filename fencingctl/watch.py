@@ -21,8 +21,8 @@ import json
 from typing import Any
 
 from fencing.client import LeaseEvent
-from fencing.errors import FencingError, InvalidArgumentError
-from fencingctl import connect, hints
+from fencing.errors import FencingError
+from fencingctl import connect, flags, hints
 
 
 def event_fields(event: LeaseEvent) -> dict[str, Any]:
@@ -40,9 +40,7 @@ def event_fields(event: LeaseEvent) -> dict[str, Any]:
 def _run(args: argparse.Namespace) -> int:
     try:
         if args.resource and args.prefix:
-            raise InvalidArgumentError("give RESOURCE or --prefix, not both", field="prefix")
-        if args.start < 0:
-            raise InvalidArgumentError("--from must be a revision >= 0", field="from")
+            raise flags.UsageError("give RESOURCE or --prefix, not both")
         # The stream is closed on every way out (Ctrl-C, a closed stdout): it cancels it.
         with (
             connect.lease_client(args) as client,
@@ -75,7 +73,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--from",
         dest="start",
-        type=int,
+        type=flags.count,
         default=0,
         metavar="REV",
         help="resume after revision REV, the last one seen (default 0: from now)",

@@ -11,7 +11,7 @@ import pytest
 
 from fencing.testing import RunningServers, running_servers
 from fencingctl import main
-from fencingctl.schedules import parse_every
+from fencingctl.flags import parse_duration
 from serving import exits
 
 
@@ -70,9 +70,9 @@ def test_cron_and_every_are_one_or_the_other(capsys: pytest.CaptureFixture[str])
     ("text", "seconds"), [("90", 90), ("30s", 30), ("5m", 300), ("1h", 3600), ("1500ms", 1.5)]
 )
 def test_durations(text: str, seconds: float) -> None:
-    assert parse_every(text) == seconds
+    assert parse_duration(text) == seconds
 
 
 def test_a_bad_duration_is_a_usage_error() -> None:
     with pytest.raises(argparse.ArgumentTypeError):
-        parse_every("soon")
+        parse_duration("soon")
