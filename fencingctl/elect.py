@@ -8,8 +8,9 @@ term: the guard refuses the writes of every earlier term), ``FENCING_HOLDER``,
 SIGTERM then SIGKILL once the leadership is lost, resigned when CMD exits. Exit codes
 as ``fencing lock``'s (75 not elected within the timeout, 76 leadership lost).
 
-``leader`` prints the current leader (``leader=false`` when nobody leads); with
-``--watch`` it prints it, then a line per change, until interrupted.
+``leader`` prints the current leader and exits 0, or ``leader=false`` and exits 1
+(``FAILURE``: the question "who leads?" found nobody, as ``pgrep`` finding nothing);
+with ``--watch`` it prints it, then a line per change, until interrupted.
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ def _leader(args: argparse.Namespace) -> int:
             leases, guard = _clients(args, stack)
             election = Election(leases, guard, args.name)
             if not args.watch:
-                _print(args, leader_fields(args.name, election.leader()))
-                return 0
+                leader = election.leader()
+                _print(args, leader_fields(args.name, leader))
+                return exits.OK if leader is not None else exits.FAILURE
             for leader in election.observe():
                 _print(args, leader_fields(args.name, leader))
     except KeyboardInterrupt:
@@ -126,7 +128,11 @@ def register(sub: Any) -> None:
     )
     p.set_defaults(run=_elect)
 
-    p = sub.add_parser("leader", help="who leads an election (--watch: and each change)")
+    p = sub.add_parser(
+        "leader",
+        help="who leads an election (exit 1 if nobody does; --watch: and each change)",
+        description=__doc__.split("\n\n", 2)[2] if __doc__ else None,
+    )
     p.add_argument("name")
     p.add_argument("--watch", action="store_true", help="print each change until interrupted")
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -1,14 +1,14 @@
 """``fencing watch [RESOURCE | --prefix P] [--from REV] [--json]``: stream lease events.
 
 Prints one line per event of the lease server's ``Watch`` stream, in revision order,
-until interrupted (Ctrl-C exits 130) or the stream fails (exit 1, e.g. when the server
-stops)::
+until interrupted (Ctrl-C exits 130) or the stream fails, e.g. when the server stops
+(then it exits with the error's code in ``fencing --help``'s table)::
 
     revision=7 kind=ACQUIRED resource=orders token=3 holder=worker-1 ttl_ms=10000
 
-``kind`` is ACQUIRED, RENEWED, RELEASED, EXPIRED, or RESYNC (the server could not
-serve the requested start: events were missed, re-read with ``fencing lease
-describe``). Without ``--from`` the stream starts now; ``--from REV`` resumes after
+``kind`` is ACQUIRED, RELEASED, EXPIRED (renewals are not events), or RESYNC (the
+server could not serve the requested start: events were missed, re-read with
+``fencing lease describe``). Without ``--from`` the stream starts now; ``--from REV`` resumes after
 revision REV (the revision of the last line you saw: the stream goes on with the next
 event), replaying what the server still keeps of the log, then live. With ``--json``
 each line is one JSON object with the same fields.

@@ -44,8 +44,8 @@ TABLE: tuple[Exit, ...] = (
     Exit(
         1,
         "FAILURE",
-        "a check said no (healthcheck NOT_SERVING, the demo's verdict), or an "
-        "error of no other row",
+        "a check said no (healthcheck NOT_SERVING, the demo's verdict, fencing leader: "
+        "nobody leads, a closed stdout), or an error of no other row",
     ),
     Exit(
         2,

@@ -88,6 +88,14 @@ def test_watch_prints_history_from_a_revision_then_live_events(servers: RunningS
             one.stdout.close()
 
 
+def test_watch_help_tells_what_the_readme_does(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["watch", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "ACQUIRED, RELEASED, EXPIRED (renewals are not events), or RESYNC" in text
+    assert "RENEWED" not in text and "(exit 1" not in text
+
+
 def test_watch_refuses_a_resource_and_a_prefix(
     servers: RunningServers, capsys: pytest.CaptureFixture[str]
 ) -> None:
