@@ -30,12 +30,15 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fencing.client import GuardClient, LeaseClient
-from fencing.client.queue import QueueClient
 from fencing.tls import TLSConfig
-from serving.config import DeprecatedFlag, address_problem, warn_deprecated
+from serving.flags import DeprecatedFlag, address_problem, warn_deprecated
+
+if TYPE_CHECKING:  # imported by the functions that make one: a command pays for its own
+    from fencing.client.guard import GuardClient
+    from fencing.client.lease import LeaseClient
+    from fencing.client.queue import QueueClient
 
 LEASE_ADDR_ENV = "FENCING_LEASE_ADDR"
 GUARD_ADDR_ENV = "FENCING_GUARD_ADDR"
@@ -203,14 +206,20 @@ def client_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def lease_client(args: argparse.Namespace, holder: str | None = None) -> LeaseClient:
     """A :class:`LeaseClient` to ``--lease-addr`` with the TLS and token options."""
+    from fencing.client.lease import LeaseClient
+
     return LeaseClient(args.lease_addr, holder=holder or None, **client_options(args))
 
 
 def guard_client(args: argparse.Namespace) -> GuardClient:
     """A :class:`GuardClient` to ``--guard-addr`` with the TLS and token options."""
+    from fencing.client.guard import GuardClient
+
     return GuardClient(args.guard_addr, **client_options(args))
 
 
 def queue_client(args: argparse.Namespace) -> QueueClient:
     """A :class:`QueueClient` to the lease server at ``--lease-addr``."""
+    from fencing.client.queue import QueueClient
+
     return QueueClient(args.lease_addr, **client_options(args))
