@@ -2,15 +2,16 @@
 
 ``stats`` prints one line per queue (ready, scheduled, waiting, running, expired
 leases, succeeded, dead, cancelled, oldest ready age, retrying jobs, retry rate), or
-JSON with ``--json``; ``enqueue`` adds one job and prints its id. The operator's
-commands: ``jobs QUEUE [--state S]`` lists a queue's jobs (a page at a time, in id
-order), ``job ID`` shows one, ``retry ID`` makes a dead, cancelled or failed job due
-now, ``cancel ID [--guard-addr A ...]`` cancels a waiting, ready or running job (and
-fences the named monotonic guards to the cancel's token), ``requeue QUEUE`` retries
-the queue's dead jobs. ``retry`` and ``cancel`` of a job in no state they apply to
-change nothing and exit 1 (``FAILURE``); an unknown job is ``NOT_FOUND``. Errors print
-``error: REASON: message`` to stderr (and a JSON object on stdout with ``--json``) and
-exit with the reason's code in :data:`serving.exits.TABLE`.
+JSON lines with ``--json`` (durations in ms); ``enqueue`` adds one job and prints its
+id. The operator's commands: ``jobs QUEUE [--state S]`` lists a queue's jobs (a page
+at a time, in id order), ``job ID`` shows one, ``retry ID`` makes a dead, cancelled or
+failed job due now, ``cancel ID [--guard-addr A ...]`` cancels a waiting, ready or
+running job (and fences the named monotonic guards to the cancel's token), ``requeue
+QUEUE`` retries the queue's dead jobs. ``retry`` and ``cancel`` of a job in no state
+they apply to change nothing and exit 1 (``FAILURE``); an unknown job is
+``NOT_FOUND``. Errors print ``error: REASON: message`` to stderr (and a JSON object on
+stdout with ``--json``) and exit with the reason's code in
+:data:`serving.exits.TABLE`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import grpc
 from fencing.client.guard import GuardClient
 from fencing.client.queue import JobAction, JobInfo, QueueClient
 from fencing.errors import FencingError
-from fencingctl import connect, flags, hints, schedules
+from fencingctl import connect, flags, hints, output, schedules
 from serving import exits
 
 COLUMNS = (
@@ -57,7 +58,8 @@ def _stats(args: argparse.Namespace) -> int:
     except (FencingError, grpc.RpcError, ValueError) as exc:
         return hints.fail(args, exc, as_json=args.json)
     if args.json:
-        print(json.dumps([dataclasses.asdict(s) for s in stats]))
+        for s in stats:
+            output.print_json(output.in_ms(dataclasses.asdict(s), ("oldest_ready_age", "window")))
         return 0
     rows: list[list[str]] = [[title for _, title in COLUMNS]]
     for s in stats:

@@ -1,11 +1,11 @@
 """``fencing queue schedules|schedule add|schedule remove``: periodic jobs from a shell.
 
 ``schedules [QUEUE]`` prints one line per schedule (name, queue, cron or interval,
-time zone, catch-up, next run, last period enqueued and its job), or JSON with
-``--json``; ``schedule add NAME --queue Q (--cron EXPR | --every DURATION)`` puts one
-(a schedule of that name is replaced); ``schedule remove NAME`` deletes one (exit
-``NOT_FOUND`` if there is none). Errors print ``error: REASON: message`` and exit with
-the reason's code in :data:`serving.exits.TABLE`.
+time zone, catch-up, next run, last period enqueued and its job), or JSON lines with
+``--json`` (times in ms); ``schedule add NAME --queue Q (--cron EXPR | --every
+DURATION)`` puts one (a schedule of that name is replaced); ``schedule remove NAME``
+deletes one (exit ``NOT_FOUND`` if there is none). Errors print ``error: REASON:
+message`` and exit with the reason's code in :data:`serving.exits.TABLE`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import grpc
 
 from fencing.client import ScheduleInfo
 from fencing.errors import FencingError
-from fencingctl import connect, flags, hints
+from fencingctl import connect, flags, hints, output
 from serving import exits
 
 
@@ -47,7 +47,7 @@ COLUMNS: tuple[tuple[str, Callable[[ScheduleInfo], str]], ...] = (
 def _as_json(s: ScheduleInfo) -> dict[str, Any]:
     fields = dataclasses.asdict(s)
     fields["payload"] = s.payload.decode("utf-8", errors="replace")
-    return fields
+    return output.in_ms(fields, ("every", "created_at", "next_run", "last_period"))
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -57,7 +57,8 @@ def _list(args: argparse.Namespace) -> int:
     except (FencingError, grpc.RpcError, ValueError) as exc:
         return hints.fail(args, exc, as_json=args.json)
     if args.json:
-        print(json.dumps([_as_json(s) for s in found]))
+        for s in found:
+            output.print_json(_as_json(s))
         return 0
     rows = [[title for title, _ in COLUMNS], *([cell(s) for _, cell in COLUMNS] for s in found)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]

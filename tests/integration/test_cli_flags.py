@@ -72,3 +72,21 @@ def test_put_without_a_token_is_a_usage_error(
     monkeypatch.delenv("FENCING_TOKEN", raising=False)
     assert main(["put", "r", "k", "v", "--guard-addr", "127.0.0.1:1"]) == exits.USAGE
     assert "error: USAGE: no token: give --token" in capsys.readouterr().err
+
+
+def test_json_lists_are_json_lines_with_times_in_ms(
+    servers: RunningServers, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One shape for every --json: a list is one object a line (as ``queue jobs``,
+    ``lease list`` and ``watch`` print it), a time or duration is integer ms (``*_ms``)."""
+    lease = ["--lease-addr", servers.lease_address]
+    for queue in ("shape-a", "shape-b"):
+        assert main(["queue", "enqueue", queue, "x", *lease]) == 0
+    capsys.readouterr()
+    assert main(["queue", "stats", "--json", "--window", "1h", *lease]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    mine = {row["queue"]: row for row in rows if row["queue"].startswith("shape-")}
+    assert set(mine) == {"shape-a", "shape-b"}
+    assert mine["shape-a"]["window_ms"] == 3_600_000
+    assert isinstance(mine["shape-a"]["oldest_ready_age_ms"], int)
+    assert "window" not in mine["shape-a"] and "oldest_ready_age" not in mine["shape-a"]
