@@ -104,6 +104,9 @@ def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # gRPC's C core logs a failed handshake at INFO on stderr, ahead of the command's own
+    # error line that already says it: keep the core to errors unless the user chose.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     args = parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     run: Command = args.run
     try:

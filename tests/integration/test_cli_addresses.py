@@ -123,3 +123,5 @@ def test_a_tls_client_against_plaintext_is_told_to_drop_tls(
     done = fencing("get", "r", "k", "--guard-addr", servers.guard_address, "--tls-ca", ca)
     assert done.returncode == exits.CODES["UNREACHABLE"], done.stderr
     assert "speaks plaintext" in done.stderr, done.stderr
+    # Our line says it all: no gRPC C-core log line ahead of it.
+    assert done.stderr.startswith("error: UNREACHABLE: "), done.stderr
