@@ -61,6 +61,7 @@ def register(sub: Any) -> None:
     run.add_argument(
         "--duration",
         type=flags.duration(0.0, above=True),
+        metavar="DURATION",
         help="how long each run takes: 10, 30s, 2m (default 10s; 6s with --matrix)",
     )
     run.add_argument("--seed", type=int, default=1)

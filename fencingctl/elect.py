@@ -109,11 +109,16 @@ def register(sub: Any) -> None:
         "--value", default="", help="what to proclaim as the leader's (e.g. its address)"
     )
     options.add_argument(
-        "--ttl", type=flags.ttl, default=10.0, help="the leadership lease's ttl (default 10s)"
+        "--ttl",
+        type=flags.ttl,
+        metavar="DURATION",
+        default=10.0,
+        help="the leadership lease's ttl (default 10s)",
     )
     options.add_argument(
         "--timeout",
         type=flags.seconds,
+        metavar="DURATION",
         default=None,
         help="how long to wait to be elected (default: forever); then exit "
         f"{lock.EXIT_NOT_ACQUIRED}",

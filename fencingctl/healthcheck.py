@@ -41,6 +41,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--timeout",
         type=flags.duration(0.0, above=True),
+        metavar="DURATION",
         default=3.0,
         help="how long each check may take (default 3s)",
     )

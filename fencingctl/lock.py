@@ -1,6 +1,7 @@
-"""``fencing lock RESOURCE [--ttl S] [--timeout S] -- CMD [ARGS...]``: run CMD holding a lease.
+"""``fencing lock RESOURCE [--ttl DURATION] [--timeout DURATION] -- CMD [ARGS...]``.
 
-Like ``etcdctl lock NAME CMD``, ``consul lock`` or ``flock``, with a fencing token:
+Run CMD holding a lease, like ``etcdctl lock NAME CMD``, ``consul lock`` or ``flock``,
+with a fencing token:
 
 1. takes the lease on RESOURCE, waiting up to ``--timeout`` seconds (default: forever)
    while someone else holds it, so a second ``fencing lock`` on the same resource waits
@@ -236,6 +237,7 @@ def add_run_options(
     p.add_argument(
         "--grace",
         type=flags.seconds,
+        metavar="DURATION",
         default=10.0,
         help="how long between SIGTERM and SIGKILL once the lease is lost (default 10s)",
     )
@@ -260,11 +262,16 @@ def runner_parser(
 def register(sub: Any) -> None:
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument(
-        "--ttl", type=flags.ttl, default=10.0, help="the lease's ttl: 30s, 1m... (default 10s)"
+        "--ttl",
+        type=flags.ttl,
+        metavar="DURATION",
+        default=10.0,
+        help="the lease's ttl: 30s, 1m... (default 10s)",
     )
     options.add_argument(
         "--timeout",
         type=flags.seconds,
+        metavar="DURATION",
         default=None,
         help="how long to wait while another holds it (default: forever); then exit "
         f"{EXIT_NOT_ACQUIRED}",

@@ -222,9 +222,19 @@ def register(sub: Any) -> None:
 
     p = lsub.add_parser("acquire", help="acquire a lease and print its token")
     p.add_argument("resource")
-    p.add_argument("--ttl", type=flags.ttl, default=10.0, help="duration: 30s, 1m... (default 10s)")
     p.add_argument(
-        "--wait", type=flags.wait, default=0.0, help="how long to wait if held (default 0)"
+        "--ttl",
+        type=flags.ttl,
+        metavar="DURATION",
+        default=10.0,
+        help="the lease's ttl: 30s, 1m... (default 10s)",
+    )
+    p.add_argument(
+        "--wait",
+        type=flags.wait,
+        metavar="DURATION",
+        default=0.0,
+        help="how long to wait if held (default 0)",
     )
     p.add_argument("--holder", default="", help="holder name (default host-pid-random)")
     _common(p, lease=True)
@@ -233,7 +243,13 @@ def register(sub: Any) -> None:
     p = lsub.add_parser("renew", help="renew a lease by its token")
     p.add_argument("resource")
     p.add_argument("token", type=flags.token)
-    p.add_argument("--ttl", type=flags.ttl, default=10.0, help="duration: 30s, 1m... (default 10s)")
+    p.add_argument(
+        "--ttl",
+        type=flags.ttl,
+        metavar="DURATION",
+        default=10.0,
+        help="the lease's ttl: 30s, 1m... (default 10s)",
+    )
     _common(p, lease=True)
     p.set_defaults(run=_renew)
 

@@ -78,9 +78,15 @@ def register(sub: Any) -> None:
         default=100,
         help="events claimed and in flight at most",
     )
-    p.add_argument("--ttl", type=flags.ttl, default=30.0, help="claim lease (default 30s)")
     p.add_argument(
-        "--grace", type=flags.seconds, default=10.0, help="time to finish on SIGTERM (default 10s)"
+        "--ttl", type=flags.ttl, metavar="DURATION", default=30.0, help="claim lease (default 30s)"
+    )
+    p.add_argument(
+        "--grace",
+        type=flags.seconds,
+        metavar="DURATION",
+        default=10.0,
+        help="time to finish on SIGTERM (default 10s)",
     )
     p.add_argument("--key-prefix", default="events/", help="guard key prefix (default events/)")
     p.add_argument("--log-level", default=os.environ.get("FENCING_LOG_LEVEL", "INFO"))

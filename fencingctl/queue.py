@@ -263,6 +263,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--window",
         type=flags.seconds,
+        metavar="DURATION",
         default=0.0,
         help="how much history retry_rate covers: 1h, 30m... (default 5m)",
     )
@@ -279,7 +280,11 @@ def register(sub: Any) -> None:
         "--max-attempts", type=flags.max_attempts, default=0, help="default: the server's (5)"
     )
     p.add_argument(
-        "--delay", type=flags.delay, default=0.0, help="how long until it is due: 30s, 5m..."
+        "--delay",
+        type=flags.delay,
+        metavar="DURATION",
+        default=0.0,
+        help="how long until it is due: 30s, 5m...",
     )
     p.add_argument("--resource", default="", help="guard resource its token fences")
     _common(p)

@@ -136,7 +136,10 @@ def register(qsub: Any, common: Callable[[argparse.ArgumentParser], None]) -> No
     when = p.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", help="5 fields: minute hour day-of-month month day-of-week")
     when.add_argument(
-        "--every", type=flags.every, help="a fixed interval: 90, 30s, 5m, 1h, 1d (at least 1s)"
+        "--every",
+        type=flags.every,
+        metavar="DURATION",
+        help="a fixed interval: 90, 30s, 5m, 1h, 1d (at least 1s)",
     )
     p.add_argument("--timezone", default="", help="IANA time zone of --cron (default UTC)")
     p.add_argument("--payload", default="", help="each job's payload; '-' reads stdin")
