@@ -132,8 +132,10 @@ def token_of(args: argparse.Namespace) -> int:
         raise flags.UsageError(
             "no token: give --token, or run inside 'fencing lock' (FENCING_TOKEN)"
         )
-    if not raw.isdigit():
-        raise flags.UsageError(f"FENCING_TOKEN must be a number, not {raw!r}")
+    try:
+        token = flags.token(raw)  # the rule --token is held to
+    except argparse.ArgumentTypeError as exc:
+        raise flags.UsageError(f"FENCING_TOKEN {exc}") from None
     held = os.environ.get("FENCING_RESOURCE", "")
     if held and held != args.resource:
         # A token means something only for its own resource: writing it to another
@@ -141,7 +143,7 @@ def token_of(args: argparse.Namespace) -> int:
         raise flags.UsageError(
             f"FENCING_TOKEN is a token of {held!r}, not of {args.resource!r}: give --token"
         )
-    return int(raw)
+    return token
 
 
 @_guarded

@@ -72,6 +72,9 @@ def test_put_without_a_token_is_a_usage_error(
     monkeypatch.delenv("FENCING_TOKEN", raising=False)
     assert main(["put", "r", "k", "v", "--guard-addr", "127.0.0.1:1"]) == exits.USAGE
     assert "error: USAGE: no token: give --token" in capsys.readouterr().err
+    monkeypatch.setenv("FENCING_TOKEN", "0")
+    assert main(["put", "r", "k", "v", "--guard-addr", "127.0.0.1:1"]) == exits.USAGE
+    assert "error: USAGE: FENCING_TOKEN must be 1.." in capsys.readouterr().err
 
 
 def test_json_lists_are_json_lines_with_times_in_ms(
