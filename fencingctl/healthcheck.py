@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fencing.client import _core
-from fencingctl import connect
+from fencingctl import connect, flags
 
 
 def register(sub: Any) -> None:
@@ -31,10 +31,20 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "addresses", nargs="+", metavar="ADDR", help="host:port of a lease server or guard"
+        "addresses",
+        nargs="+",
+        metavar="ADDR",
+        type=connect.checker(connect.DEFAULT_LEASE_ADDR),
+        help="host:port of a lease server or guard",
     )
     p.add_argument("--service", default="", help="service to ask about (default: the whole server)")
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds (default %(default)s)")
+    p.add_argument(
+        "--timeout",
+        type=flags.duration(0.0, above=True),
+        metavar="DURATION",
+        default=3.0,
+        help="how long each check may take (default 3s)",
+    )
     connect.add_options(p)
     p.set_defaults(run=run)
 
