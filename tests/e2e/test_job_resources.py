@@ -1,0 +1,108 @@
+"""A job that names a ``resource`` shares that resource with its leases, on real
+``python -m lease_server`` processes (SQLite and PostgreSQL), with auth on.
+
+- One counter per resource: a claim of a job naming ``orders/1`` holds the lease on
+  ``orders/1`` (its token comes from that resource's counter), so it never repeats a
+  token a lease of ``orders/1`` got, and it waits while someone else holds the lease.
+- The job's ``resource`` is authorized as the resource it is: enqueueing such a job
+  (or putting such a schedule) needs what a lease on it needs, beside the queue's
+  ``enqueue``; and a Claim's ``worker`` is the principal, as a lease's holder is.
+
+Each safety test keeps its control: auth off, or a job of the queue's own resource.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fencing import PermissionDeniedError, QueueClient
+from tests.e2e.test_postgres_servers import SERVER_ARGS, lease_server_processes
+
+pytestmark = pytest.mark.e2e
+
+POLICY = """
+[principals.alice]
+tokens = ["alice-token"]
+allow = [{ prefix = "orders/", actions = ["acquire", "renew", "release", "describe"] }]
+
+# Allowed the queue only: it must not reach orders/ through a job's resource.
+[principals.mq]
+tokens = ["mq-token"]
+allow = [{ prefix = "mq", actions = ["enqueue", "claim", "describe"] }]
+
+# Allowed the queue and the leases of orders/: its jobs may fence orders/.
+[principals.billing]
+tokens = ["billing-token"]
+allow = [
+  { prefix = "mq", actions = ["enqueue", "claim", "describe"] },
+  { prefix = "orders/", actions = ["acquire", "renew", "release", "describe"] },
+]
+"""
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'leases.db'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@contextlib.contextmanager
+def server(url: str, tmp_path: Path, *, auth: bool = True) -> Iterator[str]:
+    """One lease-server process (hosting the queue) on ``url``; yields its address."""
+    args: tuple[str, ...] = ()
+    if auth:
+        policy = tmp_path / "auth.toml"
+        policy.write_text(POLICY)
+        args = ("--auth-file", str(policy))
+    command = ("-m", "lease_server", *SERVER_ARGS, *args)
+    with lease_server_processes(url, 1, command) as ((address, _),):
+        yield address
+
+
+# -- the job's resource is authorized as the resource it is ---------------------------------
+
+
+def test_enqueue_and_put_schedule_need_the_lease_actions_on_the_jobs_resource(
+    backend_url: str, tmp_path: Path
+) -> None:
+    with server(backend_url, tmp_path) as address:
+        with QueueClient(address, token="mq-token") as mq:
+            with pytest.raises(PermissionDeniedError, match="orders/1"):
+                mq.enqueue("mq", b"x", resource="orders/1")
+            with pytest.raises(PermissionDeniedError, match="orders/1"):
+                mq.put_schedule("s", "mq", every=60, resource="orders/1")
+            # Control: the same principal's job of the queue's own resource is enqueued.
+            assert mq.enqueue("mq", b"x").created
+            assert mq.stats("mq")[0].ready == 1
+        with QueueClient(address, token="billing-token") as billing:
+            # Allowed the leases of orders/: its job may fence orders/1.
+            assert billing.enqueue("mq", b"y", resource="orders/1").created
+            assert billing.put_schedule("s", "mq", every=60, resource="orders/1").name == "s"
+
+
+def test_a_claims_worker_is_the_principal(backend_url: str, tmp_path: Path) -> None:
+    with (
+        server(backend_url, tmp_path) as address,
+        QueueClient(address, token="mq-token", worker="alice") as mq,
+    ):
+        job_id = mq.enqueue("mq", b"x").id
+        (job,) = mq.claim("mq", ttl=30)
+        assert job.id == job_id
+        assert mq.get_job(job_id, queue="mq").lease_owner == "mq"
+
+
+def test_control_without_auth_a_claims_worker_is_the_name_sent(
+    backend_url: str, tmp_path: Path
+) -> None:
+    with (
+        server(backend_url, tmp_path, auth=False) as address,
+        QueueClient(address, worker="alice") as mq,
+    ):
+        job_id = mq.enqueue("mq", b"x").id
+        mq.claim("mq", ttl=30)
+        assert mq.get_job(job_id, queue="mq").lease_owner == "alice"
