@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fencing import PermissionDeniedError, QueueClient
+from fencing import LeaseClient, LeaseHeldError, PermissionDeniedError, QueueClient
 from tests.e2e.test_postgres_servers import SERVER_ARGS, lease_server_processes
 
 pytestmark = pytest.mark.e2e
@@ -106,3 +106,82 @@ def test_control_without_auth_a_claims_worker_is_the_name_sent(
         job_id = mq.enqueue("mq", b"x").id
         mq.claim("mq", ttl=30)
         assert mq.get_job(job_id, queue="mq").lease_owner == "alice"
+
+
+# -- one counter per resource: a job's claim holds the lease on its resource --------------
+
+
+def test_a_job_naming_a_held_resource_is_not_claimed_and_its_claim_holds_the_lease(
+    backend_url: str, tmp_path: Path
+) -> None:
+    with (
+        server(backend_url, tmp_path) as address,
+        LeaseClient(address, token="alice-token") as alice,
+        QueueClient(address, token="billing-token") as billing,
+    ):
+        lease = alice.acquire("orders/1", ttl=30)
+        job_id = billing.enqueue("mq", b"charge", resource="orders/1").id
+        # Alice holds orders/1: the job is not claimed beside her (no token of hers again).
+        assert billing.claim("mq", ttl=30) == []
+        state = alice.describe("orders/1")
+        assert (state.held, state.holder, state.token) == (True, "alice", lease.token)
+        lease.release()
+        (job,) = billing.claim("mq", ttl=30, wait=5)
+        assert job.id == job_id
+        assert job.token > lease.token
+        # The claim holds the lease on orders/1, with the job's token, from its counter.
+        state = alice.describe("orders/1")
+        assert (state.held, state.holder, state.token) == (True, "billing", job.token)
+        with pytest.raises(LeaseHeldError):
+            alice.acquire_nowait("orders/1", ttl=30)
+        billing.heartbeat(job)
+        billing.complete(job)
+        assert not alice.describe("orders/1").held
+        after = alice.acquire_nowait("orders/1", ttl=30)
+        assert after.token > job.token
+        assert alice.describe("orders/1").last_token == after.token
+
+
+def test_control_a_job_of_its_own_resource_is_claimed_while_orders_1_is_held(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """The same steps with a job of the queue's own resource (job/mq/<id>): claimed at once,
+    its token the queue's; only a job naming orders/1 shares orders/1's lease and counter."""
+    with (
+        server(backend_url, tmp_path) as address,
+        LeaseClient(address, token="alice-token") as alice,
+        QueueClient(address, token="billing-token") as billing,
+    ):
+        lease = alice.acquire("orders/1", ttl=30)
+        job_id = billing.enqueue("mq", b"charge").id
+        (job,) = billing.claim("mq", ttl=30)
+        assert (job.id, job.resource) == (job_id, f"job/mq/{job_id}")
+        assert alice.describe("orders/1").token == lease.token
+        billing.complete(job)
+
+
+def test_a_rescue_takes_the_lease_over_and_a_cancel_fences_with_its_counter(
+    backend_url: str, tmp_path: Path
+) -> None:
+    with (
+        server(backend_url, tmp_path, auth=False) as address,
+        LeaseClient(address, holder="alice") as alice,
+        QueueClient(address, worker="crashed") as crashed,
+        QueueClient(address, worker="rescuer") as rescuer,
+    ):
+        job_id = crashed.enqueue("mq", b"charge", resource="orders/1").id
+        (first,) = crashed.claim("mq", ttl=0.3)
+        # The crashed worker never heartbeats: its claim, and the lease it holds, expire.
+        (second,) = rescuer.claim("mq", ttl=30, wait=5)
+        assert second.id == job_id and second.token > first.token
+        state = alice.describe("orders/1")
+        assert (state.holder, state.token) == ("rescuer", second.token)
+        assert crashed.heartbeat(first) == [first]  # refused: its lease is lost
+        # A cancel releases the claim's lease and fences with a token of orders/1's counter.
+        action = rescuer.cancel_job(job_id, queue="mq")
+        assert action.changed and action.resource == "orders/1"
+        assert action.fence_token > second.token
+        state = alice.describe("orders/1")
+        assert not state.held and state.last_token == action.fence_token
+        assert rescuer.heartbeat(second) == [second]
+        assert alice.acquire_nowait("orders/1", ttl=30).token > action.fence_token
