@@ -482,12 +482,15 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
             verdicts, woken, claimed = await self.backend.complete_and_claim(
                 groups, queue, worker, batch, ttl_ms
             )
-            claimed = await self._hold(claimed, worker, ttl_ms)
             for woke in woken:
                 self._wakeups.notify(woke)
         else:
             verdicts = await self.completes.submit(groups)
+        # The finished jobs' leases go before the new claims take theirs: the next job
+        # naming the same resource finds it free.
         await self._end_leases([r for r, v in zip(done, verdicts, strict=True) if v is None])
+        if claimed is not None:
+            claimed = await self._hold(claimed, worker, ttl_ms)
         for verdict in verdicts:
             if verdict is None:
                 self.completed_in_claims += 1

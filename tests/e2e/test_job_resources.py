@@ -19,7 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from fencing import LeaseClient, LeaseHeldError, PermissionDeniedError, QueueClient
+from fencing import (
+    InvalidArgumentError,
+    LeaseClient,
+    LeaseHeldError,
+    PermissionDeniedError,
+    QueueClient,
+)
 from tests.e2e.test_postgres_servers import SERVER_ARGS, lease_server_processes
 
 pytestmark = pytest.mark.e2e
@@ -185,3 +191,29 @@ def test_a_rescue_takes_the_lease_over_and_a_cancel_fences_with_its_counter(
         assert not state.held and state.last_token == action.fence_token
         assert rescuer.heartbeat(second) == [second]
         assert alice.acquire_nowait("orders/1", ttl=30).token > action.fence_token
+
+
+def test_a_jobs_default_resource_is_not_leased_beside_its_claims(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """job/<queue>/<id> has its tokens from the queue's claims alone: a lease on it would
+    repeat them, so the server hosting the queue refuses it, by name and by prefix of the
+    batch form. Control: the same name on a server without the queue is a plain lease."""
+    with (
+        server(backend_url, tmp_path, auth=False) as address,
+        LeaseClient(address, holder="alice") as alice,
+        QueueClient(address) as queue,
+    ):
+        job_id = queue.enqueue("mq", b"x").id
+        (job,) = queue.claim("mq", ttl=30)
+        with pytest.raises(InvalidArgumentError, match="resource"):
+            alice.acquire_nowait(f"job/mq/{job_id}", ttl=30)
+        with pytest.raises(InvalidArgumentError, match=r"resources\[1\]"):
+            alice.acquire_many(["orders/2", f"job/mq/{job_id}"], ttl=30)
+        assert alice.describe(f"job/mq/{job_id}").last_token == job.token
+    command = ("-m", "lease_server", *SERVER_ARGS, "--queue", "off")
+    with (
+        lease_server_processes(f"sqlite:///{tmp_path / 'plain.db'}", 1, command) as ((plain, _),),
+        LeaseClient(plain, holder="alice") as alice,
+    ):
+        assert alice.acquire_nowait("job/mq/1", ttl=30).token == 1
