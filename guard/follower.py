@@ -74,8 +74,9 @@ A stream counts as open once the server said where it starts (its headers) or se
 an event: a call the lease server refused at once (no credentials, no ``watch``
 grant) is a failed attempt, so reconnects back off instead of looping. Why it is not
 following is in ``status.last_error`` (the lease server's reason first, e.g.
-``UNAUTHENTICATED: ...``, with a hint for a credential problem), in the warning logged,
-and in the ``BACKEND_UNAVAILABLE`` of a write whose token it cannot vouch for.
+``UNAUTHENTICATED: ...``, with a hint for a credential problem), in the health entry's
+reason (``fencing healthcheck`` prints it), in the warning logged, and in the
+``BACKEND_UNAVAILABLE`` of a write whose token it cannot vouch for.
 
 **Credentials.** With auth on at the lease server the guard needs its own principal
 there, allowed ``watch`` and ``describe`` on the prefix: a bearer token
@@ -247,7 +248,8 @@ class LeaseFollower:
             else:
                 self._connected.clear()
         self.status = new
-        if new.state != old.state and self._on_state is not None:
+        changed = new.state != old.state or new.last_error != old.last_error
+        if changed and self._on_state is not None:
             await self._on_state(new)
 
     async def run(self) -> None:

@@ -79,6 +79,10 @@ class GuardServer:
             if status.following
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
+        # Why it is not following, for `fencing healthcheck` (the reason's metadata).
+        self.built.health.set_reason(
+            WATCH_HEALTH_SERVICE, "" if status.following else status.last_error or status.state
+        )
         await self.built.health.set(WATCH_HEALTH_SERVICE, serving)
 
     async def stop(self, grace: float = 5.0) -> None:

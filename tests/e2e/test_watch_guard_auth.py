@@ -3,9 +3,9 @@
 The guard gets its credentials to the lease server by flag, ``FENCING_LEASE_*``
 variables or its TOML file (a bearer token, or an mTLS client certificate): it then
 follows the lease events and fences a takeover by itself. Without them (the control)
-it does not follow: its watch health is NOT_SERVING, its writes with new tokens say why
-(``BACKEND_UNAVAILABLE`` naming the lease server's refusal), and it asks again with
-backoff, not in a tight loop.
+it does not follow: its watch health is NOT_SERVING and says why (``fencing
+healthcheck`` prints the lease server's refusal), so do its writes with new tokens
+(``BACKEND_UNAVAILABLE``), and it asks again with backoff, not in a tight loop.
 """
 
 from __future__ import annotations
@@ -214,6 +214,18 @@ def test_control_without_credentials_it_does_not_follow_says_why_and_backs_off(
         asked = auth_failures(metrics_port) - first
         elapsed = time.monotonic() - started
         assert watch_health(guard_addr) == "NOT_SERVING"
+        # The health check says why (fencing healthcheck prints the reason it carries).
+        command = ["-m", "fencingctl", "healthcheck", guard_addr, "--service", WATCH_HEALTH]
+        checked = subprocess.run(
+            [sys.executable, *command],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=60,
+        )
+        assert checked.returncode == 1, checked.stderr
+        assert "NOT_SERVING (UNAUTHENTICATED: " in checked.stdout
+        assert "--lease-token" in checked.stdout
         lease = alice.acquire("orders/1", ttl=30)
         with pytest.raises(BackendUnavailableError, match=r"UNAUTHENTICATED: .*--lease-token"):
             guard.write(lease, [Put("k", b"v")])
