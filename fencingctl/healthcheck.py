@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fencing.client import _core
 from fencingctl import connect, flags
+from serving.server import HEALTH_REASON_KEY
 
 
 def register(sub: Any) -> None:
@@ -50,7 +51,8 @@ def register(sub: Any) -> None:
 
 
 def check(address: str, service: str, timeout: float, args: argparse.Namespace) -> str:
-    """The serving status's name (``SERVING``, ``NOT_SERVING``...)."""
+    """The serving status's name (``SERVING``, ``NOT_SERVING``...), followed by why in
+    parentheses when the server says (a guard's watch entry while it does not follow)."""
     tls = connect.tls_of(args)
     secure = _core.channel_credentials(address, tls=tls, token=args.auth_token)
     options = _core.channel_options(tls)
@@ -60,10 +62,12 @@ def check(address: str, service: str, timeout: float, args: argparse.Namespace) 
         else grpc.insecure_channel(address, options)
     )
     with channel:
-        reply = health_pb2_grpc.HealthStub(channel).Check(
+        reply, call = health_pb2_grpc.HealthStub(channel).Check.with_call(
             health_pb2.HealthCheckRequest(service=service), timeout=timeout
         )
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+    status = str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+    reasons = [str(v) for k, v in call.trailing_metadata() or () if k == HEALTH_REASON_KEY]
+    return f"{status} ({reasons[0]})" if reasons else status
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,6 +84,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         print(f"{address} {args.service or '(server)'}: {status}")
-        if status != "SERVING":
+        if status.split()[0] != "SERVING":
             worst = max(worst, 1)
     return worst
