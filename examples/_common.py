@@ -29,14 +29,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def parser(doc: str | None, *, fencing_control: bool = False) -> argparse.ArgumentParser:
-    """The flags every example takes: where ``fencing serve`` listens, and a run id;
+    """The flags every example takes: where ``fencing serve`` listens (the flags, else
+    ``FENCING_LEASE_ADDR`` / ``FENCING_GUARD_ADDR``), and a run id;
     with ``fencing_control``, also ``--no-fencing`` (see :func:`unfenced_servers`)."""
     p = argparse.ArgumentParser(
         description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--lease-addr", default="127.0.0.1:50051", help="lease server (and queue)")
-    p.add_argument("--guard-addr", default="127.0.0.1:50052", help="guard")
+    # The variables the fencing commands read, so an exported address serves both.
+    lease = os.environ.get("FENCING_LEASE_ADDR") or "127.0.0.1:50051"
+    guard = os.environ.get("FENCING_GUARD_ADDR") or "127.0.0.1:50052"
+    p.add_argument(
+        "--lease-addr", default=lease, help="lease server (and queue) (env FENCING_LEASE_ADDR)"
+    )
+    p.add_argument("--guard-addr", default=guard, help="guard (env FENCING_GUARD_ADDR)")
     p.add_argument("--ttl", type=float, default=1.0, help="lease/claim ttl in seconds")
     # Names are scoped by a run id, so runs against one long-lived server never meet.
     p.add_argument("--run", default=secrets.token_hex(3), help=argparse.SUPPRESS)

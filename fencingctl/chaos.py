@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fencingctl import flags
+
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
@@ -54,12 +56,13 @@ def register(sub: Any) -> None:
         help="every scenario x backend x fence mode that applies, each with its control",
     )
     run.add_argument("--short", action="store_true", help="with --matrix: the cells CI runs")
-    run.add_argument("--clients", type=_positive_int, default=4)
-    run.add_argument("--resources", type=_positive_int, default=2)
+    run.add_argument("--clients", type=flags.integer(1), default=4)
+    run.add_argument("--resources", type=flags.integer(1), default=2)
     run.add_argument(
         "--duration",
-        type=_positive_float,
-        help="seconds per run (default 10; 6 with --matrix)",
+        type=flags.duration(0.0, above=True),
+        metavar="DURATION",
+        help="how long each run takes: 10, 30s, 2m (default 10s; 6s with --matrix)",
     )
     run.add_argument("--seed", type=int, default=1)
     run.add_argument("--no-control", action="store_true", help="skip the unfenced control run")
@@ -74,20 +77,6 @@ def register(sub: Any) -> None:
     )
     report.add_argument("out", type=Path, help="the --out directory of a run")
     report.set_defaults(run=report_command)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
 
 
 def list_command(args: argparse.Namespace) -> int:

@@ -30,17 +30,38 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fencing.client import GuardClient, LeaseClient
-from fencing.client.queue import QueueClient
 from fencing.tls import TLSConfig
-from serving.config import DeprecatedFlag, warn_deprecated
+from serving.flags import DeprecatedFlag, address_problem, warn_deprecated
+
+if TYPE_CHECKING:  # imported by the functions that make one: a command pays for its own
+    from fencing.client.guard import GuardClient
+    from fencing.client.lease import LeaseClient
+    from fencing.client.queue import QueueClient
 
 LEASE_ADDR_ENV = "FENCING_LEASE_ADDR"
 GUARD_ADDR_ENV = "FENCING_GUARD_ADDR"
 DEFAULT_LEASE_ADDR = "127.0.0.1:50051"
 DEFAULT_GUARD_ADDR = "127.0.0.1:50052"
+
+
+def checker(default: str) -> Callable[..., str]:
+    """An argparse ``type`` that checks a client address as the servers check their
+    binds (``serving.config.address_problem``): a usage error with a hint at the likely
+    mistake (``localhost`` without a port, a URL, ``:PORT``), instead of a call to a
+    wrong target that fails as "unreachable". ``where`` prefixes the message (the
+    variable the value came from)."""
+    port = int(default.rpartition(":")[2])
+
+    def checked(value: str, where: str = "") -> str:
+        problem = address_problem(value.strip(), bind=False, port=port)
+        if problem is None:
+            return value.strip()
+        raise argparse.ArgumentTypeError(f"{where}{problem}")
+
+    checked.__name__ = "address"
+    return checked
 
 
 def _address(
@@ -54,18 +75,20 @@ def _address(
     exactly when it is what the command uses.
     """
 
+    checked = checker(default)
+
     def convert(text: str) -> str:
         if text.strip():
-            return text.strip()
+            return checked(text.strip())
         source = os.environ if environ is None else environ
         value = source.get(env, "").strip()
         if value:
-            return value
+            return checked(value, f"{env}={value}: ")
         for old in old_envs:
             value = source.get(old, "").strip()
             if value:
                 warn_deprecated(old, env)
-                return value
+                return checked(value, f"{old}={value}: ")
         return default
 
     convert.__name__ = "address"
@@ -93,7 +116,14 @@ def _add_address(
         + (f"; formerly {formerly}, deprecated)" if formerly else ")"),
     )
     for old in old_flags:
-        p.add_argument(old, dest=dest, metavar="HOST:PORT", action=DeprecatedFlag, new=flag)
+        p.add_argument(
+            old,
+            dest=dest,
+            metavar="HOST:PORT",
+            type=checker(default),
+            action=DeprecatedFlag,
+            new=flag,
+        )
 
 
 def add_lease_address(
@@ -176,14 +206,20 @@ def client_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def lease_client(args: argparse.Namespace, holder: str | None = None) -> LeaseClient:
     """A :class:`LeaseClient` to ``--lease-addr`` with the TLS and token options."""
+    from fencing.client.lease import LeaseClient
+
     return LeaseClient(args.lease_addr, holder=holder or None, **client_options(args))
 
 
 def guard_client(args: argparse.Namespace) -> GuardClient:
     """A :class:`GuardClient` to ``--guard-addr`` with the TLS and token options."""
+    from fencing.client.guard import GuardClient
+
     return GuardClient(args.guard_addr, **client_options(args))
 
 
 def queue_client(args: argparse.Namespace) -> QueueClient:
     """A :class:`QueueClient` to the lease server at ``--lease-addr``."""
+    from fencing.client.queue import QueueClient
+
     return QueueClient(args.lease_addr, **client_options(args))

@@ -26,6 +26,8 @@ import threading
 import time
 from typing import IO, Any
 
+from fencingctl import flags
+
 RESOURCE = "account"
 KEY = "balance"
 
@@ -43,7 +45,13 @@ def register(sub: Any) -> None:
         default="monotonic",
         help="off: the control, fencing disabled (the stale write lands)",
     )
-    p.add_argument("--ttl", type=float, default=1.0, help="worker A's lease ttl in seconds")
+    p.add_argument(
+        "--ttl",
+        type=flags.ttl,
+        metavar="DURATION",
+        default=1.0,
+        help="worker A's lease ttl (default 1s)",
+    )
     p.add_argument("--json", action="store_true", help="also print the outcome as JSON")
     p.set_defaults(run=run)
 

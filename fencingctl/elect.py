@@ -8,8 +8,9 @@ term: the guard refuses the writes of every earlier term), ``FENCING_HOLDER``,
 SIGTERM then SIGKILL once the leadership is lost, resigned when CMD exits. Exit codes
 as ``fencing lock``'s (75 not elected within the timeout, 76 leadership lost).
 
-``leader`` prints the current leader (``leader=false`` when nobody leads); with
-``--watch`` it prints it, then a line per change, until interrupted.
+``leader`` prints the current leader and exits 0, or ``leader=false`` and exits 1
+(``FAILURE``: the question "who leads?" found nobody, as ``pgrep`` finding nothing);
+with ``--watch`` it prints it, then a line per change, until interrupted.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 from fencing.client import GuardClient, LeaseClient
 from fencing.election import Election, Leader
 from fencing.errors import AcquireTimeoutError, FencingError, LeaseLost
-from fencingctl import connect, lock
+from fencingctl import connect, flags, hints, lock
 from serving import exits
 
 
@@ -52,7 +53,7 @@ def _elect(args: argparse.Namespace) -> int:
         print(f"fencing elect: not elected: {exc}", file=sys.stderr)
         return lock.EXIT_NOT_ACQUIRED
     except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
-        return exits.fail(exc)
+        return hints.fail(args, exc)
     except KeyboardInterrupt:  # while waiting for the lease: nothing was started
         return exits.CODES["INTERRUPTED"]
 
@@ -84,14 +85,15 @@ def _leader(args: argparse.Namespace) -> int:
             leases, guard = _clients(args, stack)
             election = Election(leases, guard, args.name)
             if not args.watch:
-                _print(args, leader_fields(args.name, election.leader()))
-                return 0
+                leader = election.leader()
+                _print(args, leader_fields(args.name, leader))
+                return exits.OK if leader is not None else exits.FAILURE
             for leader in election.observe():
                 _print(args, leader_fields(args.name, leader))
     except KeyboardInterrupt:
         return exits.CODES["INTERRUPTED"]
     except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
-        return exits.fail(exc)
+        return hints.fail(args, exc)
     return 0
 
 
@@ -107,13 +109,18 @@ def register(sub: Any) -> None:
         "--value", default="", help="what to proclaim as the leader's (e.g. its address)"
     )
     options.add_argument(
-        "--ttl", type=float, default=10.0, help="leadership lease seconds (default %(default)s)"
+        "--ttl",
+        type=flags.ttl,
+        metavar="DURATION",
+        default=10.0,
+        help="the leadership lease's ttl (default 10s)",
     )
     options.add_argument(
         "--timeout",
-        type=float,
+        type=flags.seconds,
+        metavar="DURATION",
         default=None,
-        help="seconds to wait to be elected (default: forever); then exit "
+        help="how long to wait to be elected (default: forever); then exit "
         f"{lock.EXIT_NOT_ACQUIRED}",
     )
     lock.add_run_options(options, addresses=_addresses)
@@ -126,7 +133,11 @@ def register(sub: Any) -> None:
     )
     p.set_defaults(run=_elect)
 
-    p = sub.add_parser("leader", help="who leads an election (--watch: and each change)")
+    p = sub.add_parser(
+        "leader",
+        help="who leads an election (exit 1 if nobody does; --watch: and each change)",
+        description=__doc__.split("\n\n", 2)[2] if __doc__ else None,
+    )
     p.add_argument("name")
     p.add_argument("--watch", action="store_true", help="print each change until interrupted")
     p.add_argument("--json", action="store_true", help="print JSON")

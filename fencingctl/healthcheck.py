@@ -20,7 +20,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fencing.client import _core
-from fencingctl import connect
+from fencingctl import connect, flags
+from serving.server import HEALTH_REASON_KEY
 
 
 def register(sub: Any) -> None:
@@ -31,16 +32,27 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "addresses", nargs="+", metavar="ADDR", help="host:port of a lease server or guard"
+        "addresses",
+        nargs="+",
+        metavar="ADDR",
+        type=connect.checker(connect.DEFAULT_LEASE_ADDR),
+        help="host:port of a lease server or guard",
     )
     p.add_argument("--service", default="", help="service to ask about (default: the whole server)")
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds (default %(default)s)")
+    p.add_argument(
+        "--timeout",
+        type=flags.duration(0.0, above=True),
+        metavar="DURATION",
+        default=3.0,
+        help="how long each check may take (default 3s)",
+    )
     connect.add_options(p)
     p.set_defaults(run=run)
 
 
 def check(address: str, service: str, timeout: float, args: argparse.Namespace) -> str:
-    """The serving status's name (``SERVING``, ``NOT_SERVING``...)."""
+    """The serving status's name (``SERVING``, ``NOT_SERVING``...), followed by why in
+    parentheses when the server says (a guard's watch entry while it does not follow)."""
     tls = connect.tls_of(args)
     secure = _core.channel_credentials(address, tls=tls, token=args.auth_token)
     options = _core.channel_options(tls)
@@ -50,10 +62,12 @@ def check(address: str, service: str, timeout: float, args: argparse.Namespace) 
         else grpc.insecure_channel(address, options)
     )
     with channel:
-        reply = health_pb2_grpc.HealthStub(channel).Check(
+        reply, call = health_pb2_grpc.HealthStub(channel).Check.with_call(
             health_pb2.HealthCheckRequest(service=service), timeout=timeout
         )
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+    status = str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+    reasons = [str(v) for k, v in call.trailing_metadata() or () if k == HEALTH_REASON_KEY]
+    return f"{status} ({reasons[0]})" if reasons else status
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,6 +84,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         print(f"{address} {args.service or '(server)'}: {status}")
-        if status != "SERVING":
+        if status.split()[0] != "SERVING":
             worst = max(worst, 1)
     return worst

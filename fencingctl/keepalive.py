@@ -30,7 +30,7 @@ from fencing.errors import (
     LeaseLost,
     ResourceExhaustedError,
 )
-from fencingctl import connect
+from fencingctl import connect, flags
 from serving import exits
 
 #: Renewal failures that do not prove the lease lost: retried until the local deadline.
@@ -101,9 +101,13 @@ def register_action(lsub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("resource")
-    p.add_argument("token", type=int)
+    p.add_argument("token", type=flags.token)
     p.add_argument(
-        "--ttl", type=float, default=10.0, help="seconds asked per renewal (default %(default)s)"
+        "--ttl",
+        type=flags.ttl,
+        metavar="DURATION",
+        default=10.0,
+        help="the ttl each renewal asks for: 30s, 1m... (default 10s)",
     )
     connect.add_lease_address(p)
     p.add_argument("--json", action="store_true", help="print JSON lines")

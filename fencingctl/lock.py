@@ -1,6 +1,7 @@
-"""``fencing lock RESOURCE [-n N] [OPTIONS] -- CMD [ARGS...]``: run CMD holding a lease.
+"""``fencing lock RESOURCE [-n N] [--ttl DURATION] [--timeout DURATION] -- CMD [ARGS...]``.
 
-Like ``etcdctl lock NAME CMD``, ``consul lock`` or ``flock``, with a fencing token:
+Run CMD holding a lease, like ``etcdctl lock NAME CMD``, ``consul lock`` or ``flock``,
+with a fencing token:
 
 1. takes the lease on RESOURCE, waiting up to ``--timeout`` seconds (default: forever)
    while someone else holds it, so a second ``fencing lock`` on the same resource waits
@@ -25,8 +26,10 @@ fenced per slot. Every holder of RESOURCE must give the same N.
 Exit codes of its own (CMD's status otherwise; a CMD killed by signal N gives 128+N):
 75 (``EXIT_NOT_ACQUIRED``) when the timeout ran out with the lease still held by
 another, 76 (``EXIT_LOST``) when the lease was lost while CMD ran (whatever CMD
-then returned), 1 for another error (server unreachable, refused), 127 when CMD
-cannot be started, 130 when interrupted (Ctrl-C) while still waiting for the lease.
+then returned), 127 when CMD cannot be started, 130 when interrupted (Ctrl-C) while
+still waiting for the lease. An error before CMD ran exits with its code in the
+table of ``fencing --help``, as every command: 12 (UNREACHABLE) when no server
+answered at the address, 2 for a bad flag.
 Once CMD runs, SIGINT and SIGTERM are passed on to it, and it decides.
 
 """
@@ -47,7 +50,7 @@ from typing import Any
 from fencing.client import GuardClient, Lease, LeaseClient
 from fencing.errors import AcquireTimeoutError, FencingError, LeaseLost
 from fencing.semaphore import MAX_LIMIT, Semaphore
-from fencingctl import connect
+from fencingctl import connect, flags, hints
 from serving import exits
 
 #: Exit code when the lease was not acquired within ``--timeout`` (serving.exits.TABLE).
@@ -205,17 +208,6 @@ def holding(
     return leases.hold(args.name, args.ttl, timeout=args.timeout, fence=fence)
 
 
-def limit_arg(text: str) -> int:
-    """``-n``: how many may hold RESOURCE at once (1 .. MAX_LIMIT)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be an integer 1 .. {MAX_LIMIT}, got {text!r}")
-    return value
-
-
 def _run(args: argparse.Namespace) -> int:
     command = command_of(args)
     try:
@@ -233,7 +225,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"fencing lock: not acquired: {exc}", file=sys.stderr)
         return EXIT_NOT_ACQUIRED
     except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
-        return exits.fail(exc)
+        return hints.fail(args, exc)
     except KeyboardInterrupt:  # while waiting for the lease: nothing was started
         return exits.CODES["INTERRUPTED"]
 
@@ -262,9 +254,10 @@ def add_run_options(
     ``addresses`` adding its connection options (default: :func:`add_addresses`)."""
     p.add_argument(
         "--grace",
-        type=float,
+        type=flags.seconds,
+        metavar="DURATION",
         default=10.0,
-        help="seconds between SIGTERM and SIGKILL once the lease is lost (default %(default)s)",
+        help="how long between SIGTERM and SIGKILL once the lease is lost (default 10s)",
     )
     p.add_argument("--holder", default="", help="holder name (default host-pid-random)")
     (addresses or add_addresses)(p)
@@ -277,6 +270,7 @@ def runner_parser(
     p: argparse.ArgumentParser = sub.add_parser(
         name, parents=[options], formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
     )
+    options.prog = p.prog  # its errors name the command
     p.add_argument("name", metavar=metavar)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     p.set_defaults(options=options, parser=p)
@@ -286,19 +280,24 @@ def runner_parser(
 def register(sub: Any) -> None:
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument(
-        "--ttl", type=float, default=10.0, help="lease seconds (default %(default)s)"
+        "--ttl",
+        type=flags.ttl,
+        metavar="DURATION",
+        default=10.0,
+        help="the lease's ttl: 30s, 1m... (default 10s)",
     )
     options.add_argument(
         "--timeout",
-        type=float,
+        type=flags.seconds,
+        metavar="DURATION",
         default=None,
-        help="seconds to wait while another holds it (default: forever); then exit "
+        help="how long to wait while another holds it (default: forever); then exit "
         f"{EXIT_NOT_ACQUIRED}",
     )
     options.add_argument(
         "-n",
         "--limit",
-        type=limit_arg,
+        type=flags.integer(1, MAX_LIMIT),
         default=1,
         metavar="N",
         help="let up to N hold RESOURCE at once, like consul lock -n (a semaphore: each "

@@ -25,9 +25,9 @@ from typing import Any
 import grpc
 
 from fencing.client import GuardClient, LeaseClient
-from fencing.errors import FencingError, InvalidArgumentError
+from fencing.errors import FencingError
 from fencing.types import Claim, Put
-from fencingctl import connect, keepalive
+from fencingctl import connect, flags, hints, keepalive
 from serving import exits
 
 
@@ -46,7 +46,7 @@ def _guarded(
             _emit(args, fn(args))
         except (FencingError, grpc.RpcError, ValueError) as exc:
             # ValueError: unreadable certificate files (a usage error).
-            return exits.fail(exc, as_json=args.json)
+            return hints.fail(args, exc, as_json=args.json)
         return exits.OK
 
     return run
@@ -90,8 +90,8 @@ def _list(args: argparse.Namespace) -> int:
                         "last_token": s.last_token,
                     },
                 )
-    except (FencingError, ValueError) as exc:
-        return exits.fail(exc)
+    except (FencingError, grpc.RpcError, ValueError) as exc:
+        return hints.fail(args, exc, as_json=args.json)
     return 0
 
 
@@ -130,20 +130,21 @@ def token_of(args: argparse.Namespace) -> int:
         return int(args.token)
     raw = os.environ.get("FENCING_TOKEN", "")
     if not raw:
-        raise InvalidArgumentError(
-            "no token: give --token, or run inside 'fencing lock' (FENCING_TOKEN)", field="token"
+        raise flags.UsageError(
+            "no token: give --token, or run inside 'fencing lock' (FENCING_TOKEN)"
         )
-    if not raw.isdigit():
-        raise InvalidArgumentError(f"FENCING_TOKEN must be a number, not {raw!r}", field="token")
+    try:
+        token = flags.token(raw)  # the rule --token is held to
+    except argparse.ArgumentTypeError as exc:
+        raise flags.UsageError(f"FENCING_TOKEN {exc}") from None
     held = os.environ.get("FENCING_RESOURCE", "")
     if held and held != args.resource:
         # A token means something only for its own resource: writing it to another
         # would raise that resource's fence to a number nobody was granted there.
-        raise InvalidArgumentError(
-            f"FENCING_TOKEN is a token of {held!r}, not of {args.resource!r}: give --token",
-            field="token",
+        raise flags.UsageError(
+            f"FENCING_TOKEN is a token of {held!r}, not of {args.resource!r}: give --token"
         )
-    return int(raw)
+    return token
 
 
 @_guarded
@@ -198,15 +199,13 @@ def _fence(args: argparse.Namespace) -> dict[str, Any]:
         resource, token, args.reset = token, None, True
     if args.reset:
         if token is not None:
-            raise InvalidArgumentError(
-                "a reset takes no token: it uses the lease server's last_token", field="token"
-            )
+            raise flags.UsageError("a reset takes no token: it uses the lease server's last_token")
         return _reset(args, resource)
     with _guard_client(args) as guard:
         if token is None:
             return {"resource": resource, "fence": guard.describe_fence(resource)}
         if not token.isdigit():
-            raise InvalidArgumentError(f"token must be a number, not {token!r}", field="token")
+            raise flags.UsageError(f"token must be a number, not {token!r}")
         return {"resource": resource, "fence": guard.fence(Claim(resource, int(token)))}
 
 
@@ -238,22 +237,40 @@ def register(sub: Any) -> None:
 
     p = lsub.add_parser("acquire", help="acquire a lease and print its token")
     p.add_argument("resource")
-    p.add_argument("--ttl", type=float, default=10.0, help="seconds (default %(default)s)")
-    p.add_argument("--wait", type=float, default=0.0, help="seconds to wait if held")
+    p.add_argument(
+        "--ttl",
+        type=flags.ttl,
+        metavar="DURATION",
+        default=10.0,
+        help="the lease's ttl: 30s, 1m... (default 10s)",
+    )
+    p.add_argument(
+        "--wait",
+        type=flags.wait,
+        metavar="DURATION",
+        default=0.0,
+        help="how long to wait if held (default 0)",
+    )
     p.add_argument("--holder", default="", help="holder name (default host-pid-random)")
     _common(p, lease=True)
     p.set_defaults(run=_acquire)
 
     p = lsub.add_parser("renew", help="renew a lease by its token")
     p.add_argument("resource")
-    p.add_argument("token", type=int)
-    p.add_argument("--ttl", type=float, default=10.0, help="seconds (default %(default)s)")
+    p.add_argument("token", type=flags.token)
+    p.add_argument(
+        "--ttl",
+        type=flags.ttl,
+        metavar="DURATION",
+        default=10.0,
+        help="the lease's ttl: 30s, 1m... (default 10s)",
+    )
     _common(p, lease=True)
     p.set_defaults(run=_renew)
 
     p = lsub.add_parser("release", help="release a lease by its token")
     p.add_argument("resource")
-    p.add_argument("token", type=int)
+    p.add_argument("token", type=flags.token)
     _common(p, lease=True)
     p.set_defaults(run=_release)
 
@@ -267,7 +284,7 @@ def register(sub: Any) -> None:
     p.add_argument("--prefix", default="", help="only resources starting with it")
     p.add_argument(
         "--page-size",
-        type=int,
+        type=flags.page_size,
         default=0,
         help="leases per call to the server (1-1000; default the server's, 100)",
     )
@@ -287,7 +304,7 @@ def register(sub: Any) -> None:
     p.add_argument("value")
     p.add_argument(
         "--token",
-        type=int,
+        type=flags.token,
         default=None,
         help="the writer's fencing token (default: env FENCING_TOKEN, as 'fencing lock' sets)",
     )

@@ -17,8 +17,7 @@ import os
 from typing import Any
 
 from fencing.errors import FencingError
-from fencingctl import connect
-from serving import exits
+from fencingctl import connect, flags, hints
 from serving.logs import configure_logging
 
 
@@ -58,7 +57,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_publish(args))
     except (FencingError, ValueError) as exc:
-        return exits.fail(exc)
+        return hints.fail(args, exc)
 
 
 def register(sub: Any) -> None:
@@ -73,9 +72,22 @@ def register(sub: Any) -> None:
     )
     connect.add_guard_address(p, "the guard to deliver to")
     p.add_argument("--queue", default="outbox", help="queue name (default %(default)s)")
-    p.add_argument("--batch", type=int, default=100, help="events claimed and in flight at most")
-    p.add_argument("--ttl", type=float, default=30.0, help="claim lease in seconds")
-    p.add_argument("--grace", type=float, default=10.0, help="seconds to finish on SIGTERM")
+    p.add_argument(
+        "--batch",
+        type=flags.integer(1, 1000),
+        default=100,
+        help="events claimed and in flight at most",
+    )
+    p.add_argument(
+        "--ttl", type=flags.ttl, metavar="DURATION", default=30.0, help="claim lease (default 30s)"
+    )
+    p.add_argument(
+        "--grace",
+        type=flags.seconds,
+        metavar="DURATION",
+        default=10.0,
+        help="time to finish on SIGTERM (default 10s)",
+    )
     p.add_argument("--key-prefix", default="events/", help="guard key prefix (default events/)")
     p.add_argument("--log-level", default=os.environ.get("FENCING_LOG_LEVEL", "INFO"))
     p.add_argument(

@@ -2,15 +2,16 @@
 
 ``stats`` prints one line per queue (ready, scheduled, waiting, running, expired
 leases, succeeded, dead, cancelled, oldest ready age, retrying jobs, retry rate), or
-JSON with ``--json``; ``enqueue`` adds one job and prints its id. The operator's
-commands: ``jobs QUEUE [--state S]`` lists a queue's jobs (a page at a time, in id
-order), ``job ID`` shows one, ``retry ID`` makes a dead, cancelled or failed job due
-now, ``cancel ID [--guard-addr A ...]`` cancels a waiting, ready or running job (and
-fences the named monotonic guards to the cancel's token), ``requeue QUEUE`` retries
-the queue's dead jobs. ``retry`` and ``cancel`` of a job in no state they apply to
-change nothing and exit 1 (``FAILURE``); an unknown job is ``NOT_FOUND``. Errors print
-``error: REASON: message`` to stderr (and a JSON object on stdout with ``--json``) and
-exit with the reason's code in :data:`serving.exits.TABLE`.
+JSON lines with ``--json`` (durations in ms); ``enqueue`` adds one job and prints its
+id. The operator's commands: ``jobs QUEUE [--state S]`` lists a queue's jobs (a page
+at a time, in id order), ``job ID`` shows one, ``retry ID`` makes a dead, cancelled or
+failed job due now, ``cancel ID [--guard-addr A ...]`` cancels a waiting, ready or
+running job (and fences the named monotonic guards to the cancel's token), ``requeue
+QUEUE`` retries the queue's dead jobs. ``retry`` and ``cancel`` of a job in no state
+they apply to change nothing and exit 1 (``FAILURE``); an unknown job is
+``NOT_FOUND``. Errors print ``error: REASON: message`` to stderr (and a JSON object on
+stdout with ``--json``) and exit with the reason's code in
+:data:`serving.exits.TABLE`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import grpc
 from fencing.client.guard import GuardClient
 from fencing.client.queue import JobAction, JobInfo, QueueClient
 from fencing.errors import FencingError
-from fencingctl import connect, schedules, worker
+from fencingctl import connect, flags, hints, output, schedules, worker
 from serving import exits
 
 COLUMNS = (
@@ -55,9 +56,10 @@ def _stats(args: argparse.Namespace) -> int:
         with _client(args) as client:
             stats = client.stats(args.queue or "", window=args.window)
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     if args.json:
-        print(json.dumps([dataclasses.asdict(s) for s in stats]))
+        for s in stats:
+            output.print_json(output.in_ms(dataclasses.asdict(s), ("oldest_ready_age", "window")))
         return 0
     rows: list[list[str]] = [[title for _, title in COLUMNS]]
     for s in stats:
@@ -93,7 +95,7 @@ def _enqueue(args: argparse.Namespace) -> int:
                 resource=args.resource,
             )
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     fields = {"queue": args.queue, "id": job.id, "created": job.created, "state": job.state}
     print(json.dumps(fields) if args.json else " ".join(f"{k}={v}" for k, v in fields.items()))
     return 0
@@ -130,7 +132,7 @@ def _jobs(args: argparse.Namespace) -> int:
                 if args.limit and shown >= args.limit:
                     break
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     if not args.json:
         if shown:
             _table(rows)
@@ -162,7 +164,7 @@ def _job(args: argparse.Namespace) -> int:
         with _client(args) as client:
             info = client.get_job(args.id, queue=args.queue, include_payload=args.payload)
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     if args.json:
         print(json.dumps(_info_json(info)))
     else:
@@ -205,7 +207,7 @@ def _retry(args: argparse.Namespace) -> int:
         with _client(args) as client:
             action = client.retry_job(args.id, queue=args.queue)
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     return _acted(args, "retry", action, [])
 
 
@@ -215,7 +217,7 @@ def _cancel(args: argparse.Namespace) -> int:
         with _client(args) as client:
             action = client.cancel_job(args.id, queue=args.queue, reason=args.reason, fence=guards)
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     finally:
         for guard in guards:
             guard.close()
@@ -228,7 +230,7 @@ def _requeue(args: argparse.Namespace) -> int:
         with _client(args) as client:
             requeued = client.requeue_dead(args.queue, limit=args.limit)
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     if args.json:
         print(json.dumps({"queue": args.queue, "requeued": requeued}))
     else:
@@ -260,7 +262,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("queue", nargs="?", default="", help="one queue (default: all)")
     p.add_argument(
-        "--window", type=float, default=0.0, help="seconds of history for retry_rate (default 300)"
+        "--window",
+        type=flags.seconds,
+        metavar="DURATION",
+        default=0.0,
+        help="how much history retry_rate covers: 1h, 30m... (default 5m)",
     )
     _common(p)
     p.set_defaults(run=_stats)
@@ -270,9 +276,17 @@ def register(sub: Any) -> None:
     p.add_argument("payload")
     p.add_argument("--idempotency-key", default="", help="a second enqueue returns the first job")
     p.add_argument("--ordering-key", default="", help="jobs of one key run one at a time, in order")
-    p.add_argument("--priority", type=int, default=0, help="higher first (-1000..1000)")
-    p.add_argument("--max-attempts", type=int, default=0, help="default: the server's (5)")
-    p.add_argument("--delay", type=float, default=0.0, help="seconds before it is due")
+    p.add_argument("--priority", type=flags.priority, default=0, help="higher first (-1000..1000)")
+    p.add_argument(
+        "--max-attempts", type=flags.max_attempts, default=0, help="default: the server's (5)"
+    )
+    p.add_argument(
+        "--delay",
+        type=flags.delay,
+        metavar="DURATION",
+        default=0.0,
+        help="how long until it is due: 30s, 5m...",
+    )
     p.add_argument("--resource", default="", help="guard resource its token fences")
     _common(p)
     p.set_defaults(run=_enqueue)
@@ -285,13 +299,15 @@ def register(sub: Any) -> None:
         choices=["waiting", "ready", "running", "succeeded", "dead", "cancelled"],
         help="only jobs in this state (default: every state)",
     )
-    p.add_argument("--page-size", type=int, default=0, help="jobs per request (1..1000)")
-    p.add_argument("--limit", type=int, default=0, help="stop after this many (0: all)")
+    p.add_argument(
+        "--page-size", type=flags.page_size, default=0, help="jobs per request (1..1000)"
+    )
+    p.add_argument("--limit", type=flags.count, default=0, help="stop after this many (0: all)")
     _common(p)
     p.set_defaults(run=_jobs)
 
     p = qsub.add_parser("job", help="one job: state, attempts, last error, token, worker, times")
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=flags.job_id)
     p.add_argument("--queue", default="", help="the job's queue (auth policies scope by it)")
     p.add_argument("--payload", action="store_true", help="show the payload too")
     _common(p)
@@ -301,7 +317,7 @@ def register(sub: Any) -> None:
         "retry",
         help="make a dead, cancelled or failed job due now (attempts kept, one more allowed)",
     )
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=flags.job_id)
     p.add_argument("--queue", default="", help="the job's queue (auth policies scope by it)")
     _common(p)
     p.set_defaults(run=_retry)
@@ -310,7 +326,7 @@ def register(sub: Any) -> None:
         "cancel",
         help="cancel a waiting, ready or running job; a running job's claim is fenced",
     )
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=flags.job_id)
     p.add_argument("--queue", default="", help="the job's queue (auth policies scope by it)")
     p.add_argument("--reason", default="", help="kept as the job's last_error")
     p.add_argument(
@@ -318,6 +334,7 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         metavar="HOST:PORT",
+        type=connect.checker(connect.DEFAULT_GUARD_ADDR),
         help="a monotonic guard to fence to the cancel's token (repeatable); strict and "
         "watch guards fence the cancelled claim by themselves",
     )
@@ -326,7 +343,12 @@ def register(sub: Any) -> None:
 
     p = qsub.add_parser("requeue", help="retry the dead jobs of a queue (up to --limit a call)")
     p.add_argument("queue")
-    p.add_argument("--limit", type=int, default=0, help="at most this many (1..1000; 0: 1000)")
+    p.add_argument(
+        "--limit",
+        type=flags.integer(0, 1000),
+        default=0,
+        help="at most this many (1..1000; 0: 1000)",
+    )
     _common(p)
     p.set_defaults(run=_requeue)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from fencing.errors import FencingError
 from fencing.types import Claim, Delete
-from fencingctl import connect, ops
+from fencingctl import connect, flags, ops
 from serving import exits
 
 
@@ -46,7 +46,7 @@ def add_list_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keys-only", action="store_true", help="when listing: print keys only")
     p.add_argument(
         "--page-size",
-        type=int,
+        type=flags.page_size,
         default=0,
         help="when listing: records per call to the guard (1-1000; default the guard's, 100)",
     )
@@ -81,7 +81,7 @@ def register(sub: Any) -> None:
     p.add_argument("key")
     p.add_argument(
         "--token",
-        type=int,
+        type=flags.token,
         default=None,
         help="the writer's fencing token (default: env FENCING_TOKEN, as 'fencing lock' sets)",
     )

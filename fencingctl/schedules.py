@@ -1,11 +1,11 @@
 """``fencing queue schedules|schedule add|schedule remove``: periodic jobs from a shell.
 
 ``schedules [QUEUE]`` prints one line per schedule (name, queue, cron or interval,
-time zone, catch-up, next run, last period enqueued and its job), or JSON with
-``--json``; ``schedule add NAME --queue Q (--cron EXPR | --every DURATION)`` puts one
-(a schedule of that name is replaced); ``schedule remove NAME`` deletes one (exit
-``NOT_FOUND`` if there is none). Errors print ``error: REASON: message`` and exit with
-the reason's code in :data:`serving.exits.TABLE`.
+time zone, catch-up, next run, last period enqueued and its job), or JSON lines with
+``--json`` (times in ms); ``schedule add NAME --queue Q (--cron EXPR | --every
+DURATION)`` puts one (a schedule of that name is replaced); ``schedule remove NAME``
+deletes one (exit ``NOT_FOUND`` if there is none). Errors print ``error: REASON:
+message`` and exit with the reason's code in :data:`serving.exits.TABLE`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -23,21 +22,8 @@ import grpc
 
 from fencing.client import ScheduleInfo
 from fencing.errors import FencingError
-from fencingctl import connect
+from fencingctl import connect, flags, hints, output
 from serving import exits
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-
-
-def parse_every(text: str) -> float:
-    """``90``, ``90s``, ``5m``, ``1h``, ``1d``, ``1500ms`` -> seconds."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a duration (a number with ms, s, m, h or d; default s)"
-        )
-    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
 def _when(seconds: float | None) -> str:
@@ -46,17 +32,10 @@ def _when(seconds: float | None) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _every_text(seconds: float) -> str:
-    for unit in ("d", "h", "m", "s"):
-        if seconds >= _UNITS[unit] and seconds % _UNITS[unit] == 0:
-            return f"{seconds / _UNITS[unit]:g}{unit}"
-    return f"{seconds * 1000:g}ms"
-
-
 COLUMNS: tuple[tuple[str, Callable[[ScheduleInfo], str]], ...] = (
     ("name", lambda s: s.name),
     ("queue", lambda s: s.queue),
-    ("schedule", lambda s: s.cron or f"every {_every_text(s.every)}"),
+    ("schedule", lambda s: s.cron or f"every {flags.show_seconds(s.every)}"),
     ("tz", lambda s: s.timezone or "UTC"),
     ("catch_up", lambda s: str(s.catch_up)),
     ("next_run", lambda s: _when(s.next_run)),
@@ -68,7 +47,7 @@ COLUMNS: tuple[tuple[str, Callable[[ScheduleInfo], str]], ...] = (
 def _as_json(s: ScheduleInfo) -> dict[str, Any]:
     fields = dataclasses.asdict(s)
     fields["payload"] = s.payload.decode("utf-8", errors="replace")
-    return fields
+    return output.in_ms(fields, ("every", "created_at", "next_run", "last_period"))
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -76,9 +55,10 @@ def _list(args: argparse.Namespace) -> int:
         with connect.queue_client(args) as client:
             found = client.list_schedules(args.queue or "")
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     if args.json:
-        print(json.dumps([_as_json(s) for s in found]))
+        for s in found:
+            output.print_json(_as_json(s))
         return 0
     rows = [[title for title, _ in COLUMNS], *([cell(s) for _, cell in COLUMNS] for s in found)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
@@ -106,7 +86,7 @@ def _add(args: argparse.Namespace) -> int:
                 catch_up=args.catch_up,
             )
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     if args.json:
         print(json.dumps(_as_json(info)))
     else:
@@ -125,7 +105,7 @@ def _remove(args: argparse.Namespace) -> int:
         with connect.queue_client(args) as client:
             deleted = client.delete_schedule(args.name, queue=args.queue)
     except (FencingError, grpc.RpcError, ValueError) as exc:
-        return exits.fail(exc, as_json=args.json)
+        return hints.fail(args, exc, as_json=args.json)
     if not deleted:
         where = f" of queue {args.queue!r}" if args.queue else ""
         return exits.fail(NoSuchSchedule(f"no schedule {args.name!r}{where}"), as_json=args.json)
@@ -156,16 +136,21 @@ def register(qsub: Any, common: Callable[[argparse.ArgumentParser], None]) -> No
     when = p.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", help="5 fields: minute hour day-of-month month day-of-week")
     when.add_argument(
-        "--every", type=parse_every, help="a fixed interval: 90, 30s, 5m, 1h, 1d (at least 1s)"
+        "--every",
+        type=flags.every,
+        metavar="DURATION",
+        help="a fixed interval: 90, 30s, 5m, 1h, 1d (at least 1s)",
     )
     p.add_argument("--timezone", default="", help="IANA time zone of --cron (default UTC)")
     p.add_argument("--payload", default="", help="each job's payload; '-' reads stdin")
-    p.add_argument("--priority", type=int, default=0, help="higher first (-1000..1000)")
-    p.add_argument("--max-attempts", type=int, default=0, help="default: the server's (5)")
+    p.add_argument("--priority", type=flags.priority, default=0, help="higher first (-1000..1000)")
+    p.add_argument(
+        "--max-attempts", type=flags.max_attempts, default=0, help="default: the server's (5)"
+    )
     p.add_argument("--resource", default="", help="guard resource the jobs' tokens fence")
     p.add_argument(
         "--catch-up",
-        type=int,
+        type=flags.integer(0, 100),
         default=0,
         help="after downtime, enqueue each missed period, the latest N (0..100; default 0: "
         "only the latest)",

@@ -1,14 +1,14 @@
 """``fencing watch [RESOURCE | --prefix P] [--from REV] [--json]``: stream lease events.
 
 Prints one line per event of the lease server's ``Watch`` stream, in revision order,
-until interrupted (Ctrl-C exits 130) or the stream fails (exit 1, e.g. when the server
-stops)::
+until interrupted (Ctrl-C exits 130) or the stream fails, e.g. when the server stops
+(then it exits with the error's code in ``fencing --help``'s table)::
 
     revision=7 kind=ACQUIRED resource=orders token=3 holder=worker-1 ttl_ms=10000
 
-``kind`` is ACQUIRED, RENEWED, RELEASED, EXPIRED, or RESYNC (the server could not
-serve the requested start: events were missed, re-read with ``fencing lease
-describe``). Without ``--from`` the stream starts now; ``--from REV`` resumes after
+``kind`` is ACQUIRED, RELEASED, EXPIRED (renewals are not events), or RESYNC (the
+server could not serve the requested start: events were missed, re-read with
+``fencing lease describe``). Without ``--from`` the stream starts now; ``--from REV`` resumes after
 revision REV (the revision of the last line you saw: the stream goes on with the next
 event), replaying what the server still keeps of the log, then live. With ``--json``
 each line is one JSON object with the same fields.
@@ -21,9 +21,8 @@ import json
 from typing import Any
 
 from fencing.client import LeaseEvent
-from fencing.errors import FencingError, InvalidArgumentError
-from fencingctl import connect
-from serving import exits
+from fencing.errors import FencingError
+from fencingctl import connect, flags, hints
 
 
 def event_fields(event: LeaseEvent) -> dict[str, Any]:
@@ -41,11 +40,14 @@ def event_fields(event: LeaseEvent) -> dict[str, Any]:
 def _run(args: argparse.Namespace) -> int:
     try:
         if args.resource and args.prefix:
-            raise InvalidArgumentError("give RESOURCE or --prefix, not both", field="prefix")
-        if args.start < 0:
-            raise InvalidArgumentError("--from must be a revision >= 0", field="from")
-        with connect.lease_client(args) as client:
-            stream = client.watch(args.resource, prefix=args.prefix, after_revision=args.start)
+            raise flags.UsageError("give RESOURCE or --prefix, not both")
+        # The stream is closed on every way out (Ctrl-C, a closed stdout): it cancels it.
+        with (
+            connect.lease_client(args) as client,
+            client.watch_stream(
+                args.resource, prefix=args.prefix, after_revision=args.start
+            ) as stream,
+        ):
             for event in stream:
                 fields = event_fields(event)
                 if args.json:
@@ -55,7 +57,7 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     except (FencingError, ValueError) as exc:  # ValueError: unreadable TLS files
-        return exits.fail(exc)
+        return hints.fail(args, exc)
     return 0
 
 
@@ -71,7 +73,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--from",
         dest="start",
-        type=int,
+        type=flags.count,
         default=0,
         metavar="REV",
         help="resume after revision REV, the last one seen (default 0: from now)",

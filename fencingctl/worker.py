@@ -27,8 +27,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from fencing.errors import FencingError
-from fencing.worker import Worker
-from fencingctl import connect
+from fencingctl import connect, flags
 from serving import exits
 
 
@@ -54,27 +53,14 @@ def load_handler(spec: str) -> Callable[..., object]:
     return handler
 
 
-def _at_least(low: float, kind: type[int] | type[float]) -> Callable[[str], float]:
-    """An argparse type: a number of ``kind`` no smaller than ``low`` (a usage error else)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low:g}, got {text!r}")
-        return value
-
-    return parse
-
-
 def _run(args: argparse.Namespace) -> int:
     try:
         handler = load_handler(args.handler)
     except ValueError as exc:
         print(f"fencing queue worker: error: {exc}", file=sys.stderr)
         return exits.USAGE
+    from fencing.worker import Worker  # only when a worker runs: the CLI starts lighter
+
     try:
         with ExitStack() as stack:
             client = stack.enter_context(connect.queue_client(args))
@@ -107,21 +93,26 @@ def register_action(qsub: Any) -> None:
     p.add_argument("--queue", required=True, help="the queue to work on")
     p.add_argument(
         "--concurrency",
-        type=_at_least(1, int),
+        type=flags.integer(1),
         default=1,
         help="jobs run at once (default %(default)s)",
     )
     p.add_argument(
-        "--ttl", type=_at_least(0.1, float), default=30.0, help="each claim's lease, seconds"
+        "--ttl", type=flags.ttl, metavar="DURATION", default=30.0, help="each claim's lease (30s)"
     )
     p.add_argument(
-        "--poll", type=_at_least(0, float), default=1.0, help="seconds one claim waits for work"
+        "--poll",
+        type=flags.seconds,
+        metavar="DURATION",
+        default=1.0,
+        help="how long one claim waits for work (1s)",
     )
     p.add_argument(
         "--grace",
-        type=_at_least(0, float),
+        type=flags.seconds,
+        metavar="DURATION",
         default=30.0,
-        help="seconds the running handlers get after SIGTERM/SIGINT (default %(default)s)",
+        help="how long the running handlers get after SIGTERM/SIGINT (default 30s)",
     )
     connect.add_lease_address(p, "the lease server whose queue to work on")
     connect.add_guard_address(p, "the guard each job's token is promised to")

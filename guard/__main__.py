@@ -12,6 +12,7 @@ import sys
 
 from fencing._version import VERSION
 from fencing.errors import InvalidArgumentError
+from fencing.tls import TLSConfig
 from guard.fence import FenceMode
 from guard.server import DEFAULT_IDEMPOTENCY_RETENTION_S, check_mode, start_guard
 from guard.stores import GuardStore, open_store
@@ -58,6 +59,35 @@ OPTIONS: tuple[config.Option, ...] = (
         old_envs=("FENCING_LEASE_SERVER",),
     ),
     config.Option(
+        "lease_token",
+        "FENCING_LEASE_TOKEN",
+        None,
+        "in watch mode, the bearer token the guard sends to the lease server (auth on there; "
+        "sent only over TLS or to loopback)",
+        metavar="TOKEN",
+    ),
+    config.Option(
+        "lease_tls_ca",
+        "FENCING_LEASE_TLS_CA",
+        None,
+        "in watch mode, PEM CA of the lease server's certificate: connect to it with TLS",
+        metavar="PATH",
+    ),
+    config.Option(
+        "lease_tls_cert",
+        "FENCING_LEASE_TLS_CERT",
+        None,
+        "in watch mode, the guard's PEM client certificate to the lease server (mTLS)",
+        metavar="PATH",
+    ),
+    config.Option(
+        "lease_tls_key",
+        "FENCING_LEASE_TLS_KEY",
+        None,
+        "in watch mode, the PEM private key of lease_tls_cert",
+        metavar="PATH",
+    ),
+    config.Option(
         "watch_prefix",
         "FENCING_WATCH_PREFIX",
         "",
@@ -92,11 +122,28 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _lease_tls(args: argparse.Namespace) -> TLSConfig | None:
+    """The guard's TLS to the lease server it follows (None: plaintext), files checked."""
+    if not (args.lease_tls_ca or args.lease_tls_cert or args.lease_tls_key):
+        return None
+    try:
+        tls = TLSConfig(ca=args.lease_tls_ca, cert=args.lease_tls_cert, key=args.lease_tls_key)
+        tls.check(server=False)
+    except ValueError as exc:
+        raise InvalidArgumentError(
+            f"{exc} [--lease-tls-ca/--lease-tls-cert/--lease-tls-key or FENCING_LEASE_TLS_CA/"
+            "FENCING_LEASE_TLS_CERT/FENCING_LEASE_TLS_KEY]: name readable PEM files",
+            field="lease_tls",
+        ) from None
+    return tls
+
+
 def _store(args: argparse.Namespace) -> GuardStore:
     if args.fence_mode == FenceMode.WATCH.value and not args.lease_addr:
         raise InvalidArgumentError(
             "--fence-mode watch needs --lease-addr HOST:PORT to follow", field="lease_addr"
         )
+    _lease_tls(args)
     store = open_store(args.store)
     check_mode(store, FenceMode(args.fence_mode))
     return store
@@ -113,6 +160,8 @@ async def _run(args: argparse.Namespace, store: GuardStore, options: ServerOptio
         options=dataclasses.replace(options, reuse_port=args.reuse_port),
         lease_server=args.lease_addr,
         watch_prefix=args.watch_prefix,
+        lease_tls=_lease_tls(args),
+        lease_token=args.lease_token or None,
     )
 
     def ready() -> None:

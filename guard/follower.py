@@ -57,9 +57,11 @@ costs one ``Describe`` at the guard's first write of it, and is admitted before 
 event arrives. While the lease server cannot be asked, such a token is refused with
 ``BACKEND_UNAVAILABLE`` (retry); tokens the guard has seen granted are judged as
 always. Resources outside the prefix are not followed, so not vouched for either:
-they keep the monotonic rule alone. That is where a job's resources belong: the
-queue's claim tokens are its own, not in the lease server's log, so a watch guard
-that also fences job effects follows a prefix that leaves them out.
+they keep the monotonic rule alone. That is where a job's default resources
+(``job/<queue>/<id>``) belong: the queue's claim tokens are its own, not in the lease
+server's log, so a watch guard that also fences such job effects follows a prefix that
+leaves them out. (A job naming its own resource holds the lease on it: its tokens are
+the lease's, in the log.)
 
 **Disconnected.** While the stream is down the guard keeps serving and still
 enforces the monotonic rule (token >= fence) on every write (a token above those
@@ -68,6 +70,18 @@ takeovers. It says so: a warning in the log at each disconnect,
 :attr:`LeaseFollower.status` (``state`` is ``"following"`` only while a stream is
 open), and the guard's own health entry ``fencing.v1.GuardService/watch``
 (NOT_SERVING while disconnected; the guard's other entries stay SERVING).
+A stream counts as open once the server said where it starts (its headers) or sent
+an event: a call the lease server refused at once (no credentials, no ``watch``
+grant) is a failed attempt, so reconnects back off instead of looping. Why it is not
+following is in ``status.last_error`` (the lease server's reason first, e.g.
+``UNAUTHENTICATED: ...``, with a hint for a credential problem), in the health entry's
+reason (``fencing healthcheck`` prints it), in the warning logged, and in the
+``BACKEND_UNAVAILABLE`` of a write whose token it cannot vouch for.
+
+**Credentials.** With auth on at the lease server the guard needs its own principal
+there, allowed ``watch`` and ``describe`` on the prefix: a bearer token
+(``--lease-token``) and/or TLS with a client certificate (``--lease-tls-ca``,
+``--lease-tls-cert``, ``--lease-tls-key``), by flag, ``FENCING_LEASE_*`` or the TOML file.
 """
 
 from __future__ import annotations
@@ -89,6 +103,7 @@ from fencing.client import _core
 from fencing.client._core import EventKind, LeaseEvent
 from fencing.client.async_lease import AsyncLeaseClient, AsyncWatchStream
 from fencing.errors import BackendUnavailableError, FencingError, LeaseLost, StaleTokenError
+from fencing.tls import TLSConfig
 from guard.stores.base import GuardStore
 
 log = logging.getLogger(__name__)
@@ -133,6 +148,27 @@ def _from_lease_server(exc: FencingError) -> bool:
     return isinstance(exc.__cause__, grpc.RpcError)
 
 
+#: What to do about the lease server's refusals of the guard's own calls.
+_CREDENTIAL_HINTS = {
+    "UNAUTHENTICATED": (
+        "give the guard its credentials to the lease server: --lease-token "
+        "(FENCING_LEASE_TOKEN) or a client certificate (--lease-tls-cert/--lease-tls-key)"
+    ),
+    "PERMISSION_DENIED": (
+        "grant the guard's principal watch and describe on the followed prefix in the "
+        "lease server's auth policy"
+    ),
+}
+
+
+def refusal(exc: FencingError) -> str:
+    """Why a call to the lease server failed, its reason first, with what to do about a
+    credential problem (the follower's ``last_error``, logs, write errors)."""
+    hint = _CREDENTIAL_HINTS.get(exc.reason)
+    text = f"{exc.reason}: {exc}"
+    return f"{text}; {hint}" if hint else text
+
+
 def reconnect_delay(attempt: int, rng: Callable[[], float] = random.random) -> float:
     """Seconds before reconnect ``attempt`` (0-based) under :data:`RECONNECT_BACKOFF`;
     ``rng() == 1`` gives the whole delay, ``0`` half of it."""
@@ -172,6 +208,8 @@ class LeaseFollower:
         *,
         prefix: str = "",
         credentials: grpc.ChannelCredentials | None = None,
+        tls: TLSConfig | None = None,
+        token: str | None = None,
         on_state: Callable[[FollowerStatus], Awaitable[None]] | None = None,
         rpc_timeout: float = _core.DEFAULT_RPC_TIMEOUT,
     ) -> None:
@@ -180,6 +218,8 @@ class LeaseFollower:
         self.prefix = prefix
         self.rpc_timeout = rpc_timeout
         self._credentials = credentials
+        self._tls = tls
+        self._token = token
         self._on_state = on_state
         self.status = FollowerStatus("connecting", lease_server, prefix)
         # Fences this follower set in this run: skips repeats, and is the RESYNC list.
@@ -208,13 +248,18 @@ class LeaseFollower:
             else:
                 self._connected.clear()
         self.status = new
-        if new.state != old.state and self._on_state is not None:
+        changed = new.state != old.state or new.last_error != old.last_error
+        if changed and self._on_state is not None:
             await self._on_state(new)
 
     async def run(self) -> None:
         """Follow until cancelled; never raises otherwise."""
         leases = AsyncLeaseClient(
-            self.lease_server, credentials=self._credentials, rpc_timeout=self.rpc_timeout
+            self.lease_server,
+            tls=self._tls,
+            token=self._token,
+            credentials=self._credentials,
+            rpc_timeout=self.rpc_timeout,
         )
         self._leases = leases
         retries = RECONNECT_BACKOFF.attempts(random.random)
@@ -224,7 +269,7 @@ class LeaseFollower:
                     await self._follow(leases)
                     error = "stream ended"
                 except FencingError as exc:  # the stream, or the store: reconnect, re-apply
-                    error = str(exc) if _from_lease_server(exc) else f"store: {exc}"
+                    error = refusal(exc) if _from_lease_server(exc) else f"store: {exc}"
                 except Exception as exc:  # the follower must never die silently
                     log.exception("watch follower crashed; reconnecting")
                     error = f"crashed: {exc!r}"
@@ -311,15 +356,13 @@ class LeaseFollower:
             start = stream.start_revision
             if start is not None and start > self.status.revision:
                 await self._set(revision=start)
-            log.info(
-                "following lease events on %s (prefix %r, log %s) after revision %d",
-                self.lease_server,
-                self.prefix,
-                self.log_id or "without identity",
-                self.status.revision,
-            )
-            await self._set(state="following", last_error="")
+            # Open once the server said where it starts; a call it refused at once ends
+            # without headers, and is a failed attempt (backoff), not a dropped stream.
+            if start is not None:
+                await self._opened()
             async for event in stream:
+                if not self.status.following:
+                    await self._opened()
                 if event.kind is EventKind.RESYNC:
                     self._switch_log(event.log_id)
                     await self._resync(leases, event)
@@ -331,6 +374,16 @@ class LeaseFollower:
                 await self._save_revision()
         finally:
             await stream.aclose()
+
+    async def _opened(self) -> None:
+        log.info(
+            "following lease events on %s (prefix %r, log %s) after revision %d",
+            self.lease_server,
+            self.prefix,
+            self.log_id or "without identity",
+            self.status.revision,
+        )
+        await self._set(state="following", last_error="")
 
     async def _fence(self, resource: str, token: int) -> None:
         if token <= self._known.get(resource, 0):
@@ -426,7 +479,7 @@ class LeaseFollower:
         except FencingError as exc:
             raise BackendUnavailableError(
                 f"cannot check with the lease server {self.lease_server} that a token of "
-                f"{resource!r} was granted: {exc}"
+                f"{resource!r} was granted: {refusal(exc)}"
             ) from exc
         last = max(state.token, state.last_token)
         self._note_granted(resource, last)

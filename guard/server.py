@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2
 
 from fencing._version import VERSION
 from fencing.errors import InvalidArgumentError
+from fencing.tls import TLSConfig
 from fencing.v1 import guard_pb2_grpc
 from guard.fence import FenceMode
 from guard.follower import HEALTH_SERVICE as WATCH_HEALTH_SERVICE
@@ -78,6 +79,10 @@ class GuardServer:
             if status.following
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
+        # Why it is not following, for `fencing healthcheck` (the reason's metadata).
+        self.built.health.set_reason(
+            WATCH_HEALTH_SERVICE, "" if status.following else status.last_error or status.state
+        )
         await self.built.health.set(WATCH_HEALTH_SERVICE, serving)
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -118,17 +123,19 @@ async def start_guard(
     lease_server: str = "",
     watch_prefix: str = "",
     lease_credentials: grpc.ChannelCredentials | None = None,
+    lease_tls: TLSConfig | None = None,
+    lease_token: str | None = None,
 ) -> GuardServer:
     """Open ``store`` (an object or a URL), bind ``address`` (port 0 picks one), start.
 
     ``options`` sets TLS, authentication, per-client caps, metrics and the store
     deadline (see :class:`~serving.server.ServerOptions`).
 
-    ``mode=FenceMode.WATCH`` needs ``lease_server`` (host:port, reached with
-    ``lease_credentials`` if given): a follower task then advances fences from its
-    ``Watch`` stream on ``watch_prefix`` (all resources by default) and reports
-    through ``GuardServer.follower.status`` and the health entry
-    ``fencing.v1.GuardService/watch``.
+    ``mode=FenceMode.WATCH`` needs ``lease_server`` (host:port; reached with ``lease_tls``
+    and ``lease_token`` when auth is on there, or with any ``lease_credentials``): a
+    follower task then advances fences from its ``Watch`` stream on ``watch_prefix`` (all
+    resources by default) and reports through ``GuardServer.follower.status`` and the
+    health entry ``fencing.v1.GuardService/watch``.
     """
     if mode is FenceMode.WATCH and not lease_server:
         raise InvalidArgumentError(
@@ -172,6 +179,8 @@ async def start_guard(
             lease_server,
             prefix=watch_prefix,
             credentials=lease_credentials,
+            tls=lease_tls,
+            token=lease_token,
             on_state=running._watch_health,
         )
         service.grants = running.follower  # tokens above those seen granted are asked about

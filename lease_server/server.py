@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fencing._version import VERSION
@@ -20,6 +21,7 @@ from lease_server.queue.backends import QueueBackend, open_queue, queue_url_for
 from lease_server.queue.backends.base import LogsJobEvents
 from lease_server.queue.metrics import QueueMetrics
 from lease_server.queue.reaper import Reaper
+from lease_server.queue.resources import LeaseCalls, counts_job_claims
 from lease_server.queue.scheduler import Scheduler
 from lease_server.queue.service import QueueOptions, QueueService
 from lease_server.service import LeaseService
@@ -102,12 +104,27 @@ def lease_services(
 
 
 def queue_services(
-    backend: QueueBackend, options: QueueOptions | None = None, metrics: QueueMetrics | None = None
+    backend: QueueBackend,
+    options: QueueOptions | None = None,
+    metrics: QueueMetrics | None = None,
+    leases: LeaseCalls | None = None,
 ) -> tuple[QueueService, list[Service]]:
-    service = QueueService(backend, options, metrics=metrics)
+    """The queue service; with ``leases`` (the lease service beside it), jobs may name
+    their own resource, and their claims hold the lease on it."""
+    service = QueueService(backend, options, metrics=metrics, leases=leases)
     return service, [
         Service(QUEUE_SERVICE_NAME, service, queue_pb2_grpc.add_QueueServiceServicer_to_server)
     ]
+
+
+def _default_claims(queue: QueueBackend) -> Callable[[str], Awaitable[int]]:
+    """Describe's job claims of a resource: the queue's own tokens count only for a job's
+    default resource; a resource a job names has all its tokens from its leases."""
+
+    async def claims(resource: str) -> int:
+        return await queue.last_claim_token(resource) if counts_job_claims(resource) else 0
+
+    return claims
 
 
 def _queue_backend(
@@ -169,8 +186,10 @@ async def start_lease_server(
             require_durability(qb, "queue backend " + qb.name, require_durable)
             qtimeouts = metrics.group(StorageMetrics).timeouts.labels("queue")
             qbounded = with_deadline(qb, options.backend_timeout, "queue backend", qtimeouts.inc)
-            qservice, more = queue_services(qbounded, queue_options, metrics.group(QueueMetrics))
-            service.job_claims = qbounded.last_claim_token
+            qservice, more = queue_services(
+                qbounded, queue_options, metrics.group(QueueMetrics), leases=service
+            )
+            service.job_claims = _default_claims(qbounded)
             services += more
         built = await build_server(
             address, services, reflection_enabled=reflection, options=options

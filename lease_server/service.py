@@ -48,6 +48,7 @@ from lease_server.leases import (
     TransitionKind,
 )
 from lease_server.metrics import LeaseMetrics
+from lease_server.queue.jobs import parse_default_resource
 from lease_server.session import CallKind, Sessions, Step
 from lease_server.waiters import WaitQueues
 from lease_server.watch import EventFeed, ResourceFeed
@@ -271,7 +272,8 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         session_max_in_flight: int = DEFAULT_MAX_SESSION_IN_FLIGHT,
     ) -> None:
         #: ``await job_claims(resource)``: the highest job claim token of a resource (the
-        #: queue hosted beside the leases), reported by Describe in ``last_token``.
+        #: queue hosted beside the leases), reported by Describe in ``last_token``. Set,
+        #: it also reserves the jobs' default resources (:meth:`_leasable`).
         self.job_claims: Callable[[str], Awaitable[int]] | None = None
         self.batches = batches_of(backend)
         self.waiters = waiters or WaitQueues()
@@ -403,11 +405,23 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
             raise
         return call.finish(outcome)
 
+    def _leasable(self, resource: str, field: str = "resource") -> str:
+        """``resource``, unless it is a job's default resource (``job/<queue>/<id>``) of the
+        queue hosted here: that name's tokens come from the queue's claims alone, so a
+        lease on it would repeat them (G1)."""
+        if self.job_claims is not None and parse_default_resource(resource) is not None:
+            raise InvalidArgumentError(
+                f"{field}: {resource!r} is the resource of a job of this server's queue, "
+                "which only its claims hold; lease another name",
+                field=field,
+            )
+        return resource
+
     def _acquire_call(self, request: lease_pb2.AcquireRequest) -> _Acquire:
         return _Acquire(
             self,
             AcquireItem(
-                limits.check_resource(request.resource),
+                self._leasable(limits.check_resource(request.resource)),
                 limits.check_holder(request.holder),
                 limits.check_ttl_ms(request.ttl_ms),
                 limits.check_request_id(request.request_id),
@@ -545,7 +559,10 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         self, request: lease_pb2.AcquireManyRequest
     ) -> lease_pb2.AcquireManyResponse:
         resources = limits.check_many(
-            [limits.check_resource(r, f"resources[{i}]") for i, r in enumerate(request.resources)],
+            [
+                self._leasable(limits.check_resource(r, f"resources[{i}]"), f"resources[{i}]")
+                for i, r in enumerate(request.resources)
+            ],
             "resources",
             limits.MAX_ACQUIRE_MANY,
         )

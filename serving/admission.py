@@ -41,6 +41,7 @@ from fencing.errors import (
 from serving import handlers
 from serving.auth import (
     EXEMPT_PREFIXES,
+    LEASE_ACTIONS,
     METHOD_ACTIONS,
     PER_ITEM_METHODS,
     Action,
@@ -49,6 +50,7 @@ from serving.auth import (
     bearer_token,
     bind_holder,
     certificate_identities,
+    job_resources_of,
     scopes_of,
 )
 
@@ -242,6 +244,9 @@ class Admission:
         for scope in scopes:
             self.check(principal, action, scope)
         if request is not None:
+            for scope in job_resources_of(request):
+                for needed in LEASE_ACTIONS:
+                    self.check(principal, needed, scope)
             bind_holder(request, principal)
 
     def check(self, principal: str, action: Action | None, scope: Scope) -> None:

@@ -51,7 +51,11 @@ action                        methods
                               its verdict); Read, ListRecords, DescribeFence,
                               ListRefusals, DescribeGuard (on every resource); Fence
 ``enqueue`` ``claim``         QueueService Enqueue, PutSchedule, DeleteSchedule (by the
-                              schedule's queue); Claim, Heartbeat, Complete, Fail, Release
+                              schedule's queue); Claim, Heartbeat, Complete, Fail, Release.
+                              A job (or schedule) naming a ``resource`` also needs what a
+                              lease on it needs, ``acquire`` ``renew`` ``release`` on that
+                              resource: its claims hold that lease. A Claim's ``worker``
+                              is the principal, as a lease's ``holder`` is
 ``describe``                  QueueService Stats, ListSchedules, ListJobs, GetJob
 ``manage``                    QueueService RetryJob, CancelJob, RequeueDead (an operator's
                               calls on jobs of the queue; a cancel also needs ``fence``
@@ -200,11 +204,33 @@ def scopes_of(request: Any) -> list[Scope]:
     return [scope_of(request)]
 
 
+#: What holding a lease on a resource takes: a job or schedule naming a ``resource``
+#: needs these on it, since the job's claims hold that lease.
+LEASE_ACTIONS = (Action.ACQUIRE, Action.RENEW, Action.RELEASE)
+
+#: Requests that name resources for jobs -> those resources (each needs LEASE_ACTIONS).
+_JOB_RESOURCES: dict[str, Callable[[Any], list[str]]] = {
+    "fencing.v1.EnqueueRequest": lambda r: [j.resource for j in r.jobs if j.resource],
+    "fencing.v1.PutScheduleRequest": lambda r: [r.schedule.resource] if r.schedule.resource else [],
+}
+
+
+def job_resources_of(request: Any) -> list[Scope]:
+    """The resources a request's jobs will fence (Enqueue's jobs, PutSchedule's template):
+    each is authorized for :data:`LEASE_ACTIONS`, beside the request's own action on its
+    queue, so a principal allowed only a queue cannot reach another resource through it."""
+    names = _JOB_RESOURCES.get(request.DESCRIPTOR.full_name)
+    return [Scope(name) for name in dict.fromkeys(names(request))] if names else []
+
+
 def bind_holder(request: Any, principal: str) -> None:
-    """Set every ``holder`` the request carries (its own, and its items') to ``principal``."""
+    """Set every ``holder`` the request carries (its own, and its items'), and a Claim's
+    ``worker`` (the holder of the leases its jobs' claims take), to ``principal``."""
     fields = request.DESCRIPTOR.fields_by_name
     if "holder" in fields:
         request.holder = principal
+    if "worker" in fields:
+        request.worker = principal
     for name in ("renewals", "releases"):
         if name in fields:
             for item in getattr(request, name):
@@ -419,6 +445,7 @@ def certificate_identities(auth_context: Mapping[str, Iterable[bytes]]) -> list[
 __all__ = [
     "ALL_ACTIONS",
     "EXEMPT_PREFIXES",
+    "LEASE_ACTIONS",
     "METHOD_ACTIONS",
     "Action",
     "AuthPolicy",

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from fencing.tls import TLSConfig, check_transport, split_address
+from fencing.tls import TLSConfig, check_transport
 from serving import storage
 from serving.admission import (
     DEFAULT_MAX_SESSION_IN_FLIGHT,
@@ -37,6 +36,7 @@ from serving.admission import (
     DEFAULT_MAX_WATCH_STREAMS,
 )
 from serving.auth import AuthPolicy
+from serving.flags import DeprecatedFlag, address_problem, warn_deprecated
 from serving.metrics import Metrics
 from serving.server import ServerOptions
 
@@ -111,9 +111,9 @@ def non_negative(value: Any) -> None:
 
 
 def address(value: Any) -> None:
-    host, port = split_address(value)
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"must be host:port (port 0..65535; 0 picks one), got {value!r}")
+    problem = address_problem(value)
+    if problem is not None:
+        raise ValueError(f"must be host:port: {problem}")
 
 
 # -- declarations -------------------------------------------------------------------------
@@ -165,39 +165,6 @@ class Option:
 
 def _flag(key: str) -> str:
     return "--" + key.replace("_", "-")
-
-
-def warn_deprecated(old: str, new: str) -> None:
-    """Say on stderr that ``old`` (a flag, variable or key) is deprecated for ``new``."""
-    print(
-        f"warning: {old} is deprecated and goes in the next release; use {new}",
-        file=sys.stderr,
-        flush=True,
-    )
-
-
-class DeprecatedFlag(argparse.Action):
-    """A former flag: stores into the new one's ``dest`` and warns on stderr.
-
-    ``new`` (passed to ``add_argument``) names the flag that replaces it. The default
-    is ``argparse.SUPPRESS``, so the new flag's default is the one that stands.
-    """
-
-    def __init__(self, option_strings: Sequence[str], dest: str, new: str, **kwargs: Any):
-        kwargs.setdefault("default", argparse.SUPPRESS)
-        kwargs.setdefault("help", argparse.SUPPRESS)
-        super().__init__(option_strings, dest, **kwargs)
-        self.new = new
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        warn_deprecated(option_string or self.option_strings[0], self.new)
-        setattr(namespace, self.dest, values)
 
 
 def _argparse_type(option: Option) -> Callable[[str], Any]:
@@ -625,6 +592,7 @@ __all__ = [
     "Option",
     "Settled",
     "add_options",
+    "address_problem",
     "describe",
     "markdown_table",
     "resolve",

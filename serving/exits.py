@@ -44,8 +44,8 @@ TABLE: tuple[Exit, ...] = (
     Exit(
         1,
         "FAILURE",
-        "a check said no (healthcheck NOT_SERVING, the demo's verdict), or an "
-        "error of no other row",
+        "a check said no (healthcheck NOT_SERVING, the demo's verdict, fencing leader: "
+        "nobody leads, a closed stdout), or an error of no other row",
     ),
     Exit(
         2,
@@ -141,25 +141,29 @@ def fail(
     as_json: bool = False,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
+    hint: str = "",
 ) -> int:
     """Report ``exc`` and return its exit code.
 
-    Always ``error: REASON: message`` on stderr; with ``as_json`` also one JSON object
-    ``{reason, message, metadata, exit_code}`` on stdout, for scripts.
+    Always ``error: REASON: message`` on stderr (then ``hint: ...`` when the caller
+    can tell the likely mistake); with ``as_json`` also one JSON object
+    ``{reason, message, metadata, exit_code, hint}`` on stdout, for scripts.
     """
     reason = reason_of(exc)
     code = CODES[reason]
     message = message_of(exc)
     metadata = exc.metadata() if isinstance(exc, FencingError) else {}
-    print(f"error: {reason}: {message}", file=stderr or sys.stderr, flush=True)
+    text = f"error: {reason}: {message}" + (f"\nhint: {hint}" if hint else "")
+    print(text, file=stderr or sys.stderr, flush=True)
     if as_json:
-        print(
-            json.dumps(
-                {"reason": reason, "message": message, "metadata": metadata, "exit_code": code}
-            ),
-            file=stdout or sys.stdout,
-            flush=True,
-        )
+        error = {
+            "reason": reason,
+            "message": message,
+            "metadata": metadata,
+            "exit_code": code,
+            "hint": hint,
+        }
+        print(json.dumps(error), file=stdout or sys.stdout, flush=True)
     return code
 
 

@@ -62,13 +62,17 @@ class JsonFormatter(logging.Formatter):
 
 class ConsoleFormatter(logging.Formatter):
     """``TS LEVEL logger: message key=value ...``: the readable format, with the same
-    timestamp and the same fields as the JSON one."""
+    timestamp and the same fields as the JSON one (a ``key=value`` the message already
+    says is not written twice)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        text = f"{rfc3339(record.created)} {record.levelname} {record.name}: {record.getMessage()}"
-        fields = fields_of(record)
+        message = record.getMessage()
+        text = f"{rfc3339(record.created)} {record.levelname} {record.name}: {message}"
+        said = set(message.split())
+        pairs = [f"{key}={value}" for key, value in fields_of(record).items()]
+        fields = [pair for pair in pairs if pair not in said]
         if fields:
-            text += " " + " ".join(f"{key}={value}" for key, value in fields.items())
+            text += " " + " ".join(fields)
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text

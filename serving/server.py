@@ -162,11 +162,40 @@ class ServerOptions:
         return None
 
 
+#: Trailing metadata of a health Check whose entry is not SERVING for a known reason.
+HEALTH_REASON_KEY = "fencing-health-reason"
+
+
+class HealthServicer(health.aio.HealthServicer):  # type: ignore[misc]  # untyped base
+    """``grpc.health.v1``, which says why an entry is not serving when the server knows
+    (:meth:`set_reason`): ``Check`` then carries it in the trailing metadata
+    ``fencing-health-reason`` (``fencing healthcheck`` prints it). Statuses are unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reasons: dict[str, str] = {}
+
+    def set_reason(self, service: str, reason: str) -> None:
+        """Why ``service`` is not serving ('' to forget it); printable ASCII, one line."""
+        text = " ".join(reason.encode("ascii", "replace").decode().split())
+        if text:
+            self.reasons[service] = text[:1000]
+        else:
+            self.reasons.pop(service, None)
+
+    async def Check(self, request: Any, context: Any) -> Any:
+        reply = await super().Check(request, context)
+        reason = self.reasons.get(request.service, "")
+        if reason and reply.status != health_pb2.HealthCheckResponse.SERVING:
+            context.set_trailing_metadata(((HEALTH_REASON_KEY, reason),))
+        return reply
+
+
 @dataclass
 class BuiltServer:
     server: grpc.aio.Server
     port: int
-    health: health.aio.HealthServicer
+    health: HealthServicer
     service_names: Sequence[str] = ()
     metrics: Metrics = field(default_factory=Metrics)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -271,7 +300,7 @@ async def build_server(
             options.reuse_port, options.keepalive_time_ms, options.keepalive_timeout_ms
         ),
     )
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, srv)
     names = [s.name for s in services]
     for svc in services:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Awaitable, Callable
 
 #: Seconds before a wait that should have ended is called a hang.
@@ -23,3 +24,12 @@ async def eventually(check: Callable[[], bool | Awaitable[bool]], what: str = "c
                 await asyncio.sleep(0.01)
     except TimeoutError:
         raise TimeoutError(f"{what}: still false after {HANG_GUARD:g} s") from None
+
+
+def wait_until(check: Callable[[], bool], what: str = "condition") -> None:
+    """:func:`eventually` for synchronous tests: poll ``check`` until it is true."""
+    deadline = time.monotonic() + HANG_GUARD
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: still false after {HANG_GUARD:g} s")
+        time.sleep(0.02)

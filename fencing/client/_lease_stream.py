@@ -185,7 +185,11 @@ def ended_by(err: grpc.RpcError) -> Callable[[], Exception] | None:
             exc, BackendUnavailableError | DeadlineExceededError
         ):
             return exc
-        return ended_error(exc)
+        ended = ended_error(exc)
+        # Chained as the unary path chains it, so a status no server of ours sent (a
+        # refused connection) still reads as "unreachable", not as a backend outage.
+        ended.__cause__ = err
+        return ended
 
     return error
 

@@ -22,14 +22,33 @@ answered, so the claims never exceed ``concurrency``.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from fencing._backoff import Backoff
 from fencing.client._queue import Job
 from fencing.errors import LeaseLost
+
+
+class FieldsLog(logging.LoggerAdapter[logging.Logger]):
+    """The workers' log: a line's ``extra=`` fields (queue, job_id, attempt, token...)
+    are also written at the end of its message as ``key=value``, so a program using
+    plain :mod:`logging` (no formatter of ours) still sees which job a line is about;
+    they stay ``extra=`` fields too, for a JSON formatter (the console formatter of
+    the servers does not write them twice)."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
+        fields = kwargs.get("extra") or {}
+        if fields:
+            # Escaped: the message is %-formatted with its args after this.
+            said = " ".join(f"{k}={v}" for k, v in fields.items()).replace("%", "%%")
+            msg = f"{msg} {said}"
+        return msg, kwargs
+
 
 #: Backoff (seconds) between attempts to reach an unavailable server.
 UNAVAILABLE_BACKOFF = Backoff(base=0.1, cap=5.0, factor=2.0, jitter=0.3)

@@ -33,9 +33,9 @@ from fencing.client._queue import Job, error_text
 from fencing.client.async_lease import AsyncFencer
 from fencing.client.async_queue import AsyncQueueClient
 from fencing.errors import FencingError, InvalidArgumentError, LeaseLost
-from fencing.worker._core import Discard, Phase, Retry, WorkerCore
+from fencing.worker._core import Discard, FieldsLog, Phase, Retry, WorkerCore
 
-log = logging.getLogger("fencing.worker")
+log = FieldsLog(logging.getLogger("fencing.worker"))
 
 AsyncHandler = Callable[[Job], Awaitable[object]]
 

@@ -58,9 +58,9 @@ from fencing.client._queue import Job, error_text
 from fencing.client.lease import Fencer
 from fencing.client.queue import QueueClient
 from fencing.errors import FencingError, InvalidArgumentError, LeaseLost
-from fencing.worker._core import Discard, Phase, Retry, WorkerCore
+from fencing.worker._core import Discard, FieldsLog, Phase, Retry, WorkerCore
 
-log = logging.getLogger("fencing.worker")
+log = FieldsLog(logging.getLogger("fencing.worker"))
 
 Handler = Callable[[Job], object]
 

@@ -26,7 +26,13 @@ as long as dead ones.
 
 The **token** of a claim comes from one counter per queue backend that only grows
 (the backend passes it in), so every claim of a job gets a token larger than every
-earlier claim of it: the guard sees a job's tokens in order. A call after Claim must
+earlier claim of it: the guard sees a job's tokens in order. A job that names its own
+``resource`` (one leases may name too) is different: its claim holds the lease on that
+resource, and its token is that lease's, from the resource's one counter
+(:mod:`lease_server.queue.resources`). The backend's claim gives it a provisional
+token, never handed out, which :func:`retoken` replaces with the lease's (or
+:func:`release` gives the job back when the lease is held); its events are the
+lease's, so :func:`transitions` logs none of its own. A call after Claim must
 present the job's current token; any other gets :class:`~fencing.errors.LeaseLost`
 and changes nothing. An expired lease that nobody rescued yet is still current: the
 rescue is what bumps the token and fences the old worker (as the guard does: the
@@ -272,8 +278,7 @@ def claim(record: JobRecord, worker: str, ttl_ms: int, token: int, now_ms: int) 
     """Give the job to ``worker`` with ``token`` (> every earlier token) until now + ttl."""
     if not claimable(record, now_ms):
         raise ValueError(f"job {record.id} is not claimable")  # a backend bug, never a user error
-    if token <= record.token:
-        raise ValueError(f"token {token} does not exceed job {record.id}'s token {record.token}")
+    _check_fresh(record, token)
     last_error = record.last_error
     if record.state is JobState.RUNNING:
         last_error = EXPIRED_ERROR.format(attempt=record.attempts, owner=record.lease_owner)
@@ -287,6 +292,26 @@ def claim(record: JobRecord, worker: str, ttl_ms: int, token: int, now_ms: int) 
         last_error=last_error,
         claimed_at_ms=now_ms,
     )
+
+
+def _check_fresh(record: JobRecord, token: int) -> None:
+    """A token from the claims' counter must exceed the job's; a job naming its own
+    resource has tokens of that resource's lease counter, which the claims' counter
+    does not pass (its provisional tokens are replaced, never handed out)."""
+    if not record.resource and token <= record.token:
+        raise ValueError(f"token {token} does not exceed job {record.id}'s token {record.token}")
+
+
+def retoken(record: JobRecord | None, ref: JobRef, token: int) -> JobRecord:
+    """The claim ``ref`` (current, of a job naming its own resource) with ``token``, the
+    lease on that resource its claim took; ``LeaseLost`` if ``ref`` is not current.
+    A repeat changes nothing."""
+    if record is not None and record.state is JobState.RUNNING and record.token == token:
+        return record
+    current = require_current(record, ref)
+    if not current.resource:
+        raise ValueError(f"job {current.id} names no resource of its own")
+    return replace(current, token=token)
 
 
 def _named(record: JobRecord | None, ref: JobRef, queue: str) -> JobRecord | None:
@@ -382,8 +407,12 @@ def fail(
     return ready, Failed(JobState.READY, delay_ms)
 
 
-def release(record: JobRecord | None, ref: JobRef, now_ms: int, queue: str = "") -> JobRecord:
-    """Give the job back, due now; the attempt does not count. A repeat changes nothing."""
+def release(
+    record: JobRecord | None, ref: JobRef, now_ms: int, queue: str = "", delay_ms: int = 0
+) -> JobRecord:
+    """Give the job back, due now (or after ``delay_ms``: the server gives back a job whose
+    resource's lease is held, until about when it expires); the attempt does not count.
+    A repeat changes nothing."""
     named = _named(record, ref, queue)
     if named is not None and named.state is JobState.READY and named.token == ref.token:
         return named
@@ -392,7 +421,7 @@ def release(record: JobRecord | None, ref: JobRef, now_ms: int, queue: str = "")
         current,
         state=JobState.READY,
         attempts=max(0, current.attempts - 1),
-        available_at_ms=now_ms,
+        available_at_ms=now_ms + delay_ms,
         lease_owner="",
         lease_until_ms=0,
     )
@@ -425,8 +454,8 @@ def cancel(record: JobRecord, token: int, reason: str, now_ms: int) -> JobRecord
     """
     if record.state not in CANCELLABLE_STATES:
         return None
-    if record.state is JobState.RUNNING and token <= record.token:
-        raise ValueError(f"token {token} does not exceed job {record.id}'s token {record.token}")
+    if record.state is JobState.RUNNING:
+        _check_fresh(record, token)
     return replace(
         record,
         state=JobState.CANCELLED,
@@ -476,12 +505,14 @@ def transitions(old: JobRecord | None, new: JobRecord, now_ms: int) -> list[Tran
       (Complete, Fail, Release: its worker ended it);
     - a new claim (the job runs with a token it did not have) is ACQUIRED with the ttl
       granted, so a rescue appends EXPIRED(*t*) then ACQUIRED(*t'*), as a lease takeover;
-    - anything else (enqueue, a heartbeat, a promotion, a replay) appends nothing.
+    - anything else (enqueue, a heartbeat, a promotion, a replay) appends nothing;
+    - a job naming its own ``resource`` appends nothing: its claims are leases on that
+      resource, whose acquire, release and expiry the lease backend logs.
 
     Each names the job (``job_id``, ``queue``) and its guard resource; the holder is the
     claim's worker. The PostgreSQL backend's trigger on ``jobs`` applies the same rule.
     """
-    if old is None or old == new:
+    if old is None or old == new or new.resource:
         return []
     out: list[Transition] = []
     resource = new.fenced_resource

@@ -15,7 +15,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc.aio
@@ -37,6 +37,7 @@ from lease_server.queue.jobs import (
     NewJob,
 )
 from lease_server.queue.metrics import QueueMetrics
+from lease_server.queue.resources import LeaseCalls, ResourceLeases
 from lease_server.queue.schedules import Schedule, ScheduleRecord
 from serving import config
 from serving.admission import current_principal
@@ -358,8 +359,12 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         *,
         metrics: QueueMetrics | None = None,
         rand: Callable[[], float] = random.random,
+        leases: LeaseCalls | None = None,
     ) -> None:
         self.backend = backend
+        #: The leases of claims of jobs naming their own resource (None: such jobs are
+        #: refused, as a queue without the lease service cannot hold their leases).
+        self.resources = ResourceLeases(backend, leases) if leases is not None else None
         self.options = options or QueueOptions()
         self.metrics = metrics or QueueMetrics(CollectorRegistry())
         self._rand = rand
@@ -403,6 +408,8 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         limits.check_batch(len(request.jobs), "jobs")
         now = _wall_ms()
         specs = [new_job_from_proto(j, f"jobs[{i}]", now) for i, j in enumerate(request.jobs)]
+        for i, spec in enumerate(specs):
+            self._require_leases(spec.resource, f"jobs[{i}].resource")
         enqueued = await self.backend.enqueue(queue, specs)
         created = sum(e.created for e in enqueued)
         if created:
@@ -421,6 +428,35 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
                 queue_pb2.EnqueuedJob(id=e.id, created=e.created, state=e.state) for e in enqueued
             ]
         )
+
+    def _require_leases(self, resource: str, field: str) -> None:
+        """A job naming its own resource needs the lease service: its claims hold the
+        resource's lease (:mod:`lease_server.queue.resources`)."""
+        if resource and self.resources is None:
+            raise InvalidArgumentError(
+                f"{field}: this queue service has no lease service to hold the lease on "
+                f"{resource!r} its claims need; enqueue without a resource",
+                field=field,
+            )
+
+    async def _claim(self, queue: str, worker: str, batch: int, ttl_ms: int) -> list[JobRecord]:
+        claimed = await self.backend.claim(queue, worker, batch, ttl_ms)
+        return await self._hold(claimed, worker, ttl_ms)
+
+    async def _hold(self, claimed: list[JobRecord], worker: str, ttl_ms: int) -> list[JobRecord]:
+        """``claimed``, each job naming its own resource holding the lease on it (those
+        whose lease someone else holds are given back, left out)."""
+        if self.resources is None or not any(r.resource for r in claimed):
+            return claimed
+        return await self.resources.take(claimed, worker, ttl_ms)
+
+    async def _named(self, refs: Sequence[JobRef]) -> list[tuple[JobRef, str]]:
+        return await self.resources.named(refs) if self.resources is not None else []
+
+    async def _end_leases(self, refs: Sequence[JobRef]) -> None:
+        """Release the leases of ``refs`` (claims that ended) on their own resources."""
+        if self.resources is not None:
+            await self.resources.release(await self.resources.named(refs))
 
     @rpc
     async def Claim(
@@ -450,6 +486,11 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
                 self._wakeups.notify(woke)
         else:
             verdicts = await self.completes.submit(groups)
+        # The finished jobs' leases go before the new claims take theirs: the next job
+        # naming the same resource finds it free.
+        await self._end_leases([r for r, v in zip(done, verdicts, strict=True) if v is None])
+        if claimed is not None:
+            claimed = await self._hold(claimed, worker, ttl_ms)
         for verdict in verdicts:
             if verdict is None:
                 self.completed_in_claims += 1
@@ -461,7 +502,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         if claimed is None:
             event.clear()
             before_claim = loop.time()
-            claimed = await self.backend.claim(queue, worker, batch, ttl_ms)
+            claimed = await self._claim(queue, worker, batch, ttl_ms)
         while not claimed and loop.time() < deadline:
             try:
                 async with asyncio.timeout(
@@ -473,7 +514,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
             event.clear()
             # Read before each attempt: the jobs' ttl counts from no earlier than this.
             before_claim = loop.time()
-            claimed = await self.backend.claim(queue, worker, batch, ttl_ms)
+            claimed = await self._claim(queue, worker, batch, ttl_ms)
         rescued = sum(r.last_error.startswith(jobs.EXPIRED_PREFIX) for r in claimed)
         self.metrics.jobs.labels("claimed").inc(len(claimed))
         self.metrics.jobs.labels("rescued").inc(rescued)
@@ -502,6 +543,9 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         ttl_ms = limits.check_ttl_ms(request.ttl_ms)
         queue = _optional_queue(request.queue)
         try:
+            # The leases first: a claim that lost its resource's lease is lost.
+            if self.resources is not None:
+                await self.resources.renew(await self._named(refs), ttl_ms)
             await self.backend.heartbeat(refs, ttl_ms, queue)
         except LeaseLost as exc:
             raise self._lost(exc, "heartbeat") from None
@@ -518,6 +562,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         (verdict,) = await self.completes.submit([(refs, queue)])
         if verdict is not None:
             raise self._lost(verdict, "complete")
+        await self._end_leases(refs)
         self.metrics.jobs.labels("completed").inc(len(refs))
         return queue_pb2.CompleteResponse()
 
@@ -538,6 +583,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
             outcome = await self.backend.fail(ref, error, delay, final=request.final, queue=queue)
         except LeaseLost as exc:
             raise self._lost(exc, "fail") from None
+        await self._end_leases([ref])
         self.metrics.jobs.labels("dead" if outcome.state is JobState.DEAD else "retried").inc()
         if outcome.state is JobState.DEAD:
             log.warning("job dead: %r", error[:200], extra={"job_id": ref.id, "token": ref.token})
@@ -559,6 +605,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
             woken = await self.backend.release(refs, queue)
         except LeaseLost as exc:
             raise self._lost(exc, "release") from None
+        await self._end_leases(refs)
         self.metrics.jobs.labels("released").inc(len(refs))
         for woke in woken:
             self._wakeups.notify(woke)
@@ -579,6 +626,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         self, request: queue_pb2.PutScheduleRequest, context: Context
     ) -> queue_pb2.ScheduleInfo:
         schedule = schedule_from_proto(request.schedule)
+        self._require_leases(schedule.resource, "schedule.resource")
         _, existing = await self.backend.list_schedules()
         cap = self.options.max_schedules
         # A bound on what every scheduler reads each step, not a safety rule: puts that
@@ -744,7 +792,21 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         job_id = _job_id(request.id)
         queue = _optional_queue(request.queue)
         reason = limits.truncate_error(request.reason)
+        before = await self.backend.get(job_id) if self.resources is not None else None
         outcome = await self.backend.cancel(job_id, queue, reason)
+        if (
+            self.resources is not None
+            and before is not None
+            and outcome is not None
+            and outcome.fence_token
+            and outcome.record.resource
+        ):
+            # Its claim held the lease on the job's resource: give it back, and fence
+            # with a token of that resource's counter, not the queue's.
+            token = await self.resources.cancelled(
+                JobRef(before.id, before.token), outcome.record.resource
+            )
+            outcome = replace(outcome, fence_token=token)
         response = self._acted(context, "cancel", job_id, queue, outcome)
         if response.changed:
             self._wakeups.notify(response.job.queue)  # the next job of its ordering key

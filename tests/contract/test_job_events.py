@@ -5,6 +5,7 @@ backend whose log it shares (memory; SQLite's two files; one PostgreSQL schema).
 claim, rescue, Complete, Fail, Release and reaper verdict is an event of that one log,
 in the transaction of the change, numbered with the lease events in one order: a
 claim is ACQUIRED, a rescue EXPIRED then ACQUIRED, an end RELEASED, the reaper EXPIRED.
+A job naming its own resource is the exception: its claims are leases, logged as such.
 The control (an unlinked queue) logs nothing, which is what let a watch guard miss
 a rescue.
 """
@@ -87,14 +88,26 @@ async def test_a_claim_is_acquired_naming_the_job(job_log: JobLog) -> None:
     assert event.revision == await log_of(backend).head_revision()
 
 
-async def test_a_job_resource_is_the_one_events_name(job_log: JobLog) -> None:
+async def test_a_job_naming_its_own_resource_logs_nothing_of_its_own(job_log: JobLog) -> None:
+    """Its claims are leases on that resource (lease_server/queue/resources.py): the
+    lease's acquire, release and expiry are its events. The queue's provisional claim,
+    the retoken, a give-back and the end log nothing, so the resource's log holds only
+    tokens of its one counter."""
     queue, backend, _ = job_log
     await enqueue(queue, resource="invoice/7")
+    first = await claim_one(queue)
+    await queue.put_back(ref(first), 0)
     claimed = await claim_one(queue)
-    await queue.complete([ref(claimed)])
+    stored = await queue.retoken(ref(claimed), claimed.token + 100)
+    await queue.complete([ref(stored)])
+    assert seen(await events(backend)) == []
+    # Control: a job of its default resource logs its claim and its end.
+    job_id = await enqueue(queue)
+    plain = await claim_one(queue)
+    await queue.complete([ref(plain)])
     assert seen(await events(backend)) == [
-        (A, "invoice/7", claimed.token, "a"),
-        (L, "invoice/7", claimed.token, "a"),
+        (A, f"job/q/{job_id}", plain.token, "a"),
+        (L, f"job/q/{job_id}", plain.token, "a"),
     ]
 
 

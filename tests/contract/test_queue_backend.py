@@ -314,6 +314,78 @@ async def test_resource_is_the_job_or_the_one_it_names(queue_backend: Pair) -> N
     assert claimed[named].fenced_resource == "accounts/7"
 
 
+# -- a job naming its own resource: its token is its lease's (lease_server/queue/resources.py) ---
+
+
+async def test_retoken_gives_the_claim_its_leases_token_lower_or_higher(
+    queue_backend: Pair,
+) -> None:
+    backend, _ = queue_backend
+    for _ in range(3):  # the claims' counter passes 3
+        await enqueue(backend, queue="other")
+        await claim_one(backend, queue="other")
+    job_id = await enqueue(backend, resource="orders/1")
+    provisional = await claim_one(backend)
+    assert provisional.token > 1
+    # A lower token (the resource's lease counter is behind the claims'): stored as given.
+    stored = await backend.retoken(ref(provisional), 1)
+    assert (stored.id, stored.token, stored.state) == (job_id, 1, JobState.RUNNING)
+    assert stored.lease_owner == "w" and stored.attempts == 1
+    got = await backend.get(job_id)
+    assert got is not None and got.token == 1
+    assert await backend.retoken(JobRef(job_id, provisional.token), 1) == stored  # a repeat
+    with pytest.raises(LeaseLost):  # the provisional token is no claim any more
+        await backend.heartbeat([ref(provisional)], LONG)
+    await backend.heartbeat([JobRef(job_id, 1)], LONG)
+    # A higher one, then the job is completed with it.
+    higher = await backend.retoken(JobRef(job_id, 1), 10_000)
+    assert higher.token == 10_000
+    with pytest.raises(LeaseLost):
+        await backend.retoken(JobRef(job_id, 1), 10_001)
+    await backend.complete([JobRef(job_id, 10_000)])
+    assert await state_of(backend, job_id) is JobState.SUCCEEDED
+
+
+async def test_a_job_whose_lease_token_passed_the_claims_counter_is_rescued_and_cancelled(
+    queue_backend: Pair,
+) -> None:
+    backend, time = queue_backend
+    job_id = await enqueue(backend, resource="orders/1")
+    first = await claim_one(backend, ttl=TTL)
+    await backend.retoken(ref(first), 10_000)  # the resource's leases are far ahead
+    await time.sleep(TTL + 50)
+    # The rescue's provisional token comes from the claims' counter: below the lease's.
+    rescued = await claim_one(backend, worker="rescuer")
+    assert rescued.id == job_id and rescued.attempts == 2
+    stored = await backend.retoken(ref(rescued), 10_002)
+    assert stored.token == 10_002
+    outcome = await backend.cancel(job_id, "q", "stop")
+    assert outcome is not None and outcome.record.state is JobState.CANCELLED
+    assert outcome.fence_token != 10_002
+    with pytest.raises(LeaseLost):
+        await backend.heartbeat([JobRef(job_id, 10_002)], LONG)
+
+
+async def test_put_back_gives_the_job_back_due_later_without_counting_the_attempt(
+    queue_backend: Pair,
+) -> None:
+    backend, time = queue_backend
+    job_id = await enqueue(backend, resource="orders/1")
+    claimed = await claim_one(backend)
+    await backend.put_back(ref(claimed), 400)
+    got = await backend.get(job_id)
+    assert got is not None and got.state is JobState.READY and got.attempts == 0
+    assert got.lease_owner == ""
+    assert await backend.claim("q", "w", 1, LONG) == []  # not due yet
+    await backend.put_back(ref(claimed), 0)  # a repeat changes nothing: still not due
+    assert await backend.claim("q", "w", 1, LONG) == []
+    with pytest.raises(LeaseLost):
+        await backend.put_back(JobRef(job_id, claimed.token + 1), 0)
+    await time.sleep(450)
+    again = await claim_one(backend)
+    assert again.id == job_id and again.attempts == 1
+
+
 # -- enqueue -------------------------------------------------------------------------------------
 
 

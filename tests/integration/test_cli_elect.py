@@ -14,6 +14,7 @@ import pytest
 from fencing import GuardClient
 from fencing.testing import RunningServers, running_servers
 from fencingctl.lock import EXIT_NOT_ACQUIRED
+from serving import exits
 from tests.integration.test_cli_lock import env, read_line
 from tests.waiting import HANG_GUARD
 
@@ -37,7 +38,8 @@ def fencing(servers: RunningServers, *args: str) -> list[str]:
     ]
 
 
-def leader(servers: RunningServers, *args: str) -> str:
+def leader(servers: RunningServers, *args: str, code: int = 0) -> str:
+    """``fencing leader sched ARGS``'s line; it exits ``code`` (1 while nobody leads)."""
     done = subprocess.run(
         fencing(servers, "leader", "sched", *args),
         env=env(),
@@ -45,12 +47,13 @@ def leader(servers: RunningServers, *args: str) -> str:
         text=True,
         timeout=HANG_GUARD,
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == code, done.stderr
     return done.stdout.strip()
 
 
 def test_elect_runs_the_leader_and_leader_shows_it(servers: RunningServers, tmp_path: Path) -> None:
-    assert leader(servers) == "name=sched leader=false"
+    assert leader(servers, code=exits.FAILURE) == "name=sched leader=false"
+    assert json.loads(leader(servers, "--json", code=exits.FAILURE))["leader"] is False
     watch = subprocess.Popen(
         fencing(servers, "leader", "sched", "--watch"),
         env=env(),

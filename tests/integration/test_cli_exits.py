@@ -71,6 +71,29 @@ def test_an_unreachable_address_exits_unreachable_on_every_client_command() -> N
         assert json.loads(done.stdout)["exit_code"] == 12
 
 
+def test_a_refused_connection_exits_unreachable_on_the_lease_stream_too() -> None:
+    """The lease stream's calls (acquire, renew, release, lock, elect) follow the same
+    rule as the unary ones: no server at the address is UNREACHABLE, not a backend
+    outage."""
+    address = f"127.0.0.1:{closed_port()}"
+    for argv in (
+        ["lease", "acquire", "r", "--lease-addr", address],
+        ["lease", "renew", "r", "1", "--lease-addr", address],
+        ["lease", "release", "r", "1", "--lease-addr", address],
+        ["lock", "r", "--lease-addr", address, "--no-fence", "--", "true"],
+        ["elect", "r", "--lease-addr", address, "--guard-addr", address, "--", "true"],
+    ):
+        done = fencing(*argv)
+        assert done.returncode == exits.CODES["UNREACHABLE"], (argv, done.stderr)
+        assert done.stderr.startswith("error: UNREACHABLE: "), (argv, done.stderr)
+
+
+def test_lock_help_names_the_codes_it_exits_with() -> None:
+    text = " ".join(fencing("lock", "--help").stdout.split())
+    assert "12 (UNREACHABLE) when no server answered" in text
+    assert "1 for another error" not in text
+
+
 def test_usage_errors_still_exit_2() -> None:
     assert fencing("lease", "acquire").returncode == 2
     assert fencing("no-such-command").returncode == 2

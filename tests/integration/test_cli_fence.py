@@ -7,6 +7,7 @@ import pytest
 from fencing import Claim, GuardClient, LeaseClient, Put
 from fencing.testing import RunningServers
 from fencingctl import main
+from serving import exits
 
 
 def run(servers: RunningServers, capsys: pytest.CaptureFixture[str], *args: str) -> str:
@@ -49,7 +50,7 @@ def test_fence_reset_takes_no_token_and_a_token_is_a_number(
     servers: RunningServers, capsys: pytest.CaptureFixture[str]
 ) -> None:
     base = ["--lease-addr", servers.lease_address, "--guard-addr", servers.guard_address]
-    assert main(["fence", "acct", "7", "--reset", *base]) == 7
-    assert "INVALID_ARGUMENT" in capsys.readouterr().err
-    assert main(["fence", "acct", "seven", *base]) == 7
+    assert main(["fence", "acct", "7", "--reset", *base]) == exits.USAGE
+    assert "error: USAGE: a reset takes no token" in capsys.readouterr().err
+    assert main(["fence", "acct", "seven", *base]) == exits.USAGE
     assert "token must be a number" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import pytest
 
 from fencing.testing import RunningServers, running_servers
 from fencingctl import main
-from fencingctl.schedules import parse_every
+from fencingctl.flags import parse_duration
 from serving import exits
 
 
@@ -36,9 +36,11 @@ def test_add_list_remove(servers: RunningServers, capsys: pytest.CaptureFixture[
     assert lines[1].split()[:6] == ["nightly", "reports", "0", "3", "*", "*"]
     assert lines[2].split()[:6] == ["tick", "ticks", "every", "5m", "UTC", "3"]
     assert main(["queue", "schedules", "ticks", "--json", *at]) == 0
-    (listed,) = json.loads(capsys.readouterr().out)
-    assert (listed["name"], listed["every"], listed["catch_up"]) == ("tick", 300.0, 3)
-    assert listed["last_period"] is None and listed["next_run"] % 300 == 0
+    (line,) = capsys.readouterr().out.splitlines()  # JSON lines, as every list
+    listed = json.loads(line)
+    assert (listed["name"], listed["every_ms"], listed["catch_up"]) == ("tick", 300_000, 3)
+    assert listed["last_period_ms"] == 0 and listed["next_run_ms"] % 300_000 == 0
+    assert "every" not in listed and "next_run" not in listed
     assert main(["queue", "schedule", "remove", "tick", *at]) == 0
     assert capsys.readouterr().out.strip() == "removed tick"
     assert main(["queue", "schedule", "remove", "tick", "--json", *at]) == exits.CODES["NOT_FOUND"]
@@ -70,9 +72,9 @@ def test_cron_and_every_are_one_or_the_other(capsys: pytest.CaptureFixture[str])
     ("text", "seconds"), [("90", 90), ("30s", 30), ("5m", 300), ("1h", 3600), ("1500ms", 1.5)]
 )
 def test_durations(text: str, seconds: float) -> None:
-    assert parse_every(text) == seconds
+    assert parse_duration(text) == seconds
 
 
 def test_a_bad_duration_is_a_usage_error() -> None:
     with pytest.raises(argparse.ArgumentTypeError):
-        parse_every("soon")
+        parse_duration("soon")

@@ -88,13 +88,22 @@ def test_watch_prints_history_from_a_revision_then_live_events(servers: RunningS
             one.stdout.close()
 
 
+def test_watch_help_tells_what_the_readme_does(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["watch", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "ACQUIRED, RELEASED, EXPIRED (renewals are not events), or RESYNC" in text
+    assert "RENEWED" not in text and "(exit 1" not in text
+
+
 def test_watch_refuses_a_resource_and_a_prefix(
     servers: RunningServers, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = main(["watch", "a", "--prefix", "b", "--lease-addr", servers.lease_address])
-    assert code == exits.CODES["INVALID_ARGUMENT"] and "not both" in capsys.readouterr().err
-    code = main(["watch", "a", "--from", "-1", "--lease-addr", servers.lease_address])
-    assert code == exits.CODES["INVALID_ARGUMENT"] and "--from" in capsys.readouterr().err
+    assert code == exits.USAGE and "not both" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["watch", "a", "--from", "-1", "--lease-addr", servers.lease_address])
+    assert exited.value.code == exits.USAGE and "--from" in capsys.readouterr().err
 
 
 def test_lease_list_prints_each_held_lease(
@@ -113,5 +122,6 @@ def test_lease_list_prints_each_held_lease(
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["resource"] for r in rows] == ["q/0", "q/1", "q/2", "z"]
     assert set(rows[0]) == {"resource", "holder", "token", "remaining_ms", "last_token"}
-    assert main([*base, "--page-size", "5000"]) == exits.CODES["INVALID_ARGUMENT"]
-    assert "page_size" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # refused before anything is sent
+        main([*base, "--page-size", "5000"])
+    assert exited.value.code == exits.USAGE and "--page-size" in capsys.readouterr().err

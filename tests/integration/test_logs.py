@@ -77,15 +77,33 @@ async def test_worker_lines_carry_queue_job_id_attempt_and_token_as_fields(
     finally:
         await server.stop(0)
     assert done == [job.id]
-    completed = [r for r in caplog.records if r.getMessage() == "job completed"]
+    completed = [r for r in caplog.records if r.getMessage().startswith("job completed")]
     assert len(completed) == 1
     fields = vars(completed[0])
     assert (fields["queue"], fields["job_id"], fields["attempt"]) == ("mail", job.id, 1)
     assert fields["token"] > 0
+    # Under plain logging (no formatter of ours) the message itself says which job;
+    # the console format does not repeat what the message says.
+    about = f"queue=mail job_id={job.id} attempt=1 token={fields['token']}"
+    assert completed[0].getMessage() == f"job completed {about}"
+    console = ConsoleFormatter().format(completed[0])
+    assert console.count(f"job_id={job.id}") == 1 and console.endswith(about)
     # the handler's time is on the line that says it finished (its complete is sent
     # with the next claim, and "job completed" is logged when the verdict comes back)
-    (finished,) = [r for r in caplog.records if r.getMessage() == "job finished"]
+    (finished,) = [r for r in caplog.records if r.getMessage().startswith("job finished")]
     assert vars(finished)["job_id"] == job.id and "took_s" in vars(finished)
+
+
+def test_the_blocking_workers_lines_say_their_job_under_plain_logging(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from fencing.worker import sync
+
+    caplog.set_level(logging.INFO, logger="fencing.worker")
+    sync.log.warning("job lost: %s", "100% gone", extra={"queue": "q%s", "job_id": 3})
+    (record,) = caplog.records
+    assert record.getMessage() == "job lost: 100% gone queue=q%s job_id=3"
+    assert vars(record)["job_id"] == 3
 
 
 def test_a_json_server_prints_a_json_banner_and_drains_at_info() -> None:

@@ -57,14 +57,13 @@ async def claim_one(queue: PostgresQueue, worker: str, ttl_ms: int) -> JobRecord
     return job
 
 
-@pytest.mark.parametrize("resource", ["", "outbox/7"], ids=["default-resource", "own-resource"])
 async def test_strict_accepts_the_live_claim_and_refuses_it_once_expired(
-    queue: PostgresQueue, store: PostgresStore, resource: str
+    queue: PostgresQueue, store: PostgresStore
 ) -> None:
-    await queue.enqueue("q", [NewJob(b"send", resource=resource)])
+    await queue.enqueue("q", [NewJob(b"send")])
     job = await claim_one(queue, "worker-a", 300)
     r = job.fenced_resource
-    assert r == (resource or f"job/q/{job.id}")
+    assert r == f"job/q/{job.id}"
     ok = await store.write(r, job.token, [Put("sent", b"live")], mode=STRICT)
     assert ok.fence == job.token
     await asyncio.sleep(0.4)  # the claim expires; nobody rescued it yet
@@ -83,22 +82,23 @@ async def test_strict_refuses_a_claim_that_was_taken_over(
     """Worker A's claim expires and B rescues the job; B has not written yet, so A's
     token is not below the fence: strict still refuses it (LEASE_LOST), monotonic would
     not. After B writes, A's token is below the fence (STALE_TOKEN)."""
-    await queue.enqueue("q", [NewJob(b"send", resource="coupon/9")])
+    await queue.enqueue("q", [NewJob(b"send")])
     a = await claim_one(queue, "worker-a", 200)
     await asyncio.sleep(0.3)
     b = await claim_one(queue, "worker-b", 10_000)
     assert b.id == a.id and b.token > a.token
+    coupon = a.fenced_resource
     with pytest.raises(LeaseLost):
-        await store.write("coupon/9", a.token, [Put("used", b"by a")], mode=STRICT)
-    assert (await store.write("coupon/9", b.token, [Put("used", b"by b")], mode=STRICT)).fence
+        await store.write(coupon, a.token, [Put("used", b"by a")], mode=STRICT)
+    assert (await store.write(coupon, b.token, [Put("used", b"by b")], mode=STRICT)).fence
     with pytest.raises(StaleTokenError) as stale:
-        await store.write("coupon/9", a.token, [Put("used", b"by a")], mode=STRICT)
+        await store.write(coupon, a.token, [Put("used", b"by a")], mode=STRICT)
     assert stale.value.current_token == b.token
     # Done is not live: a completed claim writes no more.
     await queue.complete([JobRef(b.id, b.token)], "q")
     with pytest.raises(LeaseLost):
-        await store.write("coupon/9", b.token, [Put("used", b"after")], mode=STRICT)
-    assert await store.read("coupon/9", "used") == Record(b"by b", b.token)
+        await store.write(coupon, b.token, [Put("used", b"after")], mode=STRICT)
+    assert await store.read(coupon, "used") == Record(b"by b", b.token)
 
 
 async def test_strict_refuses_a_token_nobody_was_granted(
@@ -106,20 +106,21 @@ async def test_strict_refuses_a_token_nobody_was_granted(
 ) -> None:
     """Never granted (2**63 - 1): LEASE_LOST for a write and for a Fence, so it cannot
     wedge the resource; a live claim of the job still writes."""
-    await queue.enqueue("q", [NewJob(b"x", resource="ledger/1")])
+    await queue.enqueue("q", [NewJob(b"x")])
     job = await claim_one(queue, "worker-a", 10_000)
+    ledger = job.fenced_resource
     for mode_call in (
-        store.write("ledger/1", 2**63 - 1, [Put("k", b"wedge")], mode=STRICT),
-        store.fence("ledger/1", 2**63 - 1, STRICT),
+        store.write(ledger, 2**63 - 1, [Put("k", b"wedge")], mode=STRICT),
+        store.fence(ledger, 2**63 - 1, STRICT),
     ):
         with pytest.raises(LeaseLost):
             await mode_call
-    assert await store.describe_fence("ledger/1") == 0
-    assert (await store.write("ledger/1", job.token, [Put("k", b"ok")], mode=STRICT)).fence
+    assert await store.describe_fence(ledger) == 0
+    assert (await store.write(ledger, job.token, [Put("k", b"ok")], mode=STRICT)).fence
     # The control: a monotonic Fence with the same token wedges it.
-    await store.fence("ledger/1", 2**63 - 1)
+    await store.fence(ledger, 2**63 - 1)
     with pytest.raises(StaleTokenError):
-        await store.write("ledger/1", job.token, [Put("k", b"real")])
+        await store.write(ledger, job.token, [Put("k", b"real")])
 
 
 async def test_check_live_lease_in_your_own_sql_knows_job_claims(
@@ -127,14 +128,15 @@ async def test_check_live_lease_in_your_own_sql_knows_job_claims(
 ) -> None:
     dsn, name = schema
     check = sql.SQL("SELECT {}.check_live_lease(%s, %s)").format(sql.Identifier(name))
-    await queue.enqueue("q", [NewJob(b"x", resource="outbox/1")])
+    await queue.enqueue("q", [NewJob(b"x")])
     job = await claim_one(queue, "w", 300)
+    outbox = job.fenced_resource
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(check, ("outbox/1", job.token))
+        cur = await conn.execute(check, (outbox, job.token))
         assert await cur.fetchone() == (job.token,)
         await asyncio.sleep(0.4)
         with pytest.raises(psycopg.Error) as raised:
-            await conn.execute(check, ("outbox/1", job.token))
+            await conn.execute(check, (outbox, job.token))
     assert raised.value.sqlstate == postgres_db.LEASE_NOT_LIVE_SQLSTATE
     error = postgres_db.fencing_error(raised.value)
     assert isinstance(error, LeaseLost) and error.token == job.token
@@ -146,12 +148,12 @@ async def test_a_strict_job_write_holds_a_rescue_back_until_it_commits(
     """The job row is share-locked by the strict check: a rescue skips it (claims use
     SKIP LOCKED) until the transaction that checked the claim commits."""
     dsn, name = schema
-    await queue.enqueue("q", [NewJob(b"x", resource="outbox/2")])
+    await queue.enqueue("q", [NewJob(b"x")])
     job = await claim_one(queue, "w", 200)
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         await conn.execute(
-            sql.SQL("SELECT {}.check_live_lease('outbox/2', %s)").format(sql.Identifier(name)),
-            (job.token,),
+            sql.SQL("SELECT {}.check_live_lease(%s, %s)").format(sql.Identifier(name)),
+            (job.fenced_resource, job.token),
         )
         await asyncio.sleep(0.3)  # expired by now, but our transaction is still open
         assert await queue.claim("q", "rescuer", 1, 10_000) == []
@@ -202,9 +204,10 @@ async def test_reset_never_goes_below_a_granted_lease_or_job_token(
         assert isinstance(grant, Grant)
     finally:
         await backend.close()
-    await queue.enqueue("q", [NewJob(b"x", resource="outbox/3")])
+    await queue.enqueue("q", [NewJob(b"x")])
     job = await claim_one(queue, "w", 10_000)
-    for resource, granted in (("acct", grant.token), ("outbox/3", job.token)):
+    outbox = job.fenced_resource
+    for resource, granted in (("acct", grant.token), (outbox, job.token)):
         await store.fence(resource, 2**63 - 1)
         with pytest.raises(InvalidArgumentError) as below:
             await store.reset_fence(resource, granted - 1)
@@ -212,7 +215,7 @@ async def test_reset_never_goes_below_a_granted_lease_or_job_token(
         assert await store.describe_fence(resource) == 2**63 - 1
         assert await store.reset_fence(resource, granted) == 2**63 - 1
         assert await store.describe_fence(resource) == granted
-    assert (await store.write("outbox/3", job.token, [Put("k", b"v")], mode=STRICT)).fence
+    assert (await store.write(outbox, job.token, [Put("k", b"v")], mode=STRICT)).fence
 
 
 async def test_strict_judges_the_claim_before_a_replay_in_write_and_write_many(
@@ -222,20 +225,50 @@ async def test_strict_judges_the_claim_before_a_replay_in_write_and_write_many(
     it expired the repeat is LEASE_LOST, saying the key was applied and by which token."""
     from guard.stores.base import ResourceWrite
 
-    await queue.enqueue("q", [NewJob(b"a", resource="o/1"), NewJob(b"b", resource="o/2")])
+    await queue.enqueue("q", [NewJob(b"a"), NewJob(b"b")])
     first, second = await queue.claim("q", "w", 2, 300)
-    many = [ResourceWrite("o/1", first.token, [Put("k", b"1")]), ResourceWrite("o/2", second.token)]
+    o1, o2 = first.fenced_resource, second.fenced_resource
+    many = [ResourceWrite(o1, first.token, [Put("k", b"1")]), ResourceWrite(o2, second.token)]
     assert not (await store.write_many(many, "move", STRICT)).replayed
     again = await store.write_many(many, "move", STRICT)
     assert again.replayed and again.replayed_by_tokens == (first.token, second.token)
-    await store.write("o/1", first.token, [Put("j", b"x")], "single", STRICT)
-    assert (await store.write("o/1", first.token, [], "single", STRICT)).replayed
+    await store.write(o1, first.token, [Put("j", b"x")], "single", STRICT)
+    assert (await store.write(o1, first.token, [], "single", STRICT)).replayed
     await asyncio.sleep(0.4)  # both claims expire
     with pytest.raises(LeaseLost) as lost_many:
         await store.write_many(many, "move", STRICT)
-    assert lost_many.value.resource == "o/1"
+    assert lost_many.value.resource == o1
     assert (lost_many.value.key_applied, lost_many.value.applied_by_token) == (True, first.token)
     with pytest.raises(LeaseLost) as lost:
-        await store.write("o/1", first.token, [Put("j", b"y")], "single", STRICT)
+        await store.write(o1, first.token, [Put("j", b"y")], "single", STRICT)
     assert (lost.value.key_applied, lost.value.applied_by_token) == (True, first.token)
-    assert await store.read("o/1", "j") == Record(b"x", first.token)
+    assert await store.read(o1, "j") == Record(b"x", first.token)
+
+
+async def test_a_job_naming_its_own_resource_writes_strict_only_under_its_lease(
+    schema: tuple[str, str], queue: PostgresQueue, store: PostgresStore
+) -> None:
+    """Its claim is the lease on its resource (lease_server/queue/resources.py): the
+    queue's provisional claim alone is no claim to a strict guard; the claim holding the
+    lease, with the lease's token, is. After the lease expires, the job row's claim
+    (heartbeated later than the lease) does not keep the token live."""
+    from lease_server.backends.postgres import PostgresBackend
+    from lease_server.leases import Grant
+
+    await queue.enqueue("q", [NewJob(b"x", resource="outbox/7")])
+    job = await claim_one(queue, "w", 10_000)
+    with pytest.raises(LeaseLost):
+        await store.write("outbox/7", job.token, [Put("k", b"provisional")], mode=STRICT)
+    leases = PostgresBackend(*schema)
+    await leases.open()
+    try:
+        grant = await leases.acquire("outbox/7", "w", 300, "")
+        assert isinstance(grant, Grant)
+    finally:
+        await leases.close()
+    held = await queue.retoken(JobRef(job.id, job.token), grant.token)
+    ok = await store.write("outbox/7", held.token, [Put("k", b"held")], mode=STRICT)
+    assert ok.fence == grant.token
+    await asyncio.sleep(0.4)  # the lease expires; the job row's claim lasts 10 s
+    with pytest.raises(LeaseLost):
+        await store.write("outbox/7", held.token, [Put("k", b"late")], mode=STRICT)

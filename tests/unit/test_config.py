@@ -76,6 +76,16 @@ def test_every_problem_is_reported_with_its_source(tmp_path: Path) -> None:
     assert "env FENCING_BACKEND_TIMEOUT: must be greater than 0" in message
 
 
+def test_a_listen_address_is_checked_by_the_rule_the_clients_use() -> None:
+    env = {"FENCING_LEASE_LISTEN": "http://0.0.0.0:50051"}
+    with pytest.raises(config.ConfigError, match="not a URL: drop 'http://'"):
+        resolve([], env)
+    with pytest.raises(config.ConfigError, match="no port"):
+        resolve([], {"FENCING_LEASE_LISTEN": "localhost"})
+    args, _ = resolve([], {"FENCING_LEASE_LISTEN": "[::1]:0"})
+    assert args.listen == "[::1]:0"
+
+
 def test_unreadable_or_invalid_config_files(tmp_path: Path) -> None:
     with pytest.raises(config.ConfigError, match="cannot read"):
         resolve(["--config", str(tmp_path / "absent.toml")])

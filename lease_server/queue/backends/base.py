@@ -112,6 +112,17 @@ class QueueBackend(Protocol):
         """Give every named claim back, due now, or raise ``LeaseLost`` and change nothing.
         Returns the queues of the released jobs."""
 
+    async def retoken(self, ref: JobRef, token: int) -> JobRecord:
+        """Give the current claim ``ref`` of a job naming its own resource ``token``, the
+        token of the lease on that resource the claim took (``jobs.retoken``), in one
+        transaction; ``LeaseLost`` if ``ref`` is not current. Logs nothing (the lease's
+        acquire did), and ``token`` may be below the job's provisional one."""
+
+    async def put_back(self, ref: JobRef, delay_ms: int) -> None:
+        """Give the current claim ``ref`` back, due in ``delay_ms`` (``jobs.release`` with
+        a delay: the attempt does not count), or raise ``LeaseLost``: a claim whose
+        resource's lease is held by someone else."""
+
     async def reap(self, limit: int) -> int:
         """Move up to ``limit`` running jobs whose final attempt's lease expired to dead;
         return how many."""

@@ -175,6 +175,16 @@ class MemoryQueue:
         self._put(updated, now)
         return {r.queue for r in updated}
 
+    async def retoken(self, ref: JobRef, token: int) -> JobRecord:
+        now = self._clock.now_ms()
+        new = jobs.retoken(self._jobs.get(ref.id), ref, token)
+        self._put([new], now)
+        return new
+
+    async def put_back(self, ref: JobRef, delay_ms: int) -> None:
+        now = self._clock.now_ms()
+        self._put([jobs.release(self._jobs.get(ref.id), ref, now, delay_ms=delay_ms)], now)
+
     async def reap(self, limit: int) -> int:
         now = self._clock.now_ms()
         victims = sorted(

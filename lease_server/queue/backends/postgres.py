@@ -381,6 +381,18 @@ class PostgresQueue:
                 await conn.execute(self._promote_sql, (new.queue, new.ordering_key))
         return jobs.administered(record, stored)
 
+    async def retoken(self, ref: JobRef, token: int) -> JobRecord:
+        async with self._db.connection() as conn, conn.transaction():
+            record, _ = await self._locked(conn, ref.id, "")
+            # 0021_job_resources.sql: no token floor and no event for a job naming its
+            # own resource (its lease took the floor and logged the claim).
+            return await self._store_all(conn, jobs.retoken(record, ref, token))
+
+    async def put_back(self, ref: JobRef, delay_ms: int) -> None:
+        async with self._db.connection() as conn, conn.transaction():
+            record, now = await self._locked(conn, ref.id, "")
+            await self._store_all(conn, jobs.release(record, ref, now, delay_ms=delay_ms))
+
     async def _retry(self, conn: Any, record: JobRecord, now: int) -> JobRecord | None:
         blocked = False
         if record.ordering_key:

@@ -348,6 +348,21 @@ class SQLiteQueue:
 
         return await self._logged(tx)
 
+    async def retoken(self, ref: JobRef, token: int) -> JobRecord:
+        def tx(conn: sqlite3.Connection) -> JobRecord:
+            new = jobs.retoken(_load(conn, ref.id), ref, token)
+            _store(conn, new)  # a job naming its own resource: its lease logged the claim
+            return new
+
+        return await self._db.transaction(tx)
+
+    async def put_back(self, ref: JobRef, delay_ms: int) -> None:
+        def tx(conn: sqlite3.Connection) -> None:
+            now = self._clock.now_ms()
+            _store(conn, jobs.release(_load(conn, ref.id), ref, now, delay_ms=delay_ms))
+
+        await self._db.transaction(tx)
+
     async def reap(self, limit: int) -> int:
         def tx(conn: sqlite3.Connection, changes: list[Transition]) -> int:
             now = self._clock.now_ms()
