@@ -2,7 +2,8 @@
 
 Built in: ``memory://``, ``sqlite:///path``, ``postgres://``/``postgresql://`` (see
 :mod:`serving.postgres_db` for the URL's parameters), ``redis://`` (and ``rediss://``,
-``redis+cluster://``). Any installed distribution can add a scheme through the
+``redis+cluster://``), ``mysql://``/``mariadb://`` (:mod:`guard.stores.mysql`, the
+``mysql`` extra). Any installed distribution can add a scheme through the
 ``fencing.guard_stores`` entry-point group; the entry point's name is the scheme and its
 object a :data:`StoreFactory` (a callable taking the whole URL and returning a store not
 yet opened)::
@@ -67,6 +68,12 @@ def _redis(url: str) -> GuardStore:
     return RedisStore(url)
 
 
+def _mysql(url: str) -> GuardStore:
+    from guard.stores.mysql import MySQLStore
+
+    return MySQLStore(url)
+
+
 #: The stores this repository ships, by scheme: found without entry points, so they work
 #: from a source checkout and no installed package can shadow them.
 BUILTIN: dict[str, StoreFactory] = {
@@ -78,6 +85,8 @@ BUILTIN: dict[str, StoreFactory] = {
     "rediss": _redis,
     "redis+cluster": _redis,
     "rediss+cluster": _redis,
+    "mysql": _mysql,
+    "mariadb": _mysql,
 }
 
 _registered: dict[str, StoreFactory] = {}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fencing.testing.stores import GuardStoreContract
-from tests import redis_server
+from tests import mysql, redis_server
 
 
 class TestMemoryStore(GuardStoreContract):
@@ -57,3 +57,11 @@ class TestRedisClusterStore(GuardStoreContract):
     @pytest.fixture
     def store_url(self, redis_cluster_url: str) -> Iterator[str]:
         yield from _redis_url(redis_cluster_url)
+
+
+@pytest.mark.mysql
+class TestMySQLStore(GuardStoreContract):
+    @pytest.fixture
+    def store_url(self) -> Iterator[str]:
+        with mysql.fresh_prefix() as url:
+            yield url
