@@ -128,6 +128,16 @@ class MySQLConfig:
         self.timeout = _positive_int(query.get("timeout", "5"), "timeout")
 
 
+def flush_warning(innodb_flush_log_at_trx_commit: int) -> str | None:
+    """What a server with this setting may lose (None: a commit is on disk when acked)."""
+    if innodb_flush_log_at_trx_commit == 1:
+        return None
+    return (
+        f"innodb_flush_log_at_trx_commit = {innodb_flush_log_at_trx_commit}: commits "
+        "acknowledged in the last second before a crash may be lost (set it to 1)"
+    )
+
+
 def _positive_int(text: str, name: str) -> int:
     try:
         value = int(text)
@@ -254,13 +264,7 @@ class MySQLStore:
             raise BackendUnavailableError(
                 f"MySQL at {c.host}:{c.port}/{c.database}: {exc}"
             ) from exc
-        flush = int(row[0]) if row else 1
-        self.durability_warning = (
-            None
-            if flush == 1
-            else f"innodb_flush_log_at_trx_commit = {flush}: a commit acknowledged up to a "
-            "second before a crash may be lost (set it to 1)"
-        )
+        self.durability_warning = flush_warning(int(row[0]) if row else 1)
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
