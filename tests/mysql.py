@@ -17,7 +17,8 @@ from fencing.errors import BackendUnavailableError
 from guard.stores.base import GuardStore
 
 DEFAULT_URL = "mysql://root@127.0.0.1:3306/test"
-TABLES = ("fences", "data", "idempotency")
+#: What a test may leave under its prefix: the store's tables, and the test's own.
+TABLES = ("fences", "data", "idempotency", "orders")
 
 
 def base_url() -> str:
@@ -37,6 +38,7 @@ async def _drop(url: str, prefix: str) -> None:
         async with conn.cursor() as cur:
             for table in TABLES:
                 await cur.execute(f"DROP TABLE IF EXISTS {prefix}{table}")
+            await cur.execute(f"DROP PROCEDURE IF EXISTS {prefix}check_and_advance")
     finally:
         conn.close()
 

@@ -20,6 +20,10 @@ overlapping transactions never deadlock on each other; should InnoDB still pick 
 deadlock victim (new rows' gap locks), the whole transaction, rolled back by InnoDB, is
 run again.
 
+**Your own transactions** fence themselves with the same fence rows: ``CALL
+<prefix>check_and_advance(resource, token)`` (:data:`CHECK_AND_ADVANCE`, created on
+open; :mod:`fencing.mysql` maps its error).
+
 **Durability**: a commit is durable only with ``innodb_flush_log_at_trx_commit = 1``
 (the default); any other value is reported in ``durability_warning`` after
 :meth:`MySQLStore.open` (logged by the guard, refused by ``--require-durable``), as an
@@ -93,6 +97,32 @@ SCHEMA = (
         PRIMARY KEY (resource, ikey),
         KEY by_time (recorded_ms)
     ) ENGINE=InnoDB""",
+)
+
+
+#: The procedure your own transactions call to fence themselves (:mod:`fencing.mysql`):
+#: lock the resource's fence row (made if missing), refuse a token below the fence
+#: with SQLSTATE ``FN001`` (errno 31001, message: the JSON detail, without the resource
+#: when it would pass the 128 characters a SIGNAL message may have), else advance it.
+CHECK_AND_ADVANCE = (
+    "DROP PROCEDURE IF EXISTS {p}check_and_advance",
+    """CREATE PROCEDURE {p}check_and_advance(IN p_resource VARBINARY(256), IN p_token BIGINT)
+    BEGIN
+        DECLARE v_fence BIGINT;
+        DECLARE v_detail TEXT;
+        INSERT INTO {p}fences (resource, fence) VALUES (p_resource, 0)
+            ON DUPLICATE KEY UPDATE fence = fence;
+        SELECT fence INTO v_fence FROM {p}fences WHERE resource = p_resource FOR UPDATE;
+        IF p_token < v_fence THEN
+            SET v_detail = JSON_OBJECT('resource', CONVERT(p_resource USING utf8mb4),
+                'token', p_token, 'current_token', v_fence);
+            IF CHAR_LENGTH(v_detail) > 128 THEN
+                SET v_detail = JSON_OBJECT('token', p_token, 'current_token', v_fence);
+            END IF;
+            SIGNAL SQLSTATE 'FN001' SET MESSAGE_TEXT = v_detail, MYSQL_ERRNO = 31001;
+        END IF;
+        UPDATE {p}fences SET fence = p_token WHERE resource = p_resource AND fence < p_token;
+    END""",
 )
 
 
@@ -256,6 +286,7 @@ class MySQLStore:
             async with self._pool.acquire() as conn, conn.cursor() as cur:
                 for statement in SCHEMA:
                     await cur.execute(statement.format(p=self._p))
+                await self._create_procedure(cur)
                 await cur.execute("SELECT @@innodb_flush_log_at_trx_commit")
                 row = await cur.fetchone()
                 await conn.commit()
@@ -265,6 +296,23 @@ class MySQLStore:
                 f"MySQL at {c.host}:{c.port}/{c.database}: {exc}"
             ) from exc
         self.durability_warning = flush_warning(int(row[0]) if row else 1)
+
+    async def _create_procedure(self, cur: Any) -> None:
+        """(Re)create :data:`CHECK_AND_ADVANCE`; a guard starting beside another that
+        just did the same may see it already exist, which is as good."""
+        await cur.execute(
+            "SELECT COUNT(*) FROM information_schema.routines WHERE routine_schema ="
+            " DATABASE() AND routine_name = %s",
+            (f"{self._p}check_and_advance",),
+        )
+        row = await cur.fetchone()
+        if row and int(row[0]):
+            return
+        try:
+            await cur.execute(CHECK_AND_ADVANCE[1].format(p=self._p))
+        except mysql_errors.OperationalError as exc:
+            if not (exc.args and exc.args[0] == 1304):  # ER_SP_ALREADY_EXISTS
+                raise
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
