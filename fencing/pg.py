@@ -47,11 +47,20 @@ def fencing_error(exc: BaseException) -> FencingError | None:
     if sqlstate not in (STALE_TOKEN_SQLSTATE, LEASE_NOT_LIVE_SQLSTATE):
         return None
     diag = getattr(exc, "diag", None)
+    return error_from_detail(sqlstate, getattr(diag, "message_detail", None) or "")
+
+
+def error_from_detail(sqlstate: str, text: str, resource: str = "") -> FencingError:
+    """The exception a fencing SQLSTATE and its JSON detail name (shared by
+    :mod:`fencing.mysql`, whose errors carry the same detail); ``resource`` when the
+    detail names none."""
     try:
-        detail = json.loads(getattr(diag, "message_detail", None) or "{}")
+        detail = json.loads(text or "{}")
     except ValueError:
         detail = {}
-    resource = str(detail.get("resource", ""))
+    if not isinstance(detail, dict):
+        detail = {}
+    resource = str(detail.get("resource", "") or resource)
     token = int(detail.get("token", 0))
     applied = detail.get("key_applied")
     key_applied = None if applied is None else bool(applied)
@@ -78,5 +87,6 @@ __all__ = [
     "LEASE_HELD_SQLSTATE",
     "LEASE_NOT_LIVE_SQLSTATE",
     "STALE_TOKEN_SQLSTATE",
+    "error_from_detail",
     "fencing_error",
 ]

@@ -37,7 +37,7 @@ OPTIONS: tuple[config.Option, ...] = (
         "FENCING_STORE",
         "sqlite:fencing-data/guard.db",
         "fenced store URL: memory://, sqlite:PATH, postgresql://user@host/db?schema=fencing, "
-        "redis://host:6379",
+        "redis://host:6379, mysql://user@host/db, or a scheme an installed store package adds",
         metavar="URL",
     ),
     config.Option(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import grpc.aio
 from prometheus_client import CollectorRegistry
@@ -24,6 +24,7 @@ from fencing.errors import (
     FencingError,
     InvalidArgumentError,
     LeaseLost,
+    NotFoundError,
     PermissionDeniedError,
     StaleTokenError,
 )
@@ -34,7 +35,13 @@ from guard.fence import FenceMode
 from guard.follower import FollowerStatus
 from guard.metrics import GuardMetrics
 from guard.refusals import RefusalLog
-from guard.stores.base import BatchedWrite, GuardStore, ResourceWrite, Verdict
+from guard.stores.base import (
+    BatchedWrite,
+    GuardStore,
+    RecordLister,
+    ResourceWrite,
+    Verdict,
+)
 from serving.admission import authorize_item, current_principal
 from serving.server import rpc
 
@@ -481,7 +488,10 @@ class GuardService(guard_pb2_grpc.GuardServiceServicer):
         prefix = limits.check_prefix(request.prefix)
         size = limits.check_page_size(request.page_size)
         after = limits.check_record_page_token(request.page_token)
-        found = await self.store.list_records(resource, prefix, after, size + 1)
+        if not hasattr(self.store, "list_records"):  # optional: a store of its own may not
+            raise NotFoundError(f"the guard's store ({self.store.name}) does not list records")
+        lister = cast(RecordLister, self.store)
+        found = await lister.list_records(resource, prefix, after, size + 1)
         page: list[guard_pb2.KeyRecord] = []
         total = 0
         for key, record in found[:size]:

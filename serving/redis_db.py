@@ -75,6 +75,8 @@ from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 
 from fencing.errors import BackendUnavailableError, InvalidArgumentError
+from fencing.redis import escape_tag as escape_tag  # tests/unit/test_redis_keys.py
+from fencing.redis import unescape_tag as unescape_tag  # lease_server.backends.redis
 from serving import urls
 
 log = logging.getLogger(__name__)
@@ -226,17 +228,6 @@ def redact(url: str) -> str:
 # -- keys ----------------------------------------------------------------------------------
 
 
-def escape_tag(resource: str) -> str:
-    """The hash tag for ``resource``: no braces left, reversible (``%`` escaped first)."""
-    if not resource:
-        raise InvalidArgumentError("resource must not be empty", field="resource")
-    return resource.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
-
-
-def unescape_tag(tag: str) -> str:
-    return tag.replace("%7D", "}").replace("%7B", "{").replace("%25", "%")
-
-
 class ResourceKeys:
     """The keys of one resource under ``prefix``; all share the resource's hash slot."""
 
@@ -324,7 +315,7 @@ async def scan_keys(client: Client, pattern: str, count: int = 1000) -> list[byt
 def load_lua(package: str, name: str, *, helpers: tuple[str, ...] = ()) -> str:
     """The text of ``<package>/<name>.lua``, preceded by the shared decimal helpers and
     then by ``<package>/<helper>.lua`` for each of ``helpers``, in that order."""
-    parts = [resources.files("serving.lua").joinpath("decimal.lua").read_text("utf-8")]
+    parts = [resources.files("fencing.lua").joinpath("decimal.lua").read_text("utf-8")]
     for helper in (*helpers, name):
         parts.append(resources.files(package).joinpath(f"{helper}.lua").read_text("utf-8"))
     return "\n".join(parts)

@@ -167,6 +167,14 @@ async def _redis_store(url: str) -> AsyncIterator[GuardStore]:
         await redis_server.drop_prefix(url, prefix)
 
 
+@asynccontextmanager
+async def mysql_store() -> AsyncIterator[GuardStore]:
+    from tests import mysql
+
+    async with mysql.fresh_store() as store:
+        yield store
+
+
 def redis_backend() -> AbstractAsyncContextManager[tuple[LeaseBackend, TimeControl]]:
     return redis_backend_at(redis_server.SERVERS.standalone_url())
 
@@ -215,10 +223,12 @@ GUARD_STORES: dict[str, StoreFactory] = {
     "postgres": postgres_store,
     "redis": redis_store,
     "redis-cluster": redis_cluster_store,
+    "mysql": mysql_store,
 }
 
 #: Registry name -> pytest marker name, added to every test parametrized with it.
 MARKS: dict[str, str] = {
+    "mysql": "mysql",
     "postgres": "postgres",
     "redis": "redis",
     "redis-cluster": "redis",

@@ -1,14 +1,36 @@
-"""The seam between the guard service and storage: one small Protocol.
+"""The store seam: the public, versioned interface a fenced store implements.
 
-A fenced store keeps, per resource, a fence (the highest token applied or
-promised) and the resource's key/value data, in the same durable store. ``write``
-is one transaction: lock the fence, judge the token with :func:`guard.fence.admit`,
-apply every op, advance the fence, commit; a rejection applies nothing (G3).
-Idempotency keys are remembered, with the token that applied them, in the same
-transaction as the write they name (G6), and judged after the token
-(:func:`guard.fence.judge`): a token below the fence is refused whether or not its key
-is known, and a replay names the token that applied the key.
-To add a store, add a file beside this one and a branch in ``open_store``.
+This module is public API (:data:`STORE_API_VERSION`): a store may live in its own
+package, registered by URL scheme through the ``fencing.guard_stores`` entry-point group
+(:mod:`guard.stores`), and prove itself with the shipped contract suite
+(:mod:`fencing.testing.stores`). A store built on it imports only this module,
+:mod:`guard.fence` (the rule), :mod:`fencing.types` and :mod:`fencing.errors`.
+
+A fenced store keeps, per resource, a fence (the highest token applied or promised) and
+the resource's key/value data, in the same durable store. What every implementation
+must guarantee:
+
+1. **The fence check and the write are one atomic step.** ``write`` locks (or reads
+   inside one transaction, one script, one statement) the resource's fence, judges the
+   token with :func:`guard.fence.judge`, applies every op in order, advances the fence,
+   and commits, all or nothing. Never read the fence in one call and write in another:
+   a concurrent writer with a higher token must not slip in between (the suite's
+   concurrent-writer cases catch a store that does). A rejection applies nothing (G3).
+2. **The idempotency-key rule** (G6): a key is recorded, with the fence and the token
+   that applied it, in the same transaction as the write it names, and judged *after*
+   the token: a token below the fence is refused whether or not its key is known (the
+   error says whether the key was applied, and by which token); a known key with an
+   admissible token is a replay that applies nothing and names the token that applied
+   it. A refused write records no key. Keys are per resource.
+3. **Durable before acknowledged**: a write returns only once its fence and data
+   survive a crash of the store's process (a committed, synced transaction). A store
+   that cannot promise it says so in ``durability_warning`` (None when durable), which
+   the guard logs and ``--require-durable`` refuses.
+4. Equal tokens write again (one holder writes many times under one lease); the fence
+   never goes down except by ``reset_fence``; fences are per resource.
+
+To add a store in this repository, add a file beside this one and a line in
+:data:`guard.stores.BUILTIN`; outside it, register an entry point.
 
 Two more shapes of write, both one transaction:
 
@@ -20,16 +42,25 @@ Two more shapes of write, both one transaction:
   a stale write applies nothing and the others still land. The guard uses it to
   coalesce concurrent writes (:mod:`guard.commit`); strict mode is never batched.
 
-Optional, and expected of every networked store: ``async def healthy(self) -> bool``
-(:class:`serving.storage.HealthProbe`); see :mod:`lease_server.backends.base` for
-what the server does with it and for the deadline on every other call.
+Optional members: ``async def list_records(resource, prefix, after, limit)`` (the
+:class:`RecordLister` protocol: up to ``limit`` ``(key, Record)`` of ``resource`` whose
+key starts with ``prefix`` and sorts after ``after``, in code point order; the guard's
+``ListRecords`` answers NOT_FOUND for a store without it, and the suite skips its case);
+``durability_warning`` (above); ``api_version`` (default
+:data:`STORE_API_VERSION`; the guard refuses a store declaring another); and, expected
+of every networked store, ``async def healthy(self) -> bool``
+(:class:`serving.storage.HealthProbe`); see :mod:`lease_server.backends.base` for what
+the server does with it and for the deadline on every other call.
+
+Versioning: a change that breaks an existing store (a new required member, a changed
+guarantee) bumps :data:`STORE_API_VERSION`; new optional members do not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from fencing.errors import LeaseLost, StaleTokenError
 from fencing.types import Op, Record
@@ -81,11 +112,22 @@ class BatchedWrite:
     idempotency_key: str = ""
 
 
+#: The version of this interface; a store may declare it as ``api_version``.
+STORE_API_VERSION: Final = 1
+
+
 #: A batched write's verdict: its result, or the error it alone was refused with.
 Verdict = StoreWriteResult | StaleTokenError | LeaseLost
 
 
 class GuardStore(Protocol):
+    """A fenced store (module doc for what each member must guarantee).
+
+    ``name`` is what logs and metrics call it (``"mysql"``); ``open`` is called once
+    before any other call, ``close`` once at the end; every call may run concurrently
+    with every other, from one event loop.
+    """
+
     name: str
     #: True if ``write(..., mode=FenceMode.STRICT)`` can check the live lease in the
     #: write's own transaction (the lease backend lives in the same database).
@@ -119,12 +161,6 @@ class GuardStore(Protocol):
 
     async def read(self, resource: str, key: str) -> Record | None:
         """The value under ``key`` and the token that wrote it, or None."""
-
-    async def list_records(
-        self, resource: str, prefix: str, after: str, limit: int
-    ) -> list[tuple[str, Record]]:
-        """Up to ``limit`` records of ``resource`` whose key starts with ``prefix`` and
-        sorts after ``after`` ('' : from the first), in key order by code point."""
 
     async def fence(self, resource: str, token: int, mode: FenceMode = FenceMode.MONOTONIC) -> int:
         """Advance the fence to ``token`` (see :func:`guard.fence.advance`); return it.
@@ -172,3 +208,38 @@ class GuardStore(Protocol):
         ``strict``: strict writes check the live lease as close to their own commit
         as they can, so the guard sends them one by one.
         """
+
+
+#: Every member a store must have (attributes and methods), for :func:`missing_members`.
+REQUIRED_MEMBERS: Final = (
+    "name",
+    "supports_strict",
+    "commit_concurrency",
+    "open",
+    "close",
+    "write",
+    "read",
+    "fence",
+    "reset_fence",
+    "describe_fence",
+    "prune_idempotency",
+    "write_many",
+    "write_batch",
+)
+
+
+def missing_members(store: object) -> list[str]:
+    """The members of :class:`GuardStore` that ``store`` lacks (empty: it has them all)."""
+    return [m for m in REQUIRED_MEMBERS if not hasattr(store, m)]
+
+
+class RecordLister(Protocol):
+    """The optional member a store lists its records with (``ListRecords``)."""
+
+    async def list_records(
+        self, resource: str, prefix: str, after: str, limit: int
+    ) -> list[tuple[str, Record]]:
+        """Up to ``limit`` records of ``resource`` whose key starts with ``prefix`` and
+        sorts after ``after`` ('': from the first), in key order by code point (the
+        order of their UTF-8 bytes)."""
+        ...

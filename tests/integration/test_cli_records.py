@@ -8,14 +8,17 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import grpc
 import pytest
 
-from fencing import AsyncGuardClient, GuardClient, InvalidArgumentError
+from fencing import AsyncGuardClient, GuardClient, InvalidArgumentError, NotFoundError
 from fencing.testing import RunningServers, running_servers
 from fencing.types import Claim, Put, Record
 from fencing.v1 import guard_pb2, guard_pb2_grpc
+from guard.stores.base import GuardStore
+from guard.stores.memory import MemoryStore
 from serving import exits
 from tests.integration.test_cli_lock import env
 from tests.waiting import HANG_GUARD
@@ -99,3 +102,23 @@ async def test_the_async_twin_lists_alike(servers: RunningServers) -> None:
     async with AsyncGuardClient(servers.guard_address) as guard:
         got = [k async for k, _ in guard.list_records("shop", "cfg/", page_size=2)]
     assert got == KEYS[:5]
+
+
+class _StoreWithoutListing:
+    """A store of its own on the seam's required members only (no ``list_records``)."""
+
+    def __init__(self) -> None:
+        self._inner = MemoryStore()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "list_records":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def test_a_store_that_does_not_list_answers_not_found() -> None:
+    store = cast(GuardStore, _StoreWithoutListing())
+    with running_servers(store=store) as servers, GuardClient(servers.guard_address) as guard:
+        guard.put(Claim("r", 1), "k", b"v")  # the store works otherwise
+        with pytest.raises(NotFoundError, match="does not list records"):
+            list(guard.list_records("r"))

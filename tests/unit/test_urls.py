@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from fencing.errors import InvalidArgumentError
-from guard.stores import open_store
 from lease_server.backends import open_backend
 from lease_server.queue.backends import open_queue
 from serving import urls
@@ -33,7 +32,6 @@ def test_each_scheme_names_one_kind(url: str, kind: str | None) -> None:
 @pytest.mark.parametrize(
     ("opener", "field", "accepted"),
     [
-        (open_store, "store", "memory://, sqlite:///path, postgresql://... or redis://..."),
         (open_backend, "backend", "memory://, sqlite:///path, postgresql://... or redis://..."),
         (open_queue, "queue", "memory://, sqlite:///path or postgresql://..."),
     ],

@@ -1,4 +1,4 @@
--- decimal.lua: prepended to every fencing script (serving.redis_db.load_lua).
+-- decimal.lua: prepended to every fencing script (serving.redis_db.load_lua, fencing.redis).
 --
 -- Tokens and fences travel and are stored as canonical decimal strings (no sign, no
 -- leading zeros): Lua numbers are doubles, exact only up to 2^53, and tokens go up to

@@ -1,1 +1,0 @@
-"""Lua shared by every Redis script: ``decimal.lua`` (exact comparison of tokens)."""
