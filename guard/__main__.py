@@ -73,6 +73,7 @@ OPTIONS: tuple[config.Option, ...] = (
         check=config.positive,
         metavar="SECONDS",
     ),
+    config.CREATE,
     config.WORKERS,
     *config.SERVER_OPTIONS,
 )
