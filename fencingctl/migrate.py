@@ -15,6 +15,7 @@ from typing import Any
 
 from fencing.errors import FencingError
 from serving import exits
+from serving.extras import MissingExtraError, needs_extra
 
 
 def register(sub: Any) -> None:
@@ -43,8 +44,12 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return exits.USAGE
-    from serving.postgres_db import migrate
-
+    try:
+        with needs_extra("postgres", "fencing migrate"):
+            from serving.postgres_db import migrate
+    except MissingExtraError as exc:
+        print(f"error: USAGE: {exc}", file=sys.stderr)
+        return exits.USAGE
     try:
         applied = asyncio.run(migrate(args.dsn, args.schema))
     except (FencingError, exits.StartupError) as exc:

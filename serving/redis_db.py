@@ -76,6 +76,7 @@ from redis.crc import key_slot
 
 from fencing.errors import BackendUnavailableError, InvalidArgumentError
 from serving import urls
+from serving.urls import redact
 
 log = logging.getLogger(__name__)
 
@@ -211,16 +212,6 @@ async def connect(target: RedisTarget) -> Client:
         client = cluster_client(target.url)
         await client.initialize()
         return client
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 # -- keys ----------------------------------------------------------------------------------

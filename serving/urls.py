@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from types import MappingProxyType
 from typing import Final
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from fencing.errors import InvalidArgumentError
 
@@ -82,4 +82,24 @@ def kind_of(url: str, *, what: str, field: str, kinds: Collection[str] = KINDS) 
     )
 
 
-__all__ = ["KINDS", "MEMORY", "POSTGRES", "REDIS", "SCHEMES", "SQLITE", "kind", "kind_of"]
+def redact(url: str) -> str:
+    """The URL without its password, for logs and messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+__all__ = [
+    "KINDS",
+    "MEMORY",
+    "POSTGRES",
+    "REDIS",
+    "SCHEMES",
+    "SQLITE",
+    "kind",
+    "kind_of",
+    "redact",
+]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from guard.stores.base import GuardStore, StoreWriteResult
 from serving import urls
+from serving.extras import needs_extra
 from serving.sqlite_db import sqlite_path
 
 
@@ -22,10 +23,12 @@ def open_store(url: str) -> GuardStore:
 
         return SQLiteStore(sqlite_path(url))
     if kind == urls.POSTGRES:
-        from guard.stores.postgres import PostgresStore
+        with needs_extra("postgres", "the PostgreSQL guard store"):
+            from guard.stores.postgres import PostgresStore
 
         return PostgresStore(url)
-    from guard.stores.redis import RedisStore
+    with needs_extra("redis", "the Redis guard store"):
+        from guard.stores.redis import RedisStore
 
     return RedisStore(url)
 

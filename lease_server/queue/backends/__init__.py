@@ -19,6 +19,7 @@ from pathlib import Path
 from lease_server.clock import Clock
 from lease_server.queue.backends.base import QueueBackend
 from serving import urls
+from serving.extras import needs_extra
 from serving.sqlite_db import sqlite_path
 
 #: The queue file ``fencing serve`` kept beside its ``leases.db`` before it derived it
@@ -60,7 +61,8 @@ def open_queue(url: str, clock: Clock | None = None) -> QueueBackend:
         from lease_server.queue.backends.sqlite import SQLiteQueue
 
         return SQLiteQueue(sqlite_path(url), clock)
-    from lease_server.queue.backends.postgres import PostgresQueue
+    with needs_extra("postgres", "the PostgreSQL queue backend"):
+        from lease_server.queue.backends.postgres import PostgresQueue
 
     return PostgresQueue(url)
 
