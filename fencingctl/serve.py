@@ -45,8 +45,8 @@ OPTIONS: tuple[config.Option, ...] = (
         "host:port the lease server binds; port 0 picks one",
         check=config.address,
         metavar="HOST:PORT",
+        # Not FENCING_LEASE_ADDR: that is where clients connect, exported for the CLI.
         old_keys=("lease_addr",),
-        old_envs=("FENCING_LEASE_ADDR",),
     ),
     config.Option(
         "guard_listen",
@@ -56,7 +56,6 @@ OPTIONS: tuple[config.Option, ...] = (
         check=config.address,
         metavar="HOST:PORT",
         old_keys=("guard_addr",),
-        old_envs=("FENCING_GUARD_ADDR",),
     ),
     config.Option(
         "fence_mode",
