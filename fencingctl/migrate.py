@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from fencing.errors import FencingError
+from fencing.errors import FencingError, InvalidArgumentError
 from serving import exits
 from serving.extras import MissingExtraError, needs_extra
 
@@ -52,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
         return exits.USAGE
     try:
         applied = asyncio.run(migrate(args.dsn, args.schema))
+    except InvalidArgumentError as exc:  # the URL itself: a usage error
+        print(f"error: USAGE: {exc.message}", file=sys.stderr)
+        return exits.USAGE
     except (FencingError, exits.StartupError) as exc:
         return exits.fail(exc)
     print(f"applied migrations {applied}" if applied else "schema is up to date")

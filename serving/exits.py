@@ -244,6 +244,8 @@ def startup_error(
             "use a backend that keeps what it acknowledged (sqlite:, postgresql://, Redis "
             "with appendonly and a noeviction policy), or drop --require-durable",
         )
+    if isinstance(exc, InvalidArgumentError):  # a setting the server refused (a URL's)
+        return StartupError("USAGE", exc.message, str(backend), "correct the setting")
     if isinstance(exc, BackendUnavailableError | OSError) or type(exc).__module__.startswith(
         ("sqlite3", "psycopg", "redis")
     ):

@@ -58,6 +58,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import inspect
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -108,6 +110,19 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
+@functools.cache
+def _redis_params() -> frozenset[str]:
+    """The query parameters redis-py passes on to a connection: its URL parsers' and the
+    keyword arguments of its connection classes."""
+    from redis.asyncio.connection import AbstractConnection
+    from redis.connection import URL_QUERY_ARGUMENT_PARSERS
+
+    names = set(URL_QUERY_ARGUMENT_PARSERS)
+    for cls in (AbstractConnection, Connection, SSLConnection):
+        names |= set(inspect.signature(cls.__init__).parameters) - {"self", "args", "kwargs"}
+    return frozenset(names)
+
+
 def parse_url(url: str, *, own: tuple[str, ...] = ()) -> RedisTarget:
     """Split a ``redis://`` / ``redis+cluster://`` URL into redis-py's URL and our options.
 
@@ -119,10 +134,15 @@ def parse_url(url: str, *, own: tuple[str, ...] = ()) -> RedisTarget:
         raise InvalidArgumentError(f"not a redis URL: {url!r}", field="url")
     cluster = scheme.endswith("+cluster")
     base = scheme.removesuffix("+cluster")
-    ours = {"prefix", "require_durable", "cluster", *own}
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    mine = {k: v for k, v in query if k in ours}
-    rest = [(k, v) for k, v in query if k not in ours]
+    mine, rest = urls.split_params(
+        url,
+        ("prefix", "require_durable", "cluster", *own),
+        driver=_redis_params(),
+        driver_hint="a redis-py connection parameter (socket_timeout, protocol, "
+        "ssl_cert_reqs, ...)",
+        what="redis",
+        field="url",
+    )
     if mine.get("cluster", "").lower() in _TRUE:
         cluster = True
     return RedisTarget(
