@@ -450,7 +450,9 @@ class PostgresDatabase:
             if error is None:
                 raise
             if isinstance(error, BackendUnavailableError):
-                log.warning("%s", error)
+                # Every call of an outage fails so: the health probe's "backend down"
+                # is the line an operator reads, once.
+                log.debug("%s", error)
             raise error from exc
 
     async def _checkout(
