@@ -17,6 +17,7 @@ from typing import Final
 MODULES: Final = {
     "postgres": ("psycopg", "psycopg_pool"),
     "redis": ("redis", "hiredis"),
+    "mysql": ("asyncmy",),
 }
 
 
