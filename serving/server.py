@@ -226,14 +226,18 @@ class BuiltServer:
                 up.set(1 if ok else 0)
                 if ok != serving:
                     serving = ok
+                    # The one line per change of state: the loops that fail meanwhile
+                    # (expiry, reaper, scheduler, listener, pools) log at DEBUG only.
                     if ok:
-                        log.warning("%s backend passes its health probe again: SERVING", role)
+                        log.warning(
+                            "%s backend back: it passes its health probe again; SERVING", role
+                        )
                     else:
                         # Unreachable, or (a Redis under require_durable) no longer
                         # durable: the backend's own log line says which.
                         log.error(
-                            "%s backend fails its health probe (unreachable, or not durable "
-                            "under --require-durable): NOT_SERVING",
+                            "%s backend down: it fails its health probe (unreachable, or not "
+                            "durable under --require-durable); NOT_SERVING until it is back",
                             role,
                         )
                     await self.set_serving(ok)
