@@ -17,6 +17,15 @@ with ``--matrix`` keep only those cells.
 
 Exit status: 0 if the scenario (every cell) passed, 1 if one failed (a fenced run
 with a violation, or a control that caught nothing), 2 for bad arguments.
+``fencing chaos soak --duration 2h`` runs every workload at once (lock-counter
+clients, guarded writes with an idempotent effect log, queue workers) while a
+seeded nemesis pauses and kills clients, lease servers, the guard and the
+database and partitions clients; the checker judges the history during the run
+and at the end, and every server's health (memory, descriptors, tasks, waiters,
+streams, connections) is sampled: a metric still growing over the last half fails
+the run. ``--control`` turns the guard's fencing off: that run must show
+violations. Writes ``result.json`` and ``health.html`` (with ``plots/*.svg``).
+
 ``fencing chaos list`` names the scenarios. Needs a source checkout (the harness
 runs ``python -m chaos.workload``); loopback only.
 """
@@ -74,6 +83,45 @@ def register(sub: Any) -> None:
     )
     report.add_argument("out", type=Path, help="the --out directory of a run")
     report.set_defaults(run=report_command)
+    soak = chaos_sub.add_parser(
+        "soak",
+        help="every workload at once under a random nemesis, with checker and health watch",
+    )
+    soak.add_argument("--backend", choices=["sqlite", "postgres", "redis"], default="sqlite")
+    soak.add_argument(
+        "--fence-mode",
+        default="monotonic",
+        help="monotonic (default), promise, watch, strict (postgres or redis)",
+    )
+    soak.add_argument(
+        "--duration",
+        type=_duration,
+        default=300.0,
+        help="how long the clients run: seconds, or with a unit (90s, 30m, 2h); default 5m",
+    )
+    soak.add_argument("--seed", type=int, default=1)
+    soak.add_argument(
+        "--lease-servers",
+        type=_positive_int,
+        help="lease servers sharing the backend (default: 1 on sqlite, 2 otherwise)",
+    )
+    soak.add_argument("--clients", type=_positive_int, default=3, help="lock-counter clients")
+    soak.add_argument("--effect-clients", type=int, default=2, help="counter + effect-log clients")
+    soak.add_argument("--workers", type=int, default=2, help="queue workers (sqlite, postgres)")
+    soak.add_argument(
+        "--sample-every", type=_positive_float, default=2.0, help="seconds between health samples"
+    )
+    soak.add_argument("--no-faults", action="store_true", help="no nemesis (a baseline)")
+    soak.add_argument(
+        "--control",
+        action="store_true",
+        help="the guard's fencing off: the run must show violations (exit 1 when it does)",
+    )
+    # The health check's control: servers that keep one object per call (chaos.leaky).
+    soak.add_argument("--leak", choices=["task", "fd", "memory"], help=argparse.SUPPRESS)
+    soak.add_argument("--out", type=Path, help="directory for results (default: a temp dir)")
+    soak.add_argument("--quiet", action="store_true", help="no progress lines")
+    soak.set_defaults(run=soak_command)
 
 
 def _positive_int(text: str) -> int:
@@ -88,6 +136,54 @@ def _positive_float(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
     return value
+
+
+def _duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    scale = units.get(text[-1:], 1) if text else 1
+    number = text[:-1] if text[-1:] in units else text
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 30s/10m/2h, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def soak_command(args: argparse.Namespace) -> int:
+    from chaos.soak import SoakConfig, run_soak, verdict_lines
+
+    config = SoakConfig(
+        backend=args.backend,
+        fence_mode=args.fence_mode,
+        duration=args.duration,
+        seed=args.seed,
+        counter_clients=args.clients,
+        effect_clients=args.effect_clients,
+        workers=args.workers,
+        lease_servers=args.lease_servers or 0,
+        sample_every=args.sample_every,
+        faults=not args.no_faults,
+        fencing=not args.control,
+        leak=args.leak or "",
+    )
+    try:
+        config.validate()
+    except ValueError as exc:
+        print(f"fencing chaos soak: {exc}", file=sys.stderr)
+        return 2
+    out: Path = args.out or Path(tempfile.mkdtemp(prefix="fencing-chaos-soak-"))
+
+    def progress(text: str) -> None:
+        if not args.quiet:
+            print(f"[soak] {text}", file=sys.stderr, flush=True)
+
+    _unwind_on_sigterm()
+    result = run_soak(config, out, progress=progress)
+    print("\n".join(verdict_lines(result)))
+    print(f"results: {out / 'result.json'}\nhealth: {out / 'health.html'}")
+    return 0 if result.passed else 1
 
 
 def list_command(args: argparse.Namespace) -> int:
