@@ -430,13 +430,15 @@ def svg_plot(
 ) -> str:
     """A small line plot (inline SVG): one polyline per named series over [0, duration]."""
     ys = [y for pts in lines.values() for _, y in pts]
+    # Samples go on while the clients wind down: the x axis runs to the last one.
+    span = max([duration, *(t for pts in lines.values() for t, _ in pts)])
     lo, hi = (min(ys), max(ys)) if ys else (0.0, 1.0)
     if hi - lo < 1e-9:
         lo, hi = lo - 1, hi + 1
     pad_l, pad_b = 44, 14
 
     def x(t: float) -> float:
-        return pad_l + (PLOT_W - pad_l - 4) * (t / duration if duration else 0)
+        return pad_l + (PLOT_W - pad_l - 4) * (t / span if span else 0)
 
     def y(v: float) -> float:
         return 4 + (PLOT_H - pad_b - 8) * (1 - (v - lo) / (hi - lo))
@@ -450,7 +452,7 @@ def svg_plot(
         f'<text x="{pad_l - 2}" y="10" text-anchor="end">{_num(hi)}</text>',
         f'<text x="{pad_l - 2}" y="{PLOT_H - pad_b - 4}" text-anchor="end">{_num(lo)}</text>',
         f'<text x="{pad_l}" y="{PLOT_H - 2}">0</text>',
-        f'<text x="{PLOT_W - 4}" y="{PLOT_H - 2}" text-anchor="end">{duration:.0f} s</text>',
+        f'<text x="{PLOT_W - 4}" y="{PLOT_H - 2}" text-anchor="end">{span:.0f} s</text>',
     ]
     if half_line:
         parts.append(

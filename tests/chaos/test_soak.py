@@ -10,6 +10,7 @@ fail the growth check. Nothing asserts on timing. The long soaks are run by hand
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,40 @@ def test_a_short_soak_on_sqlite_is_valid_and_flat(tmp_path: Path) -> None:
     assert result.checks, "the checker also ran during the soak"
     assert (tmp_path / "health.html").read_text().count("<svg") >= 6
     assert list((tmp_path / "plots").glob("*.svg"))
+
+
+def _missing(backend: str) -> str | None:
+    if backend == "postgres":
+        if shutil.which("initdb") is None and not Path("/usr/lib/postgresql/15/bin").is_dir():
+            return "needs the PostgreSQL binaries"
+    elif shutil.which("redis-server") is None:
+        return "needs redis-server"
+    return None
+
+
+@pytest.mark.parametrize(
+    ("backend", "mode"),
+    [
+        pytest.param(
+            backend,
+            mode,
+            id=f"{backend}-{mode}",
+            marks=[pytest.mark.skip(reason=r)] if (r := _missing(backend)) else [],
+        )
+        for backend, mode in [("postgres", "strict"), ("redis", "watch")]
+    ],
+)
+def test_a_short_soak_with_two_lease_servers_is_valid_and_flat(
+    tmp_path: Path, backend: str, mode: str
+) -> None:
+    result = soak(tmp_path, backend=backend, fence_mode=mode)
+    assert result.config.servers == 2
+    assert result.errors == []
+    assert result.result.valid, result.result.summary()
+    assert result.grows == []
+    judged = {(g.process, g.metric) for g in result.growths}
+    assert ("lease-server-1", "fds") in judged
+    assert ("database", "connections") in judged
 
 
 def test_the_same_soak_with_fencing_off_shows_violations(tmp_path: Path) -> None:
