@@ -160,6 +160,8 @@ class SoakResult:
     elapsed_s: float
     samples: int = 0
     fault_counts: dict[str, int] = field(default_factory=dict)
+    t0_ns: int = 0
+    """When the clients' duration began (``time.monotonic_ns``): time 0 of the samples."""
 
     @property
     def grows(self) -> list[health.Growth]:
@@ -205,6 +207,7 @@ class SoakResult:
             "health_samples": self.samples,
             "errors": self.errors,
             "elapsed_s": round(self.elapsed_s, 1),
+            "t0_ns": self.t0_ns,
         }
 
 
@@ -533,11 +536,26 @@ def run_soak(
     except Exception as exc:
         errors.append(f"{type(exc).__name__}: {exc}")
     say("checking the whole history")
-    events = read_history(history_dir)
+    return judge(config, out, checks, list(log.windows), errors, samples, int(t0 * 1e9), started)
+
+
+def judge(
+    config: SoakConfig,
+    out: Path,
+    checks: list[dict[str, Any]],
+    windows: list[faults.FaultWindow],
+    errors: list[str],
+    samples: list[dict[str, Any]],
+    t0_ns: int,
+    started: float,
+    elapsed_s: float | None = None,
+) -> SoakResult:
+    """Check the whole history in ``out``, judge the health samples, write the report."""
+    events = read_history(out / "history")
     result = check(events, mode=config.fence_mode)
     growths = health.growth(samples, config.duration)
     counts: dict[str, int] = {}
-    for w in log.windows:
+    for w in windows:
         kind = f"{w.kind} {_role(w.target)}"
         counts[kind] = counts.get(kind, 0) + 1
     soak = SoakResult(
@@ -545,21 +563,41 @@ def run_soak(
         result,
         growths,
         checks,
-        list(log.windows),
+        windows,
         errors,
         out,
-        time.monotonic() - started,
+        time.monotonic() - started if elapsed_s is None else elapsed_s,
         len(samples),
         dict(sorted(counts.items())),
+        t0_ns,
     )
-    write_report(
-        soak,
-        samples,
-        health.latency_series(
-            events, int(t0 * 1e9), max(config.sample_every, config.duration / 60)
-        ),
-    )
+    window_s = max(config.sample_every, config.duration / 60)
+    write_report(soak, samples, health.latency_series(events, t0_ns, window_s))
     return soak
+
+
+def rejudge(out: Path) -> SoakResult:
+    """Check a finished soak in ``out`` again (its histories, health samples and fault
+    log, as the run left them) and rewrite its report: after a checker change, or to
+    redraw. The continuous checks and harness errors are kept from ``result.json``."""
+    raw = json.loads((out / "result.json").read_text())
+    config = SoakConfig(**raw["config"])
+    samples = health.read_samples(out / "health.jsonl")
+    windows = faults.read_faults(out / "faults.jsonl")
+    t0_ns = int(raw.get("t0_ns") or 0)
+    if not t0_ns:  # written before it was recorded: the clients' first event
+        t0_ns = min((e.t_mono_ns for e in read_history(out / "history")), default=0)
+    return judge(
+        config,
+        out,
+        list(raw.get("checks", [])),
+        windows,
+        list(raw.get("errors", [])),
+        samples,
+        t0_ns,
+        0.0,
+        elapsed_s=float(raw.get("elapsed_s", 0.0)),
+    )
 
 
 def _pid_of(proc: Proc) -> Callable[[], int | None]:
@@ -570,8 +608,8 @@ def _pid_of(proc: Proc) -> Callable[[], int | None]:
 def _role(target: str) -> str:
     """What a fault struck, for the counts: ``client`` for ``k3`` or ``e1 <-> lease-server``."""
     head = target.split(" ")[0]
-    if head.startswith("lease-server") and "guard" not in target:
-        return "lease-server"
+    if head.startswith("lease-server"):
+        return "lease-server + guard" if "guard" in target else "lease-server"
     if head.rstrip("0123456789") in ("k", "e", "j"):
         return "client"
     return head
@@ -645,6 +683,8 @@ __all__ = [
     "Nemesis",
     "SoakConfig",
     "SoakResult",
+    "judge",
+    "rejudge",
     "run_soak",
     "verdict_lines",
     "write_report",

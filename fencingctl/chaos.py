@@ -79,9 +79,9 @@ def register(sub: Any) -> None:
     listing = chaos_sub.add_parser("list", help="list the scenarios")
     listing.set_defaults(run=list_command)
     report = chaos_sub.add_parser(
-        "report", help="check a finished run's histories again and redraw its report"
+        "report", help="check a finished run's (or soak's) histories again and redraw its report"
     )
-    report.add_argument("out", type=Path, help="the --out directory of a run")
+    report.add_argument("out", type=Path, help="the --out directory of a run or a soak")
     report.set_defaults(run=report_command)
     soak = chaos_sub.add_parser(
         "soak",
@@ -342,6 +342,9 @@ def _matrix_command(args: argparse.Namespace) -> int:
 def report_command(args: argparse.Namespace) -> int:
     from chaos.report import load_result, verdict_table, write_report
 
+    if (args.out / "health.jsonl").exists():  # a soak's directory
+        return _soak_report(args.out)
+
     try:
         result = load_result(args.out)
     except (OSError, KeyError, ValueError) as exc:
@@ -350,4 +353,17 @@ def report_command(args: argparse.Namespace) -> int:
     json_path, html_path = write_report(result, args.out)
     print(verdict_table(result))
     print(f"results: {json_path}\ntimeline: {html_path}")
+    return 0 if result.passed else 1
+
+
+def _soak_report(out: Path) -> int:
+    from chaos.soak import rejudge, verdict_lines
+
+    try:
+        result = rejudge(out)
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        print(f"fencing chaos report: cannot read the soak in {out}: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(verdict_lines(result)))
+    print(f"results: {out / 'result.json'}\nhealth: {out / 'health.html'}")
     return 0 if result.passed else 1

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from chaos.processes import REPO_ROOT, child_env
-from chaos.soak import SoakConfig, SoakResult, run_soak, verdict_lines
+from chaos.soak import SoakConfig, SoakResult, rejudge, run_soak, verdict_lines
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
@@ -46,6 +46,11 @@ def test_a_short_soak_on_sqlite_is_valid_and_flat(tmp_path: Path) -> None:
     assert result.checks, "the checker also ran during the soak"
     assert (tmp_path / "health.html").read_text().count("<svg") >= 6
     assert list((tmp_path / "plots").glob("*.svg"))
+    # Judged again from what the run left on disk (fencing chaos report DIR): the same.
+    again = rejudge(tmp_path)
+    assert again.passed
+    assert again.result.counts() == result.result.counts()
+    assert [g.to_dict() for g in again.growths] == [g.to_dict() for g in result.growths]
 
 
 def _missing(backend: str) -> str | None:
