@@ -44,7 +44,7 @@ from serving.admission import (
 )
 from serving.auth import AuthPolicy
 from serving.logs import banner
-from serving.metrics import GrpcMetrics, Metrics, MetricsInterceptor
+from serving.metrics import GrpcMetrics, Metrics, MetricsInterceptor, RuntimeMetrics
 from serving.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -373,6 +373,7 @@ async def serve_until_signal(
         if on_ready is not None:
             on_ready()
         if metrics is not None and metrics_port:
+            metrics.group(RuntimeMetrics).track(asyncio.get_running_loop())
             endpoint = metrics.serve_http(metrics_port, metrics_host)
             url = f"http://{metrics_host}:{endpoint.port}/metrics"
             banner(f"metrics on {url}", metrics_url=url)
