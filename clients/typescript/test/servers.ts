@@ -50,7 +50,9 @@ function start(module: string, args: string[]): Promise<Server> {
 				new Error(`${module} did not start in ${START_TIMEOUT} s: ${stderr}`),
 			);
 		}, START_TIMEOUT * 1000);
-		const lines = createInterface({ input: proc.stdout as NodeJS.ReadableStream });
+		const lines = createInterface({
+			input: proc.stdout as NodeJS.ReadableStream,
+		});
 		lines.once("line", (line) => {
 			clearTimeout(timer);
 			const match = /listening on (\S+)/.exec(line);
