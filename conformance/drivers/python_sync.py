@@ -60,7 +60,7 @@ class Driver:
         if op in ("acquire", "acquire_nowait"):
             leases = self.client(step["client"])
             resource = ctx.resource(step["resource"])
-            fence = [self.guard] if step.get("fence") else []
+            fence = [self.guard] if step.get("fence") and ctx.knob != "no_fence" else []
             if op == "acquire":
                 lease = leases.acquire(resource, step["ttl"], step.get("timeout"), fence=fence)
             else:
@@ -79,6 +79,10 @@ class Driver:
                 idempotency_key=step.get("idem", ""),
             )
             return {"replayed": res.replayed, "replayed_by_token": res.replayed_by_token}
+        elif op == "delete":
+            self.guard.delete(ctx.leases[step["lease"]], step["key"])
+        elif op == "write_many":
+            self.guard.write_many([(ctx.leases[v], _put(step)) for v in step["leases"]])
         elif op == "read":
             rec = self.guard.read(ctx.resource(step["resource"]), step["key"])
             return {"value": None if rec is None else rec.value.decode()}

@@ -95,7 +95,7 @@ async function act(step) {
     case "acquire":
     case "acquire_nowait": {
       const leases = client(step.client);
-      const opts = { ttl: step.ttl, fence: step.fence ? [guard] : [] };
+      const opts = { ttl: step.ttl, fence: step.fence && knob !== "no_fence" ? [guard] : [] };
       if (step.timeout !== undefined) opts.timeout = step.timeout;
       const lease =
         step.op === "acquire"
@@ -118,6 +118,14 @@ async function act(step) {
       );
       return res;
     }
+    case "delete":
+      await guard.delete(ctx.leases.get(step.lease), step.key);
+      return;
+    case "write_many":
+      await guard.writeMany(
+        step.leases.map((v) => [ctx.leases.get(v), { type: "put", key: step.key, value: step.value }]),
+      );
+      return;
     case "read": {
       const rec = await guard.read(resource(step.resource), step.key);
       return { value: rec === null ? null : rec.value.toString() };
