@@ -37,3 +37,5 @@ export type {
 export { Lease, LeaseClient } from "./lease.js";
 export type { RenewalPolicy } from "./renewal.js";
 export type { Transport } from "./transport.js";
+export type { FailResult, Handler, NewJob, WorkerOptions } from "./queue.js";
+export { Job, QueueClient, Worker } from "./queue.js";
