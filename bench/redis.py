@@ -31,7 +31,7 @@ from bench.harness import Result, measure, progress, server, server_process, tab
 from guard.stores.redis import WRITE_LUA
 from lease_server.backends.redis import RedisBackend
 from lease_server.leases import Grant
-from serving import redis_db
+from serving import redis_db, urls
 
 FLOOR = "redis PING (floor)"
 LOCK = "redis-py Lock acquire+release"
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     results = asyncio.run(
         run(clients, args.duration, args.url, depth=args.depth, servers=args.servers)
     )
-    print(table(results, f"Redis at {redis_db.redact(args.url)}"))
+    print(table(results, f"Redis at {urls.redact(args.url)}"))
     return 0
 
 

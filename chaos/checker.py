@@ -90,7 +90,9 @@ run invalid). All rules are per resource.
 
    - every ``ok`` increment must be listed (else ``lost-update``: an acknowledged
      increment was overwritten by one that had not seen it);
-   - no ``fail`` increment may be listed (``rejected-write-landed``);
+   - no ``fail`` increment may be listed (``rejected-write-landed``), unless
+     another attempt of it (a re-sent outbox write keeps its id) was ``ok`` or
+     ``info``: a refused replay says nothing of the attempt before it;
    - ``info`` increments may or may not be listed;
    - ``N`` must equal the number of ids, each listed once (else ``lost-update``).
 
@@ -701,7 +703,10 @@ def _lost_updates(
     for o in rops:
         inc = o.extra.get("increment") if o.op == "write" else None
         if isinstance(inc, str) and o.key is not None:
-            # A re-sent increment (its outbox) keeps its id: the most certain outcome wins.
+            # A re-sent increment (its outbox) keeps its id. One acknowledged attempt
+            # means it landed; else one of unknown outcome means it may have (a refused
+            # replay says nothing of an earlier attempt: the token is judged before the
+            # key, G6); only when every attempt was refused did it certainly not land.
             prev = incs[o.key].get(inc)
             if prev is None or _certainty(o) > _certainty(prev):
                 incs[o.key][inc] = o
@@ -747,7 +752,8 @@ def _lost_updates(
 
 
 def _certainty(o: Operation) -> int:
-    return 2 if o.ok else 1 if o.fail else 0
+    """Which attempt of an increment decides rule 6: ok, then unknown, then refused."""
+    return 2 if o.ok else 0 if o.fail else 1
 
 
 def _lost_increment(

@@ -19,6 +19,7 @@ from chaos.processes import Proc
 from chaos.proxy import ThreadedFaultProxy
 from chaos.servers import Postgres, Redis, ServerProc, guard_server, lease_server
 from serving import urls
+from serving.ports import free_port
 
 #: Backends a run can keep the leases and the guard's store in: every kind of storage
 #: (:mod:`serving.urls`) but memory, which dies with the server process a run crashes.
@@ -36,7 +37,11 @@ class Topology:
     and the lease server / the guard. ``watch``: the guard follows the lease
     server's events (``--lease-addr``, directly, not through a proxy).
     ``redis_persistence``: see :data:`REDIS_PERSISTENCE`. ``guard_args``: extra
-    guard flags.
+    guard flags. ``lease_servers``: how many lease servers share the backend (more
+    than one on PostgreSQL or Redis only; the guard watches the first).
+    ``metrics``: every server serves ``/metrics`` on a port of its own
+    (:attr:`Cluster.metrics_ports`). ``leak``: a soak's leak control, see
+    :mod:`chaos.leaky` (never in a real run).
     """
 
     backend: str = "sqlite"
@@ -46,10 +51,17 @@ class Topology:
     watch: bool = False
     redis_persistence: str = "aof-always"
     guard_args: tuple[str, ...] = ()
+    lease_servers: int = 1
+    metrics: bool = False
+    leak: str = ""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r} (expected one of {BACKENDS})")
+        if self.lease_servers < 1:
+            raise ValueError(f"lease_servers must be >= 1, got {self.lease_servers}")
+        if self.lease_servers > 1 and self.backend == "sqlite":
+            raise ValueError("several lease servers need a shared backend (postgres or redis)")
 
 
 @dataclass
@@ -84,7 +96,10 @@ class Cluster:
         self.seed = seed
         self.database: Postgres | Redis | None = None
         self.lease: ServerProc | None = None
+        self.leases: list[ServerProc] = []
         self.guard: ServerProc | None = None
+        #: server name -> the port its ``/metrics`` is served on (``topology.metrics``).
+        self.metrics_ports: dict[str, int] = {}
         self.clients: dict[str, ClientNode] = {}
         self._proxies: list[ThreadedFaultProxy] = []
 
@@ -128,15 +143,29 @@ class Cluster:
             self.database = Redis(self.workdir, self.topology.redis_persistence)
             self.database.start()
         lease_url, store_url = self.backend_urls()
-        self.lease = lease_server(lease_url, self.workdir)
-        self.lease.start()
-        guard_args = list(self.topology.guard_args)
+        leak = self.topology.leak
+        for i in range(self.topology.lease_servers):
+            name = "lease-server" if i == 0 else f"lease-server-{i}"
+            server = lease_server(
+                lease_url, self.workdir, name, extra_args=self._metrics_args(name), leak=leak
+            )
+            self.leases.append(server)
+            server.start()
+        self.lease = self.leases[0]
+        guard_args = list(self.topology.guard_args) + self._metrics_args("guard")
         if self.topology.watch:
             guard_args += ["--lease-addr", self.lease.target]
         self.guard = guard_server(
-            store_url, self.topology.fence_mode, self.workdir, extra_args=guard_args
+            store_url, self.topology.fence_mode, self.workdir, extra_args=guard_args, leak=leak
         )
         self.guard.start()
+
+    def _metrics_args(self, name: str) -> list[str]:
+        if not self.topology.metrics:
+            return []
+        # Chosen once: a restart serves on the same port, so samples keep their source.
+        self.metrics_ports[name] = free_port()
+        return ["--metrics-port", str(self.metrics_ports[name])]
 
     def _proxy(self, upstream: str, seed: int) -> ThreadedFaultProxy:
         host, port = upstream.rsplit(":", 1)
@@ -145,17 +174,19 @@ class Cluster:
         self._proxies.append(proxy)
         return proxy
 
-    def add_client(self, name: str, argv: Sequence[str]) -> ClientNode:
+    def add_client(self, name: str, argv: Sequence[str], *, lease_server: int = 0) -> ClientNode:
         """Start a workload client; ``argv`` may contain ``{lease}`` and ``{guard}``.
 
-        Those are replaced by the lease server's and the guard's addresses, or by
-        the client's own proxies' addresses when the topology puts proxies in front.
+        Those are replaced by the lease server's (``lease_server``: which one, by
+        index) and the guard's addresses, or by the client's own proxies' addresses
+        when the topology puts proxies in front.
         """
         index = len(self.clients)
         lease_proxy = guard_proxy = None
-        lease_target, guard_target = self.lease_target, self.guard_target
+        lease_target = self.leases[lease_server].target
+        guard_target = self.guard_target
         if self.topology.proxy_lease:
-            lease_proxy = self._proxy(self.lease_target, self.seed * 1000 + index * 2)
+            lease_proxy = self._proxy(lease_target, self.seed * 1000 + index * 2)
             lease_target = lease_proxy.target
         if self.topology.proxy_guard:
             guard_proxy = self._proxy(self.guard_target, self.seed * 1000 + index * 2 + 1)
@@ -200,7 +231,7 @@ class Cluster:
             node.proc.kill()
             node.proc.close()
         self.stop_proxies()
-        for server in (self.guard, self.lease):
+        for server in (self.guard, *reversed(self.leases)):
             if server is not None:
                 server.resume()
                 server.terminate()

@@ -75,10 +75,25 @@ class ServerProc(Proc):
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-def lease_server(backend_url: str, workdir: Path, name: str = "lease-server") -> ServerProc:
+def _module(module: str, leak: str) -> list[str]:
+    """How to run server ``module``: ``python -m module``, or, for a soak's leak control,
+    through :mod:`chaos.leaky` (the same server, keeping one ``leak`` object per call)."""
+    if leak:
+        return [sys.executable, "-m", "chaos.leaky", leak, module]
+    return [sys.executable, "-m", module]
+
+
+def lease_server(
+    backend_url: str,
+    workdir: Path,
+    name: str = "lease-server",
+    *,
+    extra_args: Sequence[str] = (),
+    leak: str = "",
+) -> ServerProc:
     """A lease server process on ``backend_url`` (not started)."""
-    argv = [sys.executable, "-m", "lease_server", "--backend", backend_url, "--listen", "{listen}"]
-    argv += ["--log-level", "WARNING"]
+    argv = [*_module("lease_server", leak), "--backend", backend_url, "--listen", "{listen}"]
+    argv += ["--log-level", "WARNING", *extra_args]
     return ServerProc(name, argv, log_path=workdir / "logs" / f"{name}.log")
 
 
@@ -89,9 +104,10 @@ def guard_server(
     *,
     name: str = "guard",
     extra_args: Sequence[str] = (),
+    leak: str = "",
 ) -> ServerProc:
     """A guard process on ``store_url`` in ``fence_mode`` (not started)."""
-    argv = [sys.executable, "-m", "guard", "--store", store_url, "--listen", "{listen}"]
+    argv = [*_module("guard", leak), "--store", store_url, "--listen", "{listen}"]
     argv += ["--fence-mode", fence_mode, "--log-level", "WARNING", *extra_args]
     return ServerProc(name, argv, log_path=workdir / "logs" / f"{name}.log")
 

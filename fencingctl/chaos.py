@@ -17,6 +17,15 @@ with ``--matrix`` keep only those cells.
 
 Exit status: 0 if the scenario (every cell) passed, 1 if one failed (a fenced run
 with a violation, or a control that caught nothing), 2 for bad arguments.
+``fencing chaos soak --duration 2h`` runs every workload at once (lock-counter
+clients, guarded writes with an idempotent effect log, queue workers) while a
+seeded nemesis pauses and kills clients, lease servers, the guard and the
+database and partitions clients; the checker judges the history during the run
+and at the end, and every server's health (memory, descriptors, tasks, waiters,
+streams, connections) is sampled: a metric still growing over the last half fails
+the run. ``--control`` turns the guard's fencing off: that run must show
+violations. Writes ``result.json`` and ``health.html`` (with ``plots/*.svg``).
+
 ``fencing chaos list`` names the scenarios. Needs a source checkout (the harness
 runs ``python -m chaos.workload``); loopback only.
 """
@@ -73,10 +82,91 @@ def register(sub: Any) -> None:
     listing = chaos_sub.add_parser("list", help="list the scenarios")
     listing.set_defaults(run=list_command)
     report = chaos_sub.add_parser(
-        "report", help="check a finished run's histories again and redraw its report"
+        "report", help="check a finished run's (or soak's) histories again and redraw its report"
     )
-    report.add_argument("out", type=Path, help="the --out directory of a run")
+    report.add_argument("out", type=Path, help="the --out directory of a run or a soak")
     report.set_defaults(run=report_command)
+    soak = chaos_sub.add_parser(
+        "soak",
+        help="every workload at once under a random nemesis, with checker and health watch",
+    )
+    soak.add_argument("--backend", choices=["sqlite", "postgres", "redis"], default="sqlite")
+    soak.add_argument(
+        "--fence-mode",
+        default="monotonic",
+        help="monotonic (default), promise, watch, strict (postgres or redis)",
+    )
+    soak.add_argument(
+        "--duration",
+        type=flags.duration(0.0, above=True),
+        default=300.0,
+        help="how long the clients run: seconds, or with a unit (90s, 30m, 2h); default 5m",
+    )
+    soak.add_argument("--seed", type=flags.integer(0), default=1)
+    soak.add_argument(
+        "--lease-servers",
+        type=flags.integer(1),
+        help="lease servers sharing the backend (default: 1 on sqlite, 2 otherwise)",
+    )
+    soak.add_argument("--clients", type=flags.integer(1), default=3, help="lock-counter clients")
+    soak.add_argument(
+        "--effect-clients", type=flags.integer(0), default=2, help="counter + effect-log clients"
+    )
+    soak.add_argument(
+        "--workers", type=flags.integer(0), default=2, help="queue workers (sqlite, postgres)"
+    )
+    soak.add_argument(
+        "--sample-every",
+        type=flags.duration(0.0, above=True),
+        default=2.0,
+        help="seconds between health samples",
+    )
+    soak.add_argument("--no-faults", action="store_true", help="no nemesis (a baseline)")
+    soak.add_argument(
+        "--control",
+        action="store_true",
+        help="the guard's fencing off: the run must show violations (exit 1 when it does)",
+    )
+    # The health check's control: servers that keep one object per call (chaos.leaky).
+    soak.add_argument("--leak", choices=["task", "fd", "memory"], help=argparse.SUPPRESS)
+    soak.add_argument("--out", type=Path, help="directory for results (default: a temp dir)")
+    soak.add_argument("--quiet", action="store_true", help="no progress lines")
+    soak.set_defaults(run=soak_command)
+
+
+def soak_command(args: argparse.Namespace) -> int:
+    from chaos.soak import SoakConfig, run_soak, verdict_lines
+
+    config = SoakConfig(
+        backend=args.backend,
+        fence_mode=args.fence_mode,
+        duration=args.duration,
+        seed=args.seed,
+        counter_clients=args.clients,
+        effect_clients=args.effect_clients,
+        workers=args.workers,
+        lease_servers=args.lease_servers or 0,
+        sample_every=args.sample_every,
+        faults=not args.no_faults,
+        fencing=not args.control,
+        leak=args.leak or "",
+    )
+    try:
+        config.validate()
+    except ValueError as exc:
+        print(f"fencing chaos soak: {exc}", file=sys.stderr)
+        return 2
+    out: Path = args.out or Path(tempfile.mkdtemp(prefix="fencing-chaos-soak-"))
+
+    def progress(text: str) -> None:
+        if not args.quiet:
+            print(f"[soak] {text}", file=sys.stderr, flush=True)
+
+    _unwind_on_sigterm()
+    result = run_soak(config, out, progress=progress)
+    print("\n".join(verdict_lines(result)))
+    print(f"results: {out / 'result.json'}\nhealth: {out / 'health.html'}")
+    return 0 if result.passed else 1
 
 
 def list_command(args: argparse.Namespace) -> int:
@@ -235,6 +325,9 @@ def _matrix_command(args: argparse.Namespace) -> int:
 def report_command(args: argparse.Namespace) -> int:
     from chaos.report import load_result, verdict_table, write_report
 
+    if (args.out / "health.jsonl").exists():  # a soak's directory
+        return _soak_report(args.out)
+
     try:
         result = load_result(args.out)
     except (OSError, KeyError, ValueError) as exc:
@@ -243,4 +336,17 @@ def report_command(args: argparse.Namespace) -> int:
     json_path, html_path = write_report(result, args.out)
     print(verdict_table(result))
     print(f"results: {json_path}\ntimeline: {html_path}")
+    return 0 if result.passed else 1
+
+
+def _soak_report(out: Path) -> int:
+    from chaos.soak import rejudge, verdict_lines
+
+    try:
+        result = rejudge(out)
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        print(f"fencing chaos report: cannot read the soak in {out}: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(verdict_lines(result)))
+    print(f"results: {out / 'result.json'}\nhealth: {out / 'health.html'}")
     return 0 if result.passed else 1

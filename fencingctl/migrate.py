@@ -13,8 +13,9 @@ import os
 import sys
 from typing import Any
 
-from fencing.errors import FencingError
+from fencing.errors import FencingError, InvalidArgumentError
 from serving import exits
+from serving.extras import MissingExtraError, needs_extra
 
 
 def register(sub: Any) -> None:
@@ -43,10 +44,17 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return exits.USAGE
-    from serving.postgres_db import migrate
-
+    try:
+        with needs_extra("postgres", "fencing migrate"):
+            from serving.postgres_db import migrate
+    except MissingExtraError as exc:
+        print(f"error: USAGE: {exc}", file=sys.stderr)
+        return exits.USAGE
     try:
         applied = asyncio.run(migrate(args.dsn, args.schema))
+    except InvalidArgumentError as exc:  # the URL itself: a usage error
+        print(f"error: USAGE: {exc.message}", file=sys.stderr)
+        return exits.USAGE
     except (FencingError, exits.StartupError) as exc:
         return exits.fail(exc)
     print(f"applied migrations {applied}" if applied else "schema is up to date")

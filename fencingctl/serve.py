@@ -24,11 +24,13 @@ from typing import Any
 
 from guard.fence import FenceMode
 from guard.server import start_guard
+from lease_server.queue.backends import queue_url_for
 from lease_server.queue.service import QUEUE_OPTIONS, QueueOptions
 from lease_server.server import start_lease_server
 from serving import config, exits
 from serving.logs import banner, configure_logging
 from serving.server import ServerOptions, serve_until_signal
+from serving.sqlite_db import warn_new
 
 COMMAND = "fencing serve"
 #: The files whose absence makes a data directory new (nothing was ever granted there).
@@ -41,7 +43,7 @@ OPTIONS: tuple[config.Option, ...] = (
         "data_dir",
         "FENCING_DATA_DIR",
         "./fencing-data",
-        "where leases.db, queue.db and guard.db live",
+        "where leases.db, leases-queue.db and guard.db live",
         metavar="PATH",
     ),
     config.Option(
@@ -51,8 +53,8 @@ OPTIONS: tuple[config.Option, ...] = (
         "host:port the lease server binds; port 0 picks one",
         check=config.address,
         metavar="HOST:PORT",
+        # Not FENCING_LEASE_ADDR: that is where clients connect, exported for the CLI.
         old_keys=("lease_addr",),
-        old_envs=("FENCING_LEASE_ADDR",),
     ),
     config.Option(
         "guard_listen",
@@ -62,7 +64,6 @@ OPTIONS: tuple[config.Option, ...] = (
         check=config.address,
         metavar="HOST:PORT",
         old_keys=("guard_addr",),
-        old_envs=("FENCING_GUARD_ADDR",),
     ),
     config.Option(
         "fence_mode",
@@ -72,13 +73,12 @@ OPTIONS: tuple[config.Option, ...] = (
         "off disables fencing (demo/chaos control only)",
         choices=(FenceMode.MONOTONIC.value, FenceMode.WATCH.value, FenceMode.OFF.value),
     ),
-    # The queue's default here is a file of its own in the data directory, not the
-    # standalone lease server's sibling of the lease file.
     *(
         dataclasses.replace(
             o,
             help="queue backend URL (memory://, sqlite:PATH, postgresql://...); unset: "
-            "queue.db in the data directory; off: no queue service",
+            "leases-queue.db in the data directory, as lease-server keeps it beside leases.db; "
+            "off: no queue service",
         )
         if o.key == "queue"
         else o
@@ -114,13 +114,15 @@ def register(sub: Any) -> None:
 
 async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
     data: Path = args.data_path
+    lease_url = f"sqlite:{data / 'leases.db'}"
     leases = await start_lease_server(
-        f"sqlite:{data / 'leases.db'}",
+        lease_url,
         args.lease_listen,
         reflection=args.reflection,
         options=options,
         require_durable=args.require_durable,
-        queue=args.queue or f"sqlite:{data / 'queue.db'}",
+        # The lease server's own file beside leases.db: the two commands share the jobs.
+        queue=args.queue or queue_url_for(lease_url),
         queue_options=QueueOptions.from_args(args),
     )
     try:
@@ -216,13 +218,7 @@ def warn_if_new(data: Path) -> bool:
     without its volume) also starts fresh, with every counter back at 1."""
     if any((data / name).exists() for name in DATA_FILES):
         return False
-    log.warning(
-        "data directory %s is new: no earlier leases, counters or fences; tokens start "
-        "at 1. If this server ran before, its data was lost (a container without a "
-        "volume?) and tokens will repeat",
-        data,
-        extra={"data_dir": str(data)},
-    )
+    warn_new("data directory", data)
     return True
 
 

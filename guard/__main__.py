@@ -103,6 +103,7 @@ OPTIONS: tuple[config.Option, ...] = (
         check=config.positive,
         metavar="SECONDS",
     ),
+    config.CREATE,
     config.WORKERS,
     *config.SERVER_OPTIONS,
 )

@@ -53,6 +53,7 @@ OPTIONS: tuple[config.Option, ...] = (
     ),
     *QUEUE_OPTIONS,
     *config.LEASE_LIMIT_OPTIONS,
+    config.CREATE,
     config.WORKERS,
     *config.SERVER_OPTIONS,
 )

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from fencing.errors import FencingError
+from fencing.errors import BackendUnavailableError, FencingError
 from lease_server.backends.base import EventLog
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,11 @@ class Sweeper:
                     if pruned:
                         log.info("pruned %d events (keeping %d)", pruned, self.retention)
             except FencingError as exc:
-                log.warning("expiry sweep failed, retrying: %s", exc)
+                # An outage fails every sweep: the health probe's "backend down" says it once.
+                level = (
+                    logging.DEBUG if isinstance(exc, BackendUnavailableError) else logging.WARNING
+                )
+                log.log(level, "expiry sweep failed, retrying: %s", exc)
                 delay = ERROR_BACKOFF
             except Exception:  # the sweeper must never die silently
                 log.exception("expiry sweep crashed, retrying")

@@ -69,10 +69,11 @@ Former names:
 
 - `fencing queue ...`, `fencing outbox run`: `--addr` and `FENCING_QUEUE_ADDR` are
   now `--lease-addr` and `FENCING_LEASE_ADDR`.
-- `fencing serve`: `--lease-addr` / `--guard-addr`, `FENCING_LEASE_ADDR` /
-  `FENCING_GUARD_ADDR` and the keys `lease_addr` / `guard_addr` are now
-  `--lease-listen` / `--guard-listen`, `FENCING_LEASE_LISTEN` /
-  `FENCING_GUARD_LISTEN`, `lease_listen` / `guard_listen`.
+- `fencing serve`: `--lease-addr` / `--guard-addr` and the keys `lease_addr` /
+  `guard_addr` are now `--lease-listen` / `--guard-listen`, `lease_listen` /
+  `guard_listen`. `serve` does not read `FENCING_LEASE_ADDR` / `FENCING_GUARD_ADDR`:
+  they are the clients' variables (export them for the CLI freely); it binds
+  `FENCING_LEASE_LISTEN` / `FENCING_GUARD_LISTEN`.
 - `lease-server`: `FENCING_LISTEN` is now `FENCING_LEASE_LISTEN`.
 - `fencing-guard`: `--lease-server`, `FENCING_LEASE_SERVER` and the key
   `lease_server` are now `--lease-addr`, `FENCING_LEASE_ADDR`, `lease_addr`.

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from serving import config, exits
 from serving.logs import configure_logging
 from serving.server import ServerOptions
+from serving.sqlite_db import new_database, warn_new
 from serving.supervisor import run_workers
 
 T = TypeVar("T")
@@ -57,6 +58,19 @@ def run_server_command(
     if args.check_config:
         return settled.report(command.name)
     url = str(getattr(args, command.storage))
+    configure_logging(args.log_level, args.log_format)
+    # Under --workers the supervisor checks, once, before any worker opens the file.
+    if not args.reuse_port:
+        try:
+            check_new_database(command, args, url)
+        except exits.StartupError as exc:
+            return exits.startup_exit(
+                command.name,
+                exc,
+                debug=False,
+                listen=[exits.Setting("--listen", command.listen_env, args.listen)],
+                backend=exits.Setting(f"--{command.storage}", command.storage_env, url),
+            )
     if args.workers > 1:
         if url.startswith("memory:"):
             parser.error(
@@ -70,7 +84,6 @@ def run_server_command(
             command.label,
             metrics_port=args.metrics_port,
         )
-    configure_logging(args.log_level, args.log_format)
     try:
         asyncio.run(run(args, settled.extra, settled.server))
     except Exception as exc:
@@ -84,4 +97,27 @@ def run_server_command(
     return exits.OK
 
 
-__all__ = ["ServerCommand", "run_server_command"]
+def check_new_database(command: ServerCommand, args: argparse.Namespace, url: str) -> None:
+    """Warn when ``url`` names a SQLite file that is not there yet (the server would
+    create it, every counter at 1); with ``--no-create`` or ``--require-durable`` refuse
+    to start instead, before anything (its directories included) is created."""
+    path = new_database(url)
+    if path is None:
+        return
+    if args.create and not args.require_durable:
+        warn_new("sqlite database", path)
+        return
+    if not args.create:
+        reason, flag, env = "BACKEND_UNREACHABLE", "--no-create", f"{config.CREATE.env}=false"
+    else:
+        reason, flag, env = "NOT_DURABLE", "--require-durable", config.REQUIRE_DURABLE.env
+    raise exits.StartupError(
+        reason,
+        f"sqlite database {path} does not exist",
+        f"{flag} / {env}",
+        f"check the --{command.storage} path (a new database starts every counter at 1); "
+        f"to create it, start once without {flag}",
+    )
+
+
+__all__ = ["ServerCommand", "check_new_database", "run_server_command"]

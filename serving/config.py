@@ -314,6 +314,16 @@ REQUIRE_DURABLE = Option(
     "(memory://, Redis without AOF or with a maxmemory-policy that evicts)",
     bool,
 )
+#: lease-server and fencing-guard: their storage URL may name a SQLite file that is not
+#: there yet (``fencing serve`` keeps its files in a data directory of its own).
+CREATE = Option(
+    "create",
+    "FENCING_CREATE",
+    True,
+    "create a SQLite file that does not exist yet, every counter at 1 (with a WARNING); "
+    "--no-create refuses to start on one instead (a mistyped path), as --require-durable does",
+    bool,
+)
 GRACE = Option(
     "grace",
     "FENCING_GRACE",

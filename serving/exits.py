@@ -27,6 +27,7 @@ from grpc_status import rpc_status
 
 from fencing import _status
 from fencing.errors import BackendUnavailableError, FencingError, InvalidArgumentError
+from serving.extras import MissingExtraError
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ class Setting:
 def _redact(value: str) -> str:
     if "://" not in value:
         return value
-    from serving.redis_db import redact
+    from serving.urls import redact
 
     return redact(value)
 
@@ -237,6 +238,8 @@ def startup_error(
             "another process holds the address (or it is not an address of this host): "
             "stop that process or choose another port",
         )
+    if isinstance(exc, MissingExtraError):
+        return StartupError("USAGE", str(exc).rsplit(": ", 1)[0], str(backend), exc.hint)
     if isinstance(exc, InvalidArgumentError) and exc.field == "require_durable":
         return StartupError(
             "NOT_DURABLE",
@@ -245,6 +248,8 @@ def startup_error(
             "use a backend that keeps what it acknowledged (sqlite:, postgresql://, Redis "
             "with appendonly and a noeviction policy), or drop --require-durable",
         )
+    if isinstance(exc, InvalidArgumentError):  # a setting the server refused (a URL's)
+        return StartupError("USAGE", exc.message, str(backend), "correct the setting")
     if isinstance(exc, BackendUnavailableError | OSError) or type(exc).__module__.startswith(
         ("sqlite3", "psycopg", "redis")
     ):

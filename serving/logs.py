@@ -99,6 +99,10 @@ def configure_logging(level: str = "INFO", fmt: str = "console") -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else ConsoleFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    # psycopg's pool warns at each failed connection attempt, many a second in an
+    # outage; the health probe logs "backend down" / "backend back" instead.
+    pool = logging.getLogger("psycopg.pool")
+    pool.setLevel(logging.NOTSET if logging.root.level <= logging.DEBUG else logging.ERROR)
 
 
 __all__ = [

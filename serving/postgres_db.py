@@ -42,7 +42,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, LiteralString
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
@@ -69,6 +69,14 @@ DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_POOL_MAX = 8
 
 _OUR_PARAMS = ("schema", "timeout", "pool_max", "token_floor")
+
+
+@functools.cache
+def _libpq_params() -> frozenset[str]:
+    """The connection parameters this libpq knows (a URL's other query parameters)."""
+    return frozenset(d.keyword.decode() for d in psycopg.pq.Conninfo.get_defaults())
+
+
 #: ``?token_floor=`` values; the session setting ``fencing.token_floor`` the SQL reads.
 TOKEN_FLOORS = ("off", "clock")
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,39}")
@@ -110,10 +118,17 @@ class PgConfig:
         conninfo = url
         parts = urlsplit(url)
         if urls.SCHEMES.get(parts.scheme) == urls.POSTGRES:
-            query = parse_qsl(parts.query, keep_blank_values=True)
-            params = {k: v for k, v in query if k in _OUR_PARAMS}
+            params, theirs = urls.split_params(
+                url,
+                _OUR_PARAMS,
+                driver=_libpq_params(),
+                driver_hint="a libpq connection parameter (sslmode, connect_timeout, "
+                "application_name, ...)",
+                what="postgres",
+                field="url",
+            )
             # quote, not quote_plus: libpq decodes %20 in a URL, but keeps '+' as is.
-            rest = urlencode([(k, v) for k, v in query if k not in _OUR_PARAMS], quote_via=quote)
+            rest = urlencode(theirs, quote_via=quote)
             conninfo = urlunsplit(parts._replace(query=rest))
         try:
             timeout = float(params.get("timeout", DEFAULT_TIMEOUT_S))
@@ -435,7 +450,9 @@ class PostgresDatabase:
             if error is None:
                 raise
             if isinstance(error, BackendUnavailableError):
-                log.warning("%s", error)
+                # Every call of an outage fails so: the health probe's "backend down"
+                # is the line an operator reads, once.
+                log.debug("%s", error)
             raise error from exc
 
     async def _checkout(

@@ -58,6 +58,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import inspect
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -78,6 +80,7 @@ from fencing.errors import BackendUnavailableError, InvalidArgumentError
 from fencing.redis import escape_tag as escape_tag  # tests/unit/test_redis_keys.py
 from fencing.redis import unescape_tag as unescape_tag  # lease_server.backends.redis
 from serving import urls
+from serving.urls import redact
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +112,19 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
+@functools.cache
+def _redis_params() -> frozenset[str]:
+    """The query parameters redis-py passes on to a connection: its URL parsers' and the
+    keyword arguments of its connection classes."""
+    from redis.asyncio.connection import AbstractConnection
+    from redis.connection import URL_QUERY_ARGUMENT_PARSERS
+
+    names = set(URL_QUERY_ARGUMENT_PARSERS)
+    for cls in (AbstractConnection, Connection, SSLConnection):
+        names |= set(inspect.signature(cls.__init__).parameters) - {"self", "args", "kwargs"}
+    return frozenset(names)
+
+
 def parse_url(url: str, *, own: tuple[str, ...] = ()) -> RedisTarget:
     """Split a ``redis://`` / ``redis+cluster://`` URL into redis-py's URL and our options.
 
@@ -120,10 +136,15 @@ def parse_url(url: str, *, own: tuple[str, ...] = ()) -> RedisTarget:
         raise InvalidArgumentError(f"not a redis URL: {url!r}", field="url")
     cluster = scheme.endswith("+cluster")
     base = scheme.removesuffix("+cluster")
-    ours = {"prefix", "require_durable", "cluster", *own}
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    mine = {k: v for k, v in query if k in ours}
-    rest = [(k, v) for k, v in query if k not in ours]
+    mine, rest = urls.split_params(
+        url,
+        ("prefix", "require_durable", "cluster", *own),
+        driver=_redis_params(),
+        driver_hint="a redis-py connection parameter (socket_timeout, protocol, "
+        "ssl_cert_reqs, ...)",
+        what="redis",
+        field="url",
+    )
     if mine.get("cluster", "").lower() in _TRUE:
         cluster = True
     return RedisTarget(
@@ -213,16 +234,6 @@ async def connect(target: RedisTarget) -> Client:
         client = cluster_client(target.url)
         await client.initialize()
         return client
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 # -- keys ----------------------------------------------------------------------------------

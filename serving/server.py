@@ -44,7 +44,7 @@ from serving.admission import (
 )
 from serving.auth import AuthPolicy
 from serving.logs import banner
-from serving.metrics import GrpcMetrics, Metrics, MetricsInterceptor
+from serving.metrics import GrpcMetrics, Metrics, MetricsInterceptor, RuntimeMetrics
 from serving.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -226,14 +226,18 @@ class BuiltServer:
                 up.set(1 if ok else 0)
                 if ok != serving:
                     serving = ok
+                    # The one line per change of state: the loops that fail meanwhile
+                    # (expiry, reaper, scheduler, listener, pools) log at DEBUG only.
                     if ok:
-                        log.warning("%s backend passes its health probe again: SERVING", role)
+                        log.warning(
+                            "%s backend back: it passes its health probe again; SERVING", role
+                        )
                     else:
                         # Unreachable, or (a Redis under require_durable) no longer
                         # durable: the backend's own log line says which.
                         log.error(
-                            "%s backend fails its health probe (unreachable, or not durable "
-                            "under --require-durable): NOT_SERVING",
+                            "%s backend down: it fails its health probe (unreachable, or not "
+                            "durable under --require-durable); NOT_SERVING until it is back",
                             role,
                         )
                     await self.set_serving(ok)
@@ -369,6 +373,7 @@ async def serve_until_signal(
         if on_ready is not None:
             on_ready()
         if metrics is not None and metrics_port:
+            metrics.group(RuntimeMetrics).track(asyncio.get_running_loop())
             endpoint = metrics.serve_http(metrics_port, metrics_host)
             url = f"http://{metrics_host}:{endpoint.port}/metrics"
             banner(f"metrics on {url}", metrics_url=url)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -24,10 +25,13 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from fencing.errors import BackendUnavailableError
+from serving import urls
 
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 5000
+
+log = logging.getLogger(__name__)
 
 
 def sqlite_path(url: str) -> str:
@@ -44,6 +48,32 @@ def sqlite_path(url: str) -> str:
     if path.startswith("//"):
         path = path[1:]
     return path or ":memory:"
+
+
+def new_database(url: str) -> Path | None:
+    """The file a ``sqlite:`` URL names, when it does not exist yet: opening it would
+    create a new, empty database (and its directories). None for an existing file, an
+    in-memory database or any other kind of URL."""
+    if urls.kind(url) != urls.SQLITE:
+        return None
+    path = sqlite_path(url)
+    if path == ":memory:" or Path(path).exists():
+        return None
+    return Path(path).absolute()
+
+
+def warn_new(what: str, where: Path) -> None:
+    """Log the WARNING of a fresh start (``what``: "data directory", "sqlite database"),
+    which must be visible: a server whose data was lost (a container replaced without
+    its volume) or whose path is mistyped also starts fresh, every counter back at 1."""
+    log.warning(
+        "%s %s is new: no earlier leases, counters or fences; tokens start at 1. If this "
+        "server ran before, its data was lost (a container without a volume? a mistyped "
+        "path?) and tokens will repeat",
+        what,
+        where,
+        extra={"path": str(where)},
+    )
 
 
 def _settle(future: asyncio.Future[Any], outcome: tuple[bool, object]) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from types import MappingProxyType
 from typing import Final
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from fencing.errors import InvalidArgumentError
 
@@ -82,4 +82,54 @@ def kind_of(url: str, *, what: str, field: str, kinds: Collection[str] = KINDS) 
     )
 
 
-__all__ = ["KINDS", "MEMORY", "POSTGRES", "REDIS", "SCHEMES", "SQLITE", "kind", "kind_of"]
+def split_params(
+    url: str,
+    ours: Collection[str],
+    *,
+    driver: Collection[str] = (),
+    driver_hint: str = "",
+    what: str,
+    field: str,
+) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """The query parameters of ``url``: ours (a dict) and the driver's (pairs, in order).
+
+    A parameter that is neither ours nor one the driver takes (``driver``, described
+    in messages by ``driver_hint``, e.g. "a libpq parameter (sslmode, ...)") is a
+    typo: an :class:`InvalidArgumentError` naming ``field``, the parameter and the
+    known ones, raised before anything connects (a typo'd ``?schem=`` must not fall
+    back to the default schema, nor fail later as something else).
+    """
+    query = parse_qsl(urlsplit(url).query, keep_blank_values=True)
+    unknown = [k for k, _ in query if k not in ours and k not in driver]
+    if unknown:
+        known = ", ".join(ours)
+        if driver_hint:
+            known += f", or {driver_hint}"
+        raise InvalidArgumentError(
+            f"unknown parameter {unknown[0]!r} in the {what} URL; known: {known}", field=field
+        )
+    return {k: v for k, v in query if k in ours}, [(k, v) for k, v in query if k not in ours]
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for logs and messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+__all__ = [
+    "KINDS",
+    "MEMORY",
+    "POSTGRES",
+    "REDIS",
+    "SCHEMES",
+    "SQLITE",
+    "kind",
+    "kind_of",
+    "redact",
+    "split_params",
+]

@@ -230,7 +230,9 @@ class Worker:
         self._hb_wake.set()
         self._heartbeat_thread.join(10)
         # Handler threads still running a released job are abandoned (daemon threads):
-        # their job is marked lost, and the guard fences whatever they send late.
+        # their job is marked lost. The guard refuses what they write late once the job's
+        # next claim is fenced there (that worker's fence=[guard], or a watch or strict
+        # guard); a monotonic guard without it, only after the next holder's first write.
         deadline = time.monotonic() + 1.0
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 from fencing.errors import InvalidArgumentError
 from guard.stores.base import STORE_API_VERSION, GuardStore, StoreWriteResult, missing_members
+from serving.extras import needs_extra
 from serving.sqlite_db import sqlite_path
 
 log = logging.getLogger(__name__)
@@ -57,19 +58,22 @@ def _sqlite(url: str) -> GuardStore:
 
 
 def _postgres(url: str) -> GuardStore:
-    from guard.stores.postgres import PostgresStore
+    with needs_extra("postgres", "the PostgreSQL guard store"):
+        from guard.stores.postgres import PostgresStore
 
     return PostgresStore(url)
 
 
 def _redis(url: str) -> GuardStore:
-    from guard.stores.redis import RedisStore
+    with needs_extra("redis", "the Redis guard store"):
+        from guard.stores.redis import RedisStore
 
     return RedisStore(url)
 
 
 def _mysql(url: str) -> GuardStore:
-    from guard.stores.mysql import MySQLStore
+    with needs_extra("mysql", "the MySQL guard store"):
+        from guard.stores.mysql import MySQLStore
 
     return MySQLStore(url)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from lease_server.backends.base import LeaseBackend
 from lease_server.clock import Clock
 from serving import urls
+from serving.extras import needs_extra
 from serving.sqlite_db import sqlite_path
 
 
@@ -26,11 +27,13 @@ def open_backend(url: str, clock: Clock | None = None) -> LeaseBackend:
 
         return SQLiteBackend(sqlite_path(url), clock)
     if kind == urls.POSTGRES:
-        from lease_server.backends.postgres import PostgresBackend
+        with needs_extra("postgres", "the PostgreSQL lease backend"):
+            from lease_server.backends.postgres import PostgresBackend
 
         return PostgresBackend(url)
     # Redis decides expiry by its own clock: ``clock`` does not apply.
-    from lease_server.backends.redis import RedisBackend
+    with needs_extra("redis", "the Redis lease backend"):
+        from lease_server.backends.redis import RedisBackend
 
     return RedisBackend(url)
 

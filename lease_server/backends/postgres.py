@@ -577,7 +577,10 @@ class PostgresBackend:
                         async with asyncio.timeout(self._db.config.timeout):
                             await conn.execute("SELECT 1")
             except (psycopg.Error, FencingError, TimeoutError) as exc:
-                log.warning(
+                # Once per loss; each failed reconnect of an outage only at DEBUG (the health
+                # probe's "backend down" is the operator's line).
+                log.log(
+                    logging.INFO if failures == 0 else logging.DEBUG,
                     "listener on schema %s lost (%s); waiters and watchers poll until it is back",
                     self.schema,
                     exc,

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from fencing.errors import BackendUnavailableError
 from lease_server.queue.backends.base import QueueBackend
 from lease_server.queue.service import QueueOptions
 
@@ -51,6 +52,8 @@ class Reaper:
                 dead, pruned = await self.step()
             except asyncio.CancelledError:
                 raise
+            except BackendUnavailableError as exc:  # an outage: the health probe says so once
+                log.debug("reaper step failed, retrying next tick: %s", exc)
             except Exception:
                 log.exception("reaper step failed; retrying next tick")
                 dead = pruned = 0

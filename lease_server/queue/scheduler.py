@@ -23,6 +23,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+from fencing.errors import BackendUnavailableError
 from lease_server.queue import schedules
 from lease_server.queue.backends.base import QueueBackend
 from lease_server.queue.metrics import QueueMetrics
@@ -97,6 +98,8 @@ class Scheduler:
                 delay = await self.step()
             except asyncio.CancelledError:
                 raise
+            except BackendUnavailableError as exc:  # an outage: the health probe says so once
+                log.debug("scheduler step failed, retrying: %s", exc)
             except Exception:
                 log.exception("scheduler step failed; retrying")
                 delay = self.options.schedule_refresh_s

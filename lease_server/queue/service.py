@@ -23,7 +23,13 @@ from prometheus_client import CollectorRegistry
 
 from fencing import limits
 from fencing._backoff import Backoff
-from fencing.errors import InvalidArgumentError, LeaseLost, NotFoundError, ResourceExhaustedError
+from fencing.errors import (
+    BackendUnavailableError,
+    InvalidArgumentError,
+    LeaseLost,
+    NotFoundError,
+    ResourceExhaustedError,
+)
 from fencing.v1 import queue_pb2, queue_pb2_grpc
 from lease_server.queue import jobs, schedules
 from lease_server.queue.backends.base import CompleteGroup, QueueBackend
@@ -395,7 +401,13 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the gauges go stale; the next tick tries again
-                log.warning("queue stats for the gauges failed: %s", exc)
+                # An outage fails every tick: the health probe's "backend down" says it once.
+                outage = isinstance(exc, BackendUnavailableError)
+                log.log(
+                    logging.DEBUG if outage else logging.WARNING,
+                    "queue stats for the gauges failed: %s",
+                    exc,
+                )
             else:
                 self.metrics.observe(counts)
             await asyncio.sleep(self.options.stats_interval_s)

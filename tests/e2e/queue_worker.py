@@ -21,6 +21,10 @@ Handlers:
 ``hold``    print ``start``, then wait up to ``--work`` seconds for the job to be
             given back (``job.lost``), print ``end``.
 
+``--linger SECONDS`` keeps the process alive that long after ``run()`` returned, so a
+handler abandoned at shutdown (past ``--grace``) goes on, as it would in a process
+that does more than run the worker.
+
 ``--fence`` runs the worker with ``fence=[guard]``: each job's resource is fenced at
 the guard before its handler starts (``start`` is printed after the promise).
 """
@@ -87,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hang", action="store_true")
     p.add_argument("--early", action="store_true")
     p.add_argument("--fence", action="store_true")
+    p.add_argument("--linger", type=float, default=0.0)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 
@@ -139,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         emit("crash", error=repr(exc))
         raise
     emit("exit", counts=worker.counts)
+    time.sleep(args.linger)
     client.close()
     if guard is not None:
         guard.close()

@@ -338,3 +338,37 @@ def test_sigterm_lets_running_jobs_finish_within_the_grace(
     assert len(starts) == 2 and all(e["at"] < signalled_at for e in starts)
     assert counts["completed"] == 2 and counts.get("released", 0) == 0
     assert (stats.succeeded, stats.ready, stats.running) == (2, 4, 0)
+
+
+@pytest.mark.parametrize("fenced", [True, False], ids=["fence", "control"])
+def test_a_handler_abandoned_at_shutdown_cannot_write_late(
+    tmp_path: Path, spawn: Callable[..., WorkerProc], fenced: bool
+) -> None:
+    """SIGTERM, then ``grace``: the worker releases a job whose handler is still running
+    and abandons the handler, in a process that lives on. The next worker claims the job
+    with ``fence=[guard]`` (the README's worker): the abandoned handler's late write is
+    refused. The control, the next worker without ``fence=``, writing nothing yet: the
+    monotonic guard has seen no newer token, and the late write lands."""
+    with (
+        running_servers(
+            f"sqlite:{tmp_path / 'leases.db'}", f"sqlite:{tmp_path / 'guard.db'}"
+        ) as servers,
+        QueueClient(servers.queue_address) as queue,
+    ):
+        queue.enqueue("e2e", b"charge card 7")
+        common = ("--addr", servers.queue_address, "--guard", servers.guard_address)
+        a = spawn(*common, "--handler", "late", "--work", "5", "--grace", "0.2", "--linger", "60")
+        first = a.next("start")
+        a.signal(signal.SIGTERM)
+        assert a.next("exit")["counts"]["released"] == 1, a.events
+        a.signal(signal.SIGSTOP)  # the abandoned handler, frozen before its late write
+        b = spawn(*common, "--handler", "hold", "--work", "60", *(["--fence"] if fenced else []))
+        second = b.next("start")  # after its promise, when it has one
+        assert second["job"] == first["job"] and second["token"] > first["token"]
+        a.signal(signal.SIGCONT)
+        late = a.next("effect")
+    assert late["token"] == first["token"]
+    if fenced:
+        assert (late["outcome"], late["fence"]) == ("rejected", second["token"]), late
+    else:
+        assert late["outcome"] == "landed", late

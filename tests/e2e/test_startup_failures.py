@@ -130,3 +130,26 @@ def test_the_traceback_only_at_debug(tmp_path: Path, occupied: str) -> None:
     assert done.returncode == exits.CODES["PORT_IN_USE"]
     assert "Traceback" in done.stderr
     assert len(our_lines(done, "lease-server")) == 1
+
+
+@pytest.mark.parametrize("command", SERVERS)
+def test_an_unknown_url_parameter_is_a_settings_error(command: str, tmp_path: Path) -> None:
+    """``?schem=x`` is a typo, not a libpq parameter: exit 2 naming it and the known ones,
+    before any connection (the default schema is never used instead)."""
+    _, _, backend = SERVERS[command]
+    done = start(command, tmp_path, backend, f"{PG}?schem=x")
+    assert done.returncode == exits.USAGE, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    (line,) = [ln for ln in done.stderr.splitlines() if "'schem'" in ln]
+    assert "schema" in line and "timeout" in line and "sslmode" in line, line
+
+
+def test_migrate_refuses_an_unknown_url_parameter() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "fencingctl", "migrate", f"{PG}?schem=x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == exits.USAGE, done.stderr
+    assert "'schem'" in done.stderr and "schema" in done.stderr, done.stderr

@@ -91,14 +91,15 @@ def test_serve_takes_its_former_flags_with_a_warning(capsys: pytest.CaptureFixtu
     assert capsys.readouterr().err == ""
 
 
-def test_serve_reads_its_former_variables_with_a_warning_and_the_new_ones_win(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    args = serve_args([], {"FENCING_LEASE_ADDR": "127.0.0.1:7011"})
-    assert args.lease_listen == "127.0.0.1:7011"
-    assert "FENCING_LEASE_ADDR is deprecated" in capsys.readouterr().err
-    both = {"FENCING_LEASE_ADDR": "127.0.0.1:7011", "FENCING_LEASE_LISTEN": "127.0.0.1:7012"}
-    assert serve_args([], both).lease_listen == "127.0.0.1:7012"
+def test_serve_ignores_the_clients_variables(capsys: pytest.CaptureFixture[str]) -> None:
+    """FENCING_LEASE_ADDR / FENCING_GUARD_ADDR are where the CLI connects: exported for
+    it, they neither move what ``fencing serve`` binds nor draw a warning."""
+    clients = {"FENCING_LEASE_ADDR": "127.0.0.1:7011", "FENCING_GUARD_ADDR": "127.0.0.1:7012"}
+    args = serve_args([], clients)
+    assert (args.lease_listen, args.guard_listen) == ("127.0.0.1:50051", "127.0.0.1:50052")
+    assert capsys.readouterr().err == ""
+    both = {**clients, "FENCING_LEASE_LISTEN": "127.0.0.1:7013"}
+    assert serve_args([], both).lease_listen == "127.0.0.1:7013"
     assert capsys.readouterr().err == ""
 
 

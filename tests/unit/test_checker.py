@@ -1381,3 +1381,23 @@ def test_a_lost_increment_that_was_itself_stale_is_no_window() -> None:
     assert result.kinds() == {ViolationKind.STALE_WRITE_ACCEPTED, ViolationKind.LOST_UPDATE}
     assert not result.findings
     assert {v.op_ids[0] for v in result.violations} == {stale}
+
+
+def test_a_replayed_increment_refused_after_its_first_attempt_landed_is_valid() -> None:
+    # a was killed with its increment in flight (pending); it landed, and b built on
+    # it. a's next incarnation re-sent it from its outbox with the old token: refused
+    # (STALE_TOKEN; the token is judged before the key). The refusal of the replay
+    # says nothing of the first attempt, which the final list rightly shows.
+    h = History()
+    inc(h, "a", 0, None, "info", 1, ["a1"])
+    h.op("b", "read", "r", 2, 3, key="counter", value="1#a1")
+    inc(h, "b", 4, 5, "ok", 2, ["a1", "b1"])
+    replay = inc(h, "a~1", 6, 7, "fail", 1, ["a1"], error="STALE_TOKEN")
+    final(h, ["a1", "b1"])
+    result = h.check()
+    assert result.valid, result.summary()
+    # Had every attempt been refused, the listed increment would be a violation.
+    h.events = [e for e in h.events if not e.op_id.startswith("a:")]
+    result = h.check()
+    assert ViolationKind.REJECTED_WRITE_LANDED in result.kinds()
+    assert any(v.op_ids[0] == replay for v in result.violations)

@@ -224,3 +224,97 @@ def test_the_image_copies_every_package_the_wheel_installs() -> None:
     assert wanted <= copied, f"not copied into the image: {sorted(wanted - copied)}"
     assert "bench" not in wanted, "bench/ runs from a checkout; the wheel does not install it"
     assert all((ROOT / name / "__init__.py").is_file() for name in wanted)
+
+
+def dockerignore_patterns(text: str) -> list[tuple[bool, str]]:
+    """``.dockerignore`` as Docker reads it: one pattern a line, ``#`` lines dropped,
+    a leading ``!`` an exception, each pattern cleaned (leading and trailing ``/``,
+    ``./`` removed) and matched against context paths with ``/`` separators."""
+    patterns: list[tuple[bool, str]] = []
+    for line in text.splitlines():
+        pattern = line.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        exception = pattern.startswith("!")
+        pattern = pattern[1:].strip() if exception else pattern
+        pattern = re.sub(r"/+", "/", pattern).strip("/")
+        while pattern.startswith("./"):
+            pattern = pattern[2:]
+        if pattern:
+            patterns.append((exception, pattern))
+    return patterns
+
+
+def _pattern_regex(pattern: str) -> re.Pattern[str]:
+    """Go's filepath.Match plus ``**`` (any number of directories), as Docker's
+    patternmatcher translates them: ``*`` and ``?`` never cross a ``/``."""
+    out = ""
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**", i):
+            i += 2
+            if pattern.startswith("/", i):
+                out += "(?:.*/)?"  # "**/" also matches no directory at all
+                i += 1
+            else:
+                out += ".*"
+            continue
+        if c == "*":
+            out += "[^/]*"
+        elif c == "?":
+            out += "[^/]"
+        elif c == "[":
+            end = pattern.index("]", i + 1)
+            body = pattern[i + 1 : end]
+            out += "[" + ("^" + body[1:] if body.startswith("^") else body) + "]"
+            i = end
+        elif c == "\\" and i + 1 < len(pattern):
+            i += 1
+            out += re.escape(pattern[i])
+        else:
+            out += re.escape(c)
+        i += 1
+    return re.compile(out)
+
+
+def ignored(path: str, patterns: list[tuple[bool, str]]) -> bool:
+    """Whether Docker leaves ``path`` out of the build context: the last pattern that
+    matches the path or one of its parent directories decides (an excluded directory
+    takes everything under it)."""
+    parts = path.strip("/").split("/")
+    prefixes = ["/".join(parts[: n + 1]) for n in range(len(parts))]
+    verdict = False
+    for exception, pattern in patterns:
+        regex = _pattern_regex(pattern)
+        if any(regex.fullmatch(prefix) for prefix in prefixes):
+            verdict = not exception
+    return verdict
+
+
+def test_the_dockerignore_reader_follows_dockers_rules() -> None:
+    patterns = dockerignore_patterns("# comment\n/build/\n**/__pycache__\n*.md\n!README.md\ndocs\n")
+    assert ignored("build", patterns) and ignored("build/x.py", patterns)
+    assert ignored("fencing/__pycache__/a.pyc", patterns) and ignored("__pycache__", patterns)
+    assert ignored("CHANGES.md", patterns) and not ignored("README.md", patterns)
+    assert not ignored("fencing/notes.md", patterns), "* does not cross a /"
+    assert ignored("docs/design.md", patterns) and not ignored("documents", patterns)
+    assert not ignored("fencing", patterns) and not ignored("buildkit", patterns)
+
+
+def test_no_path_the_dockerfile_copies_is_left_out_of_the_context() -> None:
+    """Every source a COPY takes from the build context reaches the builder: one the
+    ``.dockerignore`` excludes fails the build (BuildKit: ``"/chaos": not found``)."""
+    patterns = dockerignore_patterns((ROOT / ".dockerignore").read_text())
+    sources = [
+        (ins.line, source)
+        for ins in DOCKERFILE
+        if ins.keyword in ("COPY", "ADD")
+        for source in [w for w in ins.words if not w.startswith("--")][:-1]
+        if not any(w.startswith("--from") for w in ins.words)
+    ]
+    assert sources, "the Dockerfile copies from the build context"
+    left_out = [f"line {line}: {source}" for line, source in sources if ignored(source, patterns)]
+    assert not left_out, f".dockerignore excludes what the Dockerfile copies: {left_out}"
+    for _, source in sources:
+        assert (ROOT / source).exists(), f"COPY {source}: not in the repository"

@@ -9,7 +9,7 @@ from redis import exceptions as rexc
 from redis.crc import key_slot
 
 from fencing.errors import BackendUnavailableError, InvalidArgumentError
-from serving import redis_db
+from serving import redis_db, urls
 from serving.redis_db import (
     ResourceKeys,
     escape_tag,
@@ -81,8 +81,8 @@ def test_urls_for_other_nodes_keep_credentials_and_logs_hide_them() -> None:
         redis_db.url_for_node("redis://u:pw@h:1/0?x=1", "n2", 7002) == "redis://u:pw@n2:7002/0?x=1"
     )
     assert redis_db.url_for_node("redis://h:1", "::1", 7) == "redis://[::1]:7"
-    assert redis_db.redact("redis://u:pw@h:1/0") == "redis://u:***@h:1/0"
-    assert redis_db.redact("redis://h:1/0") == "redis://h:1/0"
+    assert urls.redact("redis://u:pw@h:1/0") == "redis://u:***@h:1/0"
+    assert urls.redact("redis://h:1/0") == "redis://h:1/0"
 
 
 def test_glob_escape_makes_a_prefix_literal() -> None:

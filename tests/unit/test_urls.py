@@ -52,3 +52,24 @@ def test_a_kind_an_opener_has_no_implementation_of_is_refused_too() -> None:
         open_queue("redis://h:1/0")
     assert err.value.field == "queue"
     assert "'redis://'" in str(err.value)
+
+
+def test_an_unknown_url_parameter_is_refused_naming_the_known_ones() -> None:
+    """A typo is neither ours nor the driver's: refused before anything connects, naming
+    the parameter and what is known; ours and the driver's pass (the driver's in order)."""
+    from serving import redis_db
+    from serving.postgres_db import PgConfig
+
+    ours, theirs = urls.split_params(
+        "x://h/?b=1&a=2&c=3", ("a",), driver=("b", "c"), what="test", field="url"
+    )
+    assert ours == {"a": "2"} and theirs == [("b", "1"), ("c", "3")]
+    with pytest.raises(InvalidArgumentError, match=r"'schem'.*known: schema, timeout") as info:
+        PgConfig.from_url("postgresql://u@h/db?timeout=2&schem=x")
+    assert info.value.field == "url" and "sslmode" in info.value.message
+    config = PgConfig.from_url("postgresql://u@h/db?schema=s&sslmode=disable&application_name=a")
+    assert config.schema == "s"
+    with pytest.raises(InvalidArgumentError, match=r"'prefx'.*known: prefix"):
+        redis_db.parse_url("redis://h:1/0?prefx=a")
+    target = redis_db.parse_url("redis://h:1/0?prefix=p&socket_timeout=2&protocol=3")
+    assert target.prefix == "p" and "socket_timeout=2" in target.url

@@ -6,17 +6,25 @@ The lease server hosts the queue service; unless told otherwise it keeps jobs
 next to its leases (:func:`queue_url_for`): ``memory://`` -> in memory, a SQLite
 file ``.../leases.db`` -> the sibling file ``.../leases-queue.db``, a PostgreSQL
 URL -> the same database and schema. Lease backends without a queue backend
-(Redis) host no queue service unless one is named.
+(Redis) host no queue service unless one is named. ``fencing serve`` keeps its
+``leases.db`` in its data directory and derives its queue the same way, so the two
+servers on one directory share their jobs; a ``queue.db`` beside ``leases.db`` (the
+name ``fencing serve`` used before) is still read while it is the only queue file there.
 """
 
 from __future__ import annotations
 
-from pathlib import PurePath
+from pathlib import Path
 
 from lease_server.clock import Clock
 from lease_server.queue.backends.base import QueueBackend
 from serving import urls
+from serving.extras import needs_extra
 from serving.sqlite_db import sqlite_path
+
+#: The queue file ``fencing serve`` kept beside its ``leases.db`` before it derived it
+#: as the lease server does; read while it is the only one, so no job is left behind.
+FORMER_QUEUE_FILE = "queue.db"
 
 #: Kinds of storage (:mod:`serving.urls`) :func:`open_queue` has a queue backend of.
 KINDS = (urls.MEMORY, urls.SQLITE, urls.POSTGRES)
@@ -30,9 +38,12 @@ def queue_url_for(lease_url: str) -> str:
         path = sqlite_path(lease_url)
         if path == ":memory:":
             return "sqlite://"
-        p = PurePath(path)
-        suffix = p.suffix or ".db"
-        return f"sqlite:{p.with_name(p.stem + '-queue' + suffix)}"
+        p = Path(path)
+        queue = p.with_name(p.stem + "-queue" + (p.suffix or ".db"))
+        former = p.with_name(FORMER_QUEUE_FILE)
+        if p.name == "leases.db" and former.exists() and not queue.exists():
+            queue = former
+        return f"sqlite:{queue}"
     return lease_url if kind in KINDS else ""
 
 
@@ -50,7 +61,8 @@ def open_queue(url: str, clock: Clock | None = None) -> QueueBackend:
         from lease_server.queue.backends.sqlite import SQLiteQueue
 
         return SQLiteQueue(sqlite_path(url), clock)
-    from lease_server.queue.backends.postgres import PostgresQueue
+    with needs_extra("postgres", "the PostgreSQL queue backend"):
+        from lease_server.queue.backends.postgres import PostgresQueue
 
     return PostgresQueue(url)
 

@@ -1,0 +1,142 @@
+"""The conformance driver of the asyncio Python SDK (``AsyncLeaseClient``, ``AsyncGuardClient``).
+
+python -m conformance.drivers.python_async SCENARIO.json [KNOB]
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from conformance.drivers._common import (
+    BodyError,
+    Context,
+    Mismatch,
+    Step,
+    check_error,
+    check_result,
+    load,
+    pause_process,
+    report,
+)
+from fencing import AsyncGuardClient, AsyncLeaseClient
+
+
+class Driver:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.clients: dict[str, AsyncLeaseClient] = {}
+        self.guard = AsyncGuardClient(ctx.guard_addr)
+
+    def client(self, name: str) -> AsyncLeaseClient:
+        if name not in self.clients:
+            self.clients[name] = AsyncLeaseClient(self.ctx.lease_addr, holder=name)
+        return self.clients[name]
+
+    async def close(self) -> None:
+        for c in self.clients.values():
+            await c.aclose()
+        await self.guard.aclose()
+
+    async def run(self, steps: list[Step]) -> None:
+        for step in steps:
+            await self.step(step)
+
+    async def step(self, step: Step) -> None:
+        if step["op"] == "raise":  # the body's own failure: it ends the body
+            raise BodyError("the body failed")
+        try:
+            result = await self.act(step)
+        except Mismatch:
+            raise
+        except Exception as exc:
+            check_error(self.ctx, step, exc)
+            return
+        check_error(self.ctx, step, None)
+        check_result(self.ctx, step, result or {})
+
+    async def act(self, step: Step) -> dict[str, Any] | None:
+        ctx, op = self.ctx, step["op"]
+        if op in ("acquire", "acquire_nowait"):
+            leases = self.client(step["client"])
+            resource = ctx.resource(step["resource"])
+            fence = [self.guard] if step.get("fence") and ctx.knob != "no_fence" else []
+            if op == "acquire":
+                lease = await leases.acquire(
+                    resource, step["ttl"], step.get("timeout"), fence=fence
+                )
+            else:
+                lease = await leases.acquire_nowait(resource, step["ttl"], fence=fence)
+            ctx.leases[step["as"]] = lease
+        elif op == "hold":
+            await self.hold(step)
+        elif op == "release":
+            await ctx.leases[step["lease"]].release()
+        elif op == "sleep":
+            await asyncio.sleep(step["seconds"])
+        elif op == "write":
+            res = await self.guard.write(
+                ctx.leases[step["lease"]],
+                _put(step),
+                idempotency_key=step.get("idem", ""),
+            )
+            return {"replayed": res.replayed, "replayed_by_token": res.replayed_by_token}
+        elif op == "delete":
+            await self.guard.delete(ctx.leases[step["lease"]], step["key"])
+        elif op == "write_many":
+            await self.guard.write_many([(ctx.leases[v], _put(step)) for v in step["leases"]])
+        elif op == "read":
+            rec = await self.guard.read(ctx.resource(step["resource"]), step["key"])
+            return {"value": None if rec is None else rec.value.decode()}
+        elif op == "check":
+            ctx.leases[step["lease"]].check()
+        elif op == "steal":
+            lease = ctx.leases[step["lease"]]
+            thief = self.client(step["client"])
+            await thief.release(lease.resource, lease.token)
+            await thief.acquire(lease.resource, 5)
+        elif op == "raise":
+            raise BodyError("the body failed")
+        elif op == "pause_process":
+            pause_process(step["seconds"])
+        else:
+            raise ValueError(f"unknown op {op!r}")
+        return None
+
+    async def hold(self, step: Step) -> None:
+        leases = self.client(step["client"])
+        resource = self.ctx.resource(step["resource"])
+        if self.ctx.knob in ("no_renew", "no_release"):
+            # The control: the rule broken (no session renewing it / no release on exit).
+            lease = await leases.acquire(resource, step["ttl"], step.get("timeout"))
+            self.ctx.leases[step["as"]] = lease
+            await self.run(step["body"])
+            if self.ctx.knob == "no_renew":
+                await lease.release()
+            return
+        async with leases.hold(resource, step["ttl"], timeout=step.get("timeout")) as lease:
+            self.ctx.leases[step["as"]] = lease
+            await self.run(step["body"])
+
+
+def _put(step: Step) -> Any:
+    from fencing import Put
+
+    return Put(step["key"], step["value"].encode())
+
+
+async def amain() -> None:
+    steps, ctx = load()
+    driver = Driver(ctx)
+    try:
+        await driver.run(steps)
+    except Exception as exc:  # a mismatch, or an error no step expected
+        report(exc)
+    else:
+        report(None)
+    finally:
+        await driver.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(amain())

@@ -1,0 +1,140 @@
+"""The conformance driver of the blocking Python SDK (``LeaseClient``, ``GuardClient``).
+
+python -m conformance.drivers.python_sync SCENARIO.json [KNOB]
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from conformance.drivers._common import (
+    BodyError,
+    Context,
+    Mismatch,
+    Step,
+    check_error,
+    check_result,
+    load,
+    pause_process,
+    report,
+)
+from fencing import GuardClient, LeaseClient
+
+
+class Driver:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.clients: dict[str, LeaseClient] = {}
+        self.guard = GuardClient(ctx.guard_addr)
+
+    def client(self, name: str) -> LeaseClient:
+        if name not in self.clients:
+            self.clients[name] = LeaseClient(self.ctx.lease_addr, holder=name)
+        return self.clients[name]
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            c.close()
+        self.guard.close()
+
+    def run(self, steps: list[Step]) -> None:
+        for step in steps:
+            self.step(step)
+
+    def step(self, step: Step) -> None:
+        if step["op"] == "raise":  # the body's own failure: it ends the body
+            raise BodyError("the body failed")
+        try:
+            result = self.act(step)
+        except Mismatch:
+            raise
+        except Exception as exc:
+            check_error(self.ctx, step, exc)
+            return
+        check_error(self.ctx, step, None)
+        check_result(self.ctx, step, result or {})
+
+    def act(self, step: Step) -> dict[str, Any] | None:
+        ctx, op = self.ctx, step["op"]
+        if op in ("acquire", "acquire_nowait"):
+            leases = self.client(step["client"])
+            resource = ctx.resource(step["resource"])
+            fence = [self.guard] if step.get("fence") and ctx.knob != "no_fence" else []
+            if op == "acquire":
+                lease = leases.acquire(resource, step["ttl"], step.get("timeout"), fence=fence)
+            else:
+                lease = leases.acquire_nowait(resource, step["ttl"], fence=fence)
+            ctx.leases[step["as"]] = lease
+        elif op == "hold":
+            self.hold(step)
+        elif op == "release":
+            ctx.leases[step["lease"]].release()
+        elif op == "sleep":
+            time.sleep(step["seconds"])
+        elif op == "write":
+            res = self.guard.write(
+                ctx.leases[step["lease"]],
+                _put(step),
+                idempotency_key=step.get("idem", ""),
+            )
+            return {"replayed": res.replayed, "replayed_by_token": res.replayed_by_token}
+        elif op == "delete":
+            self.guard.delete(ctx.leases[step["lease"]], step["key"])
+        elif op == "write_many":
+            self.guard.write_many([(ctx.leases[v], _put(step)) for v in step["leases"]])
+        elif op == "read":
+            rec = self.guard.read(ctx.resource(step["resource"]), step["key"])
+            return {"value": None if rec is None else rec.value.decode()}
+        elif op == "check":
+            ctx.leases[step["lease"]].check()
+        elif op == "steal":
+            lease = ctx.leases[step["lease"]]
+            thief = self.client(step["client"])
+            thief.release(lease.resource, lease.token)
+            thief.acquire(lease.resource, 5)
+        elif op == "raise":
+            raise BodyError("the body failed")
+        elif op == "pause_process":
+            pause_process(step["seconds"])
+        else:
+            raise ValueError(f"unknown op {op!r}")
+        return None
+
+    def hold(self, step: Step) -> None:
+        leases = self.client(step["client"])
+        resource = self.ctx.resource(step["resource"])
+        if self.ctx.knob in ("no_renew", "no_release"):
+            # The control: the rule broken (no session renewing it / no release on exit).
+            lease = leases.acquire(resource, step["ttl"], step.get("timeout"))
+            self.ctx.leases[step["as"]] = lease
+            self.run(step["body"])
+            if self.ctx.knob == "no_renew":
+                lease.release()
+            return
+        with leases.hold(resource, step["ttl"], timeout=step.get("timeout")) as lease:
+            self.ctx.leases[step["as"]] = lease
+            self.run(step["body"])
+
+
+def _put(step: Step) -> Any:
+    from fencing import Put
+
+    return Put(step["key"], step["value"].encode())
+
+
+def main() -> None:
+    steps, ctx = load()
+    driver = Driver(ctx)
+    try:
+        driver.run(steps)
+    except Exception as exc:  # a mismatch, or an error no step expected
+        report(exc)
+    else:
+        report(None)
+    finally:
+        driver.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+// The conformance driver of the TypeScript SDK (clients/typescript, built), through its
+// public API only (the package's index).
+//
+//   node conformance/drivers/typescript.mjs SCENARIO.json [KNOB]
+import { spawn } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { setTimeout as sleep } from "node:timers/promises";
+import {
+  GuardClient,
+  LeaseClient,
+  LeaseHeldError,
+  LeaseLostError,
+  StaleTokenError,
+} from "../../clients/typescript/dist/src/index.js";
+
+class Mismatch extends Error {
+  name = "Mismatch";
+}
+class BodyError extends Error {}
+
+const [scenarioPath, knob = ""] = process.argv.slice(2);
+const scenario = JSON.parse(readFileSync(scenarioPath, "utf8"));
+const env = process.env;
+const ctx = {
+  leaseAddr: env.CONFORMANCE_LEASE,
+  guardAddr: knob === "unfenced" ? env.CONFORMANCE_UNFENCED : env.CONFORMANCE_GUARD,
+  prefix: env.CONFORMANCE_PREFIX,
+  leases: new Map(),
+};
+const clients = new Map();
+const guard = new GuardClient(ctx.guardAddr);
+const client = (name) => {
+  if (!clients.has(name)) clients.set(name, new LeaseClient(ctx.leaseAddr, { holder: name }));
+  return clients.get(name);
+};
+const resource = (name) => `${ctx.prefix}/${name}`;
+const tokenOf = (v) => ctx.leases.get(v).token;
+
+function errorName(err) {
+  if (err instanceof StaleTokenError) return "StaleToken";
+  if (err instanceof LeaseHeldError) return "LeaseHeld";
+  if (err instanceof LeaseLostError) return "LeaseLost";
+  if (err instanceof BodyError) return "Body";
+  return err?.name ?? String(err);
+}
+
+function checkError(step, err) {
+  const expect = step.expect ?? {};
+  const want = expect.error;
+  if (err === null) {
+    if (want !== undefined) throw new Mismatch(`expected ${want}, got success`);
+    return;
+  }
+  if (want === undefined || errorName(err) !== want) {
+    throw new Mismatch(`expected ${want ?? "success"}, got ${errorName(err)}: ${err.message}`);
+  }
+  if ("current_token_of" in expect && err.currentToken !== tokenOf(expect.current_token_of)) {
+    throw new Mismatch(`currentToken ${err.currentToken}`);
+  }
+  if ("key_applied" in expect && err.keyApplied !== expect.key_applied) {
+    throw new Mismatch(`keyApplied ${err.keyApplied}`);
+  }
+  if ("applied_by_of" in expect && err.appliedByToken !== tokenOf(expect.applied_by_of)) {
+    throw new Mismatch(`appliedByToken ${err.appliedByToken}`);
+  }
+}
+
+function checkResult(step, result) {
+  const expect = step.expect ?? {};
+  if ("replayed" in expect && result.replayed !== expect.replayed) throw new Mismatch(`replayed ${result.replayed}`);
+  if ("replayed_by_of" in expect && result.replayedByToken !== tokenOf(expect.replayed_by_of)) {
+    throw new Mismatch(`replayedByToken ${result.replayedByToken}`);
+  }
+  if ("value" in expect && result.value !== expect.value) throw new Mismatch(`value ${result.value}`);
+}
+
+async function run(steps) {
+  for (const step of steps) {
+    if (step.op === "raise") throw new BodyError("the body failed"); // ends the body
+    let result;
+    try {
+      result = await act(step);
+    } catch (err) {
+      if (err instanceof Mismatch) throw err;
+      checkError(step, err);
+      continue;
+    }
+    checkError(step, null);
+    checkResult(step, result ?? {});
+  }
+}
+
+async function act(step) {
+  switch (step.op) {
+    case "acquire":
+    case "acquire_nowait": {
+      const leases = client(step.client);
+      const opts = { ttl: step.ttl, fence: step.fence && knob !== "no_fence" ? [guard] : [] };
+      if (step.timeout !== undefined) opts.timeout = step.timeout;
+      const lease =
+        step.op === "acquire"
+          ? await leases.acquire(resource(step.resource), opts)
+          : await leases.acquireNowait(resource(step.resource), opts);
+      ctx.leases.set(step.as, lease);
+      return;
+    }
+    case "hold":
+      return hold(step);
+    case "release":
+      return ctx.leases.get(step.lease).release();
+    case "sleep":
+      return sleep(step.seconds * 1000);
+    case "write": {
+      const res = await guard.write(
+        ctx.leases.get(step.lease),
+        { type: "put", key: step.key, value: step.value },
+        { idempotencyKey: step.idem ?? "" },
+      );
+      return res;
+    }
+    case "delete":
+      await guard.delete(ctx.leases.get(step.lease), step.key);
+      return;
+    case "write_many":
+      await guard.writeMany(
+        step.leases.map((v) => [ctx.leases.get(v), { type: "put", key: step.key, value: step.value }]),
+      );
+      return;
+    case "read": {
+      const rec = await guard.read(resource(step.resource), step.key);
+      return { value: rec === null ? null : rec.value.toString() };
+    }
+    case "check":
+      return ctx.leases.get(step.lease).check();
+    case "steal": {
+      const lease = ctx.leases.get(step.lease);
+      const thief = client(step.client);
+      await thief.release(lease.resource, lease.token);
+      await thief.acquire(lease.resource, { ttl: 5 });
+      return;
+    }
+    case "raise":
+      throw new BodyError("the body failed");
+    case "pause_process":
+      // Freeze this whole process (its event loop: renewals and timers too); a helper resumes it.
+      spawn("sh", ["-c", `sleep ${step.seconds}; kill -CONT ${process.pid}`], { stdio: "ignore" });
+      process.kill(process.pid, "SIGSTOP");
+      return;
+    default:
+      throw new Error(`unknown op ${step.op}`);
+  }
+}
+
+async function hold(step) {
+  const leases = client(step.client);
+  const opts = { ttl: step.ttl };
+  if (step.timeout !== undefined) opts.timeout = step.timeout;
+  if (knob === "no_renew" || knob === "no_release") {
+    // The control: the rule broken (no session renewing it / no release on exit).
+    const lease = await leases.acquire(resource(step.resource), opts);
+    ctx.leases.set(step.as, lease);
+    await run(step.body);
+    if (knob === "no_renew") await lease.release();
+    return;
+  }
+  await leases.hold(resource(step.resource), opts, async (lease) => {
+    ctx.leases.set(step.as, lease);
+    await run(step.body);
+  });
+}
+
+try {
+  await run(scenario.steps);
+  console.log(JSON.stringify({ ok: true }));
+} catch (err) {
+  console.log(JSON.stringify({ ok: false, step: "", why: `${errorName(err)}: ${err.message}` }));
+} finally {
+  for (const c of clients.values()) c.close();
+  guard.close();
+}
