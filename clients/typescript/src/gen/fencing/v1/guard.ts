@@ -75,6 +75,24 @@ export interface ReadResponse {
   writtenByToken: number;
 }
 
+export interface ListRecordsRequest {
+  resource: string;
+  prefix: string;
+  pageSize: number;
+  pageToken: string;
+}
+
+export interface KeyRecord {
+  key: string;
+  value: Buffer;
+  writtenByToken: number;
+}
+
+export interface ListRecordsResponse {
+  records: KeyRecord[];
+  nextPageToken: string;
+}
+
 export interface FenceRequest {
   resource: string;
   token: number;
@@ -159,6 +177,63 @@ export interface ResetFenceResponse {
   /** The fence before the reset, and after it (= to_token). */
   previousFence: number;
   fence: number;
+}
+
+export interface ListRefusalsRequest {
+  resource: string;
+}
+
+/** One refused call: what was refused, the token it carried, and why. */
+export interface Refusal {
+  /**
+   * The ErrorInfo reason it got: STALE_TOKEN (token below the fence), LEASE_LOST (strict:
+   * not the live lease or job claim; watch: a token the lease server never granted).
+   */
+  reason: string;
+  token: number;
+  /** The resource's fence the token was judged against (STALE_TOKEN; 0 otherwise). */
+  fence: number;
+  /** "write", "multi-resource write" or "fence". */
+  call: string;
+  /** The authenticated principal that sent it ('' without auth). */
+  principal: string;
+  /** When it was refused, in milliseconds since the Unix epoch (the guard's clock). */
+  atUnixMs: number;
+}
+
+export interface DescribeGuardRequest {
+}
+
+export interface GuardInfo {
+  version: string;
+  /** monotonic, watch, strict or off. */
+  fenceMode: string;
+  /**
+   * The store's kind (memory, sqlite, postgres, redis), and why it may forget an
+   * acknowledged fence ('' when it is durable).
+   */
+  store: string;
+  durabilityWarning: string;
+  /**
+   * Watch mode only (else empty / 0): the follower's state (following, connecting,
+   * ...), the last lease-server revision it applied, and why its last stream ended.
+   */
+  watchState: string;
+  watchRevision: number;
+  watchError: string;
+  /** Refused writes and fences since the guard started, by ErrorInfo reason. */
+  refusals: { [key: string]: number };
+}
+
+export interface GuardInfo_RefusalsEntry {
+  key: string;
+  value: number;
+}
+
+export interface ListRefusalsResponse {
+  resource: string;
+  /** Newest first. */
+  refusals: Refusal[];
 }
 
 function createBasePut(): Put {
@@ -751,6 +826,282 @@ export const ReadResponse: MessageFns<ReadResponse> = {
     message.found = object.found ?? false;
     message.value = object.value ?? Buffer.alloc(0);
     message.writtenByToken = object.writtenByToken ?? 0;
+    return message;
+  },
+};
+
+function createBaseListRecordsRequest(): ListRecordsRequest {
+  return { resource: "", prefix: "", pageSize: 0, pageToken: "" };
+}
+
+export const ListRecordsRequest: MessageFns<ListRecordsRequest> = {
+  encode(message: ListRecordsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.resource !== "") {
+      writer.uint32(10).string(message.resource);
+    }
+    if (message.prefix !== "") {
+      writer.uint32(18).string(message.prefix);
+    }
+    if (message.pageSize !== 0) {
+      writer.uint32(24).uint32(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      writer.uint32(34).string(message.pageToken);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListRecordsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const end = length === undefined ? reader.len : reader.pos + length;
+    const message = createBaseListRecordsRequest();
+    while (reader.pos < end) {
+      const tag = reader.uint32();
+      switch (tag >>> 3) {
+        case 1: {
+          if (tag !== 10) {
+            break;
+          }
+
+          message.resource = reader.string();
+          continue;
+        }
+        case 2: {
+          if (tag !== 18) {
+            break;
+          }
+
+          message.prefix = reader.string();
+          continue;
+        }
+        case 3: {
+          if (tag !== 24) {
+            break;
+          }
+
+          message.pageSize = reader.uint32();
+          continue;
+        }
+        case 4: {
+          if (tag !== 34) {
+            break;
+          }
+
+          message.pageToken = reader.string();
+          continue;
+        }
+      }
+      if ((tag & 7) === 4 || tag === 0) {
+        break;
+      }
+      reader.skip(tag & 7);
+    }
+    return message;
+  },
+
+  fromJSON(object: any): ListRecordsRequest {
+    return {
+      resource: isSet(object.resource) ? globalThis.String(object.resource) : "",
+      prefix: isSet(object.prefix) ? globalThis.String(object.prefix) : "",
+      pageSize: isSet(object.pageSize) ? globalThis.Number(object.pageSize) : 0,
+      pageToken: isSet(object.pageToken) ? globalThis.String(object.pageToken) : "",
+    };
+  },
+
+  toJSON(message: ListRecordsRequest): unknown {
+    const obj: any = {};
+    if (message.resource !== "") {
+      obj.resource = message.resource;
+    }
+    if (message.prefix !== "") {
+      obj.prefix = message.prefix;
+    }
+    if (message.pageSize !== 0) {
+      obj.pageSize = Math.round(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      obj.pageToken = message.pageToken;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<ListRecordsRequest>): ListRecordsRequest {
+    return ListRecordsRequest.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ListRecordsRequest>): ListRecordsRequest {
+    const message = createBaseListRecordsRequest();
+    message.resource = object.resource ?? "";
+    message.prefix = object.prefix ?? "";
+    message.pageSize = object.pageSize ?? 0;
+    message.pageToken = object.pageToken ?? "";
+    return message;
+  },
+};
+
+function createBaseKeyRecord(): KeyRecord {
+  return { key: "", value: Buffer.alloc(0), writtenByToken: 0 };
+}
+
+export const KeyRecord: MessageFns<KeyRecord> = {
+  encode(message: KeyRecord, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value.length !== 0) {
+      writer.uint32(18).bytes(message.value);
+    }
+    if (message.writtenByToken !== 0) {
+      writer.uint32(24).uint64(message.writtenByToken);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): KeyRecord {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const end = length === undefined ? reader.len : reader.pos + length;
+    const message = createBaseKeyRecord();
+    while (reader.pos < end) {
+      const tag = reader.uint32();
+      switch (tag >>> 3) {
+        case 1: {
+          if (tag !== 10) {
+            break;
+          }
+
+          message.key = reader.string();
+          continue;
+        }
+        case 2: {
+          if (tag !== 18) {
+            break;
+          }
+
+          message.value = Buffer.from(reader.bytes());
+          continue;
+        }
+        case 3: {
+          if (tag !== 24) {
+            break;
+          }
+
+          message.writtenByToken = longToNumber(reader.uint64());
+          continue;
+        }
+      }
+      if ((tag & 7) === 4 || tag === 0) {
+        break;
+      }
+      reader.skip(tag & 7);
+    }
+    return message;
+  },
+
+  fromJSON(object: any): KeyRecord {
+    return {
+      key: isSet(object.key) ? globalThis.String(object.key) : "",
+      value: isSet(object.value) ? Buffer.from(bytesFromBase64(object.value)) : Buffer.alloc(0),
+      writtenByToken: isSet(object.writtenByToken) ? globalThis.Number(object.writtenByToken) : 0,
+    };
+  },
+
+  toJSON(message: KeyRecord): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    if (message.value.length !== 0) {
+      obj.value = base64FromBytes(message.value);
+    }
+    if (message.writtenByToken !== 0) {
+      obj.writtenByToken = Math.round(message.writtenByToken);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<KeyRecord>): KeyRecord {
+    return KeyRecord.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<KeyRecord>): KeyRecord {
+    const message = createBaseKeyRecord();
+    message.key = object.key ?? "";
+    message.value = object.value ?? Buffer.alloc(0);
+    message.writtenByToken = object.writtenByToken ?? 0;
+    return message;
+  },
+};
+
+function createBaseListRecordsResponse(): ListRecordsResponse {
+  return { records: [], nextPageToken: "" };
+}
+
+export const ListRecordsResponse: MessageFns<ListRecordsResponse> = {
+  encode(message: ListRecordsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.records) {
+      KeyRecord.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.nextPageToken !== "") {
+      writer.uint32(18).string(message.nextPageToken);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListRecordsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const end = length === undefined ? reader.len : reader.pos + length;
+    const message = createBaseListRecordsResponse();
+    while (reader.pos < end) {
+      const tag = reader.uint32();
+      switch (tag >>> 3) {
+        case 1: {
+          if (tag !== 10) {
+            break;
+          }
+
+          message.records.push(KeyRecord.decode(reader, reader.uint32()));
+          continue;
+        }
+        case 2: {
+          if (tag !== 18) {
+            break;
+          }
+
+          message.nextPageToken = reader.string();
+          continue;
+        }
+      }
+      if ((tag & 7) === 4 || tag === 0) {
+        break;
+      }
+      reader.skip(tag & 7);
+    }
+    return message;
+  },
+
+  fromJSON(object: any): ListRecordsResponse {
+    return {
+      records: globalThis.Array.isArray(object?.records) ? object.records.map((e: any) => KeyRecord.fromJSON(e)) : [],
+      nextPageToken: isSet(object.nextPageToken) ? globalThis.String(object.nextPageToken) : "",
+    };
+  },
+
+  toJSON(message: ListRecordsResponse): unknown {
+    const obj: any = {};
+    if (message.records?.length) {
+      obj.records = message.records.map((e) => KeyRecord.toJSON(e));
+    }
+    if (message.nextPageToken !== "") {
+      obj.nextPageToken = message.nextPageToken;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<ListRecordsResponse>): ListRecordsResponse {
+    return ListRecordsResponse.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ListRecordsResponse>): ListRecordsResponse {
+    const message = createBaseListRecordsResponse();
+    message.records = object.records?.map((e) => KeyRecord.fromPartial(e)) || [];
+    message.nextPageToken = object.nextPageToken ?? "";
     return message;
   },
 };
@@ -1918,6 +2269,599 @@ export const ResetFenceResponse: MessageFns<ResetFenceResponse> = {
   },
 };
 
+function createBaseListRefusalsRequest(): ListRefusalsRequest {
+  return { resource: "" };
+}
+
+export const ListRefusalsRequest: MessageFns<ListRefusalsRequest> = {
+  encode(message: ListRefusalsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.resource !== "") {
+      writer.uint32(10).string(message.resource);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListRefusalsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const end = length === undefined ? reader.len : reader.pos + length;
+    const message = createBaseListRefusalsRequest();
+    while (reader.pos < end) {
+      const tag = reader.uint32();
+      switch (tag >>> 3) {
+        case 1: {
+          if (tag !== 10) {
+            break;
+          }
+
+          message.resource = reader.string();
+          continue;
+        }
+      }
+      if ((tag & 7) === 4 || tag === 0) {
+        break;
+      }
+      reader.skip(tag & 7);
+    }
+    return message;
+  },
+
+  fromJSON(object: any): ListRefusalsRequest {
+    return { resource: isSet(object.resource) ? globalThis.String(object.resource) : "" };
+  },
+
+  toJSON(message: ListRefusalsRequest): unknown {
+    const obj: any = {};
+    if (message.resource !== "") {
+      obj.resource = message.resource;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<ListRefusalsRequest>): ListRefusalsRequest {
+    return ListRefusalsRequest.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ListRefusalsRequest>): ListRefusalsRequest {
+    const message = createBaseListRefusalsRequest();
+    message.resource = object.resource ?? "";
+    return message;
+  },
+};
+
+function createBaseRefusal(): Refusal {
+  return { reason: "", token: 0, fence: 0, call: "", principal: "", atUnixMs: 0 };
+}
+
+export const Refusal: MessageFns<Refusal> = {
+  encode(message: Refusal, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.reason !== "") {
+      writer.uint32(10).string(message.reason);
+    }
+    if (message.token !== 0) {
+      writer.uint32(16).uint64(message.token);
+    }
+    if (message.fence !== 0) {
+      writer.uint32(24).uint64(message.fence);
+    }
+    if (message.call !== "") {
+      writer.uint32(34).string(message.call);
+    }
+    if (message.principal !== "") {
+      writer.uint32(42).string(message.principal);
+    }
+    if (message.atUnixMs !== 0) {
+      writer.uint32(48).int64(message.atUnixMs);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): Refusal {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const end = length === undefined ? reader.len : reader.pos + length;
+    const message = createBaseRefusal();
+    while (reader.pos < end) {
+      const tag = reader.uint32();
+      switch (tag >>> 3) {
+        case 1: {
+          if (tag !== 10) {
+            break;
+          }
+
+          message.reason = reader.string();
+          continue;
+        }
+        case 2: {
+          if (tag !== 16) {
+            break;
+          }
+
+          message.token = longToNumber(reader.uint64());
+          continue;
+        }
+        case 3: {
+          if (tag !== 24) {
+            break;
+          }
+
+          message.fence = longToNumber(reader.uint64());
+          continue;
+        }
+        case 4: {
+          if (tag !== 34) {
+            break;
+          }
+
+          message.call = reader.string();
+          continue;
+        }
+        case 5: {
+          if (tag !== 42) {
+            break;
+          }
+
+          message.principal = reader.string();
+          continue;
+        }
+        case 6: {
+          if (tag !== 48) {
+            break;
+          }
+
+          message.atUnixMs = longToNumber(reader.int64());
+          continue;
+        }
+      }
+      if ((tag & 7) === 4 || tag === 0) {
+        break;
+      }
+      reader.skip(tag & 7);
+    }
+    return message;
+  },
+
+  fromJSON(object: any): Refusal {
+    return {
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      token: isSet(object.token) ? globalThis.Number(object.token) : 0,
+      fence: isSet(object.fence) ? globalThis.Number(object.fence) : 0,
+      call: isSet(object.call) ? globalThis.String(object.call) : "",
+      principal: isSet(object.principal) ? globalThis.String(object.principal) : "",
+      atUnixMs: isSet(object.atUnixMs) ? globalThis.Number(object.atUnixMs) : 0,
+    };
+  },
+
+  toJSON(message: Refusal): unknown {
+    const obj: any = {};
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    if (message.token !== 0) {
+      obj.token = Math.round(message.token);
+    }
+    if (message.fence !== 0) {
+      obj.fence = Math.round(message.fence);
+    }
+    if (message.call !== "") {
+      obj.call = message.call;
+    }
+    if (message.principal !== "") {
+      obj.principal = message.principal;
+    }
+    if (message.atUnixMs !== 0) {
+      obj.atUnixMs = Math.round(message.atUnixMs);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<Refusal>): Refusal {
+    return Refusal.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<Refusal>): Refusal {
+    const message = createBaseRefusal();
+    message.reason = object.reason ?? "";
+    message.token = object.token ?? 0;
+    message.fence = object.fence ?? 0;
+    message.call = object.call ?? "";
+    message.principal = object.principal ?? "";
+    message.atUnixMs = object.atUnixMs ?? 0;
+    return message;
+  },
+};
+
+function createBaseDescribeGuardRequest(): DescribeGuardRequest {
+  return {};
+}
+
+export const DescribeGuardRequest: MessageFns<DescribeGuardRequest> = {
+  encode(_: DescribeGuardRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DescribeGuardRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const end = length === undefined ? reader.len : reader.pos + length;
+    const message = createBaseDescribeGuardRequest();
+    while (reader.pos < end) {
+      const tag = reader.uint32();
+      switch (tag >>> 3) {
+      }
+      if ((tag & 7) === 4 || tag === 0) {
+        break;
+      }
+      reader.skip(tag & 7);
+    }
+    return message;
+  },
+
+  fromJSON(_: any): DescribeGuardRequest {
+    return {};
+  },
+
+  toJSON(_: DescribeGuardRequest): unknown {
+    const obj: any = {};
+    return obj;
+  },
+
+  create(base?: DeepPartial<DescribeGuardRequest>): DescribeGuardRequest {
+    return DescribeGuardRequest.fromPartial(base ?? {});
+  },
+  fromPartial(_: DeepPartial<DescribeGuardRequest>): DescribeGuardRequest {
+    const message = createBaseDescribeGuardRequest();
+    return message;
+  },
+};
+
+function createBaseGuardInfo(): GuardInfo {
+  return {
+    version: "",
+    fenceMode: "",
+    store: "",
+    durabilityWarning: "",
+    watchState: "",
+    watchRevision: 0,
+    watchError: "",
+    refusals: {},
+  };
+}
+
+export const GuardInfo: MessageFns<GuardInfo> = {
+  encode(message: GuardInfo, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.version !== "") {
+      writer.uint32(10).string(message.version);
+    }
+    if (message.fenceMode !== "") {
+      writer.uint32(18).string(message.fenceMode);
+    }
+    if (message.store !== "") {
+      writer.uint32(26).string(message.store);
+    }
+    if (message.durabilityWarning !== "") {
+      writer.uint32(34).string(message.durabilityWarning);
+    }
+    if (message.watchState !== "") {
+      writer.uint32(42).string(message.watchState);
+    }
+    if (message.watchRevision !== 0) {
+      writer.uint32(48).uint64(message.watchRevision);
+    }
+    if (message.watchError !== "") {
+      writer.uint32(58).string(message.watchError);
+    }
+    Object.entries(message.refusals).forEach(([key, value]) => {
+      GuardInfo_RefusalsEntry.encode({ key: key as any, value }, writer.uint32(66).fork()).join();
+    });
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GuardInfo {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const end = length === undefined ? reader.len : reader.pos + length;
+    const message = createBaseGuardInfo();
+    while (reader.pos < end) {
+      const tag = reader.uint32();
+      switch (tag >>> 3) {
+        case 1: {
+          if (tag !== 10) {
+            break;
+          }
+
+          message.version = reader.string();
+          continue;
+        }
+        case 2: {
+          if (tag !== 18) {
+            break;
+          }
+
+          message.fenceMode = reader.string();
+          continue;
+        }
+        case 3: {
+          if (tag !== 26) {
+            break;
+          }
+
+          message.store = reader.string();
+          continue;
+        }
+        case 4: {
+          if (tag !== 34) {
+            break;
+          }
+
+          message.durabilityWarning = reader.string();
+          continue;
+        }
+        case 5: {
+          if (tag !== 42) {
+            break;
+          }
+
+          message.watchState = reader.string();
+          continue;
+        }
+        case 6: {
+          if (tag !== 48) {
+            break;
+          }
+
+          message.watchRevision = longToNumber(reader.uint64());
+          continue;
+        }
+        case 7: {
+          if (tag !== 58) {
+            break;
+          }
+
+          message.watchError = reader.string();
+          continue;
+        }
+        case 8: {
+          if (tag !== 66) {
+            break;
+          }
+
+          const entry8 = GuardInfo_RefusalsEntry.decode(reader, reader.uint32());
+          if (entry8.value !== undefined) {
+            message.refusals[entry8.key] = entry8.value;
+          }
+          continue;
+        }
+      }
+      if ((tag & 7) === 4 || tag === 0) {
+        break;
+      }
+      reader.skip(tag & 7);
+    }
+    return message;
+  },
+
+  fromJSON(object: any): GuardInfo {
+    return {
+      version: isSet(object.version) ? globalThis.String(object.version) : "",
+      fenceMode: isSet(object.fenceMode) ? globalThis.String(object.fenceMode) : "",
+      store: isSet(object.store) ? globalThis.String(object.store) : "",
+      durabilityWarning: isSet(object.durabilityWarning) ? globalThis.String(object.durabilityWarning) : "",
+      watchState: isSet(object.watchState) ? globalThis.String(object.watchState) : "",
+      watchRevision: isSet(object.watchRevision) ? globalThis.Number(object.watchRevision) : 0,
+      watchError: isSet(object.watchError) ? globalThis.String(object.watchError) : "",
+      refusals: isObject(object.refusals)
+        ? Object.entries(object.refusals).reduce<{ [key: string]: number }>((acc, [key, value]) => {
+          acc[key] = Number(value);
+          return acc;
+        }, {})
+        : {},
+    };
+  },
+
+  toJSON(message: GuardInfo): unknown {
+    const obj: any = {};
+    if (message.version !== "") {
+      obj.version = message.version;
+    }
+    if (message.fenceMode !== "") {
+      obj.fenceMode = message.fenceMode;
+    }
+    if (message.store !== "") {
+      obj.store = message.store;
+    }
+    if (message.durabilityWarning !== "") {
+      obj.durabilityWarning = message.durabilityWarning;
+    }
+    if (message.watchState !== "") {
+      obj.watchState = message.watchState;
+    }
+    if (message.watchRevision !== 0) {
+      obj.watchRevision = Math.round(message.watchRevision);
+    }
+    if (message.watchError !== "") {
+      obj.watchError = message.watchError;
+    }
+    if (message.refusals) {
+      const entries = Object.entries(message.refusals);
+      if (entries.length > 0) {
+        obj.refusals = {};
+        entries.forEach(([k, v]) => {
+          obj.refusals[k] = Math.round(v);
+        });
+      }
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<GuardInfo>): GuardInfo {
+    return GuardInfo.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<GuardInfo>): GuardInfo {
+    const message = createBaseGuardInfo();
+    message.version = object.version ?? "";
+    message.fenceMode = object.fenceMode ?? "";
+    message.store = object.store ?? "";
+    message.durabilityWarning = object.durabilityWarning ?? "";
+    message.watchState = object.watchState ?? "";
+    message.watchRevision = object.watchRevision ?? 0;
+    message.watchError = object.watchError ?? "";
+    message.refusals = Object.entries(object.refusals ?? {}).reduce<{ [key: string]: number }>((acc, [key, value]) => {
+      if (value !== undefined) {
+        acc[key] = globalThis.Number(value);
+      }
+      return acc;
+    }, {});
+    return message;
+  },
+};
+
+function createBaseGuardInfo_RefusalsEntry(): GuardInfo_RefusalsEntry {
+  return { key: "", value: 0 };
+}
+
+export const GuardInfo_RefusalsEntry: MessageFns<GuardInfo_RefusalsEntry> = {
+  encode(message: GuardInfo_RefusalsEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== 0) {
+      writer.uint32(16).uint64(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GuardInfo_RefusalsEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const end = length === undefined ? reader.len : reader.pos + length;
+    const message = createBaseGuardInfo_RefusalsEntry();
+    while (reader.pos < end) {
+      const tag = reader.uint32();
+      switch (tag >>> 3) {
+        case 1: {
+          if (tag !== 10) {
+            break;
+          }
+
+          message.key = reader.string();
+          continue;
+        }
+        case 2: {
+          if (tag !== 16) {
+            break;
+          }
+
+          message.value = longToNumber(reader.uint64());
+          continue;
+        }
+      }
+      if ((tag & 7) === 4 || tag === 0) {
+        break;
+      }
+      reader.skip(tag & 7);
+    }
+    return message;
+  },
+
+  fromJSON(object: any): GuardInfo_RefusalsEntry {
+    return {
+      key: isSet(object.key) ? globalThis.String(object.key) : "",
+      value: isSet(object.value) ? globalThis.Number(object.value) : 0,
+    };
+  },
+
+  toJSON(message: GuardInfo_RefusalsEntry): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    if (message.value !== 0) {
+      obj.value = Math.round(message.value);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<GuardInfo_RefusalsEntry>): GuardInfo_RefusalsEntry {
+    return GuardInfo_RefusalsEntry.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<GuardInfo_RefusalsEntry>): GuardInfo_RefusalsEntry {
+    const message = createBaseGuardInfo_RefusalsEntry();
+    message.key = object.key ?? "";
+    message.value = object.value ?? 0;
+    return message;
+  },
+};
+
+function createBaseListRefusalsResponse(): ListRefusalsResponse {
+  return { resource: "", refusals: [] };
+}
+
+export const ListRefusalsResponse: MessageFns<ListRefusalsResponse> = {
+  encode(message: ListRefusalsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.resource !== "") {
+      writer.uint32(10).string(message.resource);
+    }
+    for (const v of message.refusals) {
+      Refusal.encode(v!, writer.uint32(18).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListRefusalsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const end = length === undefined ? reader.len : reader.pos + length;
+    const message = createBaseListRefusalsResponse();
+    while (reader.pos < end) {
+      const tag = reader.uint32();
+      switch (tag >>> 3) {
+        case 1: {
+          if (tag !== 10) {
+            break;
+          }
+
+          message.resource = reader.string();
+          continue;
+        }
+        case 2: {
+          if (tag !== 18) {
+            break;
+          }
+
+          message.refusals.push(Refusal.decode(reader, reader.uint32()));
+          continue;
+        }
+      }
+      if ((tag & 7) === 4 || tag === 0) {
+        break;
+      }
+      reader.skip(tag & 7);
+    }
+    return message;
+  },
+
+  fromJSON(object: any): ListRefusalsResponse {
+    return {
+      resource: isSet(object.resource) ? globalThis.String(object.resource) : "",
+      refusals: globalThis.Array.isArray(object?.refusals) ? object.refusals.map((e: any) => Refusal.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: ListRefusalsResponse): unknown {
+    const obj: any = {};
+    if (message.resource !== "") {
+      obj.resource = message.resource;
+    }
+    if (message.refusals?.length) {
+      obj.refusals = message.refusals.map((e) => Refusal.toJSON(e));
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<ListRefusalsResponse>): ListRefusalsResponse {
+    return ListRefusalsResponse.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ListRefusalsResponse>): ListRefusalsResponse {
+    const message = createBaseListRefusalsResponse();
+    message.resource = object.resource ?? "";
+    message.refusals = object.refusals?.map((e) => Refusal.fromPartial(e)) || [];
+    return message;
+  },
+};
+
 export type GuardServiceService = typeof GuardServiceService;
 export const GuardServiceService = {
   /**
@@ -1945,6 +2889,21 @@ export const GuardServiceService = {
     requestDeserialize: (value: Buffer): ReadRequest => ReadRequest.decode(value),
     responseSerialize: (value: ReadResponse): Buffer => Buffer.from(ReadResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ReadResponse => ReadResponse.decode(value),
+  },
+  /**
+   * The records of one resource whose key starts with prefix, in key order (by code
+   * point), a page at a time: at most page_size records (0: 100; at most 1,000) and
+   * at most 3 MiB of values (always at least one record). next_page_token (empty on the
+   * last page) is passed back as page_token; each page is read on its own.
+   */
+  listRecords: {
+    path: "/fencing.v1.GuardService/ListRecords",
+    requestStream: false,
+    responseStream: false,
+    requestSerialize: (value: ListRecordsRequest): Buffer => Buffer.from(ListRecordsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListRecordsRequest => ListRecordsRequest.decode(value),
+    responseSerialize: (value: ListRecordsResponse): Buffer => Buffer.from(ListRecordsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListRecordsResponse => ListRecordsResponse.decode(value),
   },
   /**
    * Advance the fence without writing data (never lowers it; idempotent). In strict
@@ -2015,6 +2974,34 @@ export const GuardServiceService = {
     responseSerialize: (value: ResetFenceResponse): Buffer => Buffer.from(ResetFenceResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ResetFenceResponse => ResetFenceResponse.decode(value),
   },
+  /**
+   * The resource's most recent refused writes and fences, newest first, as this guard
+   * process remembers them: a bounded ring per resource, for the most recently refused
+   * resources only, lost on restart (docs/console.md gives the bound). Read-only.
+   */
+  listRefusals: {
+    path: "/fencing.v1.GuardService/ListRefusals",
+    requestStream: false,
+    responseStream: false,
+    requestSerialize: (value: ListRefusalsRequest): Buffer => Buffer.from(ListRefusalsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListRefusalsRequest => ListRefusalsRequest.decode(value),
+    responseSerialize: (value: ListRefusalsResponse): Buffer =>
+      Buffer.from(ListRefusalsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListRefusalsResponse => ListRefusalsResponse.decode(value),
+  },
+  /**
+   * What this guard is and how it is doing: its fence mode, its store, a watch guard's
+   * follower, and its refusals since it started, by reason. Read-only.
+   */
+  describeGuard: {
+    path: "/fencing.v1.GuardService/DescribeGuard",
+    requestStream: false,
+    responseStream: false,
+    requestSerialize: (value: DescribeGuardRequest): Buffer => Buffer.from(DescribeGuardRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): DescribeGuardRequest => DescribeGuardRequest.decode(value),
+    responseSerialize: (value: GuardInfo): Buffer => Buffer.from(GuardInfo.encode(value).finish()),
+    responseDeserialize: (value: Buffer): GuardInfo => GuardInfo.decode(value),
+  },
 } as const;
 
 export interface GuardServiceServer extends UntypedServiceImplementation {
@@ -2028,6 +3015,13 @@ export interface GuardServiceServer extends UntypedServiceImplementation {
   write: handleUnaryCall<WriteRequest, WriteResponse>;
   /** Read one key, with the token of the write that stored it. */
   read: handleUnaryCall<ReadRequest, ReadResponse>;
+  /**
+   * The records of one resource whose key starts with prefix, in key order (by code
+   * point), a page at a time: at most page_size records (0: 100; at most 1,000) and
+   * at most 3 MiB of values (always at least one record). next_page_token (empty on the
+   * last page) is passed back as page_token; each page is read on its own.
+   */
+  listRecords: handleUnaryCall<ListRecordsRequest, ListRecordsResponse>;
   /**
    * Advance the fence without writing data (never lowers it; idempotent). In strict
    * mode the token must be the live lease or job claim (LEASE_LOST otherwise).
@@ -2057,6 +3051,17 @@ export interface GuardServiceServer extends UntypedServiceImplementation {
    * the lease server's prefix) a to_token below a granted token is INVALID_ARGUMENT.
    */
   resetFence: handleUnaryCall<ResetFenceRequest, ResetFenceResponse>;
+  /**
+   * The resource's most recent refused writes and fences, newest first, as this guard
+   * process remembers them: a bounded ring per resource, for the most recently refused
+   * resources only, lost on restart (docs/console.md gives the bound). Read-only.
+   */
+  listRefusals: handleUnaryCall<ListRefusalsRequest, ListRefusalsResponse>;
+  /**
+   * What this guard is and how it is doing: its fence mode, its store, a watch guard's
+   * follower, and its refusals since it started, by reason. Read-only.
+   */
+  describeGuard: handleUnaryCall<DescribeGuardRequest, GuardInfo>;
 }
 
 export interface GuardServiceClient extends Client {
@@ -2094,6 +3099,27 @@ export interface GuardServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ReadResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * The records of one resource whose key starts with prefix, in key order (by code
+   * point), a page at a time: at most page_size records (0: 100; at most 1,000) and
+   * at most 3 MiB of values (always at least one record). next_page_token (empty on the
+   * last page) is passed back as page_token; each page is read on its own.
+   */
+  listRecords(
+    request: ListRecordsRequest,
+    callback: (error: ServiceError | null, response: ListRecordsResponse) => void,
+  ): ClientUnaryCall;
+  listRecords(
+    request: ListRecordsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListRecordsResponse) => void,
+  ): ClientUnaryCall;
+  listRecords(
+    request: ListRecordsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListRecordsResponse) => void,
   ): ClientUnaryCall;
   /**
    * Advance the fence without writing data (never lowers it; idempotent). In strict
@@ -2181,6 +3207,45 @@ export interface GuardServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ResetFenceResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * The resource's most recent refused writes and fences, newest first, as this guard
+   * process remembers them: a bounded ring per resource, for the most recently refused
+   * resources only, lost on restart (docs/console.md gives the bound). Read-only.
+   */
+  listRefusals(
+    request: ListRefusalsRequest,
+    callback: (error: ServiceError | null, response: ListRefusalsResponse) => void,
+  ): ClientUnaryCall;
+  listRefusals(
+    request: ListRefusalsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListRefusalsResponse) => void,
+  ): ClientUnaryCall;
+  listRefusals(
+    request: ListRefusalsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListRefusalsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * What this guard is and how it is doing: its fence mode, its store, a watch guard's
+   * follower, and its refusals since it started, by reason. Read-only.
+   */
+  describeGuard(
+    request: DescribeGuardRequest,
+    callback: (error: ServiceError | null, response: GuardInfo) => void,
+  ): ClientUnaryCall;
+  describeGuard(
+    request: DescribeGuardRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: GuardInfo) => void,
+  ): ClientUnaryCall;
+  describeGuard(
+    request: DescribeGuardRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: GuardInfo) => void,
   ): ClientUnaryCall;
 }
 

@@ -2883,9 +2883,11 @@ export const LeaseServiceService = {
    * over: when a stream breaks, its calls in flight have unknown outcomes, and the
    * client reconnects (to any server) and retries; an acquire retried with the same
    * request_id and holder returns the lease already granted. Limits: at most
-   * max_in_flight calls in flight per stream (the server's --session-max-in-flight,
+   * max_in_flight acquires in flight per stream (the server's --session-max-in-flight,
    * sent in the stream's initial metadata "fencing-session-max-in-flight" when it
-   * opens); a call beyond it is answered RESOURCE_EXHAUSTED and nothing else happens to
+   * opens), and apart from them as many renewals and releases (sent as
+   * "fencing-session-max-upkeep-in-flight"; without it, one limit for every call); a
+   * call beyond its limit is answered RESOURCE_EXHAUSTED and nothing else happens to
    * the stream. Bytes that are no SessionRequest end the stream INVALID_ARGUMENT. A
    * draining server (SIGTERM) sends a SessionResponse with goaway set, accepts no new
    * calls (answered UNAVAILABLE), answers those in flight, then ends the stream: the
@@ -2960,9 +2962,11 @@ export interface LeaseServiceServer extends UntypedServiceImplementation {
    * over: when a stream breaks, its calls in flight have unknown outcomes, and the
    * client reconnects (to any server) and retries; an acquire retried with the same
    * request_id and holder returns the lease already granted. Limits: at most
-   * max_in_flight calls in flight per stream (the server's --session-max-in-flight,
+   * max_in_flight acquires in flight per stream (the server's --session-max-in-flight,
    * sent in the stream's initial metadata "fencing-session-max-in-flight" when it
-   * opens); a call beyond it is answered RESOURCE_EXHAUSTED and nothing else happens to
+   * opens), and apart from them as many renewals and releases (sent as
+   * "fencing-session-max-upkeep-in-flight"; without it, one limit for every call); a
+   * call beyond its limit is answered RESOURCE_EXHAUSTED and nothing else happens to
    * the stream. Bytes that are no SessionRequest end the stream INVALID_ARGUMENT. A
    * draining server (SIGTERM) sends a SessionResponse with goaway set, accepts no new
    * calls (answered UNAVAILABLE), answers those in flight, then ends the stream: the
@@ -3133,9 +3137,11 @@ export interface LeaseServiceClient extends Client {
    * over: when a stream breaks, its calls in flight have unknown outcomes, and the
    * client reconnects (to any server) and retries; an acquire retried with the same
    * request_id and holder returns the lease already granted. Limits: at most
-   * max_in_flight calls in flight per stream (the server's --session-max-in-flight,
+   * max_in_flight acquires in flight per stream (the server's --session-max-in-flight,
    * sent in the stream's initial metadata "fencing-session-max-in-flight" when it
-   * opens); a call beyond it is answered RESOURCE_EXHAUSTED and nothing else happens to
+   * opens), and apart from them as many renewals and releases (sent as
+   * "fencing-session-max-upkeep-in-flight"; without it, one limit for every call); a
+   * call beyond its limit is answered RESOURCE_EXHAUSTED and nothing else happens to
    * the stream. Bytes that are no SessionRequest end the stream INVALID_ARGUMENT. A
    * draining server (SIGTERM) sends a SessionResponse with goaway set, accepts no new
    * calls (answered UNAVAILABLE), answers those in flight, then ends the stream: the
