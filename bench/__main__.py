@@ -13,7 +13,9 @@ Sections: ``floor`` (the empty gRPC call, and the embedded SQLite servers agains
 check-and-write SQL one call, client-side and batched, the store, our servers on
 PostgreSQL; ``FENCING_BENCH_POSTGRES_DSN``), ``modes`` (what the promise and a watch
 guard add to taking a lease, and the watch delivery delay), ``throughput`` (guarded
-writes per second against the backend's own check-and-write), ``scale`` (latency with
+writes per second against the backend's own check-and-write), ``price`` (the price of
+fencing per store: guard Write and WriteStream against the same upsert done directly),
+``scale`` (latency with
 1,000 against 1,000,000 resources), ``sessions`` (one client holding 10,000 leases),
 ``peers`` (etcd, PostgreSQL advisory locks and redis-py Lock next to ours), ``pglog``
 (PostgreSQL's lease path against SQLite's, gRPC and in process, two servers, release to
@@ -207,6 +209,16 @@ async def _throughput(o: Options) -> Report:
     return report
 
 
+async def _price(o: Options) -> Report:
+    from bench import price
+
+    report = Report()
+    report.results = await price.run(o.clients, o.duration, report.notes)
+    for row, figure in price.prices(report.results):
+        report.targets.append((row, figure, "measured"))
+    return report
+
+
 async def _scale(o: Options) -> Report:
     from bench import scale
 
@@ -331,6 +343,7 @@ SECTIONS: dict[str, tuple[str, Section]] = {
         "Throughput: guarded writes against the backend's own check-and-write",
         _throughput,
     ),
+    "price": ("The price of fencing: a guarded write against the same write done directly", _price),
     "scale": ("State at scale: 1,000 against 1,000,000 resources", _scale),
     "sessions": ("Sessions: one client holding 10,000 leases", _sessions),
     "peers": ("Peers: etcd, PostgreSQL advisory locks and redis-py Lock next to ours", _peers),
