@@ -13,7 +13,10 @@ Sections: ``floor`` (the empty gRPC call, and the embedded SQLite servers agains
 check-and-write SQL one call, client-side and batched, the store, our servers on
 PostgreSQL; ``FENCING_BENCH_POSTGRES_DSN``), ``modes`` (what the promise and a watch
 guard add to taking a lease, and the watch delivery delay), ``throughput`` (guarded
-writes per second against the backend's own check-and-write), ``price`` (the price of
+writes per second against the backend's own check-and-write), ``cpu`` (server and
+client CPU per operation of the lease and guard calls over their floors: a bare grpc.aio
+echo, our empty call, our stream's ping; ``--old REF`` measures that ref's servers
+beside, in alternating rounds), ``price`` (the price of
 fencing per store: guard Write and WriteStream against the same upsert done directly),
 ``scale`` (latency with
 1,000 against 1,000,000 resources), ``sessions`` (one client holding 10,000 leases),
@@ -67,6 +70,8 @@ class Options:
     duration: float
     session_hold: float = 60.0
     scale_size: int = 1_000_000
+    #: A git ref whose servers the ``cpu`` section measures beside this tree's.
+    old: str = ""
 
 
 Section = Callable[[Options], Awaitable[list[Result] | Report]]
@@ -209,6 +214,17 @@ async def _throughput(o: Options) -> Report:
     return report
 
 
+async def _cpu(o: Options) -> Report:
+    from bench import cpu
+
+    rows = await cpu.run(o.clients, o.duration, o.old)
+    text = cpu.markdown(rows, max(o.clients))
+    report = Report(text=text, markdown=text)
+    for target, figure, met in cpu.targets(rows):
+        report.targets.append((target, figure, _met(met)))
+    return report
+
+
 async def _price(o: Options) -> Report:
     from bench import price
 
@@ -336,6 +352,7 @@ async def _transport(o: Options) -> list[Result]:
 
 SECTIONS: dict[str, tuple[str, Section]] = {
     "floor": ("RPC floor and the embedded default (SQLite)", _floor),
+    "cpu": ("CPU per operation, server and client, against the transport's floor", _cpu),
     "redis": ("Redis: our scripts and servers next to redis-py Lock and raw EVALSHA", _redis),
     "postgres": ("PostgreSQL: check-and-write SQL against SELECT 1, and our servers", _postgres),
     "modes": ("Closing the monotonic window: promise and watch (SQLite)", _modes),
@@ -384,6 +401,9 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=1_000_000,
         help="resources of the scale section's large run",
+    )
+    p.add_argument(
+        "--old", default="", help="cpu section: a git ref whose servers run beside this tree's"
     )
     return p
 
@@ -615,6 +635,7 @@ def main(argv: list[str] | None = None) -> int:
         duration=args.duration,
         session_hold=args.session_hold,
         scale_size=args.scale_size,
+        old=args.old,
     )
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     print(
