@@ -13,7 +13,12 @@ Sections: ``floor`` (the empty gRPC call, and the embedded SQLite servers agains
 check-and-write SQL one call, client-side and batched, the store, our servers on
 PostgreSQL; ``FENCING_BENCH_POSTGRES_DSN``), ``modes`` (what the promise and a watch
 guard add to taking a lease, and the watch delivery delay), ``throughput`` (guarded
-writes per second against the backend's own check-and-write), ``scale`` (latency with
+writes per second against the backend's own check-and-write), ``cpu`` (server and
+client CPU per operation of the lease and guard calls over their floors: a bare grpc.aio
+echo, our empty call, our stream's ping; ``--old REF`` measures that ref's servers
+beside, in alternating rounds), ``price`` (the price of
+fencing per store: guard Write and WriteStream against the same upsert done directly),
+``scale`` (latency with
 1,000 against 1,000,000 resources), ``sessions`` (one client holding 10,000 leases),
 ``peers`` (etcd, PostgreSQL advisory locks and redis-py Lock next to ours), ``pglog``
 (PostgreSQL's lease path against SQLite's, gRPC and in process, two servers, release to
@@ -65,6 +70,8 @@ class Options:
     duration: float
     session_hold: float = 60.0
     scale_size: int = 1_000_000
+    #: A git ref whose servers the ``cpu`` section measures beside this tree's.
+    old: str = ""
 
 
 Section = Callable[[Options], Awaitable[list[Result] | Report]]
@@ -207,6 +214,27 @@ async def _throughput(o: Options) -> Report:
     return report
 
 
+async def _cpu(o: Options) -> Report:
+    from bench import cpu
+
+    rows = await cpu.run(o.clients, o.duration, o.old)
+    text = cpu.markdown(rows, max(o.clients))
+    report = Report(text=text, markdown=text)
+    for target, figure, met in cpu.targets(rows):
+        report.targets.append((target, figure, _met(met)))
+    return report
+
+
+async def _price(o: Options) -> Report:
+    from bench import price
+
+    report = Report()
+    report.results = await price.run(o.clients, o.duration, report.notes)
+    for row, figure in price.prices(report.results):
+        report.targets.append((row, figure, "measured"))
+    return report
+
+
 async def _scale(o: Options) -> Report:
     from bench import scale
 
@@ -324,6 +352,7 @@ async def _transport(o: Options) -> list[Result]:
 
 SECTIONS: dict[str, tuple[str, Section]] = {
     "floor": ("RPC floor and the embedded default (SQLite)", _floor),
+    "cpu": ("CPU per operation, server and client, against the transport's floor", _cpu),
     "redis": ("Redis: our scripts and servers next to redis-py Lock and raw EVALSHA", _redis),
     "postgres": ("PostgreSQL: check-and-write SQL against SELECT 1, and our servers", _postgres),
     "modes": ("Closing the monotonic window: promise and watch (SQLite)", _modes),
@@ -331,6 +360,7 @@ SECTIONS: dict[str, tuple[str, Section]] = {
         "Throughput: guarded writes against the backend's own check-and-write",
         _throughput,
     ),
+    "price": ("The price of fencing: a guarded write against the same write done directly", _price),
     "scale": ("State at scale: 1,000 against 1,000,000 resources", _scale),
     "sessions": ("Sessions: one client holding 10,000 leases", _sessions),
     "peers": ("Peers: etcd, PostgreSQL advisory locks and redis-py Lock next to ours", _peers),
@@ -371,6 +401,9 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=1_000_000,
         help="resources of the scale section's large run",
+    )
+    p.add_argument(
+        "--old", default="", help="cpu section: a git ref whose servers run beside this tree's"
     )
     return p
 
@@ -602,6 +635,7 @@ def main(argv: list[str] | None = None) -> int:
         duration=args.duration,
         session_hold=args.session_hold,
         scale_size=args.scale_size,
+        old=args.old,
     )
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     print(

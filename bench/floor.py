@@ -4,11 +4,11 @@ Measures, against one lease server and one guard (separate processes, SQLite):
 an empty gRPC call on the same server stack (``grpc.health.v1.Health/Check``),
 Acquire+Release as unary calls and through the lease stream (``Session``: one stream
 per client, each call awaited by its id; :mod:`bench.stream_client`), and a one-op
-guarded Write, at each client count. The lease rows note the server's CPU per
-operation over the measured period (from /proc; the warm-up excluded), and the
-streamed row its ratio to the unary one: what a stream saves per call. Two ``ping``
-calls per client loop are the stream's own floor for those two round trips: what is
-left above it is the lease service and its backend.
+guarded Write (a value that changes on every write), at each client count. The lease
+rows note the server's CPU per operation over the measured period (from /proc; the
+warm-up excluded), and the streamed row its ratio to the unary one: what a stream
+saves per call. Two ``ping`` calls per client loop are the stream's own floor for
+those two round trips: what is left above it is the lease service and its backend.
 """
 
 from __future__ import annotations
@@ -20,7 +20,15 @@ from pathlib import Path
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.harness import Result, Server, measure, measure_server_cpu, progress, server
+from bench.harness import (
+    Result,
+    Server,
+    fresh_value,
+    measure,
+    measure_server_cpu,
+    progress,
+    server,
+)
 from bench.stream_client import SessionStream
 from fencing.v1 import guard_pb2, guard_pb2_grpc, lease_pb2, lease_pb2_grpc
 
@@ -102,7 +110,7 @@ async def _one_count(
             guard_pb2.WriteRequest(
                 resource=f"bench-{label}-{i}",
                 token=1,
-                ops=[guard_pb2.Op(put=guard_pb2.Put(key="k", value=b"v" * 64))],
+                ops=[guard_pb2.Op(put=guard_pb2.Put(key="k", value=fresh_value()))],
             )
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import statistics
 import subprocess
@@ -16,6 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 Op = Callable[[int], Awaitable[object]]
+
+_written = itertools.count(1)
+
+
+def fresh_value(size: int = 64) -> bytes:
+    """A ``size``-byte value no earlier call in this process returned.
+
+    Every benchmark write writes one, so each write changes what is stored: rewriting a
+    constant leaves SQLite nothing to commit (no WAL frame, no fsync) and would measure a
+    write that never reaches the disk.
+    """
+    return next(_written).to_bytes(8, "big").rjust(size, b"v")
 
 
 @dataclass

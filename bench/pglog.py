@@ -55,7 +55,7 @@ import psycopg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench import postgres as pg_bench
-from bench.harness import Op, Result, cpu_seconds, measure, progress, server, table
+from bench.harness import Op, Result, cpu_seconds, fresh_value, measure, progress, server, table
 from fencing.v1 import guard_pb2, guard_pb2_grpc, lease_pb2, lease_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,7 +231,7 @@ def _write_op(guards: list[guard_pb2_grpc.GuardServiceAsyncStub]) -> Op:
             guard_pb2.WriteRequest(
                 resource=f"p7-{i}",
                 token=1,
-                ops=[guard_pb2.Op(put=guard_pb2.Put(key="k", value=b"v" * 64))],
+                ops=[guard_pb2.Op(put=guard_pb2.Put(key="k", value=fresh_value()))],
             )
         )
 

@@ -36,7 +36,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from bench.harness import Result, measure, progress, server, server_process, table
+from bench.harness import Result, fresh_value, measure, progress, server, server_process, table
 from fencing.types import Put
 from guard.fence import admit
 from guard.stores.postgres import PostgresStore
@@ -45,7 +45,6 @@ from serving.postgres_db import migrate
 FLOOR = "postgres: SELECT 1 (floor)"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 BATCH = 100
-VALUE = b"v" * 64
 
 
 @asynccontextmanager
@@ -106,7 +105,7 @@ async def _direct(
             await conns[i].execute("SELECT 1")
 
         async def function(i: int) -> None:
-            await conns[i].execute(q["write"], (f"bench-{i}", 1, ["k"], [VALUE]))
+            await conns[i].execute(q["write"], (f"bench-{i}", 1, ["k"], [fresh_value()]))
 
         async def client_side(i: int) -> None:
             conn, resource = conns[i], f"bench-{i}"
@@ -116,7 +115,7 @@ async def _direct(
                 row = await cur.fetchone()
                 assert row is not None
                 fence = admit(resource, 1, row[0])
-                await conn.execute(q["upsert"], (resource, "k", VALUE, 1))
+                await conn.execute(q["upsert"], (resource, "k", fresh_value(), 1))
                 if fence != row[0]:
                     await conn.execute(q["advance"], (fence, resource))
 
@@ -124,7 +123,7 @@ async def _direct(
             conn, resource = conns[i], f"bench-{i}"
             async with conn.transaction(), conn.pipeline():
                 for j in range(BATCH):
-                    await conn.execute(q["write"], (resource, 1, [f"k{j}"], [VALUE]))
+                    await conn.execute(q["write"], (resource, 1, [f"k{j}"], [fresh_value()]))
 
         ops = {
             "floor": (FLOOR, floor, 1),
@@ -154,7 +153,7 @@ async def _through_store(dsn: str, schema: str, n: int, duration: float) -> Resu
     try:
 
         async def write(i: int) -> None:
-            await store.write(f"bench-{i}", 1, [Put("k", VALUE)])
+            await store.write(f"bench-{i}", 1, [Put("k", fresh_value())])
 
         name = "postgres: PostgresStore.write (pool+check)"
         progress(f"{name}, {n} tasks")

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from redis.asyncio.lock import Lock
 from redis.typing import EncodableT
 
-from bench.harness import Result, measure, progress, server, server_process, table
+from bench.harness import Result, fresh_value, measure, progress, server, server_process, table
 from guard.stores.redis import WRITE_LUA
 from lease_server.backends.redis import RedisBackend
 from lease_server.leases import Grant
@@ -92,13 +92,13 @@ async def backend_acquire_release(url: str, clients: int, duration: float, prefi
 async def write_script(
     url: str, clients: int, duration: float, prefix: str, *, depth: int = 1
 ) -> Result:
-    """``write.lua`` (check the fence, put one 64-byte value, advance) as raw EVALSHA.
+    """``write.lua`` (check the fence, put one 64-byte value that changes on every call,
+    advance) as raw EVALSHA.
 
     ``depth`` > 1 pipelines that many calls per round trip; the rate counts calls, the
     latencies are per round trip.
     """
     client = await redis_db.connect(redis_db.parse_url(url))
-    value = b"v" * 64
     try:
         sha = await client.script_load(WRITE_LUA)
 
@@ -106,18 +106,20 @@ async def write_script(
             keys = redis_db.ResourceKeys(prefix, f"bench-{i}")
             return [
                 *(keys.fence, keys.data, keys.idempotency(""), keys.lease),
-                *("1", "monotonic", "0", 1000, 1, "P", "k", value),
+                *("1", "monotonic", "0", 1000, 1, "P", "k", b""),
             ]
 
         per_task = [call_args(i) for i in range(clients)]
 
         async def single(i: int) -> None:
+            per_task[i][-1] = fresh_value()
             outcome = await client.evalsha(sha, 4, *per_task[i])
             assert outcome[0] == b"ok"
 
         async def pipelined(i: int) -> None:
             pipe = client.pipeline(transaction=False)
             for _ in range(depth):
+                per_task[i][-1] = fresh_value()
                 pipe.evalsha(sha, 4, *per_task[i])
             await pipe.execute()
 

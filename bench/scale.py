@@ -35,7 +35,7 @@ from psycopg import sql
 
 from bench import postgres as pg_bench
 from bench import redis as redis_bench
-from bench.harness import Result, Server, progress, server
+from bench.harness import Result, Server, fresh_value, progress, server
 from fencing.v1 import guard_pb2, guard_pb2_grpc, lease_pb2, lease_pb2_grpc
 from serving import redis_db
 
@@ -200,7 +200,7 @@ class Client:
         request = guard_pb2.WriteRequest(
             resource=name(rng.randint(1, self.size)),
             token=FENCE,
-            ops=[guard_pb2.Op(put=guard_pb2.Put(key="k", value=VALUE))],
+            ops=[guard_pb2.Op(put=guard_pb2.Put(key="k", value=fresh_value()))],
         )
         started = time.perf_counter()
         await self.guards.Write(request)

@@ -1,7 +1,8 @@
 """Guarded writes per second against the backend's own check-and-write, in one run.
 
 For PostgreSQL and for Redis (each skipped when unreachable), every row one op per
-write unless it says otherwise, each writer on its own resource:
+write unless it says otherwise, each writer on its own resource, every write a value
+that changes (a rewritten constant can leave a store nothing to commit):
 
 * **direct** (the baseline): the guard's own check-and-write sent straight from this
   process: psycopg calling ``guard_write`` on N connections; redis-py pipelines of
@@ -29,11 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc.aio
 import psycopg
@@ -41,14 +43,14 @@ from psycopg import sql
 
 from bench import postgres as pg_bench
 from bench import redis as redis_bench
-from bench.harness import Result, Server, measure, progress, server
+from bench.harness import Result, Server, fresh_value, measure, progress, server
 from fencing.client.async_write_stream import AsyncWriteStream
 from fencing.types import Claim, Put
 from fencing.v1 import guard_pb2, guard_pb2_grpc
 from guard.stores.redis import WRITE_LUA
 from serving import redis_db
 
-VALUE = b"v" * 64
+T = TypeVar("T")
 BIG = 100  # ops in one write of the "100 ops per call" rows
 #: WriteStream shape: streams x writers per stream (through the SDK), and for the
 #: pipelined client: messages in flight per stream x writes per message.
@@ -59,7 +61,15 @@ PER_MESSAGE = 64
 
 
 def _put(key: str = "k") -> guard_pb2.Op:
-    return guard_pb2.Op(put=guard_pb2.Put(key=key, value=VALUE))
+    return guard_pb2.Op(put=guard_pb2.Put(key=key, value=fresh_value()))
+
+
+def _two(build: Callable[[int], T], i: int) -> Callable[[], T]:
+    """Two pre-built variants of ``build(i)``, handed out in turn: a re-sent pre-built
+    call still changes every value it writes (each variant's values differ from the
+    other's, :func:`fresh_value` giving each a new one)."""
+    variants, turn = (build(i), build(i)), itertools.count()
+    return lambda: variants[next(turn) % 2]
 
 
 async def through_guard(
@@ -86,7 +96,9 @@ async def through_guard(
             ]
 
             async def write(i: int) -> None:
-                await stubs[i].Write(requests[i])
+                request = requests[i]
+                request.ops[0].put.value = fresh_value()
+                await stubs[i].Write(request)
 
             progress(f"{label}: Write, {clients} clients")
             results.append(
@@ -100,10 +112,9 @@ async def through_guard(
                 await stack.enter_async_context(stream)
             n = streams * writers
             claims = [Claim(f"ts-{label}-{i}", 1) for i in range(n)]
-            op = Put("k", VALUE)
 
             async def streamed(i: int) -> None:
-                await opened[i % streams].write(claims[i], op)
+                await opened[i % streams].write(claims[i], Put("k", fresh_value()))
 
             name = f"{label}: WriteStream {streams}x{writers} (SDK)"
             progress(f"{name} writers")
@@ -116,15 +127,15 @@ async def through_guard(
             await _with_cpu(guard, pipelined(channels[:streams], label, name, direct, duration))
         )
         if big:
-            requests = [
-                guard_pb2.WriteRequest(
-                    resource=f"tb-{label}-{i}", token=1, ops=[_put(f"k{j}") for j in range(BIG)]
-                )
-                for i in range(clients)
-            ]
+
+            def big_request(i: int) -> guard_pb2.WriteRequest:
+                ops = [_put(f"k{j}") for j in range(BIG)]
+                return guard_pb2.WriteRequest(resource=f"tb-{label}-{i}", token=1, ops=ops)
+
+            bigs = [_two(big_request, i) for i in range(clients)]
 
             async def write_big(i: int) -> None:
-                await stubs[i].Write(requests[i])
+                await stubs[i].Write(bigs[i]())
 
             progress(f"{label}: Write of {BIG} ops, {clients} clients")
             results.append(
@@ -159,8 +170,9 @@ async def pipelined(
         nonlocal written
         stub = guard_pb2_grpc.GuardServiceStub(channel)
         call = stub.WriteStream()
-        messages = [
-            guard_pb2.WriteStreamRequest(
+
+        def message(m: int) -> guard_pb2.WriteStreamRequest:
+            return guard_pb2.WriteStreamRequest(
                 writes=[
                     guard_pb2.StreamedWrite(
                         id=m * PER_MESSAGE + j,
@@ -171,13 +183,13 @@ async def pipelined(
                     for j in range(PER_MESSAGE)
                 ]
             )
-            for m in range(DEPTH)
-        ]
+
+        messages = [_two(message, m) for m in range(DEPTH)]
         sent: dict[int, float] = {}
         until = time.perf_counter() + duration
-        for m, message in enumerate(messages):
+        for m, next_message in enumerate(messages):
             sent[m] = time.perf_counter()
-            await call.write(message)
+            await call.write(next_message())
         while True:
             response: Any = await call.read()
             if response is grpc.aio.EOF:
@@ -190,7 +202,7 @@ async def pipelined(
             written += len(verdicts)
             if time.perf_counter() < until:
                 sent[m] = time.perf_counter()
-                await call.write(messages[m])
+                await call.write(messages[m]())
             elif not sent:
                 await call.done_writing()
 
@@ -240,13 +252,13 @@ async def postgres(clients: int, duration: float, dsn: str, workers: Sequence[in
         async with pg_bench.connections(dsn, clients) as conns:
 
             async def direct(i: int) -> None:
-                await conns[i].execute(call, (f"pd-{i}", 1, ["k"], [VALUE]))
+                await conns[i].execute(call, (f"pd-{i}", 1, ["k"], [fresh_value()]))
 
             keys = [f"k{j}" for j in range(BIG)]
-            values = [VALUE] * BIG
+            values = _two(lambda _: [fresh_value() for _ in range(BIG)], 0)
 
             async def direct_big(i: int) -> None:
-                await conns[i].execute(call, (f"pb-{i}", 1, keys, values))
+                await conns[i].execute(call, (f"pb-{i}", 1, keys, values()))
 
             progress(f"{PG_DIRECT}, {clients} connections")
             first = await measure(PG_DIRECT, direct, clients, duration)
@@ -286,18 +298,21 @@ async def _redis_big(url: str, clients: int, duration: float, prefix: str) -> Re
     client = await redis_db.connect(redis_db.parse_url(url))
     try:
         sha = await client.script_load(WRITE_LUA)
-        ops: list[Any] = []
-        for j in range(BIG):
-            ops += ["P", f"k{j}", VALUE]
+
+        def ops() -> list[Any]:
+            return [x for j in range(BIG) for x in ("P", f"k{j}", fresh_value())]
 
         def call_args(i: int) -> list[Any]:
             keys = redis_db.ResourceKeys(prefix, f"rb-{i}")
             return [keys.fence, keys.data, keys.idempotency(""), keys.lease]
 
-        per_task = [[*call_args(i), "1", "monotonic", "0", 1000, BIG, *ops] for i in range(clients)]
+        def task_args(i: int) -> list[Any]:
+            return [*call_args(i), "1", "monotonic", "0", 1000, BIG, *ops()]
+
+        per_task = [_two(task_args, i) for i in range(clients)]
 
         async def op(i: int) -> None:
-            await client.evalsha(sha, 4, *per_task[i])
+            await client.evalsha(sha, 4, *per_task[i]())
 
         return await measure(REDIS_DIRECT_BIG, op, clients, duration, per_call=BIG)
     finally:
