@@ -34,8 +34,8 @@ import asyncmy
 
 from bench import postgres as pg_bench
 from bench import throughput
-from bench.harness import Result, markdown, measure, progress, server, table
-from bench.throughput import VALUE, through_guard
+from bench.harness import Result, fresh_value, markdown, measure, progress, server, table
+from bench.throughput import through_guard
 from fencing.mysql import check_and_advance_sql
 from fencing.types import Put
 from guard.stores.mysql import MySQLStore
@@ -62,10 +62,10 @@ async def run(clients: int, duration: float) -> list[Result]:
     results: list[Result] = []
     try:
         p = store.config.prefix
-        op = [Put("k", VALUE)]
 
         async def direct(i: int) -> None:
-            await store.write(f"md-{i}", 1, op)
+            # A value that changes on every write: a rewritten constant commits nothing.
+            await store.write(f"md-{i}", 1, [Put("k", fresh_value())])
 
         progress(f"{DIRECT}, {clients} connections")
         results.append(await measure(DIRECT, direct, clients, duration))
@@ -77,7 +77,7 @@ async def run(clients: int, duration: float) -> list[Result]:
                     await cur.execute(
                         f"INSERT INTO {p}data (resource, k, value, token) VALUES (%s, 'k', %s, 1)"
                         " ON DUPLICATE KEY UPDATE value = VALUES(value), token = 1",
-                        (f"mp-{i}".encode(), VALUE),
+                        (f"mp-{i}".encode(), fresh_value()),
                     )
                 await conn.commit()
 
@@ -147,10 +147,9 @@ async def sqlite(clients: int, duration: float) -> list[Result]:
         store = SQLiteStore(path)
         await store.open()
         try:
-            op = [Put("k", VALUE)]
 
             async def direct(i: int) -> None:
-                await store.write(f"sd-{i}", 1, op)
+                await store.write(f"sd-{i}", 1, [Put("k", fresh_value())])
 
             progress(f"{SQLITE_DIRECT}, {clients} tasks")
             results = [await measure(SQLITE_DIRECT, direct, clients, duration)]
