@@ -1,4 +1,4 @@
--- Jobs that name their own resource: their claims hold the lease on it.
+-- 0021_job_resources: jobs that name their own resource: their claims hold the lease on it.
 --
 -- A job enqueued with a resource (one that leases may name too, 'orders/1') is claimed
 -- by taking the lease on that resource (lease_server/queue/resources.py): its token is

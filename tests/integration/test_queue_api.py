@@ -410,7 +410,8 @@ def test_the_queue_cli_enqueues_and_reports(servers: RunningServers) -> None:
     again = json.loads(fencing("enqueue", "mail", "hi", "--idempotency-key", "k", "--json"))
     assert first["created"] and not again["created"] and again["id"] == first["id"]
     fencing("enqueue", "mail", "later", "--delay", "60")
-    (stats,) = json.loads(fencing("stats", "mail", "--json"))
+    # --json: one object a line, here one line for the one queue
+    (stats,) = [json.loads(line) for line in fencing("stats", "mail", "--json").splitlines()]
     assert (stats["ready"], stats["scheduled"], stats["running"]) == (1, 1, 0)
     table = fencing("stats")
     assert table.splitlines()[0].split()[:3] == ["queue", "ready", "sched"]
