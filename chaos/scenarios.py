@@ -830,10 +830,21 @@ def _count_lines(directory: Path) -> int:
     return total
 
 
-def client_argv(
-    config: RunConfig, scenario: Scenario, name: str, workdir: Path, guard_mode: str
+def workload_argv(
+    name: str,
+    workdir: Path,
+    *,
+    resources: Sequence[str],
+    seed: int,
+    duration: float,
+    fence_mode: str,
+    workload: str,
+    guard_mode: str,
+    options: Sequence[str] = (),
 ) -> list[str]:
-    """The command line of one workload client (``{lease}``/``{guard}`` filled in later)."""
+    """The command line of one ``chaos.workload`` client (``{lease}``/``{guard}`` filled
+    in by the cluster), its history and journal under ``workdir``; ``options`` adds the
+    caller's own flags (fault profile, skew, job cap)."""
     argv = [
         sys.executable,
         "-m",
@@ -849,23 +860,45 @@ def client_argv(
         "--journal-dir",
         str(workdir / "journal"),
         "--resources",
-        ",".join(config.resource_names()),
+        ",".join(resources),
         "--seed",
-        str(config.seed),
+        str(seed),
         "--duration",
-        f"{config.duration:g}",
-        "--skew-rate",
-        f"{scenario.skew_rate:g}",
-        "--skew-offset",
-        f"{scenario.skew_offset:g}",
-        *scenario.profile.argv(),
+        f"{duration:g}",
+        "--fence-mode",
+        fence_mode,
+        "--workload",
+        workload,
+        *options,
     ]
-    argv += ["--fence-mode", config.fence_mode, "--workload", scenario.workload]
-    if config.fence_mode == "watch" and guard_mode != "watch":
+    if fence_mode == "watch" and guard_mode != "watch":
         # The control's guard follows no events: its fence never learns of a grant,
         # so do not wait for it (the acquire is recorded at once, with fenced=0).
         argv += ["--await-fence", "0"]
     return argv
+
+
+def client_argv(
+    config: RunConfig, scenario: Scenario, name: str, workdir: Path, guard_mode: str
+) -> list[str]:
+    """The command line of one scenario's workload client."""
+    return workload_argv(
+        name,
+        workdir,
+        resources=config.resource_names(),
+        seed=config.seed,
+        duration=config.duration,
+        fence_mode=config.fence_mode,
+        workload=scenario.workload,
+        guard_mode=guard_mode,
+        options=[
+            "--skew-rate",
+            f"{scenario.skew_rate:g}",
+            "--skew-offset",
+            f"{scenario.skew_offset:g}",
+            *scenario.profile.argv(),
+        ],
+    )
 
 
 def run_once(
@@ -1104,4 +1137,5 @@ __all__ = [
     "run_once",
     "run_scenario",
     "validated",
+    "workload_argv",
 ]

@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import random
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +57,7 @@ from chaos.scenarios import (
     Observer,
     available_modes,
     keeps_event_log,
+    workload_argv,
 )
 from chaos.workload import JOB_OVERRUN_S, Profile, record_final_reads
 
@@ -215,37 +215,17 @@ def client_argv(
     config: SoakConfig, name: str, workload: str, resources: list[str], profile: Profile, out: Path
 ) -> list[str]:
     """One workload client's command line (``{lease}``/``{guard}`` filled in by the cluster)."""
-    argv = [
-        sys.executable,
-        "-m",
-        "chaos.workload",
-        "--name",
+    return workload_argv(
         name,
-        "--lease",
-        "{lease}",
-        "--guard",
-        "{guard}",
-        "--history-dir",
-        str(out / "history"),
-        "--journal-dir",
-        str(out / "journal"),
-        "--resources",
-        ",".join(resources),
-        "--seed",
-        str(config.seed),
-        "--duration",
-        f"{config.duration:g}",
-        "--max-jobs",
-        str(10**9),
-        "--fence-mode",
-        config.fence_mode,
-        "--workload",
-        workload,
-        *profile.argv(),
-    ]
-    if config.fence_mode == "watch" and config.guard_mode != "watch":
-        argv += ["--await-fence", "0"]  # the control's guard never learns of grants
-    return argv
+        out,
+        resources=resources,
+        seed=config.seed,
+        duration=config.duration,
+        fence_mode=config.fence_mode,
+        workload=workload,
+        guard_mode=config.guard_mode,
+        options=["--max-jobs", str(10**9), *profile.argv()],
+    )
 
 
 class Nemesis:
