@@ -18,6 +18,7 @@ import contextlib
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -76,6 +77,12 @@ def warn_new(what: str, where: Path) -> None:
     )
 
 
+def _busy(exc: sqlite3.Error) -> bool:
+    """Whether another connection holds the lock ``exc`` was refused for."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
 def _settle(future: asyncio.Future[Any], outcome: tuple[bool, object]) -> None:
     if future.done():  # its caller went away; the transaction stands
         return
@@ -111,17 +118,34 @@ class SQLiteDatabase:
         await self.run(self._connect)
 
     def _connect(self) -> None:
-        try:
-            conn = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            self._conn = conn
-            self._migrate(conn)
-        except sqlite3.Error as exc:
-            raise BackendUnavailableError(
-                f"cannot open sqlite database {self.path}: {exc}"
-            ) from exc
+        # Opening is retried while another process holds the file: switching a new
+        # database to WAL (and its recovery) answers SQLITE_BUSY without calling the
+        # busy handler, so two servers started together on one new file would
+        # otherwise fail at random (a guard's workers do exactly that).
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        delay = 0.005
+        while True:
+            conn: sqlite3.Connection | None = None
+            try:
+                conn = sqlite3.connect(
+                    self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000
+                )
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+                self._migrate(conn)
+                self._conn = conn
+                return
+            except sqlite3.Error as exc:
+                if conn is not None:
+                    conn.close()
+                if _busy(exc) and time.monotonic() + delay < deadline:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.2)
+                    continue
+                raise BackendUnavailableError(
+                    f"cannot open sqlite database {self.path}: {exc}"
+                ) from exc
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
