@@ -2,11 +2,14 @@
 servers: live leases, refused writes, a cancel by an operator, a read-only console,
 hostile names, and a lease server that goes away and comes back.
 
-Each test saves what the browser shows into docs/console/ (the docs show them).
+Each test saves what the browser shows as a PNG: into docs/console/ (the docs show them)
+when FENCING_UPDATE_SCREENSHOTS=1, else into the test's temporary directory, so a test run
+leaves the working tree as it was.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +24,17 @@ from tests.e2e.console_helpers import CHROMIUM, OPERATOR, PASSWORD, running_cons
 
 pytestmark = pytest.mark.e2e
 
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
+DOCS_SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
 #: The issue's bound: a change shows on an open page within 2 s, without a reload.
 LIVE = 2_000
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the screenshots go: docs/console/ only when asked to update them."""
+    if os.environ.get("FENCING_UPDATE_SCREENSHOTS") == "1":
+        return DOCS_SHOTS
+    return tmp_path_factory.mktemp("screenshots")
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +91,7 @@ def _name(stem: str) -> str:
 
 
 def test_a_lease_appears_live_and_disappears_on_release(
-    servers: RunningServers, console: str, page: Page
+    servers: RunningServers, console: str, page: Page, shots: Path
 ) -> None:
     prefix = _name("orders")
     page.goto(f"{console}/leases?prefix={prefix}")
@@ -94,13 +105,13 @@ def test_a_lease_appears_live_and_disappears_on_release(
         expect(row.locator("td").nth(2)).to_have_text(str(lease.token))
         first = row.locator("td").nth(3).inner_text()
         expect(row.locator("td").nth(3)).not_to_have_text(first, timeout=LIVE)  # counts down
-        page.screenshot(path=str(SHOTS / "leases.png"))
+        page.screenshot(path=str(shots / "leases.png"))
         lease.release()
         expect(rows).to_have_count(0, timeout=LIVE)
 
 
 def test_a_stale_write_shows_on_the_resource_page_with_reason_and_token(
-    servers: RunningServers, console: str, page: Page
+    servers: RunningServers, console: str, page: Page, shots: Path
 ) -> None:
     resource = _name("ledger")
     with (
@@ -129,17 +140,17 @@ def test_a_stale_write_shows_on_the_resource_page_with_reason_and_token(
         timeline = page.locator("table.timeline tbody tr")
         expect(timeline.first).to_contain_text("ACQUIRED")
         expect(page.locator("table.timeline")).to_contain_text("RELEASED")
-        page.screenshot(path=str(SHOTS / "resource.png"), full_page=True)
+        page.screenshot(path=str(shots / "resource.png"), full_page=True)
         second.release()
     page.get_by_role("link", name="Guards").click()
     row = page.locator(f"tr[data-guard='{servers.guard_address}']")
     expect(row).to_contain_text("monotonic")
     expect(row).to_contain_text("STALE_TOKEN")
-    page.screenshot(path=str(SHOTS / "guards.png"))
+    page.screenshot(path=str(shots / "guards.png"))
 
 
 def test_an_operator_cancels_a_running_job_and_the_workers_late_write_is_refused(
-    servers: RunningServers, page: Page
+    servers: RunningServers, page: Page, shots: Path
 ) -> None:
     queue = _name("emails")
     with (
@@ -158,14 +169,14 @@ def test_an_operator_cancels_a_running_job_and_the_workers_late_write_is_refused
         page.fill("input[name=password]", PASSWORD)
         page.get_by_role("button", name="log in").click()
         expect(page.locator("h1")).to_have_text("Confirm: cancel")  # back where it was going
-        page.screenshot(path=str(SHOTS / "confirm.png"))
+        page.screenshot(path=str(shots / "confirm.png"))
         page.get_by_role("button", name="Yes, cancel").click()
         expect(page.get_by_test_id("outcome")).to_contain_text("cancelled")
         with pytest.raises(StaleTokenError):
             guard.put(job, "sent", b"2")
         page.goto(f"{url}/queues/{queue}/jobs/{job.id}")
         expect(page.get_by_test_id("job-state")).to_have_text("cancelled")
-        page.screenshot(path=str(SHOTS / "job.png"), full_page=True)
+        page.screenshot(path=str(shots / "job.png"), full_page=True)
         page.goto("about:blank")  # leave before this console stops (its event stream)
 
 
@@ -210,7 +221,7 @@ def test_hostile_names_render_as_text(servers: RunningServers, console: str, pag
 
 
 def test_a_banner_while_the_lease_server_is_down_then_recovery(
-    browser: Browser, tmp_path: Path
+    browser: Browser, tmp_path: Path, shots: Path
 ) -> None:
     with running_servers(f"sqlite:{tmp_path / 'leases.db'}") as servers:
         address = servers.lease_address
@@ -223,7 +234,7 @@ def test_a_banner_while_the_lease_server_is_down_then_recovery(
             servers.call(servers.lease.stop(0))
             expect(banner).to_have_count(1, timeout=5_000)
             expect(banner).to_contain_text(f"lease server at {address}")
-            page.screenshot(path=str(SHOTS / "outage.png"))
+            page.screenshot(path=str(shots / "outage.png"))
             restarted = servers.call(
                 start_lease_server(f"sqlite:{tmp_path / 'leases.db'}", address)
             )
