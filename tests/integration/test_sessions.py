@@ -138,8 +138,10 @@ def test_a_server_without_renew_many_gets_one_renew_per_lease(
 
     with LeaseClient(servers.lease_address, holder="old") as client:
         client._stub.RenewMany = refuse
-        with client.hold("legacy", ttl=0.5) as lease:
-            time.sleep(1.0)
+        # Past its ttl, so the lease is still held only if the session renewed it one
+        # by one; a ttl of seconds leaves a loaded machine room for each renewal.
+        with client.hold("legacy", ttl=1.5) as lease:
+            time.sleep(2.0)
             lease.check()
         assert client.session()._one_by_one
 
