@@ -219,6 +219,8 @@ async def _cpu(o: Options) -> Report:
 
     rows = await cpu.run(o.clients, o.duration, o.old)
     text = cpu.markdown(rows, max(o.clients))
+    if table := cpu.loops(rows):
+        text += "\n\nThe servers' event loop (same rounds):\n\n" + table
     report = Report(text=text, markdown=text)
     for target, figure, met in cpu.targets(rows):
         report.targets.append((target, figure, _met(met)))

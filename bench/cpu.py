@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import statistics
 import sys
 import tempfile
@@ -74,6 +75,8 @@ FLOORS: dict[str, tuple[str, int]] = {
     GUARD_EMPTY: (ECHO_UNARY, 1),
     LEASE_PING: (ECHO_STREAM, 1),
 }
+#: The side whose servers run on uvloop (``--event-loop uvloop``).
+UVLOOP_SIDE = "new, uvloop"
 #: The targets: an operation's CPU at most this many times its floor's, server and client.
 BOUND = 1.5
 
@@ -204,21 +207,38 @@ async def _echo_ops(address: str, n: int, stack: contextlib.AsyncExitStack) -> l
 
 
 @contextlib.contextmanager
-def _servers(tree: Path | None, data: Path, side: str) -> Iterator[tuple[Server, Server]]:
+def _servers(
+    tree: Path | None, data: Path, side: str, *extra: str
+) -> Iterator[tuple[Server, Server]]:
     from bench.pglog import code_from
 
+    leases = f"sqlite:{data / f'{side}-leases.db'}"
     with (
         code_from(tree),
-        server("lease_server", "--backend", f"sqlite:{data / f'{side}-leases.db'}", cwd=tree) as la,
-        server("guard", "--store", f"sqlite:{data / f'{side}-guard.db'}", cwd=tree) as ga,
+        server("lease_server", "--backend", leases, *extra, cwd=tree) as la,
+        server("guard", "--store", f"sqlite:{data / f'{side}-guard.db'}", *extra, cwd=tree) as ga,
     ):
         yield la, ga
 
 
+def _has_uvloop() -> bool:
+    return importlib.util.find_spec("uvloop") is not None
+
+
 async def run(
-    clients: Sequence[int], duration: float, old: str = "", *, rounds: int = ROUNDS
+    clients: Sequence[int],
+    duration: float,
+    old: str = "",
+    *,
+    rounds: int = ROUNDS,
+    uvloop: bool | None = None,
 ) -> list[Row]:
-    """Every row of the module doc, ``rounds`` alternating rounds, at ``max(clients)``."""
+    """Every row of the module doc, ``rounds`` alternating rounds, at ``max(clients)``.
+
+    ``uvloop`` (default: when it is installed) adds a side whose servers run
+    ``--event-loop uvloop``, measured in the same rounds as the standard loop's."""
+    if uvloop is None:
+        uvloop = _has_uvloop()
     from bench.pglog import checkout
 
     n = max(clients)
@@ -227,6 +247,11 @@ async def run(
         echo_srv = procs.enter_context(server("bench.echo"))
         lease, guard = procs.enter_context(_servers(None, data, "new"))
         sides = [Side("new", lease, guard)]
+        if uvloop:
+            lease, guard = procs.enter_context(
+                _servers(None, data, "uvloop", "--event-loop", "uvloop")
+            )
+            sides.append(Side(UVLOOP_SIDE, lease, guard))
         if old:
             tree = procs.enter_context(checkout(old))
             lease, guard = procs.enter_context(_servers(tree, data, "old"))
@@ -291,6 +316,27 @@ def markdown(rows: Sequence[Row], n: int) -> str:
     return "\n".join(lines)
 
 
+def loops(rows: Sequence[Row]) -> str:
+    """Server CPU per operation on uvloop over the standard loop's, row by row."""
+    pairs = [
+        (row, next(r for r in rows if r.name == row.name and r.side == "new"))
+        for row in rows
+        if row.side == UVLOOP_SIDE
+    ]
+    if not pairs:
+        return ""
+    lines = [
+        "| row | server us/op, asyncio | server us/op, uvloop | uvloop / asyncio |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for fast, std in pairs:
+        ratio = fast.server_us / std.server_us if std.server_us else float("nan")
+        lines.append(
+            f"| {fast.name} | {std.server_us:,.0f} | {fast.server_us:,.0f} | {ratio:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
 def targets(rows: Sequence[Row]) -> list[tuple[str, str, bool]]:
     """(target, figure, met) per operation row of this tree."""
     out: list[tuple[str, str, bool]] = []
@@ -321,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rows = asyncio.run(run([args.clients], args.duration, args.old))
     print(markdown(rows, args.clients))
+    if table := loops(rows):
+        print("\nThe servers' event loop (same rounds):\n\n" + table)
     for target, figure, met in targets(rows):
         print(f"  target: {target}: {figure} (met: {'yes' if met else 'no'})")
     return 0

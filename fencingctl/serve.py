@@ -27,7 +27,7 @@ from guard.server import start_guard
 from lease_server.queue.backends import queue_url_for
 from lease_server.queue.service import QUEUE_OPTIONS, QueueOptions
 from lease_server.server import start_lease_server
-from serving import config, exits
+from serving import config, exits, loop
 from serving.logs import banner, configure_logging
 from serving.server import ServerOptions, serve_until_signal
 from serving.sqlite_db import warn_new
@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         warn_if_new(args.data_path)
         args.data_path.mkdir(parents=True, exist_ok=True)
-        asyncio.run(_serve(args, settled.server))
+        loop.run(_serve(args, settled.server), args.event_loop)
     except Exception as exc:
         return exits.startup_exit(
             COMMAND,

@@ -10,13 +10,12 @@ Only what they serve differs: the storage option and how to open and run it.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from serving import config, exits
+from serving import config, exits, loop
 from serving.logs import configure_logging
 from serving.server import ServerOptions
 from serving.sqlite_db import new_database, warn_new
@@ -85,7 +84,7 @@ def run_server_command(
             metrics_port=args.metrics_port,
         )
     try:
-        asyncio.run(run(args, settled.extra, settled.server))
+        loop.run(run(args, settled.extra, settled.server), args.event_loop)
     except Exception as exc:
         return exits.startup_exit(
             command.name,

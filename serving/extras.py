@@ -18,6 +18,7 @@ MODULES: Final = {
     "postgres": ("psycopg", "psycopg_pool"),
     "redis": ("redis", "hiredis"),
     "mysql": ("asyncmy",),
+    "uvloop": ("uvloop",),
 }
 
 

@@ -30,6 +30,13 @@ CASES = [
     ("fencing-guard-pool", ["guard", "--store", PG], "postgres", "psycopg_pool"),
     ("serve-queue-postgres", ["fencingctl", "serve", "--queue", PG], "postgres", "psycopg"),
     ("migrate", ["fencingctl", "migrate", PG], "postgres", "psycopg"),
+    UVLOOP := (
+        "lease-server-uvloop",
+        ["lease_server", "--backend", PG, "--event-loop", "uvloop"],
+        "uvloop",
+        "uvloop",
+    ),
+    ("serve-uvloop", ["fencingctl", "serve", "--event-loop", "uvloop"], "uvloop", "uvloop"),
 ]
 
 RUN = (
@@ -77,6 +84,7 @@ def test_a_missing_extra_names_the_pip_command(
 
 def test_the_control_gets_past_the_import(tmp_path: object) -> None:
     """The driver present: the same command fails on the closed port, not on an import."""
-    done = run("", ["guard", "--store", PG], str(tmp_path))
-    assert done.returncode == exits.CODES["BACKEND_UNREACHABLE"], done.stderr
-    assert "pip install" not in done.stderr
+    for argv in (["guard", "--store", PG], UVLOOP[1]):
+        done = run("", argv, str(tmp_path))
+        assert done.returncode == exits.CODES["BACKEND_UNREACHABLE"], done.stderr
+        assert "pip install" not in done.stderr
