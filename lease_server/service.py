@@ -406,13 +406,14 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         return call.finish(outcome)
 
     def _leasable(self, resource: str, field: str = "resource") -> str:
-        """``resource``, unless it is a job's default resource (``job/<queue>/<id>``) of the
-        queue hosted here: that name's tokens come from the queue's claims alone, so a
-        lease on it would repeat them (G1)."""
-        if self.job_claims is not None and parse_default_resource(resource) is not None:
+        """``resource``, unless it is a job's default resource (``job/<queue>/<id>``):
+        that name's tokens come from its queue's claims alone, so a lease on it would
+        repeat them (G1). Refused on every server, a server without the queue too: it
+        may share its lease backend with one that hosts the queue."""
+        if parse_default_resource(resource) is not None:
             raise InvalidArgumentError(
-                f"{field}: {resource!r} is the resource of a job of this server's queue, "
-                "which only its claims hold; lease another name",
+                f"{field}: {resource!r} is the resource of a job (job/<queue>/<id>), "
+                "which only the job's claims hold; lease another name",
                 field=field,
             )
         return resource

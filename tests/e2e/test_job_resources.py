@@ -197,23 +197,43 @@ def test_a_jobs_default_resource_is_not_leased_beside_its_claims(
     backend_url: str, tmp_path: Path
 ) -> None:
     """job/<queue>/<id> has its tokens from the queue's claims alone: a lease on it would
-    repeat them, so the server hosting the queue refuses it, by name and by prefix of the
-    batch form. Control: the same name on a server without the queue is a plain lease."""
+    repeat them, so no server leases it, by name or in a batch: neither the one hosting
+    the queue nor one started without it on the same lease backend."""
+    plain = ("-m", "lease_server", *SERVER_ARGS, "--queue", "off")
     with (
         server(backend_url, tmp_path, auth=False) as address,
+        lease_server_processes(backend_url, 1, plain) as ((other, _),),
         LeaseClient(address, holder="alice") as alice,
+        LeaseClient(other, holder="bob") as bob,
         QueueClient(address) as queue,
     ):
         job_id = queue.enqueue("mq", b"x").id
         (job,) = queue.claim("mq", ttl=30)
-        with pytest.raises(InvalidArgumentError, match="resource"):
-            alice.acquire_nowait(f"job/mq/{job_id}", ttl=30)
-        with pytest.raises(InvalidArgumentError, match=r"resources\[1\]"):
-            alice.acquire_many(["orders/2", f"job/mq/{job_id}"], ttl=30)
+        for client in (alice, bob):
+            with pytest.raises(InvalidArgumentError, match="resource"):
+                client.acquire_nowait(f"job/mq/{job_id}", ttl=30)
+            with pytest.raises(InvalidArgumentError, match=r"resources\[1\]"):
+                client.acquire_many(["orders/2", f"job/mq/{job_id}"], ttl=30)
         assert alice.describe(f"job/mq/{job_id}").last_token == job.token
-    command = ("-m", "lease_server", *SERVER_ARGS, "--queue", "off")
+
+
+def test_control_a_server_without_the_queue_leasing_job_names_repeats_a_claims_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rule off (job names not recognised): a server without the queue, sharing the
+    lease backend, hands out the token a job's claim holds: two owners of token 1."""
+    from fencing.testing import running_servers
+    from lease_server import service
+
+    url = f"sqlite:///{tmp_path / 'leases.db'}"
+    monkeypatch.setattr(service, "parse_default_resource", lambda resource: None)
     with (
-        lease_server_processes(f"sqlite:///{tmp_path / 'plain.db'}", 1, command) as ((plain, _),),
-        LeaseClient(plain, holder="alice") as alice,
+        running_servers(url) as hosting,
+        running_servers(url, queue="off") as plain,
+        LeaseClient(plain.lease_address, holder="bob") as bob,
+        QueueClient(hosting.queue_address) as queue,
     ):
-        assert alice.acquire_nowait("job/mq/1", ttl=30).token == 1
+        job_id = queue.enqueue("mq", b"x").id
+        (job,) = queue.claim("mq", ttl=30)
+        lease = bob.acquire_nowait(f"job/mq/{job_id}", ttl=30)
+        assert lease.token == job.token
