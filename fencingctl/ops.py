@@ -262,8 +262,9 @@ def register(sub: Any) -> None:
         "--ttl",
         type=flags.ttl,
         metavar="DURATION",
-        default=10.0,
-        help="the lease's ttl: 30s, 1m... (default 10s)",
+        default=None,
+        help="the ttl to renew for: 30s, 1m... (default: the lease's own, the ttl it was "
+        "acquired or last renewed with)",
     )
     _common(p, lease=True)
     p.set_defaults(run=_renew)

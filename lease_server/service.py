@@ -487,7 +487,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                 limits.check_resource(request.resource),
                 limits.check_token(request.token),
                 limits.check_optional_holder(request.holder),
-                limits.check_ttl_ms(request.ttl_ms),
+                limits.check_renew_ttl_ms(request.ttl_ms),
             ),
         )
 
@@ -620,7 +620,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                 limits.check_resource(r.resource, f"renewals[{i}].resource"),
                 limits.check_token(r.token, f"renewals[{i}].token"),
                 limits.check_optional_holder(r.holder, f"renewals[{i}].holder"),
-                limits.check_ttl_ms(r.ttl_ms, f"renewals[{i}].ttl_ms"),
+                limits.check_renew_ttl_ms(r.ttl_ms, f"renewals[{i}].ttl_ms"),
             )
             for i, r in enumerate(request.renewals)
         ]

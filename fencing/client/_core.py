@@ -167,6 +167,12 @@ def ttl_ms_of(ttl: float, field: str = "ttl") -> int:
     return round(ttl * 1000)
 
 
+def renew_ttl_ms_of(ttl: float | None) -> int:
+    """A renewal's ttl on the wire: None -> 0, which the server reads as the lease's own
+    ttl (the one it was granted, or last renewed, with)."""
+    return 0 if ttl is None else ttl_ms_of(ttl)
+
+
 def release_timeout_of(seconds: float) -> float:
     """Check the ``release_timeout`` option (seconds, positive)."""
     if not seconds > 0:

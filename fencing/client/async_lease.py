@@ -530,9 +530,10 @@ class AsyncLeaseClient(AsyncCalls):
             if not page_token:
                 return
 
-    async def renew(self, resource: str, token: int, ttl: float) -> int:
-        """Renew by (resource, token) without a handle; returns the granted ttl in ms."""
-        request = _core.renew_request(resource, token, _core.ttl_ms_of(ttl))
+    async def renew(self, resource: str, token: int, ttl: float | None = None) -> int:
+        """Renew by (resource, token) without a handle for ``ttl`` seconds (None: the
+        lease's own ttl, that of its grant or last renewal); returns the ttl granted in ms."""
+        request = _core.renew_request(resource, token, _core.renew_ttl_ms_of(ttl))
         return int((await self._call(self._stub.Renew, request)).ttl_ms)
 
     async def release(self, resource: str, token: int, *, holder: str = "") -> None:

@@ -425,9 +425,10 @@ class LeaseClient(BlockingCalls):
             if not page_token:
                 return
 
-    def renew(self, resource: str, token: int, ttl: float) -> int:
-        """Renew by (resource, token) without a handle; returns the granted ttl in ms."""
-        request = _core.renew_request(resource, token, _core.ttl_ms_of(ttl))
+    def renew(self, resource: str, token: int, ttl: float | None = None) -> int:
+        """Renew by (resource, token) without a handle for ``ttl`` seconds (None: the
+        lease's own ttl, that of its grant or last renewal); returns the ttl granted in ms."""
+        request = _core.renew_request(resource, token, _core.renew_ttl_ms_of(ttl))
         return int(self._call(self._stub.Renew, request).ttl_ms)
 
     def release(self, resource: str, token: int, *, holder: str = "") -> None:

@@ -268,10 +268,10 @@ class PostgresBackend:
                 [i.ttl_ms for i in items],
             ),
         )
-        holders = {int(row[0]): row[1] for row in rows}
+        renewed = {int(row[0]): (row[1], int(row[2])) for row in rows}
         return [
-            Grant(i.resource, holders[n], i.token, i.ttl_ms)
-            if n in holders
+            Grant(i.resource, renewed[n][0], i.token, renewed[n][1])
+            if n in renewed
             else LeaseLost(resource=i.resource, token=i.token)
             for n, i in enumerate(items, start=1)
         ]
@@ -341,7 +341,7 @@ class PostgresBackend:
             elif not ok:
                 outcome = LeaseLost(resource=op.resource, token=op.token)
             elif isinstance(op, RenewItem):
-                outcome = Grant(op.resource, holder, op.token, op.ttl_ms)
+                outcome = Grant(op.resource, holder, op.token, int(ms))
             else:
                 outcome = None
                 # Committed: this process's waiters may go now, before any numbering.

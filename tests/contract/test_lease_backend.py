@@ -92,6 +92,28 @@ async def test_renew_extends_only_the_current_lease(lease_backend: Pair) -> None
     assert (await backend.renew("r", g.token, "", 300)).token == g.token
 
 
+async def test_a_renewal_naming_no_ttl_keeps_the_leases_own(lease_backend: Pair) -> None:
+    """ttl_ms 0 renews by the ttl of the lease's grant, or of its last renewal that named
+    one (an etcd keep-alive's rule), never by a default."""
+    backend, _ = lease_backend
+    g = await grant(backend, "r", ttl_ms=60_000)
+    kept = await backend.renew("r", g.token, "a", 0)
+    assert (kept.token, kept.ttl_ms) == (g.token, 60_000)
+    info = await backend.describe("r")
+    assert info.held and 50_000 < info.remaining_ms <= 60_000
+    # A renewal that names a ttl makes it the lease's own.
+    assert (await backend.renew("r", g.token, "a", 30_000)).ttl_ms == 30_000
+    assert (await backend.renew("r", g.token, "", 0)).ttl_ms == 30_000
+    assert 20_000 < (await backend.describe("r")).remaining_ms <= 30_000
+    # A new lease has the ttl it was granted with, not the last one's.
+    await backend.release("r", g.token, "a")
+    g2 = await grant(backend, "r", "b", ttl_ms=2_000)
+    assert (await backend.renew("r", g2.token, "b", 0)).ttl_ms == 2_000
+    # A lost lease is lost whatever the ttl.
+    with pytest.raises(LeaseLost):
+        await backend.renew("r", g.token, "a", 0)
+
+
 async def test_an_expired_lease_cannot_be_renewed_or_released(lease_backend: Pair) -> None:
     backend, time = lease_backend
     g = await grant(backend, "r", ttl_ms=150)
