@@ -5,7 +5,10 @@
 -- Replaces lease_steps (0019): the same arguments and rows; a renew step with ttl 0 extends
 --          the lease by its own ttl (leases.renew_ttl in lease_server/leases.py), and its
 --          row's ttl_ms is the ttl granted;
---          lease_renew_many (0018): its rows gain ttl_ms, the ttl granted.
+--          lease_renew_many (0018): its rows gain ttl_ms, the ttl granted;
+--          job_complete, job_reap (0003): a job that succeeded or died keeps its
+--          lease_owner, the worker that ran it (jobs.py's complete and reap), as a failed
+--          or cancelled one does (decided in Python since 0003/0015).
 --
 -- Why. `fencing lease renew NAME TOKEN` sent the CLI's default ttl, 10 s, so renewing a
 -- lease taken for a minute shortened it: a keep-alive (etcd's) keeps the lease's own ttl.
@@ -207,5 +210,70 @@ BEGIN
                      p_holders, p_tokens, p_ttl_ms,
                      array_fill(''::text, ARRAY[cardinality(p_resources)])) AS s
     WHERE s.ok;
+END
+$$;
+
+-- Who ran a finished job stays on it: `fencing queue job ID` shows it.
+CREATE OR REPLACE FUNCTION job_complete(
+    p_ids bigint[], p_tokens bigint[], p_queue text,
+    OUT stale_id bigint, OUT stale_token bigint, OUT stale_resource text, OUT woken text[]
+)
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_queues text[];
+    v_keys text[];
+BEGIN
+    woken := '{}';
+    PERFORM job_lock_rows(p_ids);
+    SELECT s.stale_id, s.stale_token, s.stale_resource INTO stale_id, stale_token, stale_resource
+    FROM job_first_stale(p_ids, p_tokens, 'succeeded', p_queue) AS s;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    WITH done AS (
+        UPDATE jobs AS j
+        SET state = 'succeeded', finished_at = now(), lease_until = NULL, last_error = ''
+        WHERE j.id = ANY(p_ids) AND j.state = 'running'
+        RETURNING j.queue, j.ordering_key
+    )
+    SELECT array_agg(k.queue ORDER BY k.queue, k.ordering_key),
+           array_agg(k.ordering_key ORDER BY k.queue, k.ordering_key)
+    INTO v_queues, v_keys
+    FROM (SELECT DISTINCT d.queue, d.ordering_key FROM done AS d WHERE d.ordering_key <> '') AS k;
+    FOR i IN 1 .. coalesce(array_length(v_queues, 1), 0) LOOP
+        IF job_promote(v_queues[i], v_keys[i]) THEN
+            woken := woken || v_queues[i];
+        END IF;
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION job_reap(p_limit integer) RETURNS integer
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_queues text[];
+    v_keys text[];
+BEGIN
+    WITH victims AS (
+        SELECT j.id FROM jobs AS j
+        WHERE j.state = 'running' AND j.lease_until <= now() AND j.attempts >= j.max_attempts
+        ORDER BY j.id
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ), dead AS (
+        UPDATE jobs AS j
+        SET state = 'dead', finished_at = now(), lease_until = NULL,
+            last_error = 'lease expired after the final attempt'
+        FROM victims WHERE j.id = victims.id
+        RETURNING j.queue, j.ordering_key
+    )
+    SELECT coalesce(array_agg(d.queue ORDER BY d.queue, d.ordering_key), '{}'),
+           coalesce(array_agg(d.ordering_key ORDER BY d.queue, d.ordering_key), '{}')
+    INTO v_queues, v_keys
+    FROM dead AS d;
+    FOR i IN 1 .. coalesce(array_length(v_queues, 1), 0) LOOP
+        PERFORM job_promote(v_queues[i], v_keys[i]);
+    END LOOP;
+    RETURN coalesce(array_length(v_queues, 1), 0);
 END
 $$;
