@@ -731,9 +731,11 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
             )
         try:
             log_id = await identity()
-            cursor = request.after_revision or await start()
+            # Absent: from now. Present, even 0: after it (0 replays from revision 1).
+            resume = request.HasField("after_revision")
+            cursor = request.after_revision if resume else await start()
             # A revision of another log names other events here: never resume from it.
-            foreign = bool(request.after_revision and request.log_id and log_id)
+            foreign = bool(resume and request.log_id and log_id)
             foreign = foreign and request.log_id != log_id
             if foreign:
                 cursor = await start()

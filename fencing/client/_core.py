@@ -238,8 +238,11 @@ def list_request(prefix: str, page_size: int, page_token: str) -> lease_pb2.List
 
 
 def watch_request(
-    resource: str, prefix: str, after_revision: int, log_id: str = ""
+    resource: str, prefix: str, after_revision: int | None, log_id: str = ""
 ) -> lease_pb2.WatchRequest:
+    """None: from now; a revision (0 too: from the start of the log) is sent as set."""
+    if after_revision is None:
+        return lease_pb2.WatchRequest(resource=resource, prefix=prefix, log_id=log_id)
     if after_revision < 0:
         raise InvalidArgumentError(
             f"after_revision must be >= 0, got {after_revision}", field="after_revision"

@@ -541,7 +541,12 @@ class AsyncLeaseClient(AsyncCalls):
         await self._call(self._stub.Release, _core.release_request(resource, token, holder))
 
     async def watch(
-        self, resource: str = "", *, prefix: str = "", after_revision: int = 0, log_id: str = ""
+        self,
+        resource: str = "",
+        *,
+        prefix: str = "",
+        after_revision: int | None = None,
+        log_id: str = "",
     ) -> AsyncGenerator[LeaseEvent, None]:
         """Yield the events of ``resource`` or ``prefix``; see ``LeaseClient.watch``."""
         async with await self.watch_stream(
@@ -551,7 +556,12 @@ class AsyncLeaseClient(AsyncCalls):
                 yield event
 
     async def watch_stream(
-        self, resource: str = "", *, prefix: str = "", after_revision: int = 0, log_id: str = ""
+        self,
+        resource: str = "",
+        *,
+        prefix: str = "",
+        after_revision: int | None = None,
+        log_id: str = "",
     ) -> AsyncWatchStream:
         """Open :meth:`watch`'s stream and return once the server has it: see
         :meth:`LeaseClient.watch_stream <fencing.client.lease.LeaseClient.watch_stream>`."""
