@@ -88,6 +88,7 @@ def _list(args: argparse.Namespace) -> int:
                         "token": s.token,
                         "remaining_ms": s.remaining_ms,
                         "last_token": s.last_token,
+                        "ttl_ms": s.ttl_ms,
                     },
                 )
     except (FencingError, grpc.RpcError, ValueError) as exc:
@@ -120,6 +121,7 @@ def _describe(args: argparse.Namespace) -> dict[str, Any]:
             "token": s.token,
             "remaining_ms": s.remaining_ms,
             "last_token": s.last_token,
+            "ttl_ms": s.ttl_ms,
         }
 
 

@@ -214,6 +214,7 @@ def describe(record: LeaseRecord, now_ms: int) -> LeaseState:
         token=record.token if live else 0,
         remaining_ms=record.remaining_ms(now_ms),
         last_token=record.counter,
+        ttl_ms=renew_ttl(0, record.ttl_ms) if live else 0,
     )
 
 

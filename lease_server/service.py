@@ -522,6 +522,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
             token=info.token,
             remaining_ms=info.remaining_ms,
             last_token=last_token,
+            ttl_ms=info.ttl_ms,
         )
 
     @rpc
@@ -547,6 +548,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                     token=i.token,
                     remaining_ms=i.remaining_ms,
                     last_token=i.last_token,
+                    ttl_ms=i.ttl_ms,
                 )
                 for i in page
             ],

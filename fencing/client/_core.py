@@ -836,7 +836,13 @@ def release_many_request(leases: Sequence[L]) -> lease_pb2.ReleaseManyRequest:
 
 def lease_state(msg: lease_pb2.LeaseState) -> LeaseState:
     return LeaseState(
-        msg.resource, msg.held, msg.holder, msg.token, msg.remaining_ms, msg.last_token
+        msg.resource,
+        msg.held,
+        msg.holder,
+        msg.token,
+        msg.remaining_ms,
+        msg.last_token,
+        msg.ttl_ms,
     )
 
 

@@ -194,6 +194,7 @@ class LeaseState(_message.Message):
     TOKEN_FIELD_NUMBER: _builtins.int
     REMAINING_MS_FIELD_NUMBER: _builtins.int
     LAST_TOKEN_FIELD_NUMBER: _builtins.int
+    TTL_MS_FIELD_NUMBER: _builtins.int
     resource: _builtins.str
     held: _builtins.bool
     holder: _builtins.str
@@ -201,6 +202,10 @@ class LeaseState(_message.Message):
     remaining_ms: _builtins.int
     last_token: _builtins.int
     """The highest token ever issued for the resource (0 if never acquired)."""
+    ttl_ms: _builtins.int
+    """The held lease's own ttl, which a Renew naming none renews by: the ttl it was
+    granted or last renewed with (0 when not held).
+    """
     def __init__(
         self,
         *,
@@ -210,10 +215,11 @@ class LeaseState(_message.Message):
         token: _builtins.int = ...,
         remaining_ms: _builtins.int = ...,
         last_token: _builtins.int = ...,
+        ttl_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "holder", b"holder", "last_token", b"last_token", "remaining_ms", b"remaining_ms", "resource", b"resource", "token", b"token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "holder", b"holder", "last_token", b"last_token", "remaining_ms", b"remaining_ms", "resource", b"resource", "token", b"token", "ttl_ms", b"ttl_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

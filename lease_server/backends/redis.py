@@ -801,7 +801,7 @@ async def _in_order_per_resource(
 
 def _described(resource: str, reply: list[Any]) -> LeaseState:
     """A ``describe.lua`` reply as the lease's state."""
-    who, token, ms, last = reply
+    who, token, ms, last, ttl = reply
     held = int(token) != 0
     return LeaseState(
         resource=resource,
@@ -810,6 +810,7 @@ def _described(resource: str, reply: list[Any]) -> LeaseState:
         token=int(token),
         remaining_ms=max(0, int(ms)) if held else 0,
         last_token=int(last),
+        ttl_ms=int(ttl) if held else 0,
     )
 
 

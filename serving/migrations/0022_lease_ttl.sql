@@ -6,6 +6,7 @@
 --          the lease by its own ttl (leases.renew_ttl in lease_server/leases.py), and its
 --          row's ttl_ms is the ttl granted;
 --          lease_renew_many (0018): its rows gain ttl_ms, the ttl granted;
+--          lease_describe (0001): gains ttl_ms, the held lease's own (0 when free);
 --          job_complete, job_reap (0003): a job that succeeded or died keeps its
 --          lease_owner, the worker that ran it (jobs.py's complete and reap), as a failed
 --          or cancelled one does (decided in Python since 0003/0015).
@@ -210,6 +211,31 @@ BEGIN
                      p_holders, p_tokens, p_ttl_ms,
                      array_fill(''::text, ARRAY[cardinality(p_resources)])) AS s
     WHERE s.ok;
+END
+$$;
+
+DROP FUNCTION lease_describe(text);
+
+CREATE FUNCTION lease_describe(
+    p_resource text,
+    OUT held boolean, OUT holder text, OUT token bigint, OUT remaining_ms bigint,
+    OUT last_token bigint, OUT ttl_ms bigint
+)
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    cur leases%ROWTYPE;
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    SELECT * INTO cur FROM leases AS l WHERE l.resource = p_resource;
+    held := coalesce(cur.expires_at > v_now, false);
+    holder := CASE WHEN held THEN cur.holder ELSE '' END;
+    token := CASE WHEN held THEN cur.token ELSE 0 END;
+    remaining_ms := CASE WHEN held
+                    THEN ceil(extract(epoch FROM cur.expires_at - v_now) * 1000)::bigint
+                    ELSE 0 END;
+    last_token := coalesce(cur.counter, 0);
+    ttl_ms := CASE WHEN held THEN cur.ttl_ms ELSE 0 END;
 END
 $$;
 

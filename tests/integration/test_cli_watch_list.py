@@ -178,7 +178,8 @@ def test_lease_list_prints_each_held_lease(
     assert main([*base, "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["resource"] for r in rows] == ["q/0", "q/1", "q/2", "z"]
-    assert set(rows[0]) == {"resource", "holder", "token", "remaining_ms", "last_token"}
+    fields = {"resource", "holder", "token", "remaining_ms", "last_token", "ttl_ms"}
+    assert set(rows[0]) == fields and rows[0]["ttl_ms"] == 30_000  # the lease's own
     with pytest.raises(SystemExit) as exited:  # refused before anything is sent
         main([*base, "--page-size", "5000"])
     assert exited.value.code == exits.USAGE and "--page-size" in capsys.readouterr().err

@@ -101,6 +101,8 @@ export interface LeaseState {
 	token: number;
 	remainingMs: number;
 	lastToken: number;
+	/** The held lease's own ttl (ms), which `renew` without a ttl renews by (0 when free). */
+	ttlMs: number;
 }
 
 export type EventKind =
@@ -689,6 +691,7 @@ export class LeaseClient {
 			token: m.token,
 			remainingMs: m.remainingMs,
 			lastToken: m.lastToken,
+			ttlMs: m.ttlMs,
 		};
 	}
 

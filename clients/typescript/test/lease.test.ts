@@ -271,6 +271,7 @@ test("renew without a ttl keeps the lease's own", async () => {
 		assert.equal(await leases.renew(resource, lease.token), 40_000);
 		assert.equal(await leases.renew(resource, lease.token, 20), 20_000);
 		assert.equal(await leases.renew(resource, lease.token), 20_000);
+		assert.equal((await leases.describe(resource)).ttlMs, 20_000);
 		await lease.release();
 	} finally {
 		leases.close();

@@ -90,6 +90,11 @@ export interface LeaseState {
   remainingMs: number;
   /** The highest token ever issued for the resource (0 if never acquired). */
   lastToken: number;
+  /**
+   * The held lease's own ttl, which a Renew naming none renews by: the ttl it was
+   * granted or last renewed with (0 when not held).
+   */
+  ttlMs: number;
 }
 
 export interface WatchRequest {
@@ -895,7 +900,7 @@ export const ReleaseResponse: MessageFns<ReleaseResponse> = {
 };
 
 function createBaseLeaseState(): LeaseState {
-  return { resource: "", held: false, holder: "", token: 0, remainingMs: 0, lastToken: 0 };
+  return { resource: "", held: false, holder: "", token: 0, remainingMs: 0, lastToken: 0, ttlMs: 0 };
 }
 
 export const LeaseState: MessageFns<LeaseState> = {
@@ -917,6 +922,9 @@ export const LeaseState: MessageFns<LeaseState> = {
     }
     if (message.lastToken !== 0) {
       writer.uint32(48).uint64(message.lastToken);
+    }
+    if (message.ttlMs !== 0) {
+      writer.uint32(56).int64(message.ttlMs);
     }
     return writer;
   },
@@ -976,6 +984,14 @@ export const LeaseState: MessageFns<LeaseState> = {
           message.lastToken = longToNumber(reader.uint64());
           continue;
         }
+        case 7: {
+          if (tag !== 56) {
+            break;
+          }
+
+          message.ttlMs = longToNumber(reader.int64());
+          continue;
+        }
       }
       if ((tag & 7) === 4 || tag === 0) {
         break;
@@ -993,6 +1009,7 @@ export const LeaseState: MessageFns<LeaseState> = {
       token: isSet(object.token) ? globalThis.Number(object.token) : 0,
       remainingMs: isSet(object.remainingMs) ? globalThis.Number(object.remainingMs) : 0,
       lastToken: isSet(object.lastToken) ? globalThis.Number(object.lastToken) : 0,
+      ttlMs: isSet(object.ttlMs) ? globalThis.Number(object.ttlMs) : 0,
     };
   },
 
@@ -1016,6 +1033,9 @@ export const LeaseState: MessageFns<LeaseState> = {
     if (message.lastToken !== 0) {
       obj.lastToken = Math.round(message.lastToken);
     }
+    if (message.ttlMs !== 0) {
+      obj.ttlMs = Math.round(message.ttlMs);
+    }
     return obj;
   },
 
@@ -1030,6 +1050,7 @@ export const LeaseState: MessageFns<LeaseState> = {
     message.token = object.token ?? 0;
     message.remainingMs = object.remainingMs ?? 0;
     message.lastToken = object.lastToken ?? 0;
+    message.ttlMs = object.ttlMs ?? 0;
     return message;
   },
 };
