@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import sqlite3
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from fencing.errors import LeaseLost
+from lease_server.backends import sqlite as sqlite_backend
 from lease_server.backends.base import LeaseBackend
+from lease_server.backends.sqlite import SQLiteBackend
+from lease_server.clock import SystemClock
 from lease_server.leases import Grant, Held
 from tests.backends import TimeControl
 
@@ -160,3 +167,29 @@ async def test_retried_acquire_returns_the_same_lease(lease_backend: Pair) -> No
     # A new request id from the same holder is a new request: refused while held.
     assert isinstance(await backend.acquire("r", "a", 1000, "req-2"), Held)
     assert (await backend.describe("r")).last_token == first.token
+
+
+async def test_a_lease_held_across_the_sqlite_upgrade_renews_by_the_old_default_ttl() -> None:
+    """Schema v5 keeps each lease's ttl: a lease granted before it (ttl not stored) renews
+    (ttl 0: its own) by 10 s, the SDK's default its renewals sent until then."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "leases.db"
+        old = SQLiteBackend(path)
+        old._db._migrations = sqlite_backend.MIGRATIONS[:4]  # a database of schema v4
+        await old.open()
+        await old.close()
+        with sqlite3.connect(path) as conn:  # a lease as the code before v5 stored it
+            conn.execute(
+                "INSERT INTO leases (resource, counter, holder, token, expires_at_ms)"
+                " VALUES ('old', 1, 'h', 1, ?)",
+                (SystemClock().now_ms() + 60_000,),
+            )
+        new = SQLiteBackend(path)
+        await new.open()
+        try:
+            assert (await new.describe("old")).ttl_ms == 10_000
+            assert (await new.renew("old", 1, "h", 0)).ttl_ms == 10_000
+            assert (await new.renew("old", 1, "h", 30_000)).ttl_ms == 30_000
+            assert (await new.renew("old", 1, "h", 0)).ttl_ms == 30_000
+        finally:
+            await new.close()
