@@ -59,7 +59,7 @@ HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-JOB_STATES = ("ready", "waiting", "running", "succeeded", "dead", "cancelled")
+JOB_STATES = ("ready", "scheduled", "waiting", "running", "succeeded", "dead", "cancelled")
 ACTIONS = ("retry", "cancel", "requeue-dead")
 
 

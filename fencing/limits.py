@@ -222,6 +222,12 @@ def check_ttl_ms(value: int, field: str = "ttl_ms") -> int:
     return check_range(field, value, MIN_TTL_MS, MAX_TTL_MS)
 
 
+def check_renew_ttl_ms(value: int, field: str = "ttl_ms") -> int:
+    """A renewal's ttl: 0 (none named: the lease's own ttl, as an etcd keep-alive keeps
+    it), or a ttl as :func:`check_ttl_ms` takes."""
+    return 0 if value == 0 else check_ttl_ms(value, field)
+
+
 def check_wait_ms(value: int, field: str = "wait_ms") -> int:
     return check_range(field, value, 0, MAX_WAIT_MS)
 

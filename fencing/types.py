@@ -64,7 +64,7 @@ Op = Put | Delete
 @dataclass(frozen=True, slots=True)
 class LeaseState:
     """Who holds a resource now: what ``describe`` returns to a client, and what a lease
-    backend answers the server's Describe with (the same six fields either side)."""
+    backend answers the server's Describe with (the same fields either side)."""
 
     resource: str
     held: bool
@@ -74,6 +74,9 @@ class LeaseState:
     remaining_ms: int
     #: The highest token ever granted for the resource.
     last_token: int
+    #: The held lease's own ttl (ms), which a renewal naming none renews by: the ttl it
+    #: was granted or last renewed with (0 when not held).
+    ttl_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

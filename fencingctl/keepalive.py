@@ -1,7 +1,8 @@
 """``fencing lease keep-alive RESOURCE TOKEN [--ttl S]``: keep a lease taken elsewhere alive.
 
 Like ``etcdctl lease keep-alive``: renews the lease (by its resource and token, as
-``fencing lease renew`` does) at once and then every ttl/3, printing a line per
+``fencing lease renew`` does) at once and then every ttl/3, each renewal for the lease's
+own ttl (the one it was acquired with; ``--ttl`` names another), printing a line per
 renewal, until SIGINT or SIGTERM, and exits 0 then, leaving the lease held for its
 last ttl (``fencing lease release`` gives it up at once). A renewal that fails for a
 while (server unreachable, its backend down, a deadline) is retried sooner, up to
@@ -106,8 +107,9 @@ def register_action(lsub: Any) -> None:
         "--ttl",
         type=flags.ttl,
         metavar="DURATION",
-        default=10.0,
-        help="the ttl each renewal asks for: 30s, 1m... (default 10s)",
+        default=None,
+        help="the ttl each renewal asks for: 30s, 1m... (default: the lease's own, the ttl "
+        "it was acquired with)",
     )
     connect.add_lease_address(p)
     p.add_argument("--json", action="store_true", help="print JSON lines")

@@ -88,6 +88,7 @@ def _list(args: argparse.Namespace) -> int:
                         "token": s.token,
                         "remaining_ms": s.remaining_ms,
                         "last_token": s.last_token,
+                        "ttl_ms": s.ttl_ms,
                     },
                 )
     except (FencingError, grpc.RpcError, ValueError) as exc:
@@ -120,6 +121,7 @@ def _describe(args: argparse.Namespace) -> dict[str, Any]:
             "token": s.token,
             "remaining_ms": s.remaining_ms,
             "last_token": s.last_token,
+            "ttl_ms": s.ttl_ms,
         }
 
 
@@ -262,8 +264,9 @@ def register(sub: Any) -> None:
         "--ttl",
         type=flags.ttl,
         metavar="DURATION",
-        default=10.0,
-        help="the lease's ttl: 30s, 1m... (default 10s)",
+        default=None,
+        help="the ttl to renew for: 30s, 1m... (default: the lease's own, the ttl it was "
+        "acquired or last renewed with)",
     )
     _common(p, lease=True)
     p.set_defaults(run=_renew)

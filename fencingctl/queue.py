@@ -296,8 +296,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--state",
         default="",
-        choices=["waiting", "ready", "running", "succeeded", "dead", "cancelled"],
-        help="only jobs in this state (default: every state)",
+        choices=["waiting", "scheduled", "ready", "running", "succeeded", "dead", "cancelled"],
+        help="only jobs in this state (default: every state); scheduled: ready but not yet "
+        "due (a delay, a run_at, a retry's backoff), ready: due now",
     )
     p.add_argument(
         "--page-size", type=flags.page_size, default=0, help="jobs per request (1..1000)"

@@ -10,8 +10,9 @@ until interrupted (Ctrl-C exits 130) or the stream fails, e.g. when the server s
 server could not serve the requested start: events were missed, re-read with
 ``fencing lease describe``). Without ``--from`` the stream starts now; ``--from REV`` resumes after
 revision REV (the revision of the last line you saw: the stream goes on with the next
-event), replaying what the server still keeps of the log, then live. With ``--json``
-each line is one JSON object with the same fields.
+event), replaying what the server still keeps of the log, then live; ``--from 0``
+replays it from revision 1. With ``--json`` each line is one JSON object with the same
+fields.
 """
 
 from __future__ import annotations
@@ -74,9 +75,10 @@ def register(sub: Any) -> None:
         "--from",
         dest="start",
         type=flags.count,
-        default=0,
+        default=None,
         metavar="REV",
-        help="resume after revision REV, the last one seen (default 0: from now)",
+        help="resume after revision REV, the last one seen (0: from revision 1, the whole "
+        "log the server keeps; default: from now)",
     )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     connect.add_lease_address(p, "the lease server to watch")

@@ -34,6 +34,10 @@ class LeaseRecord:
     token: int = 0
     expires_at_ms: int = 0
     request_id: str = ""
+    #: The lease's own ttl: the one it was granted, or last renewed, with (0 when free,
+    #: or for a lease stored before the ttl was kept). A renewal that names no ttl
+    #: extends the lease by this, as an etcd keep-alive does.
+    ttl_ms: int = 0
 
     def live(self, now_ms: int) -> bool:
         """True while a lease is granted and not yet expired at ``now_ms``."""
@@ -81,7 +85,7 @@ def acquire(
             record.resource, record.holder, record.token, record.remaining_ms(now_ms)
         )
     token = record.counter + 1
-    new = LeaseRecord(record.resource, token, holder, token, now_ms + ttl_ms, request_id)
+    new = LeaseRecord(record.resource, token, holder, token, now_ms + ttl_ms, request_id, ttl_ms)
     return new, Grant(record.resource, holder, token, ttl_ms)
 
 
@@ -166,16 +170,30 @@ def _require_current(record: LeaseRecord, token: int, holder: str, now_ms: int) 
         raise LeaseLost(resource=record.resource, token=token)
 
 
+#: What a renewal without a ttl extends a lease by when the lease's own ttl is unknown
+#: (granted before the backend kept it): the SDK's default ttl, which renewals sent then.
+LEGACY_TTL_MS = 10_000
+
+
+def renew_ttl(requested_ms: int, own_ms: int) -> int:
+    """The ttl a renewal grants: the one requested, or, for 0 (none named), the lease's own
+    (``LeaseRecord.ttl_ms``; :data:`LEGACY_TTL_MS` if it was never stored)."""
+    return requested_ms or own_ms or LEGACY_TTL_MS
+
+
 def renew(
     record: LeaseRecord, token: int, holder: str, ttl_ms: int, now_ms: int
 ) -> tuple[LeaseRecord, Grant]:
-    """Extend the current unexpired lease to ``now + ttl_ms``; ``LeaseLost`` otherwise.
+    """Extend the current unexpired lease to ``now + ttl`` (:func:`renew_ttl`: ``ttl_ms``,
+    or the lease's own ttl when ``ttl_ms`` is 0); ``LeaseLost`` otherwise. The ttl
+    granted becomes the lease's own, for the next renewal that names none.
 
     An empty ``holder`` skips the holder check: the token alone is the proof.
     """
     _require_current(record, token, holder, now_ms)
-    new = replace(record, expires_at_ms=now_ms + ttl_ms)
-    return new, Grant(record.resource, record.holder, token, ttl_ms)
+    ttl = renew_ttl(ttl_ms, record.ttl_ms)
+    new = replace(record, expires_at_ms=now_ms + ttl, ttl_ms=ttl)
+    return new, Grant(record.resource, record.holder, token, ttl)
 
 
 def release(record: LeaseRecord, token: int, holder: str, now_ms: int) -> LeaseRecord:
@@ -196,6 +214,7 @@ def describe(record: LeaseRecord, now_ms: int) -> LeaseState:
         token=record.token if live else 0,
         remaining_ms=record.remaining_ms(now_ms),
         last_token=record.counter,
+        ttl_ms=renew_ttl(0, record.ttl_ms) if live else 0,
     )
 
 

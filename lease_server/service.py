@@ -488,7 +488,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                 limits.check_resource(request.resource),
                 limits.check_token(request.token),
                 limits.check_optional_holder(request.holder),
-                limits.check_ttl_ms(request.ttl_ms),
+                limits.check_renew_ttl_ms(request.ttl_ms),
             ),
         )
 
@@ -523,6 +523,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
             token=info.token,
             remaining_ms=info.remaining_ms,
             last_token=last_token,
+            ttl_ms=info.ttl_ms,
         )
 
     @rpc
@@ -548,6 +549,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                     token=i.token,
                     remaining_ms=i.remaining_ms,
                     last_token=i.last_token,
+                    ttl_ms=i.ttl_ms,
                 )
                 for i in page
             ],
@@ -621,7 +623,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                 limits.check_resource(r.resource, f"renewals[{i}].resource"),
                 limits.check_token(r.token, f"renewals[{i}].token"),
                 limits.check_optional_holder(r.holder, f"renewals[{i}].holder"),
-                limits.check_ttl_ms(r.ttl_ms, f"renewals[{i}].ttl_ms"),
+                limits.check_renew_ttl_ms(r.ttl_ms, f"renewals[{i}].ttl_ms"),
             )
             for i, r in enumerate(request.renewals)
         ]
@@ -732,9 +734,11 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
             )
         try:
             log_id = await identity()
-            cursor = request.after_revision or await start()
+            # Absent: from now. Present, even 0: after it (0 replays from revision 1).
+            resume = request.HasField("after_revision")
+            cursor = request.after_revision if resume else await start()
             # A revision of another log names other events here: never resume from it.
-            foreign = bool(request.after_revision and request.log_id and log_id)
+            foreign = bool(resume and request.log_id and log_id)
             foreign = foreign and request.log_id != log_id
             if foreign:
                 cursor = await start()

@@ -167,6 +167,12 @@ def ttl_ms_of(ttl: float, field: str = "ttl") -> int:
     return round(ttl * 1000)
 
 
+def renew_ttl_ms_of(ttl: float | None) -> int:
+    """A renewal's ttl on the wire: None -> 0, which the server reads as the lease's own
+    ttl (the one it was granted, or last renewed, with)."""
+    return 0 if ttl is None else ttl_ms_of(ttl)
+
+
 def release_timeout_of(seconds: float) -> float:
     """Check the ``release_timeout`` option (seconds, positive)."""
     if not seconds > 0:
@@ -232,8 +238,11 @@ def list_request(prefix: str, page_size: int, page_token: str) -> lease_pb2.List
 
 
 def watch_request(
-    resource: str, prefix: str, after_revision: int, log_id: str = ""
+    resource: str, prefix: str, after_revision: int | None, log_id: str = ""
 ) -> lease_pb2.WatchRequest:
+    """None: from now; a revision (0 too: from the start of the log) is sent as set."""
+    if after_revision is None:
+        return lease_pb2.WatchRequest(resource=resource, prefix=prefix, log_id=log_id)
     if after_revision < 0:
         raise InvalidArgumentError(
             f"after_revision must be >= 0, got {after_revision}", field="after_revision"
@@ -827,7 +836,13 @@ def release_many_request(leases: Sequence[L]) -> lease_pb2.ReleaseManyRequest:
 
 def lease_state(msg: lease_pb2.LeaseState) -> LeaseState:
     return LeaseState(
-        msg.resource, msg.held, msg.holder, msg.token, msg.remaining_ms, msg.last_token
+        msg.resource,
+        msg.held,
+        msg.holder,
+        msg.token,
+        msg.remaining_ms,
+        msg.last_token,
+        msg.ttl_ms,
     )
 
 

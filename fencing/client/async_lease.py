@@ -530,9 +530,10 @@ class AsyncLeaseClient(AsyncCalls):
             if not page_token:
                 return
 
-    async def renew(self, resource: str, token: int, ttl: float) -> int:
-        """Renew by (resource, token) without a handle; returns the granted ttl in ms."""
-        request = _core.renew_request(resource, token, _core.ttl_ms_of(ttl))
+    async def renew(self, resource: str, token: int, ttl: float | None = None) -> int:
+        """Renew by (resource, token) without a handle for ``ttl`` seconds (None: the
+        lease's own ttl, that of its grant or last renewal); returns the ttl granted in ms."""
+        request = _core.renew_request(resource, token, _core.renew_ttl_ms_of(ttl))
         return int((await self._call(self._stub.Renew, request)).ttl_ms)
 
     async def release(self, resource: str, token: int, *, holder: str = "") -> None:
@@ -540,7 +541,12 @@ class AsyncLeaseClient(AsyncCalls):
         await self._call(self._stub.Release, _core.release_request(resource, token, holder))
 
     async def watch(
-        self, resource: str = "", *, prefix: str = "", after_revision: int = 0, log_id: str = ""
+        self,
+        resource: str = "",
+        *,
+        prefix: str = "",
+        after_revision: int | None = None,
+        log_id: str = "",
     ) -> AsyncGenerator[LeaseEvent, None]:
         """Yield the events of ``resource`` or ``prefix``; see ``LeaseClient.watch``."""
         async with await self.watch_stream(
@@ -550,7 +556,12 @@ class AsyncLeaseClient(AsyncCalls):
                 yield event
 
     async def watch_stream(
-        self, resource: str = "", *, prefix: str = "", after_revision: int = 0, log_id: str = ""
+        self,
+        resource: str = "",
+        *,
+        prefix: str = "",
+        after_revision: int | None = None,
+        log_id: str = "",
     ) -> AsyncWatchStream:
         """Open :meth:`watch`'s stream and return once the server has it: see
         :meth:`LeaseClient.watch_stream <fencing.client.lease.LeaseClient.watch_stream>`."""

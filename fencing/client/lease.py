@@ -425,9 +425,10 @@ class LeaseClient(BlockingCalls):
             if not page_token:
                 return
 
-    def renew(self, resource: str, token: int, ttl: float) -> int:
-        """Renew by (resource, token) without a handle; returns the granted ttl in ms."""
-        request = _core.renew_request(resource, token, _core.ttl_ms_of(ttl))
+    def renew(self, resource: str, token: int, ttl: float | None = None) -> int:
+        """Renew by (resource, token) without a handle for ``ttl`` seconds (None: the
+        lease's own ttl, that of its grant or last renewal); returns the ttl granted in ms."""
+        request = _core.renew_request(resource, token, _core.renew_ttl_ms_of(ttl))
         return int(self._call(self._stub.Renew, request).ttl_ms)
 
     def release(self, resource: str, token: int, *, holder: str = "") -> None:
@@ -435,11 +436,17 @@ class LeaseClient(BlockingCalls):
         self._call(self._stub.Release, _core.release_request(resource, token, holder))
 
     def watch(
-        self, resource: str = "", *, prefix: str = "", after_revision: int = 0, log_id: str = ""
+        self,
+        resource: str = "",
+        *,
+        prefix: str = "",
+        after_revision: int | None = None,
+        log_id: str = "",
     ) -> Generator[LeaseEvent, None, None]:
         """Yield the events of ``resource``, or of every resource starting with ``prefix``.
 
-        From now (``after_revision=0``) or after a revision of an earlier event; with
+        From now (``after_revision=None``) or after a revision of an earlier event (0:
+        the whole log the server still keeps, from revision 1); with
         ``log_id`` (the log that revision belongs to: :attr:`WatchStream.log_id`, or a
         RESYNC's), a server that keeps another log answers RESYNC rather than serve
         the same number from the wrong log. A ``RESYNC`` event means events were
@@ -453,7 +460,12 @@ class LeaseClient(BlockingCalls):
             yield from stream
 
     def watch_stream(
-        self, resource: str = "", *, prefix: str = "", after_revision: int = 0, log_id: str = ""
+        self,
+        resource: str = "",
+        *,
+        prefix: str = "",
+        after_revision: int | None = None,
+        log_id: str = "",
     ) -> WatchStream:
         """Open :meth:`watch`'s stream and return once the server has it (no event after
         this is missed), with where it starts: ``start_revision`` (for "from now", the

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65ncing/v1/lease.proto\x12\nfencing.v1\x1a\x17google/rpc/status.proto\"g\n\x0e\x41\x63quireRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x03\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"[\n\x05Lease\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x04 \x01(\x03\x12\x11\n\twaited_ms\x18\x14 \x01(\x03\"O\n\x0cRenewRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x0e\n\x06holder\x18\x04 \x01(\t\"A\n\x0eReleaseRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x04\x12\x0e\n\x06holder\x18\x03 \x01(\t\"#\n\x0f\x44\x65scribeRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse\"u\n\nLeaseState\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\x08\x12\x0e\n\x06holder\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\x04\x12\x14\n\x0cremaining_ms\x18\x05 \x01(\x03\x12\x12\n\nlast_token\x18\x06 \x01(\x04\"X\n\x0cWatchRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\x12\x16\n\x0e\x61\x66ter_revision\x18\x03 \x01(\x04\x12\x0e\n\x06log_id\x18\x1e \x01(\t\"\x99\x02\n\nLeaseEvent\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.fencing.v1.LeaseEvent.Kind\x12\x10\n\x08resource\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x10\n\x08revision\x18\x05 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x06 \x01(\x03\x12\x0e\n\x06log_id\x18\x1e \x01(\t\x12\x0e\n\x06job_id\x18( \x01(\x04\x12\r\n\x05queue\x18) \x01(\t\"^\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x41\x43QUIRED\x10\x01\x12\x0b\n\x07RENEWED\x10\x02\x12\x0c\n\x08RELEASED\x10\x03\x12\x0b\n\x07\x45XPIRED\x10\x04\x12\n\n\x06RESYNC\x10\x05\"l\n\x12\x41\x63quireManyRequest\x12\x11\n\tresources\x18\x01 \x03(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x03\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"8\n\x13\x41\x63quireManyResponse\x12!\n\x06leases\x18\x01 \x03(\x0b\x32\x11.fencing.v1.Lease\">\n\x10RenewManyRequest\x12*\n\x08renewals\x18\x01 \x03(\x0b\x32\x18.fencing.v1.RenewRequest\"=\n\x0bRenewResult\x12 \n\x05lease\x18\x01 \x01(\x0b\x32\x11.fencing.v1.Lease\x12\x0c\n\x04lost\x18\x02 \x01(\x08\"=\n\x11RenewManyResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.fencing.v1.RenewResult\"B\n\x12ReleaseManyRequest\x12,\n\x08releases\x18\x01 \x03(\x0b\x32\x1a.fencing.v1.ReleaseRequest\"\'\n\x13ReleaseManyResponse\x12\x10\n\x08released\x18\x01 \x03(\x08\"D\n\x0bListRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"O\n\x0cListResponse\x12&\n\x06leases\x18\x01 \x03(\x0b\x32\x16.fencing.v1.LeaseState\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"8\n\x0eSessionRequest\x12&\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x17.fencing.v1.SessionCall\"\x85\x03\n\x0bSessionCall\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x02 \x01(\x03\x12-\n\x07\x61\x63quire\x18\n \x01(\x0b\x32\x1a.fencing.v1.AcquireRequestH\x00\x12)\n\x05renew\x18\x0b \x01(\x0b\x32\x18.fencing.v1.RenewRequestH\x00\x12-\n\x07release\x18\x0c \x01(\x0b\x32\x1a.fencing.v1.ReleaseRequestH\x00\x12\x36\n\x0c\x61\x63quire_many\x18\r \x01(\x0b\x32\x1e.fencing.v1.AcquireManyRequestH\x00\x12\x32\n\nrenew_many\x18\x0e \x01(\x0b\x32\x1c.fencing.v1.RenewManyRequestH\x00\x12\x36\n\x0crelease_many\x18\x0f \x01(\x0b\x32\x1e.fencing.v1.ReleaseManyRequestH\x00\x12 \n\x04ping\x18\x10 \x01(\x0b\x32\x10.fencing.v1.PingH\x00\x42\x06\n\x04\x63\x61ll\"\x06\n\x04Ping\"\x06\n\x04Pong\"`\n\x0fSessionResponse\x12)\n\x07replies\x18\x01 \x03(\x0b\x32\x18.fencing.v1.SessionReply\x12\"\n\x06goaway\x18\x02 \x01(\x0b\x32\x12.fencing.v1.GoAway\"\x95\x03\n\x0cSessionReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12%\n\x08\x61\x63quired\x18\n \x01(\x0b\x32\x11.fencing.v1.LeaseH\x00\x12$\n\x07renewed\x18\x0b \x01(\x0b\x32\x11.fencing.v1.LeaseH\x00\x12/\n\x08released\x18\x0c \x01(\x0b\x32\x1b.fencing.v1.ReleaseResponseH\x00\x12\x38\n\racquired_many\x18\r \x01(\x0b\x32\x1f.fencing.v1.AcquireManyResponseH\x00\x12\x35\n\x0crenewed_many\x18\x0e \x01(\x0b\x32\x1d.fencing.v1.RenewManyResponseH\x00\x12\x38\n\rreleased_many\x18\x0f \x01(\x0b\x32\x1f.fencing.v1.ReleaseManyResponseH\x00\x12 \n\x04pong\x18\x10 \x01(\x0b\x32\x10.fencing.v1.PongH\x00\x42\t\n\x07outcome\"\x18\n\x06GoAway\x12\x0e\n\x06reason\x18\x01 \x01(\t2\xad\x05\n\x0cLeaseService\x12\x38\n\x07\x41\x63quire\x12\x1a.fencing.v1.AcquireRequest\x1a\x11.fencing.v1.Lease\x12\x34\n\x05Renew\x12\x18.fencing.v1.RenewRequest\x1a\x11.fencing.v1.Lease\x12\x42\n\x07Release\x12\x1a.fencing.v1.ReleaseRequest\x1a\x1b.fencing.v1.ReleaseResponse\x12?\n\x08\x44\x65scribe\x12\x1b.fencing.v1.DescribeRequest\x1a\x16.fencing.v1.LeaseState\x12;\n\x05Watch\x12\x18.fencing.v1.WatchRequest\x1a\x16.fencing.v1.LeaseEvent0\x01\x12N\n\x0b\x41\x63quireMany\x12\x1e.fencing.v1.AcquireManyRequest\x1a\x1f.fencing.v1.AcquireManyResponse\x12H\n\tRenewMany\x12\x1c.fencing.v1.RenewManyRequest\x1a\x1d.fencing.v1.RenewManyResponse\x12N\n\x0bReleaseMany\x12\x1e.fencing.v1.ReleaseManyRequest\x1a\x1f.fencing.v1.ReleaseManyResponse\x12\x39\n\x04List\x12\x17.fencing.v1.ListRequest\x1a\x18.fencing.v1.ListResponse\x12\x46\n\x07Session\x12\x1a.fencing.v1.SessionRequest\x1a\x1b.fencing.v1.SessionResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65ncing/v1/lease.proto\x12\nfencing.v1\x1a\x17google/rpc/status.proto\"g\n\x0e\x41\x63quireRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x03\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"[\n\x05Lease\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x04 \x01(\x03\x12\x11\n\twaited_ms\x18\x14 \x01(\x03\"O\n\x0cRenewRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x0e\n\x06holder\x18\x04 \x01(\t\"A\n\x0eReleaseRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x04\x12\x0e\n\x06holder\x18\x03 \x01(\t\"#\n\x0f\x44\x65scribeRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse\"\x85\x01\n\nLeaseState\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\x08\x12\x0e\n\x06holder\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\x04\x12\x14\n\x0cremaining_ms\x18\x05 \x01(\x03\x12\x12\n\nlast_token\x18\x06 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x07 \x01(\x03\"p\n\x0cWatchRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\x12\x1b\n\x0e\x61\x66ter_revision\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x0e\n\x06log_id\x18\x1e \x01(\tB\x11\n\x0f_after_revision\"\x99\x02\n\nLeaseEvent\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.fencing.v1.LeaseEvent.Kind\x12\x10\n\x08resource\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x10\n\x08revision\x18\x05 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x06 \x01(\x03\x12\x0e\n\x06log_id\x18\x1e \x01(\t\x12\x0e\n\x06job_id\x18( \x01(\x04\x12\r\n\x05queue\x18) \x01(\t\"^\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x41\x43QUIRED\x10\x01\x12\x0b\n\x07RENEWED\x10\x02\x12\x0c\n\x08RELEASED\x10\x03\x12\x0b\n\x07\x45XPIRED\x10\x04\x12\n\n\x06RESYNC\x10\x05\"l\n\x12\x41\x63quireManyRequest\x12\x11\n\tresources\x18\x01 \x03(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x03\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"8\n\x13\x41\x63quireManyResponse\x12!\n\x06leases\x18\x01 \x03(\x0b\x32\x11.fencing.v1.Lease\">\n\x10RenewManyRequest\x12*\n\x08renewals\x18\x01 \x03(\x0b\x32\x18.fencing.v1.RenewRequest\"=\n\x0bRenewResult\x12 \n\x05lease\x18\x01 \x01(\x0b\x32\x11.fencing.v1.Lease\x12\x0c\n\x04lost\x18\x02 \x01(\x08\"=\n\x11RenewManyResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.fencing.v1.RenewResult\"B\n\x12ReleaseManyRequest\x12,\n\x08releases\x18\x01 \x03(\x0b\x32\x1a.fencing.v1.ReleaseRequest\"\'\n\x13ReleaseManyResponse\x12\x10\n\x08released\x18\x01 \x03(\x08\"D\n\x0bListRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"O\n\x0cListResponse\x12&\n\x06leases\x18\x01 \x03(\x0b\x32\x16.fencing.v1.LeaseState\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"8\n\x0eSessionRequest\x12&\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x17.fencing.v1.SessionCall\"\x85\x03\n\x0bSessionCall\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x02 \x01(\x03\x12-\n\x07\x61\x63quire\x18\n \x01(\x0b\x32\x1a.fencing.v1.AcquireRequestH\x00\x12)\n\x05renew\x18\x0b \x01(\x0b\x32\x18.fencing.v1.RenewRequestH\x00\x12-\n\x07release\x18\x0c \x01(\x0b\x32\x1a.fencing.v1.ReleaseRequestH\x00\x12\x36\n\x0c\x61\x63quire_many\x18\r \x01(\x0b\x32\x1e.fencing.v1.AcquireManyRequestH\x00\x12\x32\n\nrenew_many\x18\x0e \x01(\x0b\x32\x1c.fencing.v1.RenewManyRequestH\x00\x12\x36\n\x0crelease_many\x18\x0f \x01(\x0b\x32\x1e.fencing.v1.ReleaseManyRequestH\x00\x12 \n\x04ping\x18\x10 \x01(\x0b\x32\x10.fencing.v1.PingH\x00\x42\x06\n\x04\x63\x61ll\"\x06\n\x04Ping\"\x06\n\x04Pong\"`\n\x0fSessionResponse\x12)\n\x07replies\x18\x01 \x03(\x0b\x32\x18.fencing.v1.SessionReply\x12\"\n\x06goaway\x18\x02 \x01(\x0b\x32\x12.fencing.v1.GoAway\"\x95\x03\n\x0cSessionReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12%\n\x08\x61\x63quired\x18\n \x01(\x0b\x32\x11.fencing.v1.LeaseH\x00\x12$\n\x07renewed\x18\x0b \x01(\x0b\x32\x11.fencing.v1.LeaseH\x00\x12/\n\x08released\x18\x0c \x01(\x0b\x32\x1b.fencing.v1.ReleaseResponseH\x00\x12\x38\n\racquired_many\x18\r \x01(\x0b\x32\x1f.fencing.v1.AcquireManyResponseH\x00\x12\x35\n\x0crenewed_many\x18\x0e \x01(\x0b\x32\x1d.fencing.v1.RenewManyResponseH\x00\x12\x38\n\rreleased_many\x18\x0f \x01(\x0b\x32\x1f.fencing.v1.ReleaseManyResponseH\x00\x12 \n\x04pong\x18\x10 \x01(\x0b\x32\x10.fencing.v1.PongH\x00\x42\t\n\x07outcome\"\x18\n\x06GoAway\x12\x0e\n\x06reason\x18\x01 \x01(\t2\xad\x05\n\x0cLeaseService\x12\x38\n\x07\x41\x63quire\x12\x1a.fencing.v1.AcquireRequest\x1a\x11.fencing.v1.Lease\x12\x34\n\x05Renew\x12\x18.fencing.v1.RenewRequest\x1a\x11.fencing.v1.Lease\x12\x42\n\x07Release\x12\x1a.fencing.v1.ReleaseRequest\x1a\x1b.fencing.v1.ReleaseResponse\x12?\n\x08\x44\x65scribe\x12\x1b.fencing.v1.DescribeRequest\x1a\x16.fencing.v1.LeaseState\x12;\n\x05Watch\x12\x18.fencing.v1.WatchRequest\x1a\x16.fencing.v1.LeaseEvent0\x01\x12N\n\x0b\x41\x63quireMany\x12\x1e.fencing.v1.AcquireManyRequest\x1a\x1f.fencing.v1.AcquireManyResponse\x12H\n\tRenewMany\x12\x1c.fencing.v1.RenewManyRequest\x1a\x1d.fencing.v1.RenewManyResponse\x12N\n\x0bReleaseMany\x12\x1e.fencing.v1.ReleaseManyRequest\x1a\x1f.fencing.v1.ReleaseManyResponse\x12\x39\n\x04List\x12\x17.fencing.v1.ListRequest\x1a\x18.fencing.v1.ListResponse\x12\x46\n\x07Session\x12\x1a.fencing.v1.SessionRequest\x1a\x1b.fencing.v1.SessionResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,46 +44,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBEREQUEST']._serialized_end=444
   _globals['_RELEASERESPONSE']._serialized_start=446
   _globals['_RELEASERESPONSE']._serialized_end=463
-  _globals['_LEASESTATE']._serialized_start=465
-  _globals['_LEASESTATE']._serialized_end=582
-  _globals['_WATCHREQUEST']._serialized_start=584
-  _globals['_WATCHREQUEST']._serialized_end=672
-  _globals['_LEASEEVENT']._serialized_start=675
-  _globals['_LEASEEVENT']._serialized_end=956
-  _globals['_LEASEEVENT_KIND']._serialized_start=862
-  _globals['_LEASEEVENT_KIND']._serialized_end=956
-  _globals['_ACQUIREMANYREQUEST']._serialized_start=958
-  _globals['_ACQUIREMANYREQUEST']._serialized_end=1066
-  _globals['_ACQUIREMANYRESPONSE']._serialized_start=1068
-  _globals['_ACQUIREMANYRESPONSE']._serialized_end=1124
-  _globals['_RENEWMANYREQUEST']._serialized_start=1126
-  _globals['_RENEWMANYREQUEST']._serialized_end=1188
-  _globals['_RENEWRESULT']._serialized_start=1190
-  _globals['_RENEWRESULT']._serialized_end=1251
-  _globals['_RENEWMANYRESPONSE']._serialized_start=1253
-  _globals['_RENEWMANYRESPONSE']._serialized_end=1314
-  _globals['_RELEASEMANYREQUEST']._serialized_start=1316
-  _globals['_RELEASEMANYREQUEST']._serialized_end=1382
-  _globals['_RELEASEMANYRESPONSE']._serialized_start=1384
-  _globals['_RELEASEMANYRESPONSE']._serialized_end=1423
-  _globals['_LISTREQUEST']._serialized_start=1425
-  _globals['_LISTREQUEST']._serialized_end=1493
-  _globals['_LISTRESPONSE']._serialized_start=1495
-  _globals['_LISTRESPONSE']._serialized_end=1574
-  _globals['_SESSIONREQUEST']._serialized_start=1576
-  _globals['_SESSIONREQUEST']._serialized_end=1632
-  _globals['_SESSIONCALL']._serialized_start=1635
-  _globals['_SESSIONCALL']._serialized_end=2024
-  _globals['_PING']._serialized_start=2026
-  _globals['_PING']._serialized_end=2032
-  _globals['_PONG']._serialized_start=2034
-  _globals['_PONG']._serialized_end=2040
-  _globals['_SESSIONRESPONSE']._serialized_start=2042
-  _globals['_SESSIONRESPONSE']._serialized_end=2138
-  _globals['_SESSIONREPLY']._serialized_start=2141
-  _globals['_SESSIONREPLY']._serialized_end=2546
-  _globals['_GOAWAY']._serialized_start=2548
-  _globals['_GOAWAY']._serialized_end=2572
-  _globals['_LEASESERVICE']._serialized_start=2575
-  _globals['_LEASESERVICE']._serialized_end=3260
+  _globals['_LEASESTATE']._serialized_start=466
+  _globals['_LEASESTATE']._serialized_end=599
+  _globals['_WATCHREQUEST']._serialized_start=601
+  _globals['_WATCHREQUEST']._serialized_end=713
+  _globals['_LEASEEVENT']._serialized_start=716
+  _globals['_LEASEEVENT']._serialized_end=997
+  _globals['_LEASEEVENT_KIND']._serialized_start=903
+  _globals['_LEASEEVENT_KIND']._serialized_end=997
+  _globals['_ACQUIREMANYREQUEST']._serialized_start=999
+  _globals['_ACQUIREMANYREQUEST']._serialized_end=1107
+  _globals['_ACQUIREMANYRESPONSE']._serialized_start=1109
+  _globals['_ACQUIREMANYRESPONSE']._serialized_end=1165
+  _globals['_RENEWMANYREQUEST']._serialized_start=1167
+  _globals['_RENEWMANYREQUEST']._serialized_end=1229
+  _globals['_RENEWRESULT']._serialized_start=1231
+  _globals['_RENEWRESULT']._serialized_end=1292
+  _globals['_RENEWMANYRESPONSE']._serialized_start=1294
+  _globals['_RENEWMANYRESPONSE']._serialized_end=1355
+  _globals['_RELEASEMANYREQUEST']._serialized_start=1357
+  _globals['_RELEASEMANYREQUEST']._serialized_end=1423
+  _globals['_RELEASEMANYRESPONSE']._serialized_start=1425
+  _globals['_RELEASEMANYRESPONSE']._serialized_end=1464
+  _globals['_LISTREQUEST']._serialized_start=1466
+  _globals['_LISTREQUEST']._serialized_end=1534
+  _globals['_LISTRESPONSE']._serialized_start=1536
+  _globals['_LISTRESPONSE']._serialized_end=1615
+  _globals['_SESSIONREQUEST']._serialized_start=1617
+  _globals['_SESSIONREQUEST']._serialized_end=1673
+  _globals['_SESSIONCALL']._serialized_start=1676
+  _globals['_SESSIONCALL']._serialized_end=2065
+  _globals['_PING']._serialized_start=2067
+  _globals['_PING']._serialized_end=2073
+  _globals['_PONG']._serialized_start=2075
+  _globals['_PONG']._serialized_end=2081
+  _globals['_SESSIONRESPONSE']._serialized_start=2083
+  _globals['_SESSIONRESPONSE']._serialized_end=2179
+  _globals['_SESSIONREPLY']._serialized_start=2182
+  _globals['_SESSIONREPLY']._serialized_end=2587
+  _globals['_GOAWAY']._serialized_start=2589
+  _globals['_GOAWAY']._serialized_end=2613
+  _globals['_LEASESERVICE']._serialized_start=2616
+  _globals['_LEASESERVICE']._serialized_end=3301
 # @@protoc_insertion_point(module_scope)

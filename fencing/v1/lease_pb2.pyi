@@ -105,6 +105,9 @@ class RenewRequest(_message.Message):
     resource: _builtins.str
     token: _builtins.int
     ttl_ms: _builtins.int
+    """The ttl to renew for; 0 (absent): the lease's own, the ttl it was granted or last
+    renewed with (as an etcd keep-alive keeps it). A ttl named becomes the lease's own.
+    """
     holder: _builtins.str
     def __init__(
         self,
@@ -191,6 +194,7 @@ class LeaseState(_message.Message):
     TOKEN_FIELD_NUMBER: _builtins.int
     REMAINING_MS_FIELD_NUMBER: _builtins.int
     LAST_TOKEN_FIELD_NUMBER: _builtins.int
+    TTL_MS_FIELD_NUMBER: _builtins.int
     resource: _builtins.str
     held: _builtins.bool
     holder: _builtins.str
@@ -198,6 +202,10 @@ class LeaseState(_message.Message):
     remaining_ms: _builtins.int
     last_token: _builtins.int
     """The highest token ever issued for the resource (0 if never acquired)."""
+    ttl_ms: _builtins.int
+    """The held lease's own ttl, which a Renew naming none renews by: the ttl it was
+    granted or last renewed with (0 when not held).
+    """
     def __init__(
         self,
         *,
@@ -207,10 +215,11 @@ class LeaseState(_message.Message):
         token: _builtins.int = ...,
         remaining_ms: _builtins.int = ...,
         last_token: _builtins.int = ...,
+        ttl_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "holder", b"holder", "last_token", b"last_token", "remaining_ms", b"remaining_ms", "resource", b"resource", "token", b"token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "holder", b"holder", "last_token", b"last_token", "remaining_ms", b"remaining_ms", "resource", b"resource", "token", b"token", "ttl_ms", b"ttl_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -230,7 +239,11 @@ class WatchRequest(_message.Message):
     """
     prefix: _builtins.str
     after_revision: _builtins.int
-    """Resume after this event revision (0: from now)."""
+    """Resume after this event revision: 0 replays the whole log the server still keeps
+    (from revision 1 on). Absent: from now. (Before it had presence, 0 and absent were
+    one value on the wire, so a client asking "after 0" got "now": revision 1 could
+    never be replayed. A client that never sets it still gets "now".)
+    """
     log_id: _builtins.str
     """The identity of the log after_revision belongs to (from an earlier stream's
     initial metadata "fencing-watch-log", or a RESYNC's log_id). If the server's log
@@ -242,14 +255,16 @@ class WatchRequest(_message.Message):
         *,
         resource: _builtins.str = ...,
         prefix: _builtins.str = ...,
-        after_revision: _builtins.int = ...,
+        after_revision: _builtins.int | None = ...,
         log_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_revision", b"_after_revision", "after_revision", b"after_revision"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_revision", b"after_revision", "log_id", b"log_id", "prefix", b"prefix", "resource", b"resource"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_revision", b"_after_revision", "after_revision", b"after_revision", "log_id", b"log_id", "prefix", b"prefix", "resource", b"resource"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__after_revision: _TypeAlias = _typing.Literal["after_revision"]  # noqa: Y015
+    _WhichOneofArgType__after_revision: _TypeAlias = _typing.Literal["_after_revision", b"_after_revision"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__after_revision) -> _WhichOneofReturnType__after_revision | None: ...
 
 Global___WatchRequest: _TypeAlias = WatchRequest  # noqa: Y015
 

@@ -99,7 +99,8 @@ class LeaseServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Renew(self, request, context):
-        """Extend the current, unexpired lease by ttl_ms from now (LEASE_LOST otherwise).
+        """Extend the current, unexpired lease by ttl_ms from now, or by its own ttl for
+        ttl_ms 0 (LEASE_LOST otherwise).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -125,7 +126,7 @@ class LeaseServiceServicer:
         after the expiry; before the ACQUIRED of a takeover). A cursor the server can
         no longer serve gets RESYNC, then the stream continues live. The stream's
         initial metadata "fencing-watch-after" is the revision it starts after (the
-        head, for after_revision 0): resume from it if no event came yet.
+        head, for after_revision absent): resume from it if no event came yet.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

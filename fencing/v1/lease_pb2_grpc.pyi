@@ -43,7 +43,9 @@ class LeaseServiceStub:
     same request_id and holder returns the lease already granted.
     """
     Renew: _grpc.UnaryUnaryMultiCallable[_lease_pb2.RenewRequest, _lease_pb2.Lease]
-    """Extend the current, unexpired lease by ttl_ms from now (LEASE_LOST otherwise)."""
+    """Extend the current, unexpired lease by ttl_ms from now, or by its own ttl for
+    ttl_ms 0 (LEASE_LOST otherwise).
+    """
     Release: _grpc.UnaryUnaryMultiCallable[_lease_pb2.ReleaseRequest, _lease_pb2.ReleaseResponse]
     """Give the lease up now (LEASE_LOST if the token is no longer current)."""
     Describe: _grpc.UnaryUnaryMultiCallable[_lease_pb2.DescribeRequest, _lease_pb2.LeaseState]
@@ -54,7 +56,7 @@ class LeaseServiceStub:
     after the expiry; before the ACQUIRED of a takeover). A cursor the server can
     no longer serve gets RESYNC, then the stream continues live. The stream's
     initial metadata "fencing-watch-after" is the revision it starts after (the
-    head, for after_revision 0): resume from it if no event came yet.
+    head, for after_revision absent): resume from it if no event came yet.
     """
     AcquireMany: _grpc.UnaryUnaryMultiCallable[_lease_pb2.AcquireManyRequest, _lease_pb2.AcquireManyResponse]
     """Acquire every resource, all or nothing, in one backend transaction (resources are
@@ -109,7 +111,9 @@ class LeaseServiceAsyncStub(LeaseServiceStub):
     same request_id and holder returns the lease already granted.
     """
     Renew: _aio.UnaryUnaryMultiCallable[_lease_pb2.RenewRequest, _lease_pb2.Lease]  # type: ignore[assignment]
-    """Extend the current, unexpired lease by ttl_ms from now (LEASE_LOST otherwise)."""
+    """Extend the current, unexpired lease by ttl_ms from now, or by its own ttl for
+    ttl_ms 0 (LEASE_LOST otherwise).
+    """
     Release: _aio.UnaryUnaryMultiCallable[_lease_pb2.ReleaseRequest, _lease_pb2.ReleaseResponse]  # type: ignore[assignment]
     """Give the lease up now (LEASE_LOST if the token is no longer current)."""
     Describe: _aio.UnaryUnaryMultiCallable[_lease_pb2.DescribeRequest, _lease_pb2.LeaseState]  # type: ignore[assignment]
@@ -120,7 +124,7 @@ class LeaseServiceAsyncStub(LeaseServiceStub):
     after the expiry; before the ACQUIRED of a takeover). A cursor the server can
     no longer serve gets RESYNC, then the stream continues live. The stream's
     initial metadata "fencing-watch-after" is the revision it starts after (the
-    head, for after_revision 0): resume from it if no event came yet.
+    head, for after_revision absent): resume from it if no event came yet.
     """
     AcquireMany: _aio.UnaryUnaryMultiCallable[_lease_pb2.AcquireManyRequest, _lease_pb2.AcquireManyResponse]  # type: ignore[assignment]
     """Acquire every resource, all or nothing, in one backend transaction (resources are
@@ -184,7 +188,9 @@ class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _lease_pb2.RenewRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_lease_pb2.Lease, _abc.Awaitable[_lease_pb2.Lease]]:
-        """Extend the current, unexpired lease by ttl_ms from now (LEASE_LOST otherwise)."""
+        """Extend the current, unexpired lease by ttl_ms from now, or by its own ttl for
+        ttl_ms 0 (LEASE_LOST otherwise).
+        """
 
     @_abc_1.abstractmethod
     def Release(
@@ -213,7 +219,7 @@ class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
         after the expiry; before the ACQUIRED of a takeover). A cursor the server can
         no longer serve gets RESYNC, then the stream continues live. The stream's
         initial metadata "fencing-watch-after" is the revision it starts after (the
-        head, for after_revision 0): resume from it if no event came yet.
+        head, for after_revision absent): resume from it if no event came yet.
         """
 
     @_abc_1.abstractmethod

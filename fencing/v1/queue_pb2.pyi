@@ -879,7 +879,9 @@ class JobInfo(_message.Message):
     id: _builtins.int
     queue: _builtins.str
     state: _builtins.str
-    """waiting, ready, running, succeeded, dead or cancelled."""
+    """waiting, scheduled (ready, but not yet due: a delay, a run_at, a retry's backoff),
+    ready (due now), running, succeeded, dead or cancelled.
+    """
     payload_size: _builtins.int
     """The payload's size in bytes; the payload itself only with include_payload."""
     payload: _builtins.bytes
@@ -893,7 +895,10 @@ class JobInfo(_message.Message):
     running job, the cancel's.
     """
     lease_owner: _builtins.str
-    """The worker of the current (or last) claim; "" once finished."""
+    """The worker of the current claim, or of the last one once the job completed, failed,
+    died or was cancelled (who ran it); "" when never claimed or given back (Release,
+    RetryJob) to wait for the next claim.
+    """
     resource: _builtins.str
     """The guard resource its tokens fence."""
     ordering_key: _builtins.str

@@ -200,7 +200,7 @@ class QueueServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetJob(self, request, context):
-        """One job as stored (NOT_FOUND if there is none, or it is of another queue).
+        """One job as ListJobs shows it (NOT_FOUND if there is none, or it is of another queue).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -85,7 +85,7 @@ class QueueServiceStub:
     Jobs of a queue, optionally of one state, in id order, one page at a time.
     """
     GetJob: _grpc.UnaryUnaryMultiCallable[_queue_pb2.GetJobRequest, _queue_pb2.JobInfo]
-    """One job as stored (NOT_FOUND if there is none, or it is of another queue)."""
+    """One job as ListJobs shows it (NOT_FOUND if there is none, or it is of another queue)."""
     RetryJob: _grpc.UnaryUnaryMultiCallable[_queue_pb2.RetryJobRequest, _queue_pb2.JobActionResponse]
     """Make a dead, cancelled or failed (ready, waiting out its retry backoff) job due
     now. Its attempts are kept; an exhausted job gets max_attempts = attempts + 1.
@@ -139,7 +139,7 @@ class QueueServiceAsyncStub(QueueServiceStub):
     Jobs of a queue, optionally of one state, in id order, one page at a time.
     """
     GetJob: _aio.UnaryUnaryMultiCallable[_queue_pb2.GetJobRequest, _queue_pb2.JobInfo]  # type: ignore[assignment]
-    """One job as stored (NOT_FOUND if there is none, or it is of another queue)."""
+    """One job as ListJobs shows it (NOT_FOUND if there is none, or it is of another queue)."""
     RetryJob: _aio.UnaryUnaryMultiCallable[_queue_pb2.RetryJobRequest, _queue_pb2.JobActionResponse]  # type: ignore[assignment]
     """Make a dead, cancelled or failed (ready, waiting out its retry backoff) job due
     now. Its attempts are kept; an exhausted job gets max_attempts = attempts + 1.
@@ -262,7 +262,7 @@ class QueueServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _queue_pb2.GetJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_queue_pb2.JobInfo, _abc.Awaitable[_queue_pb2.JobInfo]]:
-        """One job as stored (NOT_FOUND if there is none, or it is of another queue)."""
+        """One job as ListJobs shows it (NOT_FOUND if there is none, or it is of another queue)."""
 
     @_abc_1.abstractmethod
     def RetryJob(

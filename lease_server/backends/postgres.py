@@ -125,7 +125,7 @@ class PostgresBackend:
         self._list_sql = q(
             "SELECT resource, holder, token,"
             " ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint,"
-            " counter FROM {schema}.leases"
+            " counter, ttl_ms FROM {schema}.leases"
             ' WHERE starts_with(resource, %s) AND resource COLLATE "C" > %s'
             " AND token != 0 AND expires_at > clock_timestamp()"
             ' ORDER BY resource COLLATE "C" LIMIT %s'
@@ -225,14 +225,14 @@ class PostgresBackend:
     async def describe(self, resource: str) -> LeaseState:
         row = await self._db.fetchone(self._describe_sql, (resource,))
         assert row is not None  # lease_describe always returns one row
-        held, holder, token, remaining_ms, last_token = row
-        return LeaseState(resource, held, holder, token, remaining_ms, last_token)
+        held, holder, token, remaining_ms, last_token, ttl_ms = row
+        return LeaseState(resource, held, holder, token, remaining_ms, last_token, ttl_ms)
 
     async def list_held(self, prefix: str, after: str, limit: int) -> list[LeaseState]:
         rows = await self._db.fetchall(self._list_sql, (prefix, after, limit))
         return [
-            LeaseState(resource, True, holder, int(token), max(1, int(ms)), int(counter))
-            for resource, holder, token, ms, counter in rows
+            LeaseState(resource, True, holder, int(token), max(1, int(ms)), int(counter), int(ttl))
+            for resource, holder, token, ms, counter, ttl in rows
         ]
 
     # -- many at once (0007_lease_batches.sql): one statement each, events appended -----------
@@ -268,10 +268,10 @@ class PostgresBackend:
                 [i.ttl_ms for i in items],
             ),
         )
-        holders = {int(row[0]): row[1] for row in rows}
+        renewed = {int(row[0]): (row[1], int(row[2])) for row in rows}
         return [
-            Grant(i.resource, holders[n], i.token, i.ttl_ms)
-            if n in holders
+            Grant(i.resource, renewed[n][0], i.token, renewed[n][1])
+            if n in renewed
             else LeaseLost(resource=i.resource, token=i.token)
             for n, i in enumerate(items, start=1)
         ]
@@ -341,7 +341,7 @@ class PostgresBackend:
             elif not ok:
                 outcome = LeaseLost(resource=op.resource, token=op.token)
             elif isinstance(op, RenewItem):
-                outcome = Grant(op.resource, holder, op.token, op.ttl_ms)
+                outcome = Grant(op.resource, holder, op.token, int(ms))
             else:
                 outcome = None
                 # Committed: this process's waiters may go now, before any numbering.

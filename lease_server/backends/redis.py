@@ -309,7 +309,7 @@ class RedisBackend(redis_db.Probed):
 
     async def renew(self, resource: str, token: int, holder: str, ttl_ms: int) -> Grant:
         keys = ResourceKeys(self.prefix, resource)
-        outcome, who, _ = await self._run(
+        outcome, who, ttl = await self._run(
             "renew",
             "renew",
             [keys.lease, *self._log_keys(keys)],
@@ -317,7 +317,7 @@ class RedisBackend(redis_db.Probed):
         )
         if text(outcome) != "renewed":
             raise LeaseLost(resource=resource, token=token)
-        return Grant(resource, text(who), token, ttl_ms)
+        return Grant(resource, text(who), token, int(ttl))
 
     async def release(self, resource: str, token: int, holder: str) -> None:
         keys = ResourceKeys(self.prefix, resource)
@@ -395,9 +395,9 @@ class RedisBackend(redis_db.Probed):
             ],
         )
         outcomes: list[Grant | LeaseLost] = []
-        for item, (outcome, who, _) in zip(items, replies, strict=True):
+        for item, (outcome, who, ttl) in zip(items, replies, strict=True):
             if text(outcome) == "renewed":
-                outcomes.append(Grant(item.resource, text(who), item.token, item.ttl_ms))
+                outcomes.append(Grant(item.resource, text(who), item.token, int(ttl)))
             else:
                 outcomes.append(LeaseLost(resource=item.resource, token=item.token))
         return outcomes
@@ -491,7 +491,7 @@ class RedisBackend(redis_db.Probed):
                     outcomes.append(grant)
             elif isinstance(op, RenewItem):
                 if kind == "renewed":
-                    outcomes.append(Grant(op.resource, text(reply[1]), op.token, op.ttl_ms))
+                    outcomes.append(Grant(op.resource, text(reply[1]), op.token, int(reply[2])))
                 else:
                     outcomes.append(LeaseLost(resource=op.resource, token=op.token))
             elif kind == "released":
@@ -801,7 +801,7 @@ async def _in_order_per_resource(
 
 def _described(resource: str, reply: list[Any]) -> LeaseState:
     """A ``describe.lua`` reply as the lease's state."""
-    who, token, ms, last = reply
+    who, token, ms, last, ttl = reply
     held = int(token) != 0
     return LeaseState(
         resource=resource,
@@ -810,6 +810,7 @@ def _described(resource: str, reply: list[Any]) -> LeaseState:
         token=int(token),
         remaining_ms=max(0, int(ms)) if held else 0,
         last_token=int(last),
+        ttl_ms=int(ttl) if held else 0,
     )
 
 

@@ -87,15 +87,24 @@ MIGRATIONS = [
     ALTER TABLE events ADD COLUMN job_id INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE events ADD COLUMN queue TEXT NOT NULL DEFAULT ''
     """,
+    # 5: the lease's own ttl, which a renewal naming none extends it by (0: not known,
+    # a lease granted before this column; leases.renew_ttl says what it renews with).
+    """
+    ALTER TABLE leases ADD COLUMN ttl_ms INTEGER NOT NULL DEFAULT 0
+    """,
 ]
 
-_SELECT = "SELECT counter, holder, token, expires_at_ms, request_id FROM leases WHERE resource = ?"
+_SELECT = (
+    "SELECT counter, holder, token, expires_at_ms, request_id, ttl_ms FROM leases"
+    " WHERE resource = ?"
+)
 _UPSERT = """
-INSERT INTO leases (resource, counter, holder, token, expires_at_ms, request_id)
-VALUES (?, ?, ?, ?, ?, ?)
+INSERT INTO leases (resource, counter, holder, token, expires_at_ms, request_id, ttl_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (resource) DO UPDATE SET
     counter = excluded.counter, holder = excluded.holder, token = excluded.token,
-    expires_at_ms = excluded.expires_at_ms, request_id = excluded.request_id
+    expires_at_ms = excluded.expires_at_ms, request_id = excluded.request_id,
+    ttl_ms = excluded.ttl_ms
 """
 
 
@@ -118,15 +127,15 @@ def _load_many(conn: sqlite3.Connection, resources: Sequence[str]) -> dict[str, 
         chunk = names[start : start + _LOAD_CHUNK]
         marks = ",".join("?" * len(chunk))
         for row in conn.execute(
-            "SELECT resource, counter, holder, token, expires_at_ms, request_id FROM leases "
-            f"WHERE resource IN ({marks})",
+            "SELECT resource, counter, holder, token, expires_at_ms, request_id, ttl_ms"
+            f" FROM leases WHERE resource IN ({marks})",
             chunk,
         ):
             records[row[0]] = LeaseRecord(*row)
     return records
 
 
-def _row(record: LeaseRecord) -> tuple[str, int, str, int, int, str]:
+def _row(record: LeaseRecord) -> tuple[str, int, str, int, int, str, int]:
     return (
         record.resource,
         record.counter,
@@ -134,6 +143,7 @@ def _row(record: LeaseRecord) -> tuple[str, int, str, int, int, str]:
         record.token,
         record.expires_at_ms,
         record.request_id,
+        record.ttl_ms,
     )
 
 
@@ -144,13 +154,13 @@ def _store(conn: sqlite3.Connection, record: LeaseRecord) -> None:
 # Byte-wise (BINARY collation: UTF-8 bytes, so code point order); the primary key
 # serves the range from the prefix on.
 _LIST_HELD = (
-    "SELECT resource, counter, holder, token, expires_at_ms, request_id FROM leases "
+    "SELECT resource, counter, holder, token, expires_at_ms, request_id, ttl_ms FROM leases "
     "WHERE resource >= ? AND resource > ? AND substr(resource, 1, length(?)) = ? "
     "AND token != 0 AND expires_at_ms > ? ORDER BY resource LIMIT ?"
 )
 
 _DUE = (
-    "SELECT resource, counter, holder, token, expires_at_ms, request_id FROM leases "
+    "SELECT resource, counter, holder, token, expires_at_ms, request_id, ttl_ms FROM leases "
     "WHERE token != 0 AND expires_at_ms <= ? ORDER BY expires_at_ms, resource LIMIT ?"
 )
 _EVENT_COLUMNS = "revision, kind, resource, token, holder, ttl_ms, job_id, queue"

@@ -39,7 +39,8 @@ local function lease_grant(klease, kcounter, log, holder, ttl_ms, request_id, fl
     end
   end
   local expires = string.format('%d', tonumber(now_ms()) + tonumber(ttl_ms))
-  redis.call('HSET', klease, 'holder', holder, 'token', token, 'request_id', request_id)
+  redis.call('HSET', klease, 'holder', holder, 'token', token, 'request_id', request_id,
+             'ttl_ms', ttl_ms)
   redis.call('PEXPIREAT', klease, expires)
   redis.call('HSET', log[4], resource, token .. ':' .. holder)
   if log[5] then

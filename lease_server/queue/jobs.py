@@ -85,6 +85,10 @@ class JobState(StrEnum):
     SUCCEEDED = "succeeded"
     DEAD = "dead"
     CANCELLED = "cancelled"
+    #: Listed, never stored: a ready job not yet due (delayed, scheduled for later, or
+    #: waiting out a retry's backoff), as River and Oban list it. It is stored as ready,
+    #: and claimed by the ready rule once due (:func:`listed`).
+    SCHEDULED = "scheduled"
 
 
 LIVE_STATES = (JobState.WAITING, JobState.READY, JobState.RUNNING)
@@ -137,6 +141,9 @@ class JobRecord:
     max_attempts: int = limits.DEFAULT_MAX_ATTEMPTS
     token: int = 0
     available_at_ms: int = 0
+    #: The worker of the current claim, or of the last one once the job completed,
+    #: failed, died or was cancelled (who ran it); "" when never claimed, or given back
+    #: (a release, an operator's retry) to wait for the next claim.
     lease_owner: str = ""
     lease_until_ms: int = 0
     last_error: str = ""
@@ -349,7 +356,6 @@ def complete(record: JobRecord | None, ref: JobRef, now_ms: int, queue: str = ""
     return replace(
         current,
         state=JobState.SUCCEEDED,
-        lease_owner="",
         lease_until_ms=0,
         last_error="",
         finished_at_ms=now_ms,
@@ -390,7 +396,6 @@ def fail(
         dead = replace(
             current,
             state=JobState.DEAD,
-            lease_owner="",
             lease_until_ms=0,
             last_error=error,
             finished_at_ms=now_ms,
@@ -400,7 +405,6 @@ def fail(
         current,
         state=JobState.READY,
         available_at_ms=now_ms + delay_ms,
-        lease_owner="",
         lease_until_ms=0,
         last_error=error,
     )
@@ -439,7 +443,6 @@ def reap(record: JobRecord, now_ms: int) -> JobRecord:
     return replace(
         record,
         state=JobState.DEAD,
-        lease_owner="",
         lease_until_ms=0,
         last_error=REAPED_ERROR,
         finished_at_ms=now_ms,
@@ -460,7 +463,6 @@ def cancel(record: JobRecord, token: int, reason: str, now_ms: int) -> JobRecord
         record,
         state=JobState.CANCELLED,
         token=token if record.state is JobState.RUNNING else record.token,
-        lease_owner="",
         lease_until_ms=0,
         last_error=limits.truncate_error(reason or CANCELLED_ERROR),
         finished_at_ms=now_ms,
@@ -494,6 +496,14 @@ def retry(record: JobRecord, blocked: bool, now_ms: int) -> JobRecord | None:
         lease_until_ms=0,
         finished_at_ms=0,
     )
+
+
+def listed(record: JobRecord, now_ms: int) -> JobRecord:
+    """The job as an operator's listing shows it at ``now_ms``: a ready job not yet due is
+    ``scheduled`` (``ready`` lists only the due ones); every other state as stored."""
+    if record.state is JobState.READY and record.available_at_ms > now_ms:
+        return replace(record, state=JobState.SCHEDULED)
+    return record
 
 
 def transitions(old: JobRecord | None, new: JobRecord, now_ms: int) -> list[Transition]:

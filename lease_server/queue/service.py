@@ -782,6 +782,11 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         job_id = _job_id(request.id)
         queue = _optional_queue(request.queue)
         record = await self._named_job(job_id, queue)
+        # Shown as a listing shows it (a ready job not yet due is scheduled), by the
+        # backend's clock: the page of its queue that starts at it.
+        page = await self.backend.list_jobs(record.queue, None, record.id - 1, 1)
+        if page and page[0].id == record.id:
+            record = page[0]
         self._audit(context, "get_job", record.queue, job_id, payload=request.include_payload)
         return job_info_to_proto(record, request.include_payload)
 

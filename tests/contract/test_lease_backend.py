@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import sqlite3
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from fencing.errors import LeaseLost
+from lease_server.backends import sqlite as sqlite_backend
 from lease_server.backends.base import LeaseBackend
+from lease_server.backends.sqlite import SQLiteBackend
+from lease_server.clock import SystemClock
 from lease_server.leases import Grant, Held
 from tests.backends import TimeControl
 
@@ -92,6 +99,28 @@ async def test_renew_extends_only_the_current_lease(lease_backend: Pair) -> None
     assert (await backend.renew("r", g.token, "", 300)).token == g.token
 
 
+async def test_a_renewal_naming_no_ttl_keeps_the_leases_own(lease_backend: Pair) -> None:
+    """ttl_ms 0 renews by the ttl of the lease's grant, or of its last renewal that named
+    one (an etcd keep-alive's rule), never by a default."""
+    backend, _ = lease_backend
+    g = await grant(backend, "r", ttl_ms=60_000)
+    kept = await backend.renew("r", g.token, "a", 0)
+    assert (kept.token, kept.ttl_ms) == (g.token, 60_000)
+    info = await backend.describe("r")
+    assert info.held and 50_000 < info.remaining_ms <= 60_000
+    # A renewal that names a ttl makes it the lease's own.
+    assert (await backend.renew("r", g.token, "a", 30_000)).ttl_ms == 30_000
+    assert (await backend.renew("r", g.token, "", 0)).ttl_ms == 30_000
+    assert 20_000 < (await backend.describe("r")).remaining_ms <= 30_000
+    # A new lease has the ttl it was granted with, not the last one's.
+    await backend.release("r", g.token, "a")
+    g2 = await grant(backend, "r", "b", ttl_ms=2_000)
+    assert (await backend.renew("r", g2.token, "b", 0)).ttl_ms == 2_000
+    # A lost lease is lost whatever the ttl.
+    with pytest.raises(LeaseLost):
+        await backend.renew("r", g.token, "a", 0)
+
+
 async def test_an_expired_lease_cannot_be_renewed_or_released(lease_backend: Pair) -> None:
     backend, time = lease_backend
     g = await grant(backend, "r", ttl_ms=150)
@@ -138,3 +167,29 @@ async def test_retried_acquire_returns_the_same_lease(lease_backend: Pair) -> No
     # A new request id from the same holder is a new request: refused while held.
     assert isinstance(await backend.acquire("r", "a", 1000, "req-2"), Held)
     assert (await backend.describe("r")).last_token == first.token
+
+
+async def test_a_lease_held_across_the_sqlite_upgrade_renews_by_the_old_default_ttl() -> None:
+    """Schema v5 keeps each lease's ttl: a lease granted before it (ttl not stored) renews
+    (ttl 0: its own) by 10 s, the SDK's default its renewals sent until then."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "leases.db"
+        old = SQLiteBackend(path)
+        old._db._migrations = sqlite_backend.MIGRATIONS[:4]  # a database of schema v4
+        await old.open()
+        await old.close()
+        with sqlite3.connect(path) as conn:  # a lease as the code before v5 stored it
+            conn.execute(
+                "INSERT INTO leases (resource, counter, holder, token, expires_at_ms)"
+                " VALUES ('old', 1, 'h', 1, ?)",
+                (SystemClock().now_ms() + 60_000,),
+            )
+        new = SQLiteBackend(path)
+        await new.open()
+        try:
+            assert (await new.describe("old")).ttl_ms == 10_000
+            assert (await new.renew("old", 1, "h", 0)).ttl_ms == 10_000
+            assert (await new.renew("old", 1, "h", 30_000)).ttl_ms == 30_000
+            assert (await new.renew("old", 1, "h", 0)).ttl_ms == 30_000
+        finally:
+            await new.close()

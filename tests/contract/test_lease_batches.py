@@ -251,6 +251,24 @@ async def _grant(
     return outcome
 
 
+async def test_renew_many_naming_no_ttl_keeps_each_leases_own(batch_backend: Batch) -> None:
+    backend, batches, _ = batch_backend
+    a, b, c = names(backend, 3, "own")
+    ga = await _grant(backend, a, "h", ttl_ms=40_000)
+    gb = await _grant(backend, b, "h", ttl_ms=20_000)
+    outcomes = await batches.renew_many(
+        [
+            RenewItem(a, ga.token, "h", 0),
+            RenewItem(b, gb.token, "h", 0),
+            RenewItem(c, 9, "h", 0),
+        ]
+    )
+    assert [o.ttl_ms for o in outcomes[:2] if isinstance(o, Grant)] == [40_000, 20_000]
+    assert isinstance(outcomes[2], LeaseLost)
+    assert 30_000 < (await backend.describe(a)).remaining_ms <= 40_000
+    assert 10_000 < (await backend.describe(b)).remaining_ms <= 20_000
+
+
 async def test_renew_many_and_release_many_at_their_limit(batch_backend: Batch) -> None:
     """One RenewMany of MAX_RENEW_MANY leases, then one ReleaseMany of them, each one
     backend call bounded by the backend's own timeout: every lease renewed, then freed.

@@ -134,6 +134,25 @@ async def test_steps_of_one_resource_apply_in_order(steps_backend: Steps) -> Non
     assert isinstance(renewed, Grant) and renewed.ttl_ms == 6000
 
 
+async def test_a_renew_step_naming_no_ttl_keeps_the_leases_own(steps_backend: Steps) -> None:
+    """ttl_ms 0 in a step: the lease's own ttl, also of a grant earlier in the same step."""
+    backend, steps, _ = steps_backend
+    old = await _grant(backend, "own-old", "p", ttl_ms=45_000)
+    granted, renewed, kept = await steps.lease_steps(
+        [
+            AcquireItem("own-new", "q", 25_000, ""),
+            RenewItem("own-old", old.token, "p", 0),
+            RenewItem("own-new", old.token + 10**9, "q", 0),
+        ]
+    )
+    assert isinstance(granted, Grant) and granted.ttl_ms == 25_000
+    assert isinstance(renewed, Grant) and renewed.ttl_ms == 45_000
+    assert isinstance(kept, LeaseLost)
+    (again,) = await steps.lease_steps([RenewItem("own-new", granted.token, "q", 0)])
+    assert isinstance(again, Grant) and again.ttl_ms == 25_000
+    assert 15_000 < (await backend.describe("own-new")).remaining_ms <= 25_000
+
+
 async def test_steps_take_over_an_expired_lease_with_its_expiry_logged(
     steps_backend: Steps,
 ) -> None:

@@ -47,6 +47,21 @@ async def test_lists_held_leases_under_a_prefix_in_order(lease_backend: Pair) ->
     assert await backend.list_held("nothing/", "", 10) == []
 
 
+async def test_describe_and_list_show_the_leases_own_ttl(lease_backend: Pair) -> None:
+    """The ttl a renewal naming none renews by: the grant's, then the last renewal's."""
+    backend, _ = lease_backend
+    a = await take(backend, "own/a", ttl_ms=45_000)
+    await take(backend, "own/b", ttl_ms=15_000)
+    assert (await backend.describe("own/a")).ttl_ms == 45_000
+    await backend.renew("own/a", a.token, "", 30_000)
+    listed = await backend.list_held("own/", "", 10)
+    assert [(i.resource, i.ttl_ms) for i in listed] == [("own/a", 30_000), ("own/b", 15_000)]
+    await backend.release("own/a", a.token, "")
+    free = await backend.describe("own/a")
+    assert not free.held and free.ttl_ms == 0
+    assert (await backend.describe("never")).ttl_ms == 0
+
+
 async def test_pages_follow_the_cursor(lease_backend: Pair) -> None:
     backend, _ = lease_backend
     for i in range(5):

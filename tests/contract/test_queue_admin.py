@@ -92,6 +92,38 @@ async def test_a_state_filter_lists_only_that_state(queue_backend: Pair) -> None
     assert await backend.list_jobs("q", JobState.DEAD, 0, 10) == []
 
 
+async def test_a_ready_job_not_yet_due_is_listed_as_scheduled(queue_backend: Pair) -> None:
+    """Delayed, or backing off before a retry: listed (and filtered) as scheduled, counted
+    as scheduled by Stats, stored as ready, and claimed by the ready rule once due."""
+    backend, time = queue_backend
+    due = await enqueue(backend)
+    later = await enqueue(backend, delay_ms=LONG)
+    soon = await enqueue(backend, delay_ms=400)
+    failing = await enqueue(backend, max_attempts=3, priority=9)
+    claimed = await claim_one(backend)
+    assert claimed.id == failing
+    await backend.fail(ref(claimed), "boom", lambda attempts: LONG)
+    listed = {r.id: r.state for r in await backend.list_jobs("q", None, 0, 10)}
+    assert listed == {
+        due: JobState.READY,
+        later: JobState.SCHEDULED,
+        soon: JobState.SCHEDULED,
+        failing: JobState.SCHEDULED,
+    }
+    scheduled = await backend.list_jobs("q", JobState.SCHEDULED, 0, 10)
+    assert [r.id for r in scheduled] == [later, soon, failing]
+    assert [r.id for r in await backend.list_jobs("q", JobState.READY, 0, 10)] == [due]
+    (counts,) = await backend.stats("q", 60_000)
+    assert (counts.ready, counts.scheduled) == (1, 3)
+    # Stored as ready: the claim rule is unchanged, and takes a scheduled job once due.
+    assert (await stored(backend, later)).state is JobState.READY
+    assert (await claim_one(backend)).id == due
+    assert await backend.claim("q", "w", 10, LONG) == []
+    await time.sleep(450)
+    assert [r.id for r in await backend.list_jobs("q", JobState.READY, 0, 10)] == [soon]
+    assert (await claim_one(backend)).id == soon
+
+
 # -- cancel -------------------------------------------------------------------------------------
 
 
@@ -115,7 +147,7 @@ async def test_cancel_of_a_running_job_fences_its_claim(queue_backend: Pair) -> 
     assert done is not None and done.changed
     assert done.fence_token > claimed.token and done.record.token == done.fence_token
     assert done.record.state is JobState.CANCELLED
-    assert done.record.last_error == "operator: bad input" and done.record.lease_owner == ""
+    assert done.record.last_error == "operator: bad input" and done.record.lease_owner == "w"
     old = ref(claimed)
     with pytest.raises(LeaseLost):
         await backend.heartbeat([old], LONG, "q")

@@ -81,7 +81,7 @@ async def test_seed_running_to_succeeded_on_complete(queue_backend: Pair) -> Non
     await backend.complete([ref(claimed)])
     stored = await backend.get(claimed.id)
     assert stored is not None and stored.state is JobState.SUCCEEDED
-    assert stored.finished_at_ms > 0 and stored.lease_owner == ""
+    assert stored.finished_at_ms > 0 and stored.lease_owner == "w"  # who ran it
     await backend.complete([ref(claimed)])  # a retried Complete is a no-op
     assert await backend.claim("q", "w", 10, LONG) == []
 
@@ -142,6 +142,48 @@ async def test_seed_exhausted_expired_job_goes_dead_by_the_reaper(queue_backend:
 
 
 # -- stale tokens --------------------------------------------------------------------------------
+
+
+async def test_a_finished_or_failed_job_keeps_the_worker_that_ran_it(queue_backend: Pair) -> None:
+    """lease_owner names who ran the job once it completed, failed (to retry, or dead),
+    died by the reaper or was cancelled; a job given back (Release) has none until its
+    next claim."""
+    backend, time = queue_backend
+    done, retried, dead, reaped, cancelled, back = [
+        await enqueue(backend, queue=name, max_attempts=1 if name in ("dead", "reaped") else 3)
+        for name in ("done", "retried", "dead", "reaped", "cancelled", "back")
+    ]
+    claims = {
+        name: await claim_one(backend, name, worker=f"worker-{name}", ttl=TTL)
+        for name in ("done", "retried", "dead", "reaped", "cancelled", "back")
+    }
+    await backend.complete([ref(claims["done"])], "done")
+    await backend.fail(ref(claims["retried"]), "boom", lambda attempts: LONG, queue="retried")
+    await backend.fail(ref(claims["dead"]), "boom", no_delay, queue="dead")
+    assert await backend.cancel(cancelled, "cancelled", "operator") is not None
+    await backend.release([ref(claims["back"])], "back")
+    await time.sleep(TTL + 50)
+    assert await backend.reap(100) == 1
+    owners = {}
+    for name, job_id in zip(
+        ("done", "retried", "dead", "reaped", "cancelled", "back"),
+        (done, retried, dead, reaped, cancelled, back),
+        strict=True,
+    ):
+        record = await backend.get(job_id)
+        assert record is not None
+        owners[name] = (record.state.value, record.lease_owner)
+    assert owners == {
+        "done": ("succeeded", "worker-done"),
+        "retried": ("ready", "worker-retried"),
+        "dead": ("dead", "worker-dead"),
+        "reaped": ("dead", "worker-reaped"),
+        "cancelled": ("cancelled", "worker-cancelled"),
+        "back": ("ready", ""),
+    }
+    # The next claim names its own worker.
+    again = await claim_one(backend, "back", worker="next")
+    assert again.lease_owner == "next"
 
 
 async def test_a_stale_token_is_refused_everywhere_and_changes_nothing(queue_backend: Pair) -> None:

@@ -211,14 +211,14 @@ class SyncLeaseClient:
     def describe(self, resource: str) -> LeaseState:
         return self._portal.call(self.client.describe(resource))
 
-    def renew(self, resource: str, token: int, ttl: float) -> int:
+    def renew(self, resource: str, token: int, ttl: float | None = None) -> int:
         return self._portal.call(self.client.renew(resource, token, ttl))
 
     def release(self, resource: str, token: int, *, holder: str = "") -> None:
         self._portal.call(self.client.release(resource, token, holder=holder))
 
     def watch(
-        self, resource: str = "", *, prefix: str = "", after_revision: int = 0
+        self, resource: str = "", *, prefix: str = "", after_revision: int | None = None
     ) -> Iterator[LeaseEvent]:
         stream = self.client.watch(resource, prefix=prefix, after_revision=after_revision)
         try:

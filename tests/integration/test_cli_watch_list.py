@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from fencing import LeaseClient
+from fencing import AsyncLeaseClient, LeaseClient
 from fencing.testing import RunningServers, running_servers
 from fencingctl import main
 from serving import exits
 from tests.integration.test_cli_lock import env
+from tests.waiting import wait_until
 
 FENCING = [sys.executable, "-m", "fencingctl"]
 
@@ -88,6 +89,62 @@ def test_watch_prints_history_from_a_revision_then_live_events(servers: RunningS
             one.stdout.close()
 
 
+def first_json_line(servers: RunningServers, *argv: str, then: str) -> dict[str, object]:
+    """The first event ``fencing watch ... --json`` prints, after ``then`` was acquired once
+    the command runs (so a watch from now sees that one, not a hang)."""
+    wait_until(lambda: _watching(servers) == 0, "earlier streams closed")
+    watch = subprocess.Popen(
+        [*FENCING, "watch", *argv, "--json", *at(servers)],
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watch.stdout is not None and watch.stderr is not None
+        with LeaseClient(servers.lease_address, holder="later") as leases:
+            # The command's stream is open once the server counts it.
+            wait_until(lambda: _watching(servers) >= 1, "the command's stream open")
+            leases.acquire(then, ttl=30)
+        line = watch.stdout.readline()
+        assert line, watch.stderr.read()
+        return dict(json.loads(line))
+    finally:
+        watch.kill()
+        watch.wait()
+        for pipe in (watch.stdout, watch.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def _watching(servers: RunningServers) -> float:
+    registry = servers.lease.metrics.registry
+    return registry.get_sample_value("fencing_lease_watch_streams") or 0.0
+
+
+def test_watch_from_0_replays_revision_1(servers: RunningServers) -> None:
+    with LeaseClient(servers.lease_address, holder="w1") as leases:
+        first = leases.acquire("first", ttl=30)  # revision 1 of a fresh log
+        with leases.watch_stream("first", after_revision=0) as stream:
+            assert stream.start_revision == 0
+            event = next(iter(stream))
+        assert (event.revision, event.kind.name, event.token) == (1, "ACQUIRED", first.token)
+    replayed = first_json_line(servers, "--prefix", "", "--from", "0", then="marker-1")
+    assert (replayed["revision"], replayed["resource"]) == (1, "first")
+    # The control: without --from the stream starts now, and revision 1 is not shown.
+    live = first_json_line(servers, "--prefix", "", then="marker-2")
+    assert live["resource"] == "marker-2" and live["revision"] != 1
+
+
+async def test_the_async_client_replays_from_revision_0(servers: RunningServers) -> None:
+    async with AsyncLeaseClient(servers.lease_address, holder="w1") as leases:
+        first = await leases.acquire("first", ttl=30)
+        async with await leases.watch_stream("first", after_revision=0) as stream:
+            assert stream.start_revision == 0
+            event = await anext(aiter(stream))
+        assert (event.revision, event.token) == (1, first.token)
+
+
 def test_watch_help_tells_what_the_readme_does(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["watch", "--help"])
@@ -121,7 +178,8 @@ def test_lease_list_prints_each_held_lease(
     assert main([*base, "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["resource"] for r in rows] == ["q/0", "q/1", "q/2", "z"]
-    assert set(rows[0]) == {"resource", "holder", "token", "remaining_ms", "last_token"}
+    fields = {"resource", "holder", "token", "remaining_ms", "last_token", "ttl_ms"}
+    assert set(rows[0]) == fields and rows[0]["ttl_ms"] == 30_000  # the lease's own
     with pytest.raises(SystemExit) as exited:  # refused before anything is sent
         main([*base, "--page-size", "5000"])
     assert exited.value.code == exits.USAGE and "--page-size" in capsys.readouterr().err

@@ -190,6 +190,10 @@ def test_the_queue_pages_show_stats_jobs_by_state_and_the_last_error(
         assert f"/jobs/{waiting}" not in body
         status, body = _fetch(_opener(), f"{url}/queues/pages-q")
         assert f"/jobs/{waiting}" in body
+        status, body = _fetch(_opener(), f"{url}/queues/pages-q?state=scheduled")
+        assert status == 200 and f"/jobs/{waiting}" in body and f"/jobs/{job_id}" not in body
+        status, body = _fetch(_opener(), f"{url}/queues/pages-q/jobs/{waiting}")
+        assert 'data-testid="job-state">scheduled<' in body
         status, _ = _fetch(_opener(), f"{url}/queues/pages-q?state=nonsense")
         assert status == 400
         status, _ = _fetch(_opener(), f"{url}/queues/no-such-queue")

@@ -177,6 +177,33 @@ async def test_an_upgrade_logs_the_end_of_leases_granted_before_it(
         await backend.close()
 
 
+async def test_a_lease_held_across_0022_renews_by_the_old_default_ttl(
+    schema: tuple[str, str],
+) -> None:
+    """0022 keeps each lease's ttl: a lease granted before it, whose ttl was never stored,
+    renews (ttl 0: its own) by 10 s, the SDK's default its renewals sent until then; a
+    lease granted after it by its own."""
+    dsn, name = schema
+    before = [m for m in postgres_db.migrations() if m.version < 22]
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await postgres_db._apply_migrations(conn, name, before)
+        s = sql.Identifier(name)
+        await conn.execute(
+            sql.SQL("SELECT * FROM {}.lease_steps(ARRAY['acquire'], ARRAY['old'], ARRAY['h'],"
+                    " ARRAY[0::bigint], ARRAY[60000::bigint], ARRAY[''])").format(s)
+        )  # fmt: skip
+    backend = PostgresBackend(dsn, name)
+    await backend.open()  # migrates 0022
+    try:
+        assert (await backend.describe("old")).ttl_ms == 10_000
+        assert (await backend.renew("old", 1, "h", 0)).ttl_ms == 10_000
+        new = await backend.acquire("new", "h", 60_000, "")
+        assert isinstance(new, Grant)
+        assert (await backend.renew("new", new.token, "h", 0)).ttl_ms == 60_000
+    finally:
+        await backend.close()
+
+
 def _fake(version: int) -> postgres_db.Migration:
     return postgres_db.Migration(
         version,

@@ -102,7 +102,7 @@ def test_get_job_shows_attempts_errors_and_times(queue: QueueClient) -> None:
     job_id = dead_job(queue)
     info = queue.get_job(job_id, queue="mail")
     assert (info.state, info.attempts, info.max_attempts, info.last_error) == ("dead", 1, 1, "boom")
-    assert info.finished_at_ms >= info.claimed_at_ms > 0 and info.lease_owner == ""
+    assert info.finished_at_ms >= info.claimed_at_ms > 0 and info.lease_owner == "tester"
     assert info.resource == f"job/mail/{job_id}" and info.lease_expires_at_ms == 0
     with pytest.raises(NotFoundError):
         queue.get_job(job_id, queue="other")
@@ -242,6 +242,33 @@ def test_admin_calls_are_authorised_per_queue_and_logged(
         assert "by=operator" in line.getMessage()
         registry = servers.lease.metrics.registry
         assert registry.get_sample_value("fencing_queue_jobs_total", {"outcome": "cancelled"}) == 1
+
+
+def test_the_cli_lists_a_delayed_job_as_scheduled_and_a_finished_jobs_worker(
+    servers: RunningServers,
+) -> None:
+    with QueueClient(servers.queue_address, worker="tester") as queue:
+        done = queue.enqueue("mail", b"now").id
+        (job,) = queue.claim("mail")
+        queue.complete(job)
+        later = queue.enqueue("mail", b"later", delay=3600).id
+        listed = cli(servers, "jobs", "mail", "--json")
+        assert listed.returncode == 0, listed.stderr
+        rows = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert [(r["id"], r["state"], r["lease_owner"]) for r in rows] == [
+            (done, "succeeded", "tester"),
+            (later, "scheduled", ""),
+        ]
+        only = cli(servers, "jobs", "mail", "--state", "scheduled", "--json")
+        assert only.returncode == 0, only.stderr
+        assert [json.loads(line)["id"] for line in only.stdout.splitlines()] == [later]
+        none_due = cli(servers, "jobs", "mail", "--state", "ready", "--json")
+        assert none_due.returncode == 0 and none_due.stdout == "", none_due.stderr
+        shown = cli(servers, "job", str(later), "--json")
+        assert shown.returncode == 0 and json.loads(shown.stdout)["state"] == "scheduled"
+        finished = cli(servers, "job", str(done), "--json")
+        assert json.loads(finished.stdout)["lease_owner"] == "tester"
+        assert [s.scheduled for s in queue.stats("mail")] == [1]
 
 
 def test_the_cli_lists_shows_cancels_retries_and_requeues(servers: RunningServers) -> None:

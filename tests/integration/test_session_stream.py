@@ -152,6 +152,41 @@ async def test_every_call_kind_is_answered_by_id(stream: Stream) -> None:
     assert pong.WhichOneof("outcome") == "pong"
 
 
+async def test_a_renewal_naming_no_ttl_keeps_the_leases_own_on_the_stream(
+    stream: Stream, channel: grpc.aio.Channel
+) -> None:
+    """ttl_ms 0 (absent) in a Renew, a RenewMany and the unary Renew: the lease's own ttl."""
+    one = (await stream.ask(acquire("own", ttl_ms=40_000))).acquired
+    two = (await stream.ask(acquire("own-2", ttl_ms=20_000))).acquired
+    renewed = await stream.ask(
+        lease_pb2.SessionCall(renew=lease_pb2.RenewRequest(resource="own", token=one.token))
+    )
+    assert renewed.WhichOneof("outcome") == "renewed", renewed
+    assert renewed.renewed.ttl_ms == 40_000
+    many = await stream.ask(
+        lease_pb2.SessionCall(
+            renew_many=lease_pb2.RenewManyRequest(
+                renewals=[
+                    lease_pb2.RenewRequest(resource="own", token=one.token),
+                    lease_pb2.RenewRequest(resource="own-2", token=two.token),
+                ]
+            )
+        )
+    )
+    assert [r.lease.ttl_ms for r in many.renewed_many.results] == [40_000, 20_000]
+    unary = lease_pb2_grpc.LeaseServiceStub(channel)
+    lease = await unary.Renew(lease_pb2.RenewRequest(resource="own-2", token=two.token))
+    assert lease.ttl_ms == 20_000
+    # Below the minimum is still refused, naming the field: only 0 means "the lease's own".
+    bad = await stream.ask(
+        lease_pb2.SessionCall(
+            renew=lease_pb2.RenewRequest(resource="own", token=one.token, ttl_ms=5)
+        )
+    )
+    refused = error(bad)
+    assert isinstance(refused, InvalidArgumentError) and refused.field == "ttl_ms", refused
+
+
 async def test_the_stream_announces_its_in_flight_limit(stream: Stream) -> None:
     metadata = dict(await stream.call.initial_metadata())
     assert metadata[SESSION_MAX_IN_FLIGHT_KEY] == str(MAX_IN_FLIGHT)

@@ -167,7 +167,7 @@ def test_cancel_fences_a_running_claim_with_a_larger_token() -> None:
         6,
         jobs.CANCELLED_ERROR,
     )
-    assert cancelled.finished_at_ms == 1500 and cancelled.lease_owner == ""
+    assert cancelled.finished_at_ms == 1500 and cancelled.lease_owner == "w"  # who ran it
     outcome = jobs.administered(running, cancelled)
     assert outcome.changed and outcome.fence_token == 6
     # The claim's end is an EXPIRED of its token, as a rescue's is: a watch guard fences it.

@@ -101,6 +101,8 @@ export interface LeaseState {
 	token: number;
 	remainingMs: number;
 	lastToken: number;
+	/** The held lease's own ttl (ms), which `renew` without a ttl renews by (0 when free). */
+	ttlMs: number;
 }
 
 export type EventKind =
@@ -123,7 +125,8 @@ export interface LeaseEvent {
 export interface WatchOptions {
 	/** Every resource starting with it (instead of one resource). */
 	prefix?: string;
-	/** Resume after this revision (0: from now). */
+	/** Resume after this revision (0: the whole log the server keeps, from revision 1;
+	 * absent: from now). */
 	afterRevision?: number;
 	logId?: string;
 	/** Ends the iteration (the stream is cancelled). */
@@ -688,14 +691,23 @@ export class LeaseClient {
 			token: m.token,
 			remainingMs: m.remainingMs,
 			lastToken: m.lastToken,
+			ttlMs: m.ttlMs,
 		};
 	}
 
-	/** Renew by (resource, token) without a handle; returns the granted ttl in ms. */
-	async renew(resource: string, token: number, ttl: number): Promise<number> {
+	/**
+	 * Renew by (resource, token) without a handle for `ttl` seconds (absent: the lease's own
+	 * ttl, that of its grant or last renewal); returns the granted ttl in ms.
+	 */
+	async renew(resource: string, token: number, ttl?: number): Promise<number> {
 		return (
 			await this.calls.renew(
-				{ resource, token, ttlMs: ttlMsOf(ttl), holder: "" },
+				{
+					resource,
+					token,
+					ttlMs: ttl === undefined ? 0 : ttlMsOf(ttl),
+					holder: "",
+				},
 				this.rpcTimeout,
 			)
 		).ttlMs;
@@ -724,7 +736,7 @@ export class LeaseClient {
 		const rpc = this.stub.watch({
 			resource,
 			prefix: options.prefix ?? "",
-			afterRevision: options.afterRevision ?? 0,
+			afterRevision: options.afterRevision,
 			logId: options.logId ?? "",
 		});
 		const onAbort = (): void => {

@@ -237,6 +237,47 @@ for (const transport of ["stream", "unary"] as Transport[]) {
 	});
 }
 
+test("watch from afterRevision 0 replays the log from its first revision", async () => {
+	const leases = new LeaseClient(stack.lease.address);
+	const ac = new AbortController();
+	try {
+		const resource = unique("replay");
+		const lease = await leases.acquire(resource, { ttl: 5 });
+		await lease.release();
+		// Both events happened before the stream opened: only a replay shows them.
+		const seen: string[] = [];
+		for await (const ev of leases.watch(resource, {
+			afterRevision: 0,
+			signal: ac.signal,
+		})) {
+			seen.push(`${ev.kind}:${ev.token}`);
+			if (ev.kind === "released") break;
+		}
+		assert.deepEqual(seen, [
+			`acquired:${lease.token}`,
+			`released:${lease.token}`,
+		]);
+	} finally {
+		ac.abort();
+		leases.close();
+	}
+});
+
+test("renew without a ttl keeps the lease's own", async () => {
+	const leases = new LeaseClient(stack.lease.address);
+	try {
+		const resource = unique("own-ttl");
+		const lease = await leases.acquire(resource, { ttl: 40 });
+		assert.equal(await leases.renew(resource, lease.token), 40_000);
+		assert.equal(await leases.renew(resource, lease.token, 20), 20_000);
+		assert.equal(await leases.renew(resource, lease.token), 20_000);
+		assert.equal((await leases.describe(resource)).ttlMs, 20_000);
+		await lease.release();
+	} finally {
+		leases.close();
+	}
+});
+
 test("bad input names the field", async () => {
 	assert.throws(
 		() =>

@@ -226,10 +226,12 @@ class MemoryQueue:
     async def list_jobs(
         self, queue: str, state: JobState | None, after_id: int, limit: int
     ) -> list[JobRecord]:
+        now = self._clock.now_ms()
+        shown = (jobs.listed(r, now) for r in self._jobs.values())
         return sorted(
             (
                 r
-                for r in self._jobs.values()
+                for r in shown
                 if r.queue == queue and r.id > after_id and (state is None or r.state is state)
             ),
             key=lambda r: r.id,

@@ -88,9 +88,15 @@ class PostgresQueue:
             " WHERE r.id = %s FOR UPDATE"
         )
         self._promote_sql = q("SELECT {schema}.job_promote(%s, %s)")
+        # 'scheduled' and 'ready' split the stored ready jobs at now (jobs.listed).
         self._list_sql = q(
-            "SELECT * FROM {schema}.job_rows WHERE queue = %s AND (%s = '' OR state = %s)"
-            " AND id > %s ORDER BY id LIMIT %s"
+            "SELECT r.*, n.ms FROM {schema}.job_rows AS r,"
+            " (SELECT {schema}.job_ms(now()) AS ms) AS n"
+            " WHERE r.queue = %(queue)s AND r.id > %(after)s AND CASE %(state)s"
+            " WHEN '' THEN true"
+            " WHEN 'scheduled' THEN r.state = 'ready' AND r.available_at_ms > n.ms"
+            " WHEN 'ready' THEN r.state = 'ready' AND r.available_at_ms <= n.ms"
+            " ELSE r.state = %(state)s END ORDER BY r.id LIMIT %(limit)s"
         )
         self._lock_dead_sql = q(
             "SELECT r.*, {schema}.job_ms(now()) FROM {schema}.job_rows AS r"
@@ -328,10 +334,11 @@ class PostgresQueue:
         self, queue: str, state: JobState | None, after_id: int, limit: int
     ) -> list[JobRecord]:
         name = state.value if state is not None else ""
+        params = {"queue": queue, "state": name, "after": after_id, "limit": limit}
         async with self._db.connection() as conn:
-            cur = await conn.execute(self._list_sql, (queue, name, name, after_id, limit))
+            cur = await conn.execute(self._list_sql, params)
             rows = await cur.fetchall()
-        return [job_record(r) for r in rows]
+        return [jobs.listed(job_record(r), int(r[18])) for r in rows]
 
     async def _store_all(self, conn: Any, new: JobRecord) -> JobRecord:
         params = (

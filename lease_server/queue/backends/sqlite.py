@@ -438,7 +438,9 @@ class SQLiteQueue:
         }
 
         def q(conn: sqlite3.Connection) -> list[JobRecord]:
-            return [job_record(row) for row in conn.execute(SQL["list_jobs"], params)]
+            now = self._clock.now_ms()
+            rows = conn.execute(SQL["list_jobs"], {**params, "now": now})
+            return [jobs.listed(job_record(row), now) for row in rows]
 
         return await self._db.query(q)
 
@@ -485,7 +487,8 @@ class SQLiteQueue:
 
         def tx(conn: sqlite3.Connection) -> int:
             now = self._clock.now_ms()
-            dead = [job_record(row) for row in conn.execute(SQL["list_jobs"], params).fetchall()]
+            rows = conn.execute(SQL["list_jobs"], {**params, "now": now}).fetchall()
+            dead = [job_record(row) for row in rows]
             return sum(self._retry(conn, record, now) is not None for record in dead)
 
         return await self._db.transaction(tx)

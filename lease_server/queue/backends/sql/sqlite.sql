@@ -244,13 +244,18 @@ ORDER BY queue
 
 -- name: list_jobs
 -- A page of a queue's jobs in id order (jobs_by_queue). Takes
--- :queue, :state ('' for every state), :after (the last id of the previous page, 0
--- for the first), :limit.
+-- :queue, :state ('' for every state; 'scheduled' and 'ready' are the stored ready jobs
+-- not yet due and due at :now, as jobs.listed shows them), :after (the last id of the
+-- previous page, 0 for the first), :limit, :now.
 SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
        attempts, max_attempts, token, available_at_ms, lease_owner, lease_until_ms,
        last_error, created_at_ms, finished_at_ms, claimed_at_ms
 FROM jobs
-WHERE queue = :queue AND (:state = '' OR state = :state) AND id > :after
+WHERE queue = :queue AND id > :after
+  AND CASE :state WHEN '' THEN 1
+                  WHEN 'scheduled' THEN state = 'ready' AND available_at_ms > :now
+                  WHEN 'ready' THEN state = 'ready' AND available_at_ms <= :now
+                  ELSE state = :state END
 ORDER BY id
 LIMIT :limit
 

@@ -61,6 +61,10 @@ export interface Lease {
 export interface RenewRequest {
   resource: string;
   token: number;
+  /**
+   * The ttl to renew for; 0 (absent): the lease's own, the ttl it was granted or last
+   * renewed with (as an etcd keep-alive keeps it). A ttl named becomes the lease's own.
+   */
   ttlMs: number;
   holder: string;
 }
@@ -86,6 +90,11 @@ export interface LeaseState {
   remainingMs: number;
   /** The highest token ever issued for the resource (0 if never acquired). */
   lastToken: number;
+  /**
+   * The held lease's own ttl, which a Renew naming none renews by: the ttl it was
+   * granted or last renewed with (0 when not held).
+   */
+  ttlMs: number;
 }
 
 export interface WatchRequest {
@@ -95,8 +104,15 @@ export interface WatchRequest {
    */
   resource: string;
   prefix: string;
-  /** Resume after this event revision (0: from now). */
-  afterRevision: number;
+  /**
+   * Resume after this event revision: 0 replays the whole log the server still keeps
+   * (from revision 1 on). Absent: from now. (Before it had presence, 0 and absent were
+   * one value on the wire, so a client asking "after 0" got "now": revision 1 could
+   * never be replayed. A client that never sets it still gets "now".)
+   */
+  afterRevision?:
+    | number
+    | undefined;
   /**
    * The identity of the log after_revision belongs to (from an earlier stream's
    * initial metadata "fencing-watch-log", or a RESYNC's log_id). If the server's log
@@ -884,7 +900,7 @@ export const ReleaseResponse: MessageFns<ReleaseResponse> = {
 };
 
 function createBaseLeaseState(): LeaseState {
-  return { resource: "", held: false, holder: "", token: 0, remainingMs: 0, lastToken: 0 };
+  return { resource: "", held: false, holder: "", token: 0, remainingMs: 0, lastToken: 0, ttlMs: 0 };
 }
 
 export const LeaseState: MessageFns<LeaseState> = {
@@ -906,6 +922,9 @@ export const LeaseState: MessageFns<LeaseState> = {
     }
     if (message.lastToken !== 0) {
       writer.uint32(48).uint64(message.lastToken);
+    }
+    if (message.ttlMs !== 0) {
+      writer.uint32(56).int64(message.ttlMs);
     }
     return writer;
   },
@@ -965,6 +984,14 @@ export const LeaseState: MessageFns<LeaseState> = {
           message.lastToken = longToNumber(reader.uint64());
           continue;
         }
+        case 7: {
+          if (tag !== 56) {
+            break;
+          }
+
+          message.ttlMs = longToNumber(reader.int64());
+          continue;
+        }
       }
       if ((tag & 7) === 4 || tag === 0) {
         break;
@@ -982,6 +1009,7 @@ export const LeaseState: MessageFns<LeaseState> = {
       token: isSet(object.token) ? globalThis.Number(object.token) : 0,
       remainingMs: isSet(object.remainingMs) ? globalThis.Number(object.remainingMs) : 0,
       lastToken: isSet(object.lastToken) ? globalThis.Number(object.lastToken) : 0,
+      ttlMs: isSet(object.ttlMs) ? globalThis.Number(object.ttlMs) : 0,
     };
   },
 
@@ -1005,6 +1033,9 @@ export const LeaseState: MessageFns<LeaseState> = {
     if (message.lastToken !== 0) {
       obj.lastToken = Math.round(message.lastToken);
     }
+    if (message.ttlMs !== 0) {
+      obj.ttlMs = Math.round(message.ttlMs);
+    }
     return obj;
   },
 
@@ -1019,12 +1050,13 @@ export const LeaseState: MessageFns<LeaseState> = {
     message.token = object.token ?? 0;
     message.remainingMs = object.remainingMs ?? 0;
     message.lastToken = object.lastToken ?? 0;
+    message.ttlMs = object.ttlMs ?? 0;
     return message;
   },
 };
 
 function createBaseWatchRequest(): WatchRequest {
-  return { resource: "", prefix: "", afterRevision: 0, logId: "" };
+  return { resource: "", prefix: "", afterRevision: undefined, logId: "" };
 }
 
 export const WatchRequest: MessageFns<WatchRequest> = {
@@ -1035,7 +1067,7 @@ export const WatchRequest: MessageFns<WatchRequest> = {
     if (message.prefix !== "") {
       writer.uint32(18).string(message.prefix);
     }
-    if (message.afterRevision !== 0) {
+    if (message.afterRevision !== undefined) {
       writer.uint32(24).uint64(message.afterRevision);
     }
     if (message.logId !== "") {
@@ -1096,7 +1128,7 @@ export const WatchRequest: MessageFns<WatchRequest> = {
     return {
       resource: isSet(object.resource) ? globalThis.String(object.resource) : "",
       prefix: isSet(object.prefix) ? globalThis.String(object.prefix) : "",
-      afterRevision: isSet(object.afterRevision) ? globalThis.Number(object.afterRevision) : 0,
+      afterRevision: isSet(object.afterRevision) ? globalThis.Number(object.afterRevision) : undefined,
       logId: isSet(object.logId) ? globalThis.String(object.logId) : "",
     };
   },
@@ -1109,7 +1141,7 @@ export const WatchRequest: MessageFns<WatchRequest> = {
     if (message.prefix !== "") {
       obj.prefix = message.prefix;
     }
-    if (message.afterRevision !== 0) {
+    if (message.afterRevision !== undefined) {
       obj.afterRevision = Math.round(message.afterRevision);
     }
     if (message.logId !== "") {
@@ -1125,7 +1157,7 @@ export const WatchRequest: MessageFns<WatchRequest> = {
     const message = createBaseWatchRequest();
     message.resource = object.resource ?? "";
     message.prefix = object.prefix ?? "";
-    message.afterRevision = object.afterRevision ?? 0;
+    message.afterRevision = object.afterRevision ?? undefined;
     message.logId = object.logId ?? "";
     return message;
   },
@@ -2768,7 +2800,10 @@ export const LeaseServiceService = {
     responseSerialize: (value: Lease): Buffer => Buffer.from(Lease.encode(value).finish()),
     responseDeserialize: (value: Buffer): Lease => Lease.decode(value),
   },
-  /** Extend the current, unexpired lease by ttl_ms from now (LEASE_LOST otherwise). */
+  /**
+   * Extend the current, unexpired lease by ttl_ms from now, or by its own ttl for
+   * ttl_ms 0 (LEASE_LOST otherwise).
+   */
   renew: {
     path: "/fencing.v1.LeaseService/Renew",
     requestStream: false,
@@ -2804,7 +2839,7 @@ export const LeaseServiceService = {
    * after the expiry; before the ACQUIRED of a takeover). A cursor the server can
    * no longer serve gets RESYNC, then the stream continues live. The stream's
    * initial metadata "fencing-watch-after" is the revision it starts after (the
-   * head, for after_revision 0): resume from it if no event came yet.
+   * head, for after_revision absent): resume from it if no event came yet.
    */
   watch: {
     path: "/fencing.v1.LeaseService/Watch",
@@ -2911,7 +2946,10 @@ export interface LeaseServiceServer extends UntypedServiceImplementation {
    * same request_id and holder returns the lease already granted.
    */
   acquire: handleUnaryCall<AcquireRequest, Lease>;
-  /** Extend the current, unexpired lease by ttl_ms from now (LEASE_LOST otherwise). */
+  /**
+   * Extend the current, unexpired lease by ttl_ms from now, or by its own ttl for
+   * ttl_ms 0 (LEASE_LOST otherwise).
+   */
   renew: handleUnaryCall<RenewRequest, Lease>;
   /** Give the lease up now (LEASE_LOST if the token is no longer current). */
   release: handleUnaryCall<ReleaseRequest, ReleaseResponse>;
@@ -2923,7 +2961,7 @@ export interface LeaseServiceServer extends UntypedServiceImplementation {
    * after the expiry; before the ACQUIRED of a takeover). A cursor the server can
    * no longer serve gets RESYNC, then the stream continues live. The stream's
    * initial metadata "fencing-watch-after" is the revision it starts after (the
-   * head, for after_revision 0): resume from it if no event came yet.
+   * head, for after_revision absent): resume from it if no event came yet.
    */
   watch: handleServerStreamingCall<WatchRequest, LeaseEvent>;
   /**
@@ -2993,7 +3031,10 @@ export interface LeaseServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: Lease) => void,
   ): ClientUnaryCall;
-  /** Extend the current, unexpired lease by ttl_ms from now (LEASE_LOST otherwise). */
+  /**
+   * Extend the current, unexpired lease by ttl_ms from now, or by its own ttl for
+   * ttl_ms 0 (LEASE_LOST otherwise).
+   */
   renew(request: RenewRequest, callback: (error: ServiceError | null, response: Lease) => void): ClientUnaryCall;
   renew(
     request: RenewRequest,
@@ -3044,7 +3085,7 @@ export interface LeaseServiceClient extends Client {
    * after the expiry; before the ACQUIRED of a takeover). A cursor the server can
    * no longer serve gets RESYNC, then the stream continues live. The stream's
    * initial metadata "fencing-watch-after" is the revision it starts after (the
-   * head, for after_revision 0): resume from it if no event came yet.
+   * head, for after_revision absent): resume from it if no event came yet.
    */
   watch(request: WatchRequest, options?: Partial<CallOptions>): ClientReadableStream<LeaseEvent>;
   watch(request: WatchRequest, metadata?: Metadata, options?: Partial<CallOptions>): ClientReadableStream<LeaseEvent>;

@@ -307,7 +307,10 @@ export interface ListSchedulesResponse {
 export interface JobInfo {
   id: number;
   queue: string;
-  /** waiting, ready, running, succeeded, dead or cancelled. */
+  /**
+   * waiting, scheduled (ready, but not yet due: a delay, a run_at, a retry's backoff),
+   * ready (due now), running, succeeded, dead or cancelled.
+   */
   state: string;
   /** The payload's size in bytes; the payload itself only with include_payload. */
   payloadSize: number;
@@ -322,7 +325,11 @@ export interface JobInfo {
    * running job, the cancel's.
    */
   token: number;
-  /** The worker of the current (or last) claim; "" once finished. */
+  /**
+   * The worker of the current claim, or of the last one once the job completed, failed,
+   * died or was cancelled (who ran it); "" when never claimed or given back (Release,
+   * RetryJob) to wait for the next claim.
+   */
   leaseOwner: string;
   /** The guard resource its tokens fence. */
   resource: string;
@@ -4398,7 +4405,7 @@ export const QueueServiceService = {
     responseSerialize: (value: ListJobsResponse): Buffer => Buffer.from(ListJobsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListJobsResponse => ListJobsResponse.decode(value),
   },
-  /** One job as stored (NOT_FOUND if there is none, or it is of another queue). */
+  /** One job as ListJobs shows it (NOT_FOUND if there is none, or it is of another queue). */
   getJob: {
     path: "/fencing.v1.QueueService/GetJob",
     requestStream: false,
@@ -4489,7 +4496,7 @@ export interface QueueServiceServer extends UntypedServiceImplementation {
    * Jobs of a queue, optionally of one state, in id order, one page at a time.
    */
   listJobs: handleUnaryCall<ListJobsRequest, ListJobsResponse>;
-  /** One job as stored (NOT_FOUND if there is none, or it is of another queue). */
+  /** One job as ListJobs shows it (NOT_FOUND if there is none, or it is of another queue). */
   getJob: handleUnaryCall<GetJobRequest, JobInfo>;
   /**
    * Make a dead, cancelled or failed (ready, waiting out its retry backoff) job due
@@ -4699,7 +4706,7 @@ export interface QueueServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListJobsResponse) => void,
   ): ClientUnaryCall;
-  /** One job as stored (NOT_FOUND if there is none, or it is of another queue). */
+  /** One job as ListJobs shows it (NOT_FOUND if there is none, or it is of another queue). */
   getJob(request: GetJobRequest, callback: (error: ServiceError | null, response: JobInfo) => void): ClientUnaryCall;
   getJob(
     request: GetJobRequest,
