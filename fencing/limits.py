@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from typing import Any
 
 from fencing.errors import InvalidArgumentError
 
@@ -381,3 +382,47 @@ def truncate_error(text: str, max_bytes: int = MAX_ERROR_BYTES) -> str:
     if len(data) <= max_bytes:
         return data.decode("utf-8")
     return data[: max_bytes - 3].decode("utf-8", errors="ignore") + "..."
+
+
+#: Idempotency keys the periodic jobs' enqueues use (one per schedule and period).
+PERIODIC_KEY_PREFIX = "periodic:"
+
+
+def check_new_job(
+    *,
+    payload: bytes,
+    idempotency_key: str,
+    max_attempts: int,
+    delay_ms: int,
+    run_at_ms: int,
+    ordering_key: str,
+    priority: int,
+    resource: str,
+    field: str,
+    now_ms: int,
+) -> dict[str, Any]:
+    """One job to enqueue, checked as the Enqueue RPC checks it (and ``fencing.pg.enqueue``
+    before its SQL): the error names ``field`` and the member (``jobs[3].payload``).
+    Returns the members, ``max_attempts`` 0 made the default."""
+    if run_at_ms < 0 or run_at_ms > now_ms + MAX_DELAY_MS:
+        raise InvalidArgumentError(
+            f"{field}.run_at_ms must be a Unix time in ms at most 365 days ahead",
+            field=f"{field}.run_at_ms",
+        )
+    key = check_idempotency_key(idempotency_key, f"{field}.idempotency_key")
+    if key.startswith(PERIODIC_KEY_PREFIX):
+        raise InvalidArgumentError(
+            f"{field}.idempotency_key: keys starting with {PERIODIC_KEY_PREFIX!r} are the "
+            "periodic jobs' (one per schedule and period)",
+            field=f"{field}.idempotency_key",
+        )
+    return {
+        "payload": check_payload(payload, f"{field}.payload"),
+        "idempotency_key": key,
+        "max_attempts": check_max_attempts(max_attempts, f"{field}.max_attempts"),
+        "delay_ms": check_delay_ms(delay_ms, f"{field}.delay_ms"),
+        "run_at_ms": run_at_ms,
+        "ordering_key": check_ordering_key(ordering_key, f"{field}.ordering_key"),
+        "priority": check_priority(priority, f"{field}.priority"),
+        "resource": check_job_resource(resource, f"{field}.resource"),
+    }

@@ -71,6 +71,12 @@ DEFAULT_POOL_MAX = 8
 _OUR_PARAMS = ("schema", "timeout", "pool_max", "token_floor")
 
 
+#: A quiet LISTEN connection is pinged this often (seconds), to notice a dead one.
+LISTEN_PING_S = 10.0
+#: Waits before each reconnect of a lost LISTEN connection (seconds), the last repeated.
+RECONNECT_DELAYS = (0.1, 0.2, 0.5, 1.0, 2.0)
+
+
 @functools.cache
 def _libpq_params() -> frozenset[str]:
     """The connection parameters this libpq knows (a URL's other query parameters)."""

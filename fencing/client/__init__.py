@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         JobInfo,
         QueueStats,
         ScheduleInfo,
+        new_job,
     )
     from fencing.client._writes import (
         FenceReset,
@@ -71,6 +72,7 @@ _LAZY = {
     "WriteResult": "fencing.client._core",
     "EnqueuedJob": "fencing.client._queue",
     "FailOutcome": "fencing.client._queue",
+    "new_job": "fencing.client._queue",
     "Job": "fencing.client._queue",
     "JobAction": "fencing.client._queue",
     "JobInfo": "fencing.client._queue",
@@ -142,4 +144,5 @@ __all__ = [
     "WatchStream",
     "WriteResult",
     "WriteStream",
+    "new_job",
 ]

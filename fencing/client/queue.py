@@ -117,7 +117,7 @@ class QueueClient(BlockingCalls):
         return self.enqueue_many(queue, [job])[0]
 
     def enqueue_many(self, queue: str, jobs: Sequence[queue_pb2.NewJob]) -> list[EnqueuedJob]:
-        """Add several jobs (built with :func:`fencing.client._queue.new_job`) atomically."""
+        """Add several jobs (built with :func:`fencing.client.new_job`) atomically."""
         request = queue_pb2.EnqueueRequest(queue=queue, jobs=jobs)
         retry = all(j.idempotency_key for j in jobs)
         response = self._call(self._stub.Enqueue, request, retry=retry)

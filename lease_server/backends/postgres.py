@@ -89,6 +89,8 @@ from lease_server.leases import (
 from serving.postgres_db import (
     DEFAULT_SCHEMA,
     LEASE_HELD_SQLSTATE,
+    LISTEN_PING_S,
+    RECONNECT_DELAYS,
     PgConfig,
     PostgresDatabase,
     migrate,
@@ -97,12 +99,9 @@ from serving.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-#: A quiet LISTEN connection is pinged this often (seconds), to notice a dead one.
-LISTEN_PING_S = 10.0
 #: Events a step parked (another server's step held the log row) wait this long (seconds)
 #: for this process's next step to number them before a sequencer run of their own does.
 PARKED_NUMBERING_S = 0.005
-_RECONNECT_DELAYS = (0.1, 0.2, 0.5, 1.0, 2.0)
 
 
 class PostgresBackend:
@@ -585,7 +584,7 @@ class PostgresBackend:
                     self.schema,
                     exc,
                 )
-            await asyncio.sleep(_RECONNECT_DELAYS[min(failures, len(_RECONNECT_DELAYS) - 1)])
+            await asyncio.sleep(RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)])
             failures += 1
 
 

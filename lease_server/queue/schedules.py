@@ -39,7 +39,7 @@ from fencing.errors import InvalidArgumentError
 from lease_server.queue.jobs import NewJob
 
 #: The prefix of the idempotency keys of periodic jobs; Enqueue refuses it from users.
-KEY_PREFIX = "periodic:"
+KEY_PREFIX = limits.PERIODIC_KEY_PREFIX
 #: The number of fields a cron expression has (minute hour day-of-month month day-of-week).
 CRON_FIELDS = 5
 

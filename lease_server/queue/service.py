@@ -2,8 +2,9 @@
 
 Validates every request at the edge (:mod:`fencing.limits`), decides retry delays
 with the server's backoff policy (:class:`QueueOptions`), lets an empty Claim wait
-for work (woken by enqueues and give-backs through this process, and re-asking at
-least every ``poll_interval``), and logs each refusal, retry and death with queue,
+for work (woken by enqueues and give-backs through this process, on PostgreSQL by
+the NOTIFY of every committed enqueue, whoever made it, and re-asking at least every
+``poll_interval``), and logs each refusal, retry and death with queue,
 job id, attempt and token, never payloads.
 """
 
@@ -165,6 +166,11 @@ class _Wakeups:
         return self._events.setdefault(queue, asyncio.Event())
 
     def notify(self, queue: str) -> None:
+        """Wake the claims waiting on ``queue`` ("": on every queue)."""
+        if not queue:
+            for waiting in self._events.values():
+                waiting.set()
+            return
         event = self._events.get(queue)
         if event is not None:
             event.set()
@@ -172,29 +178,19 @@ class _Wakeups:
 
 def new_job_from_proto(msg: queue_pb2.NewJob, field: str, now_ms: int) -> NewJob:
     """Validate one ``NewJob``; the error names ``field`` (e.g. ``jobs[3].payload``)."""
-    run_at = msg.run_at_ms
-    if run_at < 0 or run_at > now_ms + limits.MAX_DELAY_MS:
-        raise InvalidArgumentError(
-            f"{field}.run_at_ms must be a Unix time in ms at most 365 days ahead",
-            field=f"{field}.run_at_ms",
-        )
-    resource = limits.check_job_resource(msg.resource, f"{field}.resource")
-    key = limits.check_idempotency_key(msg.idempotency_key, f"{field}.idempotency_key")
-    if key.startswith(schedules.KEY_PREFIX):
-        raise InvalidArgumentError(
-            f"{field}.idempotency_key: keys starting with {schedules.KEY_PREFIX!r} are the "
-            "periodic jobs' (one per schedule and period)",
-            field=f"{field}.idempotency_key",
-        )
     return NewJob(
-        payload=limits.check_payload(msg.payload, f"{field}.payload"),
-        idempotency_key=key,
-        max_attempts=limits.check_max_attempts(msg.max_attempts, f"{field}.max_attempts"),
-        delay_ms=limits.check_delay_ms(msg.delay_ms, f"{field}.delay_ms"),
-        run_at_ms=run_at,
-        ordering_key=limits.check_ordering_key(msg.ordering_key, f"{field}.ordering_key"),
-        priority=limits.check_priority(msg.priority, f"{field}.priority"),
-        resource=resource,
+        **limits.check_new_job(
+            payload=msg.payload,
+            idempotency_key=msg.idempotency_key,
+            max_attempts=msg.max_attempts,
+            delay_ms=msg.delay_ms,
+            run_at_ms=msg.run_at_ms,
+            ordering_key=msg.ordering_key,
+            priority=msg.priority,
+            resource=msg.resource,
+            field=field,
+            now_ms=now_ms,
+        )
     )
 
 
@@ -375,6 +371,9 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         self.metrics = metrics or QueueMetrics(CollectorRegistry())
         self._rand = rand
         self._wakeups = _Wakeups()
+        # Jobs enqueued through other servers, or by the application's own transactions
+        # (fencing.pg.enqueue), wake this server's claims when they commit.
+        backend.on_enqueued(self._wakeups.notify)
         #: Called after a schedule is put (the server points it at its scheduler's wake).
         self.schedules_changed: Callable[[], None] = lambda: None
         self.lost_rejections = 0

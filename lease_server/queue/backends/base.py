@@ -56,6 +56,15 @@ class QueueBackend(Protocol):
     async def close(self) -> None:
         """Release connections. Idempotent."""
 
+    def on_enqueued(self, callback: Callable[[str], None]) -> None:
+        """Register ``callback(queue)`` for ready jobs enqueued by *other* processes or
+        by the application's own transactions, once they commit.
+
+        PostgreSQL calls it from the event loop on its NOTIFY (waiting claims wake at
+        once instead of at their next poll); embedded backends, which only see their own
+        process's enqueues (woken by the service itself), keep it and never call it.
+        """
+
     async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[Enqueued]:
         """Add ``jobs`` in order, in one transaction.
 

@@ -9,7 +9,7 @@ in the same atomic step as each change.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from fencing.errors import LeaseLost
@@ -59,6 +59,9 @@ class MemoryQueue:
             self._jobs[record.id] = record
         if changes and self._log is not None:
             self._log.append(changes)
+
+    def on_enqueued(self, callback: Callable[[str], None]) -> None:
+        """Only this process enqueues here, and the service wakes its own claims."""
 
     async def open(self) -> None:
         return None

@@ -23,11 +23,16 @@ appends them, unread and unpruned, so the lease server warns about such a setup.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from fencing.errors import LeaseLost
+import psycopg
+from psycopg import sql
+
+from fencing.errors import FencingError, LeaseLost
 from lease_server.backends.base import LeaseBackend
 from lease_server.queue import jobs
 from lease_server.queue.backends.base import CompleteGroup, PeriodJob, RetryDelay
@@ -43,7 +48,10 @@ from lease_server.queue.jobs import (
     QueueCounts,
 )
 from lease_server.queue.schedules import Schedule, ScheduleRecord
-from serving.postgres_db import PgConfig, PostgresDatabase
+from serving.postgres_db import LISTEN_PING_S, RECONNECT_DELAYS, PgConfig, PostgresDatabase
+from serving.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
 
 
 def _ids_tokens(refs: Sequence[JobRef]) -> tuple[list[int], list[int]]:
@@ -71,6 +79,10 @@ class PostgresQueue:
         # The lease backend's URL: with ?token_floor=clock claims take the floor too.
         self._db = PostgresDatabase(PgConfig.from_url(url, schema), "fencing-queue")
         q = self._db.qualified
+        self._opened = False
+        self._listener: asyncio.Task[None] | None = None
+        self._enqueued_callbacks: list[Callable[[str], None]] = []
+        self._channel_sql = q("SELECT {schema}.jobs_channel()")
         self._enqueue_sql = q(
             "SELECT * FROM {schema}.job_enqueue_many(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
         )
@@ -169,9 +181,59 @@ class PostgresQueue:
 
     async def open(self) -> None:
         await self._db.open()
+        self._opened = True
+        if self._enqueued_callbacks:
+            self._start_listener()
 
     async def close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await cancel_and_wait(listener)
+        self._opened = False
         await self._db.close()
+
+    # -- wake-ups: jobs enqueued elsewhere (other servers, the application's SQL) ---------
+
+    def on_enqueued(self, callback: Callable[[str], None]) -> None:
+        self._enqueued_callbacks.append(callback)
+        if self._opened:
+            self._start_listener()
+
+    def _start_listener(self) -> None:
+        if self._listener is None:
+            self._listener = asyncio.get_running_loop().create_task(
+                self._listen_forever(), name=f"fencing-queue-listen-{self.schema}"
+            )
+
+    async def _listen_forever(self) -> None:
+        failures = 0
+        while True:
+            try:
+                conn = await self._db.connect()
+                async with conn:
+                    cur = await conn.execute(self._channel_sql)
+                    row = await cur.fetchone()
+                    assert row is not None
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(row[0])))
+                    failures = 0
+                    # Jobs enqueued while no one listened: every queue looks once.
+                    for callback in self._enqueued_callbacks:
+                        callback("")
+                    while True:
+                        async for note in conn.notifies(timeout=LISTEN_PING_S):
+                            for callback in self._enqueued_callbacks:
+                                callback(note.payload)
+                        async with asyncio.timeout(self._db.config.timeout):
+                            await conn.execute("SELECT 1")
+            except (psycopg.Error, FencingError, TimeoutError) as exc:
+                log.log(
+                    logging.INFO if failures == 0 else logging.DEBUG,
+                    "queue listener on schema %s lost (%s); claims poll until it is back",
+                    self.schema,
+                    exc,
+                )
+            await asyncio.sleep(RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)])
+            failures += 1
 
     @staticmethod
     def _enqueue_params(queue: str, specs: Sequence[NewJob]) -> tuple[Any, ...]:

@@ -182,6 +182,9 @@ class SQLiteQueue:
         self._log = backend
         return True
 
+    def on_enqueued(self, callback: Callable[[str], None]) -> None:
+        """Only this process enqueues here, and the service wakes its own claims."""
+
     async def open(self) -> None:
         await self._db.open()
         if self._log is not None:
