@@ -9,6 +9,9 @@ round of each counts, as the machine is shared):
 * **enqueue x1** and **x100**: one client in this process enqueueing for ``duration``
   (``AsyncQueueClient.enqueue``/``enqueue_many`` against ``Task.defer_async``/
   ``batch_defer_async``);
+* **enqueue x1 in the caller's transaction**: ours only, ``fencing.pg.enqueue_async``
+  in a transaction of the application's own connection (one job per transaction),
+  against procrastinate's ``defer_async`` (its own connection: the way it defers);
 * **drain** at concurrency 1 and 8: a prefilled queue drained by one worker process;
   the rate is taken from the database's own finish times (our ``jobs.finished_at``,
   procrastinate's ``succeeded`` events), first to last, so process start-up is not
@@ -44,6 +47,7 @@ import psycopg
 from psycopg import sql
 
 from bench.harness import Result, measure, progress, server_process
+from fencing import pg as fpg
 from fencing.client._queue import new_job
 from fencing.client.async_queue import AsyncQueueClient
 
@@ -163,6 +167,8 @@ class Side:
     enqueue: Callable[[str, int, float], Awaitable[None]]
     finished: Callable[[str], Awaitable[tuple[int, float]]]
     worker: Callable[[str, int, str], contextlib.AbstractContextManager[None]]
+    #: One job enqueued in a transaction of the caller's own connection (ours only).
+    enqueue_in_tx: Callable[[str], Awaitable[None]] | None = None
 
 
 def _ms_span(row: tuple[Any, ...] | None) -> tuple[int, float]:
@@ -175,6 +181,7 @@ def _ms_span(row: tuple[Any, ...] | None) -> tuple[int, float]:
 async def _our_side(address: str, dsn: str, schema: str) -> AsyncIterator[Side]:
     client = AsyncQueueClient(address, worker="bench")
     conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    app_conn = await psycopg.AsyncConnection.connect(dsn)  # the application's own
     query = sql.SQL(
         "SELECT count(*), extract(epoch FROM max(finished_at) - min(finished_at))"
         " FROM {}.jobs WHERE queue = %s AND state = 'succeeded'"
@@ -196,11 +203,16 @@ async def _our_side(address: str, dsn: str, schema: str) -> AsyncIterator[Side]:
     ) -> contextlib.AbstractContextManager[None]:
         return worker_process("ours", address, queue, concurrency, latency)
 
+    async def enqueue_in_tx(queue: str) -> None:
+        async with app_conn.transaction():
+            await fpg.enqueue_async(app_conn, queue, b"", schema=schema)
+
     try:
-        yield Side(OURS, enqueue, finished, worker)
+        yield Side(OURS, enqueue, finished, worker, enqueue_in_tx)
     finally:
         await client.aclose()
         await conn.close()
+        await app_conn.close()
 
 
 @contextlib.asynccontextmanager
@@ -248,6 +260,23 @@ async def _enqueue(side: Side, batch: int, duration: float, baseline: str) -> Re
 
     return await measure(
         f"{side.name}: enqueue x{batch}", op, 1, duration, per_call=batch, baseline=baseline
+    )
+
+
+async def _enqueue_in_tx(side: Side, duration: float, baseline: str) -> Result:
+    assert side.enqueue_in_tx is not None
+    queue = f"enq-tx-{secrets.token_hex(3)}"
+    enqueue = side.enqueue_in_tx
+
+    async def op(i: int) -> None:
+        await enqueue(queue)
+
+    return await measure(
+        f"{side.name}: enqueue x1 in the caller's transaction (fencing.pg.enqueue)",
+        op,
+        1,
+        duration,
+        baseline=baseline,
     )
 
 
@@ -348,6 +377,10 @@ async def run(dsn: str, duration: float, notes: list[str]) -> list[Result]:
                                     side, batch, duration, base and f"{base}enqueue x{batch}"
                                 )
                                 keep(side.name, "enqueue", batch, r)
+                            if side.enqueue_in_tx is not None:
+                                progress(f"{tag}: enqueue x1 in the caller's transaction")
+                                r = await _enqueue_in_tx(side, duration, f"{base}enqueue x1")
+                                keep(side.name, "enqueue-tx", 1, r)
                             for c in (1, 8):
                                 total = round(DRAIN_JOBS_PER_S[c] * duration)
                                 progress(f"{tag}: drain {total} jobs, concurrency {c}")
@@ -361,7 +394,14 @@ async def run(dsn: str, duration: float, notes: list[str]) -> list[Result]:
             await conn.execute(
                 sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
             )
-    order = [("enqueue", 1), ("enqueue", 100), ("drain", 1), ("drain", 8), ("latency", 1)]
+    order = [
+        ("enqueue", 1),
+        ("enqueue-tx", 1),
+        ("enqueue", 100),
+        ("drain", 1),
+        ("drain", 8),
+        ("latency", 1),
+    ]
     results: list[Result] = []
     for what, n in order:
         for side_name in (f"{PEER} {peer_version()}", OURS):
