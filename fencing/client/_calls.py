@@ -73,7 +73,18 @@ class BlockingCalls(Closing):
         :mod:`fencing.errors` exceptions (cause chained)."""
         if not retry:  # the hot path (every write): no steps to run
             return self._send(method, request, timeout)
-        return cast(Resp, self._run(_core.unary(method, request, timeout, retry=True)))
+        return cast(
+            Resp,
+            self._run(
+                _core.unary(
+                    method,
+                    request,
+                    timeout,
+                    retry=True,
+                    budget=self.rpc_timeout if timeout is None else timeout,
+                )
+            ),
+        )
 
 
 class AsyncCalls(AsyncClosing):
@@ -122,7 +133,18 @@ class AsyncCalls(AsyncClosing):
         """One unary call, awaited; see :meth:`BlockingCalls._call`."""
         if not retry:
             return await self._send(method, request, timeout)
-        return cast(Resp, await self._run(_core.unary(method, request, timeout, retry=True)))
+        return cast(
+            Resp,
+            await self._run(
+                _core.unary(
+                    method,
+                    request,
+                    timeout,
+                    retry=True,
+                    budget=self.rpc_timeout if timeout is None else timeout,
+                )
+            ),
+        )
 
 
 async def finish_stream(

@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 import uuid
 from collections.abc import Callable, Generator, Iterable, Sequence
 from contextlib import AbstractContextManager
@@ -176,6 +177,13 @@ def release_timeout_of(seconds: float) -> float:
     return float(seconds)
 
 
+def retry_fits(now: float, pause: float, last_attempt: float, end: float) -> bool:
+    """Whether one more attempt fits a call's budget ending at ``end``: the pause plus
+    an attempt as long as the last one (a backend that times out takes as long every
+    time) must end before it. A call fails within its budget, not a retry plan later."""
+    return now + pause + last_attempt <= end
+
+
 def exit_release_pause(exc: FencingError, attempt: int, now: float, end: float) -> float | None:
     """After the exit's release failed: seconds to pause before the next try, or None
     to give up (not transient, out of retries, or the pause would pass ``end``)."""
@@ -298,6 +306,7 @@ class AcquirePlan:
         clock: Clock,
         *,
         nowait: bool = False,
+        rpc_timeout: float = DEFAULT_RPC_TIMEOUT,
     ) -> None:
         self.resource = resource
         self.holder = holder
@@ -307,10 +316,14 @@ class AcquirePlan:
         self._clock = clock
         self._end = None if timeout is None else clock() + max(0.0, timeout)
         self._retries: Attempts | None = None  # counted from the first transient failure
+        self._rpc_timeout = rpc_timeout
+        self._sent_at = clock()  # when the last attempt was sent
+        self._transient_end: float | None = None  # the budget of transient retries
         self._lost_on_arrival = 0
 
     def request(self) -> lease_pb2.AcquireRequest:
         """The next attempt's request (``wait_ms`` is what is left of the timeout)."""
+        self._sent_at = self._clock()
         if self.nowait:
             wait_ms = 0
         else:
@@ -329,7 +342,10 @@ class AcquirePlan:
 
         A held lease is asked for again at once (the server waited its maximum)
         until the timeout runs out, then :class:`AcquireTimeoutError` is raised.
-        Transient failures are retried with backoff, within the timeout. A grant
+        Transient failures are retried with backoff while another attempt as long as
+        the last one fits the budget: the timeout, and at most ``rpc_timeout`` from
+        the first transient failure's attempt (so an acquire that waits without end
+        still fails fast when the server's store is down). A grant
         that expired before its late reply could be renewed (:class:`LeaseLost` from
         that renewal) is asked for again, within the timeout.
         """
@@ -355,7 +371,15 @@ class AcquirePlan:
             return None
         if self._retries is None:
             self._retries = RETRY_BACKOFF.attempts()
-        return self._retries.next()
+            self._transient_end = self._sent_at + self._rpc_timeout
+            if self._end is not None:
+                self._transient_end = min(self._transient_end, self._end)
+        pause = self._retries.next()
+        now = self._clock()
+        assert self._transient_end is not None
+        if pause is None or not retry_fits(now, pause, now - self._sent_at, self._transient_end):
+            return None
+        return pause
 
 
 def unimplemented(exc: BaseException) -> bool:
@@ -596,16 +620,22 @@ def unary(
     timeout: float | None = None,
     *,
     retry: bool = False,
+    budget: float = DEFAULT_RPC_TIMEOUT,
+    clock: Clock = time.monotonic,
 ) -> Steps[Any]:
     """One unary call; with ``retry`` (an idempotent call), transient failures are tried
-    again after :data:`RETRY_BACKOFF`'s pauses, up to its bound."""
+    again after :data:`RETRY_BACKOFF`'s pauses, up to its bound, while another attempt
+    as long as the last one fits ``budget`` seconds (the client's ``rpc_timeout``)."""
     retries = RETRY_BACKOFF.attempts() if retry else None
+    end = clock() + budget
     while True:
+        sent_at = clock()
         try:
             return (yield Call(method, request, timeout))
         except FencingError as exc:
             pause = retries.next() if retries is not None and is_transient(exc) else None
-            if pause is None:
+            now = clock()
+            if pause is None or not retry_fits(now, pause, now - sent_at, end):
                 raise
         yield Sleep(pause)
 
