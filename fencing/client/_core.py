@@ -66,6 +66,9 @@ DEFAULT_RPC_TIMEOUT = 5.0
 #: Retries of idempotent calls on transient failures: 50 ms doubling to 0.8 s, five
 #: times at most, without jitter (a retry is one client's, not a crowd's).
 RETRY_BACKOFF = Backoff(base=0.05, cap=0.8, factor=2.0, jitter=0.0, retries=5)
+#: Retries after a refused connection (no server at the address, nothing sent): one
+#: quick one for a server restarting on its port, not the whole backoff.
+MAX_REFUSED_RETRIES = 1
 #: Grants an acquire may see expire before their late reply could be renewed, before
 #: it gives up: with a round trip longer than the ttl no grant can ever be kept.
 MAX_LOST_ON_ARRIVAL = 3
@@ -177,6 +180,11 @@ def release_timeout_of(seconds: float) -> float:
     return float(seconds)
 
 
+def refused(exc: BaseException) -> bool:
+    """No server accepted the connection; see :func:`fencing._status.refused`."""
+    return _status.refused(exc)
+
+
 def retry_fits(now: float, pause: float, last_attempt: float, end: float) -> bool:
     """Whether one more attempt fits a call's budget ending at ``end``: the pause plus
     an attempt as long as the last one (a backend that times out takes as long every
@@ -188,6 +196,8 @@ def exit_release_pause(exc: FencingError, attempt: int, now: float, end: float) 
     """After the exit's release failed: seconds to pause before the next try, or None
     to give up (not transient, out of retries, or the pause would pass ``end``)."""
     if not is_transient(exc) or not RETRY_BACKOFF.allows(attempt + 1):
+        return None
+    if refused(exc) and attempt >= MAX_REFUSED_RETRIES:  # attempt counts from 0
         return None
     pause = RETRY_BACKOFF.delay(attempt + 1, 0.0)
     return pause if now + pause < end else None
@@ -320,6 +330,7 @@ class AcquirePlan:
         self._sent_at = clock()  # when the last attempt was sent
         self._transient_end: float | None = None  # the budget of transient retries
         self._lost_on_arrival = 0
+        self._refused = 0
 
     def request(self) -> lease_pb2.AcquireRequest:
         """The next attempt's request (``wait_ms`` is what is left of the timeout)."""
@@ -368,6 +379,9 @@ class AcquirePlan:
                 ) from None
             return 0.0
         if not is_transient(exc) or self._timed_out():
+            return None
+        self._refused += refused(exc)
+        if self._refused > MAX_REFUSED_RETRIES:
             return None
         if self._retries is None:
             self._retries = RETRY_BACKOFF.attempts()
@@ -628,12 +642,16 @@ def unary(
     as long as the last one fits ``budget`` seconds (the client's ``rpc_timeout``)."""
     retries = RETRY_BACKOFF.attempts() if retry else None
     end = clock() + budget
+    refusals = 0
     while True:
         sent_at = clock()
         try:
             return (yield Call(method, request, timeout))
         except FencingError as exc:
             pause = retries.next() if retries is not None and is_transient(exc) else None
+            refusals += refused(exc)
+            if refusals > MAX_REFUSED_RETRIES:
+                raise
             now = clock()
             if pause is None or not retry_fits(now, pause, now - sent_at, end):
                 raise
