@@ -402,9 +402,7 @@ async def serve_until_signal(
             banner(f"metrics on {url}", metrics_url=url)
         name = await signals.received
         # A normal stop, so INFO: a WARNING here would page on every deploy.
-        log.info(
-            "%s: draining for up to %g s", name, grace, extra={"signal": name, "grace_s": grace}
-        )
+        log.info("%s: draining", name, extra={"signal": name, "grace_s": grace})
         await asyncio.gather(*(server.stop(grace) for server in servers))
         log.info("stopped", extra={"signal": name})
         return name
