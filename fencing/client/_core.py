@@ -185,10 +185,18 @@ def refused(exc: BaseException) -> bool:
     return _status.refused(exc)
 
 
-def retry_fits(now: float, pause: float, last_attempt: float, end: float) -> bool:
-    """Whether one more attempt fits a call's budget ending at ``end``: the pause plus
-    an attempt as long as the last one (a backend that times out takes as long every
-    time) must end before it. A call fails within its budget, not a retry plan later."""
+def retry_fits(
+    exc: FencingError, now: float, pause: float, last_attempt: float, end: float
+) -> bool:
+    """Whether one more attempt after ``exc`` fits a call's budget ending at ``end``.
+
+    For BACKEND_UNAVAILABLE (the server answered: its store is down, and a store that
+    times out takes as long every time) the pause plus an attempt as long as the last
+    one must end before ``end``: the call fails within its budget, not a retry plan
+    later. A passed deadline is not judged so: each attempt is bounded by its own
+    deadline already, and a paused server must still see the retries that replay it."""
+    if not isinstance(exc, BackendUnavailableError):
+        return True
     return now + pause + last_attempt <= end
 
 
@@ -353,10 +361,11 @@ class AcquirePlan:
 
         A held lease is asked for again at once (the server waited its maximum)
         until the timeout runs out, then :class:`AcquireTimeoutError` is raised.
-        Transient failures are retried with backoff while another attempt as long as
-        the last one fits the budget: the timeout, and at most ``rpc_timeout`` from
-        the first transient failure's attempt (so an acquire that waits without end
-        still fails fast when the server's store is down). A grant
+        Transient failures are retried with backoff, within the timeout; after
+        BACKEND_UNAVAILABLE only while another attempt as long as the last one fits
+        the budget: the timeout, and at most ``rpc_timeout`` from the first transient
+        failure's attempt (so an acquire that waits without end still fails fast when
+        the server's store is down). A refused connection is retried once at most. A grant
         that expired before its late reply could be renewed (:class:`LeaseLost` from
         that renewal) is asked for again, within the timeout.
         """
@@ -391,7 +400,8 @@ class AcquirePlan:
         pause = self._retries.next()
         now = self._clock()
         assert self._transient_end is not None
-        if pause is None or not retry_fits(now, pause, now - self._sent_at, self._transient_end):
+        last = now - self._sent_at
+        if pause is None or not retry_fits(exc, now, pause, last, self._transient_end):
             return None
         return pause
 
@@ -653,7 +663,7 @@ def unary(
             if refusals > MAX_REFUSED_RETRIES:
                 raise
             now = clock()
-            if pause is None or not retry_fits(now, pause, now - sent_at, end):
+            if pause is None or not retry_fits(exc, now, pause, now - sent_at, end):
                 raise
         yield Sleep(pause)
 
