@@ -238,7 +238,9 @@ def test_control_without_credentials_it_does_not_follow_says_why_and_backs_off(
 SERVE_POLICY = """
 [principals.alice]
 tokens = ["alice-token"]
-allow = [{ prefix = "orders/", actions = ["acquire", "renew", "release", "describe", "write", "read"] }]
+allow = [
+  { prefix = "orders/", actions = ["acquire", "renew", "release", "describe", "write", "read"] },
+]
 """
 
 
