@@ -4,9 +4,11 @@ the README says a command's --help names (its defaults, its exit codes) is there
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,3 +70,26 @@ def test_help_says_what_the_readme_says(
     assert says in " ".join(out.split()) or says in " ".join(
         fencingctl.parser(command).format_help().split()
     ), out
+
+
+def _options(parser: argparse.ArgumentParser, path: list[str]) -> list[tuple[str, Any]]:
+    found: list[tuple[str, Any]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _options(sub, [*path, name])
+        elif action.option_strings and action.help not in (None, argparse.SUPPRESS):
+            found.append((" ".join([*path, action.option_strings[-1]]), action))
+    return found
+
+
+def test_every_flag_with_a_default_says_it_in_help() -> None:
+    """``--help`` shows what a flag is when not given (flags, on/off switches and empty
+    defaults excepted): the README's defaults can be checked against it."""
+    missing = [
+        f"{name} (default {action.default!r})"
+        for name, action in _options(fencingctl.parser([]), [])
+        if action.default not in (None, False, True, "", [], argparse.SUPPRESS)
+        and "default" not in (action.help or "")
+    ]
+    assert not missing, missing
