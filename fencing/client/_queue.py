@@ -660,7 +660,7 @@ class QueueSteps:
         """Complete, Fail or Release ``items`` (safe to retry: a repeat is a no-op); a
         refusal marks the stale job it names lost, and is raised."""
         try:
-            return (yield from unary(method, request, retry=True))
+            return (yield from unary(method, request, retry=True, budget=self.client.rpc_timeout))
         except LeaseLost as exc:
             stale = stale_job(items, exc)
             if stale is not None:
