@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import functools
 import logging
 import socket
@@ -328,9 +329,10 @@ async def build_server(
 
 
 def probe_bind(address: str) -> None:
-    """Raise OSError ("cannot bind") if ``address`` is taken, before gRPC tries: its C
+    """Raise OSError ("cannot bind") if ``address`` is in use, before gRPC tries: its C
     core would print a line of its own ahead of the server's PORT_IN_USE. Binds as
-    gRPC does (SO_REUSEADDR); a name that does not resolve is left to gRPC."""
+    gRPC does (SO_REUSEADDR); a name that does not resolve, or any other bind error,
+    is left to gRPC."""
     host, port = split_address(address)
     if not port.isdigit() or int(port) == 0:
         return
@@ -344,7 +346,10 @@ def probe_bind(address: str) -> None:
             try:
                 probe.bind(sockaddr)
             except OSError as exc:
-                raise OSError(f"cannot bind {address}: {exc.strerror}") from None
+                # Only "in use" is certain; anything else (an IPv6 name on a host
+                # without IPv6) gRPC judges for itself.
+                if exc.errno == errno.EADDRINUSE:
+                    raise OSError(f"cannot bind {address}: {exc.strerror}") from None
 
 
 def require_durability(component: object, what: str, require: bool) -> str | None:
