@@ -105,6 +105,21 @@ def from_rpc_error(err: grpc.RpcError) -> Exception:
     return err if by_code is None else by_code
 
 
+def refused(exc: BaseException) -> bool:
+    """Whether a failure (an RpcError, or our exception chained from one) is gRPC's own
+    "failed to connect": no server accepted the connection (refused, no route, a name
+    that does not resolve), so the request was never sent. Not a server's verdict."""
+    err = exc if isinstance(exc, grpc.RpcError) else exc.__cause__
+    if not isinstance(err, grpc.RpcError):
+        return False
+    call: Any = err
+    if not (hasattr(call, "code") and hasattr(call, "details")):
+        return False
+    return call.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (
+        call.details() or ""
+    )
+
+
 def from_code(code: grpc.StatusCode | None, details: str) -> FencingError | None:
     """The exception of the tree nearest to a status without our ErrorInfo; None for a
     code the SDK has no exception for (e.g. UNIMPLEMENTED)."""

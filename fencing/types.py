@@ -12,6 +12,9 @@ WATCH_START_KEY = "fencing-watch-after"
 #: Initial metadata of a ``Watch`` stream: the identity of the server's event log, which
 #: a resume cursor belongs to (absent where the backend's log has none).
 WATCH_LOG_KEY = "fencing-watch-log"
+#: What the queue server's refusal of a cancelled job's claim says (LEASE_LOST): the
+#: workers tell an operator's cancel from a claim taken over by it.
+JOB_CANCELLED = "was cancelled by an operator"
 #: Initial metadata of a ``Session`` stream: how many calls the server takes in flight
 #: on it at once (a call beyond that is answered ``RESOURCE_EXHAUSTED``); with
 #: :data:`SESSION_MAX_UPKEEP_IN_FLIGHT_KEY`, how many acquires.
@@ -88,6 +91,7 @@ class Record:
 
 
 __all__ = [
+    "JOB_CANCELLED",
     "WATCH_LOG_KEY",
     "WATCH_START_KEY",
     "Claim",

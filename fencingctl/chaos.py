@@ -108,18 +108,26 @@ def register(sub: Any) -> None:
         type=flags.integer(1),
         help="lease servers sharing the backend (default: 1 on sqlite, 2 otherwise)",
     )
-    soak.add_argument("--clients", type=flags.integer(1), default=3, help="lock-counter clients")
     soak.add_argument(
-        "--effect-clients", type=flags.integer(0), default=2, help="counter + effect-log clients"
+        "--clients", type=flags.integer(1), default=3, help="lock-counter clients (default 3)"
     )
     soak.add_argument(
-        "--workers", type=flags.integer(0), default=2, help="queue workers (sqlite, postgres)"
+        "--effect-clients",
+        type=flags.integer(0),
+        default=2,
+        help="counter + effect-log clients (default 2)",
+    )
+    soak.add_argument(
+        "--workers",
+        type=flags.integer(0),
+        default=2,
+        help="queue workers (sqlite, postgres; default 2)",
     )
     soak.add_argument(
         "--sample-every",
         type=flags.duration(0.0, above=True),
         default=2.0,
-        help="seconds between health samples",
+        help="seconds between health samples (default 2)",
     )
     soak.add_argument("--no-faults", action="store_true", help="no nemesis (a baseline)")
     soak.add_argument(

@@ -43,7 +43,7 @@ def register(sub: Any) -> None:
         "--fence-mode",
         choices=["monotonic", "off"],
         default="monotonic",
-        help="off: the control, fencing disabled (the stale write lands)",
+        help="off: the control, fencing disabled (the stale write lands); default monotonic",
     )
     p.add_argument(
         "--ttl",

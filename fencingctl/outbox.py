@@ -76,7 +76,7 @@ def register(sub: Any) -> None:
         "--batch",
         type=flags.integer(1, 1000),
         default=100,
-        help="events claimed and in flight at most",
+        help="events claimed and in flight at most (default 100)",
     )
     p.add_argument(
         "--ttl", type=flags.ttl, metavar="DURATION", default=30.0, help="claim lease (default 30s)"

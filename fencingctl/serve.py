@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from lease_server.queue.backends import queue_url_for
 from lease_server.queue.service import QUEUE_OPTIONS, QueueOptions
 from lease_server.server import start_lease_server
 from serving import config, exits, loop
+from serving.auth import Action, Grant
 from serving.logs import banner, configure_logging
 from serving.server import ServerOptions, serve_until_signal
 from serving.sqlite_db import warn_new
@@ -112,14 +114,36 @@ def register(sub: Any) -> None:
     p.set_defaults(run=run, parser=p)
 
 
+#: The principal ``serve``'s own watch guard is on its lease server when auth is on.
+OWN_GUARD = "fencing-serve-guard"
+
+
+def _with_own_guard(options: ServerOptions) -> tuple[ServerOptions, str | None]:
+    """With auth on, the lease server's options letting ``serve``'s own watch guard in:
+    a principal allowed only to watch and describe, named by a token minted now and
+    held only in this process; and that token (None with auth off)."""
+    policy = options.auth_policy
+    if policy is None:
+        return options, None
+    token = secrets.token_urlsafe(32)
+    grant = Grant("", frozenset({Action.WATCH, Action.DESCRIBE}))
+    name = OWN_GUARD
+    while name in policy.principals:  # never take over a principal of the user's
+        name += "-"
+    own = policy.with_token_principal(name, token, [grant])
+    return dataclasses.replace(options, auth=own), token
+
+
 async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
     data: Path = args.data_path
     lease_url = f"sqlite:{data / 'leases.db'}"
+    watch = args.fence_mode == FenceMode.WATCH.value
+    lease_options, guard_token = _with_own_guard(options) if watch else (options, None)
     leases = await start_lease_server(
         lease_url,
         args.lease_listen,
         reflection=args.reflection,
-        options=options,
+        options=lease_options,
         require_durable=args.require_durable,
         # The lease server's own file beside leases.db: the two commands share the jobs.
         queue=args.queue or queue_url_for(lease_url),
@@ -134,7 +158,8 @@ async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
             options=options,
             require_durable=args.require_durable,
             # In watch mode the guard follows the lease server next to it.
-            lease_server=leases.address if args.fence_mode == FenceMode.WATCH.value else "",
+            lease_server=leases.address if watch else "",
+            lease_token=guard_token,
         )
     except BaseException:
         await leases.stop(0)

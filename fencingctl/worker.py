@@ -98,7 +98,11 @@ def register_action(qsub: Any) -> None:
         help="jobs run at once (default %(default)s)",
     )
     p.add_argument(
-        "--ttl", type=flags.ttl, metavar="DURATION", default=30.0, help="each claim's lease (30s)"
+        "--ttl",
+        type=flags.ttl,
+        metavar="DURATION",
+        default=30.0,
+        help="each claim's lease (default 30s)",
     )
     p.add_argument(
         "--poll",

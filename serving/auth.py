@@ -75,6 +75,7 @@ own former holders. Grant it to operators only, per prefix like the rest::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -338,6 +339,19 @@ class AuthPolicy:
         for i, item in enumerate(allow):
             grants.append(_parse_grant(item, f"{where}.allow[{i}]"))
         self.principals[name] = Principal(name, tuple(grants))
+
+    def with_token_principal(self, name: str, token: str, grants: Sequence[Grant]) -> AuthPolicy:
+        """A copy with one more principal, named by ``token`` and allowed ``grants``
+        (a server's own in-process client: ``fencing serve``'s watch guard)."""
+        copy = dataclasses.replace(
+            self,
+            principals=dict(self.principals),
+            token_digests=dict(self.token_digests),
+            identities=dict(self.identities),
+        )
+        copy.principals[name] = Principal(name, tuple(grants))
+        copy.token_digests[_digest(token)] = name
+        return copy
 
     # -- authentication ------------------------------------------------------------------
 

@@ -63,14 +63,20 @@ class JsonFormatter(logging.Formatter):
 class ConsoleFormatter(logging.Formatter):
     """``TS LEVEL logger: message key=value ...``: the readable format, with the same
     timestamp and the same fields as the JSON one (a ``key=value`` the message already
-    says is not written twice)."""
+    says, or a text value it names as a word, is not written twice; numbers always are,
+    a number in a message may be another's)."""
 
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()
         text = f"{rfc3339(record.created)} {record.levelname} {record.name}: {message}"
         said = set(message.split())
-        pairs = [f"{key}={value}" for key, value in fields_of(record).items()]
-        fields = [pair for pair in pairs if pair not in said]
+        # The message's words, punctuation trimmed: a text value among them is said.
+        words = {word.strip(".,:;()[]'\"") for word in said}
+        fields = [
+            f"{key}={value}"
+            for key, value in fields_of(record).items()
+            if f"{key}={value}" not in said and not (isinstance(value, str) and value in words)
+        ]
         if fields:
             text += " " + " ".join(fields)
         if record.exc_info:

@@ -528,8 +528,10 @@ async def durability_warning(client: Client) -> str | None:
 async def open_client(target: RedisTarget, what: str) -> tuple[Client, str | None]:
     """Connect, and read the durability of what answered (see :func:`durability_warning`).
 
-    Logs the warning; with ``target.require_durable`` raises ``InvalidArgumentError``
-    instead (the client closed). ``what`` names the user in messages.
+    Returns the warning for the server to log once (``serving.server.require_durability``
+    logs every component's); with ``target.require_durable`` raises
+    ``InvalidArgumentError`` instead (the client closed). ``what`` names the user in
+    messages.
     """
     client = await connect(target)
     try:
@@ -542,8 +544,6 @@ async def open_client(target: RedisTarget, what: str) -> tuple[Client, str | Non
     except BaseException:
         await client.aclose()
         raise
-    if warning is not None:
-        log.warning("%s on %s is not durable: %s", what, redact(target.url), warning)
     return client, warning
 
 

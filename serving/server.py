@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import functools
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -313,6 +315,8 @@ async def build_server(
         reflection.enable_server_reflection(
             [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], srv
         )
+    if not options.reuse_port:
+        probe_bind(address)
     if options.tls is not None:
         port = srv.add_secure_port(address, options.tls.server_credentials())
     else:
@@ -322,6 +326,30 @@ async def build_server(
     built = BuiltServer(srv, port, health_servicer, ["", *names], metrics=metrics)
     await built.set_serving(True)
     return built
+
+
+def probe_bind(address: str) -> None:
+    """Raise OSError ("cannot bind") if ``address`` is in use, before gRPC tries: its C
+    core would print a line of its own ahead of the server's PORT_IN_USE. Binds as
+    gRPC does (SO_REUSEADDR); a name that does not resolve, or any other bind error,
+    is left to gRPC."""
+    host, port = split_address(address)
+    if not port.isdigit() or int(port) == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host or None, int(port), type=socket.SOCK_STREAM)
+    except OSError:
+        return
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                # Only "in use" is certain; anything else (an IPv6 name on a host
+                # without IPv6) gRPC judges for itself.
+                if exc.errno == errno.EADDRINUSE:
+                    raise OSError(f"cannot bind {address}: {exc.strerror}") from None
 
 
 def require_durability(component: object, what: str, require: bool) -> str | None:
@@ -379,9 +407,7 @@ async def serve_until_signal(
             banner(f"metrics on {url}", metrics_url=url)
         name = await signals.received
         # A normal stop, so INFO: a WARNING here would page on every deploy.
-        log.info(
-            "%s: draining for up to %g s", name, grace, extra={"signal": name, "grace_s": grace}
-        )
+        log.info("%s: draining", name, extra={"signal": name, "grace_s": grace})
         await asyncio.gather(*(server.stop(grace) for server in servers))
         log.info("stopped", extra={"signal": name})
         return name

@@ -73,7 +73,9 @@ class BlockingCalls(Closing):
         :mod:`fencing.errors` exceptions (cause chained)."""
         if not retry:  # the hot path (every write): no steps to run
             return self._send(method, request, timeout)
-        return cast(Resp, self._run(_core.unary(method, request, timeout, retry=True)))
+        budget = self.rpc_timeout if timeout is None else timeout
+        steps = _core.unary(method, request, timeout, retry=True, budget=budget)
+        return cast(Resp, self._run(steps))
 
 
 class AsyncCalls(AsyncClosing):
@@ -122,7 +124,9 @@ class AsyncCalls(AsyncClosing):
         """One unary call, awaited; see :meth:`BlockingCalls._call`."""
         if not retry:
             return await self._send(method, request, timeout)
-        return cast(Resp, await self._run(_core.unary(method, request, timeout, retry=True)))
+        budget = self.rpc_timeout if timeout is None else timeout
+        steps = _core.unary(method, request, timeout, retry=True, budget=budget)
+        return cast(Resp, await self._run(steps))
 
 
 async def finish_stream(

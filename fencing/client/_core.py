@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 import uuid
 from collections.abc import Callable, Generator, Iterable, Sequence
 from contextlib import AbstractContextManager
@@ -65,6 +66,9 @@ DEFAULT_RPC_TIMEOUT = 5.0
 #: Retries of idempotent calls on transient failures: 50 ms doubling to 0.8 s, five
 #: times at most, without jitter (a retry is one client's, not a crowd's).
 RETRY_BACKOFF = Backoff(base=0.05, cap=0.8, factor=2.0, jitter=0.0, retries=5)
+#: Retries after a refused connection (no server at the address, nothing sent): one
+#: quick one for a server restarting on its port, not the whole backoff.
+MAX_REFUSED_RETRIES = 1
 #: Grants an acquire may see expire before their late reply could be renewed, before
 #: it gives up: with a round trip longer than the ttl no grant can ever be kept.
 MAX_LOST_ON_ARRIVAL = 3
@@ -182,10 +186,32 @@ def release_timeout_of(seconds: float) -> float:
     return float(seconds)
 
 
+def refused(exc: BaseException) -> bool:
+    """No server accepted the connection; see :func:`fencing._status.refused`."""
+    return _status.refused(exc)
+
+
+def retry_fits(
+    exc: FencingError, now: float, pause: float, last_attempt: float, end: float
+) -> bool:
+    """Whether one more attempt after ``exc`` fits a call's budget ending at ``end``.
+
+    For BACKEND_UNAVAILABLE (the server answered: its store is down, and a store that
+    times out takes as long every time) the pause plus an attempt as long as the last
+    one must end before ``end``: the call fails within its budget, not a retry plan
+    later. A passed deadline is not judged so: each attempt is bounded by its own
+    deadline already, and a paused server must still see the retries that replay it."""
+    if not isinstance(exc, BackendUnavailableError):
+        return True
+    return now + pause + last_attempt <= end
+
+
 def exit_release_pause(exc: FencingError, attempt: int, now: float, end: float) -> float | None:
     """After the exit's release failed: seconds to pause before the next try, or None
     to give up (not transient, out of retries, or the pause would pass ``end``)."""
     if not is_transient(exc) or not RETRY_BACKOFF.allows(attempt + 1):
+        return None
+    if refused(exc) and attempt >= MAX_REFUSED_RETRIES:  # attempt counts from 0
         return None
     pause = RETRY_BACKOFF.delay(attempt + 1, 0.0)
     return pause if now + pause < end else None
@@ -307,6 +333,7 @@ class AcquirePlan:
         clock: Clock,
         *,
         nowait: bool = False,
+        rpc_timeout: float = DEFAULT_RPC_TIMEOUT,
     ) -> None:
         self.resource = resource
         self.holder = holder
@@ -316,10 +343,15 @@ class AcquirePlan:
         self._clock = clock
         self._end = None if timeout is None else clock() + max(0.0, timeout)
         self._retries: Attempts | None = None  # counted from the first transient failure
+        self._rpc_timeout = rpc_timeout
+        self._sent_at = clock()  # when the last attempt was sent
+        self._transient_end: float | None = None  # the budget of transient retries
         self._lost_on_arrival = 0
+        self._refused = 0
 
     def request(self) -> lease_pb2.AcquireRequest:
         """The next attempt's request (``wait_ms`` is what is left of the timeout)."""
+        self._sent_at = self._clock()
         if self.nowait:
             wait_ms = 0
         else:
@@ -338,7 +370,11 @@ class AcquirePlan:
 
         A held lease is asked for again at once (the server waited its maximum)
         until the timeout runs out, then :class:`AcquireTimeoutError` is raised.
-        Transient failures are retried with backoff, within the timeout. A grant
+        Transient failures are retried with backoff, within the timeout; after
+        BACKEND_UNAVAILABLE only while another attempt as long as the last one fits
+        the budget: the timeout, and at most ``rpc_timeout`` from the first transient
+        failure's attempt (so an acquire that waits without end still fails fast when
+        the server's store is down). A refused connection is retried once at most. A grant
         that expired before its late reply could be renewed (:class:`LeaseLost` from
         that renewal) is asked for again, within the timeout.
         """
@@ -362,9 +398,21 @@ class AcquirePlan:
             return 0.0
         if not is_transient(exc) or self._timed_out():
             return None
+        self._refused += refused(exc)
+        if self._refused > MAX_REFUSED_RETRIES:
+            return None
         if self._retries is None:
             self._retries = RETRY_BACKOFF.attempts()
-        return self._retries.next()
+            self._transient_end = self._sent_at + self._rpc_timeout
+            if self._end is not None:
+                self._transient_end = min(self._transient_end, self._end)
+        pause = self._retries.next()
+        now = self._clock()
+        assert self._transient_end is not None
+        last = now - self._sent_at
+        if pause is None or not retry_fits(exc, now, pause, last, self._transient_end):
+            return None
+        return pause
 
 
 def unimplemented(exc: BaseException) -> bool:
@@ -605,16 +653,26 @@ def unary(
     timeout: float | None = None,
     *,
     retry: bool = False,
+    budget: float = DEFAULT_RPC_TIMEOUT,
+    clock: Clock = time.monotonic,
 ) -> Steps[Any]:
     """One unary call; with ``retry`` (an idempotent call), transient failures are tried
-    again after :data:`RETRY_BACKOFF`'s pauses, up to its bound."""
+    again after :data:`RETRY_BACKOFF`'s pauses, up to its bound, while another attempt
+    as long as the last one fits ``budget`` seconds (the client's ``rpc_timeout``)."""
     retries = RETRY_BACKOFF.attempts() if retry else None
+    end = clock() + budget
+    refusals = 0
     while True:
+        sent_at = clock()
         try:
             return (yield Call(method, request, timeout))
         except FencingError as exc:
             pause = retries.next() if retries is not None and is_transient(exc) else None
-            if pause is None:
+            refusals += refused(exc)
+            if refusals > MAX_REFUSED_RETRIES:
+                raise
+            now = clock()
+            if pause is None or not retry_fits(exc, now, pause, now - sent_at, end):
                 raise
         yield Sleep(pause)
 

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from fencing._renewal import RenewalPolicy, RenewalSchedule
 from fencing.client._core import Call, Steps, is_transient, ttl_ms_of, unary, wait_ms_of
 from fencing.errors import FencingError, InvalidArgumentError, LeaseLost
-from fencing.types import Claim
+from fencing.types import JOB_CANCELLED, Claim
 from fencing.v1 import queue_pb2
 
 log = logging.getLogger("fencing.client.queue")
@@ -460,6 +460,12 @@ def error_text(error: str | BaseException) -> str:
     return error
 
 
+def lost_because(exc: LeaseLost) -> str:
+    """Why the server refused a job's claim, as the workers say it: an operator's cancel
+    (the server's refusal says so) or a claim taken over."""
+    return JOB_CANCELLED if JOB_CANCELLED in exc.message else "was taken over"
+
+
 def stale_job(jobs: Sequence[Job], exc: LeaseLost) -> Job | None:
     """Which of ``jobs`` a LEASE_LOST refusal of a batch call names (tokens are unique)."""
     for job in jobs:
@@ -528,14 +534,13 @@ def completed_verdicts(
         if verdict.ok and verdict.id == job.id and verdict.token == job.token:
             verdicts.append(None)
             continue
-        job.mark_lost("complete refused: the job was taken over")
-        verdicts.append(
-            LeaseLost(
-                verdict.error or f"job {job.id}: complete with token {job.token} refused",
-                resource=verdict.resource,
-                token=job.token,
-            )
+        lost = LeaseLost(
+            verdict.error or f"job {job.id}: complete with token {job.token} refused",
+            resource=verdict.resource,
+            token=job.token,
         )
+        job.mark_lost(f"complete refused: the job {lost_because(lost)}")
+        verdicts.append(lost)
     return verdicts
 
 
@@ -642,7 +647,7 @@ class QueueSteps:
                             lost += yield from self.heartbeat([job], ttl, [], cap)
                         return lost
                     stale = live[0]
-                stale.mark_lost("heartbeat refused: the job was taken over")
+                stale.mark_lost(f"heartbeat refused: the job {lost_because(exc)}")
                 lost.append(stale)
                 live.remove(stale)
                 continue
@@ -655,9 +660,9 @@ class QueueSteps:
         """Complete, Fail or Release ``items`` (safe to retry: a repeat is a no-op); a
         refusal marks the stale job it names lost, and is raised."""
         try:
-            return (yield from unary(method, request, retry=True))
+            return (yield from unary(method, request, retry=True, budget=self.client.rpc_timeout))
         except LeaseLost as exc:
             stale = stale_job(items, exc)
             if stale is not None:
-                stale.mark_lost("refused: the job was taken over")
+                stale.mark_lost(f"refused: the job {lost_because(exc)}")
             raise

@@ -400,7 +400,9 @@ class AsyncLeaseClient(AsyncCalls):
         As :meth:`LeaseClient.acquire <fencing.client.lease.LeaseClient.acquire>`; the
         ``fence`` guards are promised to concurrently.
         """
-        plan = _core.AcquirePlan(resource, self.holder, ttl, timeout, self._clock)
+        plan = _core.AcquirePlan(
+            resource, self.holder, ttl, timeout, self._clock, rpc_timeout=self.rpc_timeout
+        )
         (lease,) = await self._acquire(plan)
         await self._promise(lease, fence)
         return lease
@@ -409,7 +411,9 @@ class AsyncLeaseClient(AsyncCalls):
         self, resource: str, ttl: float, *, fence: Sequence[AsyncFencer] = ()
     ) -> AsyncLease:
         """Acquire only if free now; :class:`LeaseHeldError` at once otherwise."""
-        plan = _core.AcquirePlan(resource, self.holder, ttl, None, self._clock, nowait=True)
+        plan = _core.AcquirePlan(
+            resource, self.holder, ttl, None, self._clock, nowait=True, rpc_timeout=self.rpc_timeout
+        )
         (lease,) = await self._acquire(plan)
         await self._promise(lease, fence)
         return lease
@@ -474,7 +478,9 @@ class AsyncLeaseClient(AsyncCalls):
     ) -> list[AsyncLease]:
         """Acquire every resource, all or nothing, in one call: see
         :meth:`LeaseClient.acquire_many <fencing.client.lease.LeaseClient.acquire_many>`."""
-        plan = _core.AcquirePlan(resources[0], self.holder, ttl, timeout, self._clock)
+        plan = _core.AcquirePlan(
+            resources[0], self.holder, ttl, timeout, self._clock, rpc_timeout=self.rpc_timeout
+        )
         return await self._acquire(plan, resources)
 
     def hold_many(

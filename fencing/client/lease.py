@@ -267,14 +267,18 @@ class LeaseClient(BlockingCalls):
         older token, even before this holder writes. If a guard cannot be fenced, the
         lease is released and that guard's error is raised (with a note naming it).
         """
-        plan = _core.AcquirePlan(resource, self.holder, ttl, timeout, self._clock)
+        plan = _core.AcquirePlan(
+            resource, self.holder, ttl, timeout, self._clock, rpc_timeout=self.rpc_timeout
+        )
         (lease,) = self._acquire(plan)
         self._promise(lease, fence)
         return lease
 
     def acquire_nowait(self, resource: str, ttl: float, *, fence: Sequence[Fencer] = ()) -> Lease:
         """Acquire only if free now; :class:`LeaseHeldError` at once otherwise."""
-        plan = _core.AcquirePlan(resource, self.holder, ttl, None, self._clock, nowait=True)
+        plan = _core.AcquirePlan(
+            resource, self.holder, ttl, None, self._clock, nowait=True, rpc_timeout=self.rpc_timeout
+        )
         (lease,) = self._acquire(plan)
         self._promise(lease, fence)
         return lease
@@ -366,7 +370,9 @@ class LeaseClient(BlockingCalls):
         :class:`AcquireTimeoutError` names a held resource. The leases are in the
         order of ``resources``, not renewed (use :meth:`hold_many`).
         """
-        plan = _core.AcquirePlan(resources[0], self.holder, ttl, timeout, self._clock)
+        plan = _core.AcquirePlan(
+            resources[0], self.holder, ttl, timeout, self._clock, rpc_timeout=self.rpc_timeout
+        )
         return self._acquire(plan, resources)
 
     @contextlib.contextmanager

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from fencing.client import _core
-from fencing.client._queue import Job, error_text
+from fencing.client._queue import Job, error_text, lost_because
 from fencing.client.async_lease import AsyncFencer
 from fencing.client.async_queue import AsyncQueueClient
 from fencing.errors import FencingError, InvalidArgumentError, LeaseLost
@@ -320,7 +320,10 @@ class AsyncWorker:
                 log.info("job completed", extra=_fields(job))
             else:
                 log.warning(
-                    "job lost: complete refused, it was taken over: %s", verdict, extra=_fields(job)
+                    "job lost: complete refused: the job %s: %s",
+                    lost_because(verdict),
+                    verdict,
+                    extra=_fields(job),
                 )
         return claimed
 
@@ -378,7 +381,11 @@ class AsyncWorker:
                 self.core.count("lost")
             self.core.count("refused")
             log.warning(
-                "job lost: %s refused, it was taken over: %s", what, exc, extra=_fields(job)
+                "job lost: %s refused: the job %s: %s",
+                what,
+                lost_because(exc),
+                exc,
+                extra=_fields(job),
             )
             return None
         except FencingError as exc:
@@ -433,7 +440,7 @@ class AsyncWorker:
                     log.info("heartbeat of %d jobs failed, retrying: %s", len(due), exc)
                 else:
                     for job in lost:
-                        self._lost(job, "heartbeat refused, it was taken over")
+                        self._lost(job, job.lost_reason)
             assert self._hb_wake is not None
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(core.next_wakeup(1.0)):

@@ -54,7 +54,7 @@ from types import FrameType
 from typing import Any
 
 from fencing.client import _core
-from fencing.client._queue import Job, error_text
+from fencing.client._queue import Job, error_text, lost_because
 from fencing.client.lease import Fencer
 from fencing.client.queue import QueueClient
 from fencing.errors import FencingError, InvalidArgumentError, LeaseLost
@@ -357,7 +357,10 @@ class Worker:
                 log.info("job completed", extra=_fields(job))
             else:
                 log.warning(
-                    "job lost: complete refused, it was taken over: %s", verdict, extra=_fields(job)
+                    "job lost: complete refused: the job %s: %s",
+                    lost_because(verdict),
+                    verdict,
+                    extra=_fields(job),
                 )
         return claimed
 
@@ -397,7 +400,11 @@ class Worker:
                     self.core.count("lost")
                 self.core.count("refused")
                 log.warning(
-                    "job lost: %s refused, it was taken over: %s", what, exc, extra=_fields(job)
+                    "job lost: %s refused: the job %s: %s",
+                    what,
+                    lost_because(exc),
+                    exc,
+                    extra=_fields(job),
                 )
                 return None
             except FencingError as exc:
@@ -447,9 +454,7 @@ class Worker:
                 else:
                     for job in lost:
                         core.count("lost")
-                        log.warning(
-                            "job lost: heartbeat refused, it was taken over", extra=_fields(job)
-                        )
+                        log.warning("job lost: %s", job.lost_reason, extra=_fields(job))
             self._hb_wake.wait(core.next_wakeup(1.0))
             self._hb_wake.clear()
 

@@ -26,11 +26,13 @@ from fencing import limits
 from fencing._backoff import Backoff
 from fencing.errors import (
     BackendUnavailableError,
+    FencingError,
     InvalidArgumentError,
     LeaseLost,
     NotFoundError,
     ResourceExhaustedError,
 )
+from fencing.types import JOB_CANCELLED
 from fencing.v1 import queue_pb2, queue_pb2_grpc
 from lease_server.queue import jobs, schedules
 from lease_server.queue.backends.base import CompleteGroup, QueueBackend
@@ -386,6 +388,26 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
             concurrency=COMPLETE_CONCURRENCY.get(backend.name, DEFAULT_COMPLETE_CONCURRENCY),
         )
 
+    async def _why(self, exc: LeaseLost, refs: Sequence[JobRef]) -> LeaseLost:
+        """``exc``, saying so when the refused job was cancelled (an operator's act, not
+        a claim taken over: the worker logs which). Looked up on the refusal path only,
+        so every backend says it alike."""
+        ref = next((r for r in refs if r.token == exc.token), None)
+        if ref is None:
+            return exc
+        try:
+            record = await self.backend.get(ref.id)
+        except FencingError:
+            return exc  # the refusal stands; only its wording is lost
+        if record is None or record.state is not JobState.CANCELLED:
+            return exc
+        return LeaseLost(
+            f"job {ref.id} of {record.queue!r} {JOB_CANCELLED}: token {exc.token} "
+            "is no longer its claim",
+            resource=exc.resource,
+            token=exc.token,
+        )
+
     def _lost(self, exc: LeaseLost, call: str) -> LeaseLost:
         self.lost_rejections += 1
         self.metrics.lost.inc()
@@ -502,6 +524,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         await self._end_leases([r for r, v in zip(done, verdicts, strict=True) if v is None])
         if claimed is not None:
             claimed = await self._hold(claimed, worker, ttl_ms)
+        verdicts = [v if v is None else await self._why(v, done) for v in verdicts]
         for verdict in verdicts:
             if verdict is None:
                 self.completed_in_claims += 1
@@ -559,7 +582,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
                 await self.resources.renew(await self._named(refs), ttl_ms)
             await self.backend.heartbeat(refs, ttl_ms, queue)
         except LeaseLost as exc:
-            raise self._lost(exc, "heartbeat") from None
+            raise self._lost(await self._why(exc, refs), "heartbeat") from None
         return queue_pb2.HeartbeatResponse(ttl_ms=ttl_ms)
 
     @rpc
@@ -572,7 +595,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         # (the batcher tells the woken queues: the next job of an ordering key is ready).
         (verdict,) = await self.completes.submit([(refs, queue)])
         if verdict is not None:
-            raise self._lost(verdict, "complete")
+            raise self._lost(await self._why(verdict, refs), "complete")
         await self._end_leases(refs)
         self.metrics.jobs.labels("completed").inc(len(refs))
         return queue_pb2.CompleteResponse()
@@ -593,7 +616,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         try:
             outcome = await self.backend.fail(ref, error, delay, final=request.final, queue=queue)
         except LeaseLost as exc:
-            raise self._lost(exc, "fail") from None
+            raise self._lost(await self._why(exc, [ref]), "fail") from None
         await self._end_leases([ref])
         self.metrics.jobs.labels("dead" if outcome.state is JobState.DEAD else "retried").inc()
         if outcome.state is JobState.DEAD:
@@ -615,7 +638,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         try:
             woken = await self.backend.release(refs, queue)
         except LeaseLost as exc:
-            raise self._lost(exc, "release") from None
+            raise self._lost(await self._why(exc, refs), "release") from None
         await self._end_leases(refs)
         self.metrics.jobs.labels("released").inc(len(refs))
         for woke in woken:

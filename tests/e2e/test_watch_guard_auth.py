@@ -232,3 +232,63 @@ def test_control_without_credentials_it_does_not_follow_says_why_and_backs_off(
     # Backoff from 50 ms doubling to 5 s: at most ~7 attempts in 3 s; a loop at
     # 50 ms would make ~60 (the issue saw ~20 a second).
     assert asked <= 12, f"{asked} reconnects in {elapsed:.1f} s"
+
+
+#: No principal for a guard: serve's own is none of the user's business.
+SERVE_POLICY = """
+[principals.alice]
+tokens = ["alice-token"]
+allow = [
+  { prefix = "orders/", actions = ["acquire", "renew", "release", "describe", "write", "read"] },
+]
+"""
+
+
+@contextlib.contextmanager
+def serve_process(tmp_path: Path, *args: str) -> Iterator[tuple[str, str]]:
+    """``fencing serve`` with auth on (the policy above) and a watch guard; yields the
+    lease server's and the guard's addresses."""
+    policy = tmp_path / "auth.toml"
+    policy.write_text(SERVE_POLICY)
+    command = [
+        sys.executable, "-m", "fencingctl", "serve", "--data-dir", str(tmp_path / "data"),
+        "--lease-listen", "127.0.0.1:0", "--guard-listen", "127.0.0.1:0",
+        "--fence-mode", "watch", "--auth-file", str(policy), *args,
+    ]  # fmt: skip
+    log = tmp_path / "serve.log"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=REPO)
+    try:
+        assert proc.stdout is not None
+        lease_line, guard_line = proc.stdout.readline(), proc.stdout.readline()
+        if "guard listening on" not in guard_line:
+            raise AssertionError(f"serve did not start: {guard_line!r}\n{log.read_text()}")
+        yield (
+            lease_line.split("listening on ")[1].split()[0],
+            guard_line.split("listening on ")[1].split()[0],
+        )
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_serve_with_auth_gives_its_own_watch_guard_credentials(tmp_path: Path) -> None:
+    """``fencing serve``'s in-process guard follows its lease server with auth on, with
+    no credentials given for it: serve lets its own guard in (a principal allowed
+    only to watch, with a token minted at start and never written anywhere)."""
+    with serve_process(tmp_path) as (lease_addr, guard_addr):
+        wait_until(lambda: watch_health(guard_addr) == "SERVING")
+        with (
+            LeaseClient(lease_addr, token="alice-token") as alice,
+            GuardClient(guard_addr, token="alice-token") as guard,
+        ):
+            lease = alice.acquire("orders/1", ttl=30)
+            # Followed: the guard fenced to her token by itself; a write with it lands.
+            wait_until(lambda: guard.describe_fence("orders/1") == lease.token)
+            assert guard.write(lease, [Put("k", b"v")]).fence == lease.token

@@ -134,3 +134,16 @@ def test_a_json_server_prints_a_json_banner_and_drains_at_info() -> None:
                 "durable" not in line["msg"]]  # fmt: skip
     for line in out.splitlines():
         json.loads(line)
+
+
+def test_a_console_line_does_not_repeat_a_field_its_message_says() -> None:
+    """A field whose text value the message already names (``SIGTERM: draining``,
+    ``signal=SIGTERM``) is not written again; numbers are kept (a ``5`` in a message
+    need not be the token), and the JSON line keeps every field."""
+    record = logging.makeLogRecord(
+        {"msg": "%s: draining", "args": ("SIGTERM",), "levelname": "INFO", "name": "x"}
+    )
+    record.signal, record.grace_s, record.token = "SIGTERM", 5.0, 5
+    text = ConsoleFormatter().format(record)
+    assert text.endswith("x: SIGTERM: draining grace_s=5.0 token=5"), text
+    assert json.loads(JsonFormatter().format(record))["signal"] == "SIGTERM"
