@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,10 @@ class Context:
     prefix: str
     knob: str
     leases: dict[str, Any] = field(default_factory=dict)
+    #: When each lease's acquire was sent (monotonic) and its ttl: the
+    #: ``request_deadline`` control counts the lease's life from it, as an SDK that
+    #: ignores the wait would.
+    requested_at: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def resource(self, name: str) -> str:
         return f"{self.prefix}/{name}"
@@ -75,6 +80,35 @@ def check_error(ctx: Context, step: Step, exc: BaseException | None) -> None:
         want_token = ctx.token_of(expect["applied_by_of"])
         if getattr(exc, "applied_by_token", None) != want_token:
             raise Mismatch(f"applied_by_token {getattr(exc, 'applied_by_token', None)}")
+
+
+def judge(ctx: Context, step: Step, exc: BaseException | None, result: Any) -> None:
+    """Judge a step that ran (in the foreground, or a background one at its ``join``)."""
+    if isinstance(exc, Mismatch):
+        raise exc
+    check_error(ctx, step, exc)
+    if exc is None:
+        check_result(ctx, step, result or {})
+
+
+def check_deadline_from_request(ctx: Context, var: str) -> None:
+    """The ``request_deadline`` control: the rule broken, a lease's local deadline counted
+    from its request instead of its grant, so a grant after a long wait is lost at once."""
+    if ctx.knob != "request_deadline" or var not in ctx.requested_at:
+        return
+    lease = ctx.leases[var]
+    sent, ttl = ctx.requested_at[var]
+    if time.monotonic() - sent > ttl:
+        raise LeaseLost(
+            "the deadline counted from the request passed",
+            resource=lease.resource,
+            token=int(lease.token),
+        )
+
+
+#: The ``requeue`` control: an acquire that gives up its place in line and asks again
+#: (waits of this many seconds), as an SDK polling instead of waiting would.
+REQUEUE_WAIT_S = 0.2
 
 
 def check_result(ctx: Context, step: Step, result: dict[str, Any]) -> None:
@@ -113,4 +147,14 @@ def pause_process(seconds: float) -> None:
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
-__all__ = ["BodyError", "Context", "FencingError", "Mismatch", "check_error", "check_result"]
+__all__ = [
+    "REQUEUE_WAIT_S",
+    "BodyError",
+    "Context",
+    "FencingError",
+    "Mismatch",
+    "check_deadline_from_request",
+    "check_error",
+    "check_result",
+    "judge",
+]

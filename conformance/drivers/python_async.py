@@ -6,20 +6,24 @@ python -m conformance.drivers.python_async SCENARIO.json [KNOB]
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from conformance.drivers._common import (
+    REQUEUE_WAIT_S,
     BodyError,
     Context,
     Mismatch,
     Step,
+    check_deadline_from_request,
     check_error,
     check_result,
+    judge,
     load,
     pause_process,
     report,
 )
-from fencing import AsyncGuardClient, AsyncLeaseClient
+from fencing import AcquireTimeoutError, AsyncGuardClient, AsyncLeaseClient
 
 
 class Driver:
@@ -27,6 +31,8 @@ class Driver:
         self.ctx = ctx
         self.clients: dict[str, AsyncLeaseClient] = {}
         self.guard = AsyncGuardClient(ctx.guard_addr)
+        #: Background steps (``start``): the task and the step it runs.
+        self.tasks: dict[str, tuple[asyncio.Task[Any], Step]] = {}
 
     def client(self, name: str) -> AsyncLeaseClient:
         if name not in self.clients:
@@ -61,7 +67,10 @@ class Driver:
             leases = self.client(step["client"])
             resource = ctx.resource(step["resource"])
             fence = [self.guard] if step.get("fence") and ctx.knob != "no_fence" else []
-            if op == "acquire":
+            ctx.requested_at[step["as"]] = (time.monotonic(), float(step["ttl"]))
+            if op == "acquire" and step.get("requeue") and ctx.knob == "requeue":
+                lease = await self.requeued(leases, resource, step)
+            elif op == "acquire":
                 lease = await leases.acquire(
                     resource, step["ttl"], step.get("timeout"), fence=fence
                 )
@@ -90,6 +99,22 @@ class Driver:
             return {"value": None if rec is None else rec.value.decode()}
         elif op == "check":
             ctx.leases[step["lease"]].check()
+            check_deadline_from_request(ctx, step["lease"])
+        elif op == "start":
+            inner = step["step"]
+            self.tasks[step["task"]] = (asyncio.create_task(self.act(inner)), inner)
+        elif op == "join":
+            task, inner = self.tasks[step["task"]]
+            try:
+                result = await task
+            except Exception as exc:
+                judge(ctx, inner, exc, None)
+            else:
+                judge(ctx, inner, None, result)
+        elif op == "pending":
+            task, _ = self.tasks[step["task"]]
+            if task.done():
+                raise Mismatch(f"{step['task']} finished: it should still be waiting")
         elif op == "steal":
             lease = ctx.leases[step["lease"]]
             thief = self.client(step["client"])
@@ -102,6 +127,15 @@ class Driver:
         else:
             raise ValueError(f"unknown op {op!r}")
         return None
+
+    async def requeued(self, leases: AsyncLeaseClient, resource: str, step: Step) -> Any:
+        deadline = time.monotonic() + step["timeout"]
+        while True:
+            try:
+                return await leases.acquire(resource, step["ttl"], REQUEUE_WAIT_S)
+            except AcquireTimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
 
     async def hold(self, step: Step) -> None:
         leases = self.client(step["client"])

@@ -5,21 +5,25 @@ python -m conformance.drivers.python_sync SCENARIO.json [KNOB]
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 from conformance.drivers._common import (
+    REQUEUE_WAIT_S,
     BodyError,
     Context,
     Mismatch,
     Step,
+    check_deadline_from_request,
     check_error,
     check_result,
+    judge,
     load,
     pause_process,
     report,
 )
-from fencing import GuardClient, LeaseClient
+from fencing import AcquireTimeoutError, GuardClient, LeaseClient
 
 
 class Driver:
@@ -27,6 +31,8 @@ class Driver:
         self.ctx = ctx
         self.clients: dict[str, LeaseClient] = {}
         self.guard = GuardClient(ctx.guard_addr)
+        #: Background steps (``start``): the thread and, once it ended, (error, result).
+        self.tasks: dict[str, tuple[threading.Thread, Step, list[Any]]] = {}
 
     def client(self, name: str) -> LeaseClient:
         if name not in self.clients:
@@ -61,7 +67,10 @@ class Driver:
             leases = self.client(step["client"])
             resource = ctx.resource(step["resource"])
             fence = [self.guard] if step.get("fence") and ctx.knob != "no_fence" else []
-            if op == "acquire":
+            ctx.requested_at[step["as"]] = (time.monotonic(), float(step["ttl"]))
+            if op == "acquire" and step.get("requeue") and ctx.knob == "requeue":
+                lease = self.requeued(leases, resource, step)
+            elif op == "acquire":
                 lease = leases.acquire(resource, step["ttl"], step.get("timeout"), fence=fence)
             else:
                 lease = leases.acquire_nowait(resource, step["ttl"], fence=fence)
@@ -88,6 +97,28 @@ class Driver:
             return {"value": None if rec is None else rec.value.decode()}
         elif op == "check":
             ctx.leases[step["lease"]].check()
+            check_deadline_from_request(ctx, step["lease"])
+        elif op == "start":
+            outcome: list[Any] = []
+            inner = step["step"]
+
+            def background() -> None:
+                try:
+                    outcome.extend([None, self.act(inner)])
+                except Exception as exc:
+                    outcome.extend([exc, None])
+
+            thread = threading.Thread(target=background, daemon=True)
+            self.tasks[step["task"]] = (thread, inner, outcome)
+            thread.start()
+        elif op == "join":
+            thread, inner, outcome = self.tasks[step["task"]]
+            thread.join()
+            judge(ctx, inner, outcome[0], outcome[1])
+        elif op == "pending":
+            thread, _, _ = self.tasks[step["task"]]
+            if not thread.is_alive():
+                raise Mismatch(f"{step['task']} finished: it should still be waiting")
         elif op == "steal":
             lease = ctx.leases[step["lease"]]
             thief = self.client(step["client"])
@@ -100,6 +131,15 @@ class Driver:
         else:
             raise ValueError(f"unknown op {op!r}")
         return None
+
+    def requeued(self, leases: LeaseClient, resource: str, step: Step) -> Any:
+        deadline = time.monotonic() + step["timeout"]
+        while True:
+            try:
+                return leases.acquire(resource, step["ttl"], REQUEUE_WAIT_S)
+            except AcquireTimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
 
     def hold(self, step: Step) -> None:
         leases = self.client(step["client"])

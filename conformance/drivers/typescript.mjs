@@ -6,6 +6,7 @@ import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { setTimeout as sleep } from "node:timers/promises";
 import {
+  AcquireTimeoutError,
   GuardClient,
   LeaseClient,
   LeaseHeldError,
@@ -26,7 +27,13 @@ const ctx = {
   guardAddr: knob === "unfenced" ? env.CONFORMANCE_UNFENCED : env.CONFORMANCE_GUARD,
   prefix: env.CONFORMANCE_PREFIX,
   leases: new Map(),
+  // When each lease's acquire was sent and its ttl (the request_deadline control).
+  requestedAt: new Map(),
 };
+// Background steps (start): the promise of its outcome and the step it runs.
+const tasks = new Map();
+// The requeue control: an acquire that gives up its place in line and asks again.
+const REQUEUE_WAIT_S = 0.2;
 const clients = new Map();
 const guard = new GuardClient(ctx.guardAddr);
 const client = (name) => {
@@ -74,6 +81,12 @@ function checkResult(step, result) {
   if ("value" in expect && result.value !== expect.value) throw new Mismatch(`value ${result.value}`);
 }
 
+function judge(step, err, result) {
+  if (err instanceof Mismatch) throw err;
+  checkError(step, err);
+  if (err === null) checkResult(step, result ?? {});
+}
+
 async function run(steps) {
   for (const step of steps) {
     if (step.op === "raise") throw new BodyError("the body failed"); // ends the body
@@ -81,12 +94,21 @@ async function run(steps) {
     try {
       result = await act(step);
     } catch (err) {
-      if (err instanceof Mismatch) throw err;
-      checkError(step, err);
+      judge(step, err, null);
       continue;
     }
-    checkError(step, null);
-    checkResult(step, result ?? {});
+    judge(step, null, result);
+  }
+}
+
+async function requeued(leases, name, opts, timeout) {
+  const deadline = performance.now() + timeout * 1000;
+  for (;;) {
+    try {
+      return await leases.acquire(name, { ...opts, timeout: REQUEUE_WAIT_S });
+    } catch (err) {
+      if (!(err instanceof AcquireTimeoutError) || performance.now() >= deadline) throw err;
+    }
   }
 }
 
@@ -97,10 +119,15 @@ async function act(step) {
       const leases = client(step.client);
       const opts = { ttl: step.ttl, fence: step.fence && knob !== "no_fence" ? [guard] : [] };
       if (step.timeout !== undefined) opts.timeout = step.timeout;
-      const lease =
-        step.op === "acquire"
-          ? await leases.acquire(resource(step.resource), opts)
-          : await leases.acquireNowait(resource(step.resource), opts);
+      ctx.requestedAt.set(step.as, [performance.now(), step.ttl]);
+      let lease;
+      if (step.op === "acquire" && step.requeue && knob === "requeue") {
+        lease = await requeued(leases, resource(step.resource), { ttl: step.ttl }, step.timeout);
+      } else if (step.op === "acquire") {
+        lease = await leases.acquire(resource(step.resource), opts);
+      } else {
+        lease = await leases.acquireNowait(resource(step.resource), opts);
+      }
       ctx.leases.set(step.as, lease);
       return;
     }
@@ -130,8 +157,41 @@ async function act(step) {
       const rec = await guard.read(resource(step.resource), step.key);
       return { value: rec === null ? null : rec.value.toString() };
     }
-    case "check":
-      return ctx.leases.get(step.lease).check();
+    case "check": {
+      const lease = ctx.leases.get(step.lease);
+      lease.check();
+      const sent = ctx.requestedAt.get(step.lease);
+      // The request_deadline control: the lease's life counted from its request.
+      if (knob === "request_deadline" && sent && performance.now() - sent[0] > sent[1] * 1000) {
+        throw new LeaseLostError("the deadline counted from the request passed", {
+          resource: lease.resource,
+          token: lease.token,
+        });
+      }
+      return;
+    }
+    case "start": {
+      const inner = step.step;
+      const outcome = act(inner).then(
+        (result) => ({ err: null, result, done: true }),
+        (err) => ({ err, result: null, done: true }),
+      );
+      const task = { inner, outcome, done: false };
+      outcome.then(() => {
+        task.done = true;
+      });
+      tasks.set(step.task, task);
+      return;
+    }
+    case "join": {
+      const task = tasks.get(step.task);
+      const { err, result } = await task.outcome;
+      judge(task.inner, err, result);
+      return;
+    }
+    case "pending":
+      if (tasks.get(step.task).done) throw new Mismatch(`${step.task} finished: it should still be waiting`);
+      return;
     case "steal": {
       const lease = ctx.leases.get(step.lease);
       const thief = client(step.client);
