@@ -56,6 +56,9 @@ class Context:
     def resource(self, name: str) -> str:
         return f"{self.prefix}/{name}"
 
+    def queue(self, name: str) -> str:
+        return f"{self.prefix}-{name}"
+
     def token_of(self, var: str) -> int:
         return int(self.leases[var].token)
 

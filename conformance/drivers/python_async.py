@@ -23,7 +23,7 @@ from conformance.drivers._common import (
     pause_process,
     report,
 )
-from fencing import AcquireTimeoutError, AsyncGuardClient, AsyncLeaseClient
+from fencing import AcquireTimeoutError, AsyncGuardClient, AsyncLeaseClient, AsyncQueueClient
 
 
 class Driver:
@@ -31,8 +31,14 @@ class Driver:
         self.ctx = ctx
         self.clients: dict[str, AsyncLeaseClient] = {}
         self.guard = AsyncGuardClient(ctx.guard_addr)
+        self.queues: dict[str, AsyncQueueClient] = {}
         #: Background steps (``start``): the task and the step it runs.
         self.tasks: dict[str, tuple[asyncio.Task[Any], Step]] = {}
+
+    def queue(self, name: str) -> AsyncQueueClient:
+        if name not in self.queues:
+            self.queues[name] = AsyncQueueClient(self.ctx.lease_addr, worker=name)
+        return self.queues[name]
 
     def client(self, name: str) -> AsyncLeaseClient:
         if name not in self.clients:
@@ -42,6 +48,8 @@ class Driver:
     async def close(self) -> None:
         for c in self.clients.values():
             await c.aclose()
+        for q in self.queues.values():
+            await q.aclose()
         await self.guard.aclose()
 
     async def run(self, steps: list[Step]) -> None:
@@ -97,6 +105,18 @@ class Driver:
         elif op == "read":
             rec = await self.guard.read(ctx.resource(step["resource"]), step["key"])
             return {"value": None if rec is None else rec.value.decode()}
+        elif op == "enqueue":
+            await self.queue("enqueuer").enqueue(
+                ctx.queue(step["queue"]), step["payload"], resource=ctx.resource(step["resource"])
+            )
+        elif op == "claim":
+            queue = self.queue(step["client"])
+            jobs = await queue.claim(ctx.queue(step["queue"]), ttl=step["ttl"])
+            if len(jobs) != 1:
+                raise Mismatch(f"claimed {len(jobs)} jobs, not 1")
+            ctx.leases[step["as"]] = jobs[0]
+        elif op == "complete":
+            await self.queue(step["client"]).complete(ctx.leases[step["job"]])
         elif op == "check":
             ctx.leases[step["lease"]].check()
             check_deadline_from_request(ctx, step["lease"])

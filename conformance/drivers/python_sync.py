@@ -23,7 +23,7 @@ from conformance.drivers._common import (
     pause_process,
     report,
 )
-from fencing import AcquireTimeoutError, GuardClient, LeaseClient
+from fencing import AcquireTimeoutError, GuardClient, LeaseClient, QueueClient
 
 
 class Driver:
@@ -31,8 +31,14 @@ class Driver:
         self.ctx = ctx
         self.clients: dict[str, LeaseClient] = {}
         self.guard = GuardClient(ctx.guard_addr)
+        self.queues: dict[str, QueueClient] = {}
         #: Background steps (``start``): the thread and, once it ended, (error, result).
         self.tasks: dict[str, tuple[threading.Thread, Step, list[Any]]] = {}
+
+    def queue(self, name: str) -> QueueClient:
+        if name not in self.queues:
+            self.queues[name] = QueueClient(self.ctx.lease_addr, worker=name)
+        return self.queues[name]
 
     def client(self, name: str) -> LeaseClient:
         if name not in self.clients:
@@ -42,6 +48,8 @@ class Driver:
     def close(self) -> None:
         for c in self.clients.values():
             c.close()
+        for q in self.queues.values():
+            q.close()
         self.guard.close()
 
     def run(self, steps: list[Step]) -> None:
@@ -95,6 +103,17 @@ class Driver:
         elif op == "read":
             rec = self.guard.read(ctx.resource(step["resource"]), step["key"])
             return {"value": None if rec is None else rec.value.decode()}
+        elif op == "enqueue":
+            self.queue("enqueuer").enqueue(
+                ctx.queue(step["queue"]), step["payload"], resource=ctx.resource(step["resource"])
+            )
+        elif op == "claim":
+            jobs = self.queue(step["client"]).claim(ctx.queue(step["queue"]), ttl=step["ttl"])
+            if len(jobs) != 1:
+                raise Mismatch(f"claimed {len(jobs)} jobs, not 1")
+            ctx.leases[step["as"]] = jobs[0]
+        elif op == "complete":
+            self.queue(step["client"]).complete(ctx.leases[step["job"]])
         elif op == "check":
             ctx.leases[step["lease"]].check()
             check_deadline_from_request(ctx, step["lease"])

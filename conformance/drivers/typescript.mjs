@@ -11,6 +11,7 @@ import {
   LeaseClient,
   LeaseHeldError,
   LeaseLostError,
+  QueueClient,
   StaleTokenError,
 } from "../../clients/typescript/dist/src/index.js";
 
@@ -41,6 +42,12 @@ const client = (name) => {
   return clients.get(name);
 };
 const resource = (name) => `${ctx.prefix}/${name}`;
+const queueName = (name) => `${ctx.prefix}-${name}`;
+const queues = new Map();
+const queue = () => {
+  if (!queues.has("q")) queues.set("q", new QueueClient(ctx.leaseAddr));
+  return queues.get("q");
+};
 const tokenOf = (v) => ctx.leases.get(v).token;
 
 function errorName(err) {
@@ -157,6 +164,20 @@ async function act(step) {
       const rec = await guard.read(resource(step.resource), step.key);
       return { value: rec === null ? null : rec.value.toString() };
     }
+    case "enqueue":
+      await queue().enqueue(queueName(step.queue), [
+        { payload: Buffer.from(step.payload), resource: resource(step.resource) },
+      ]);
+      return;
+    case "claim": {
+      const jobs = await queue().claim(queueName(step.queue), { ttl: step.ttl, worker: step.client });
+      if (jobs.length !== 1) throw new Mismatch(`claimed ${jobs.length} jobs, not 1`);
+      ctx.leases.set(step.as, jobs[0]);
+      return;
+    }
+    case "complete":
+      await queue().complete([ctx.leases.get(step.job)]);
+      return;
     case "check": {
       const lease = ctx.leases.get(step.lease);
       lease.check();
@@ -236,5 +257,6 @@ try {
   console.log(JSON.stringify({ ok: false, step: "", why: `${errorName(err)}: ${err.message}` }));
 } finally {
   for (const c of clients.values()) c.close();
+  for (const q of queues.values()) q.close();
   guard.close();
 }
