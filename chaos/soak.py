@@ -9,7 +9,9 @@ strikes on a random schedule drawn from the seed.
   on ``r*`` (read, work, write count+1 with an increment id), ``e*`` the guarded
   counter and idempotent effect log on ``x*``, and, on a backend with a queue
   (SQLite, PostgreSQL), ``j*`` are queue workers (claims, rescues of expired claims,
-  increments fenced by the claim's token). With several lease servers the clients
+  increments fenced by the claim's token), and ``m*`` hold several of ``m*``
+  resources at once with the SDK's ``hold_many`` (renewed by the session; each
+  lease's increments fenced by its own token). With several lease servers the clients
   are spread over them. Every client has its own fault proxy to its lease server.
 - **The nemesis** picks, every few seconds, one of: SIGSTOP a client for about two
   TTLs, SIGKILL a client (restarted, it re-sends its journaled write), partition a
@@ -99,6 +101,8 @@ class SoakConfig:
     counter_clients: int = 3
     effect_clients: int = 2
     workers: int = 2
+    many_clients: int = 2
+    """``hold_many`` sessions (the ``many`` workload) on ``resources + 1`` resources."""
     resources: int = 2
     lease_servers: int = 0
     """0: one on SQLite, two on PostgreSQL and Redis."""
@@ -411,6 +415,7 @@ def run_soak(
     )
     counter_res = [f"r{i}" for i in range(config.resources)]
     effect_res = [f"x{i}" for i in range(config.resources)]
+    many_res = [f"m{i}" for i in range(config.resources + 1)]
     try:
         with Cluster(topology, out, seed=config.seed) as cluster:
             targets = [
@@ -428,6 +433,7 @@ def run_soak(
             groups: list[tuple[str, str, int, list[str], Profile]] = [
                 ("k", "counter", config.counter_clients, counter_res, SHORT_JOBS),
                 ("e", "effects", config.effect_clients, effect_res, SHORT_JOBS),
+                ("m", "many", config.many_clients, many_res, SHORT_JOBS),
             ]
             if config.has_workers:
                 groups.append(("j", "jobs", config.workers, [], JOB_PROFILE))
@@ -454,7 +460,8 @@ def run_soak(
                 t0=t0,
                 database=database,
             )
-            observer = Observer(cluster.guard_target, counter_res + effect_res, history_dir, 0.1)
+            observed = counter_res + effect_res + (many_res if config.many_clients else [])
+            observer = Observer(cluster.guard_target, observed, history_dir, 0.1)
             every = config.check_every or max(10.0, config.duration / 20)
             checker = ContinuousCheck(history_dir, config.fence_mode, every, t0)
             nemesis = Nemesis(
@@ -502,8 +509,7 @@ def run_soak(
                     )
             cluster.stop_proxies()
             resources = sorted(
-                set(counter_res + effect_res)
-                | {e.resource for e in read_history(history_dir) if e.op == "acquire"}
+                set(observed) | {e.resource for e in read_history(history_dir) if e.op == "acquire"}
             )
             say(f"final reads of {len(resources)} resources")
             try:
@@ -590,7 +596,7 @@ def _role(target: str) -> str:
     head = target.split(" ")[0]
     if head.startswith("lease-server"):
         return "lease-server + guard" if "guard" in target else "lease-server"
-    if head.rstrip("0123456789") in ("k", "e", "j"):
+    if head.rstrip("0123456789") in ("k", "e", "j", "m"):
         return "client"
     return head
 
@@ -622,7 +628,8 @@ def verdict_lines(soak: SoakResult) -> list[str]:
     """The verdict for people: what ran, what broke, what the checker and the health check say."""
     c = soak.config
     r = soak.result
-    clients = c.counter_clients + c.effect_clients + (c.workers if c.has_workers else 0)
+    clients = c.counter_clients + c.effect_clients + c.many_clients
+    clients += c.workers if c.has_workers else 0
     lines = [
         f"soak on {c.backend} ({c.servers} lease server{'s' if c.servers > 1 else ''}), "
         f"fence mode {c.fence_mode}{'' if c.fencing else ' (CONTROL: guard fencing off)'}"
