@@ -11,7 +11,9 @@ strikes on a random schedule drawn from the seed.
   (SQLite, PostgreSQL), ``j*`` are queue workers (claims, rescues of expired claims,
   increments fenced by the claim's token), and ``m*`` hold several of ``m*``
   resources at once with the SDK's ``hold_many`` (renewed by the session; each
-  lease's increments fenced by its own token). With several lease servers the clients
+  lease's increments fenced by its own token), and ``l*`` campaign in elections
+  (:mod:`fencing.election`, one per ``l*`` resource) and, elected, run increments
+  fenced by their term. With several lease servers the clients
   are spread over them. Every client has its own fault proxy to its lease server.
 - **The nemesis** picks, every few seconds, one of: SIGSTOP a client for about two
   TTLs, SIGKILL a client (restarted, it re-sends its journaled write), partition a
@@ -103,6 +105,8 @@ class SoakConfig:
     workers: int = 2
     many_clients: int = 2
     """``hold_many`` sessions (the ``many`` workload) on ``resources + 1`` resources."""
+    candidates: int = 2
+    """Election candidates (the ``elect`` workload), one election per resource."""
     resources: int = 2
     lease_servers: int = 0
     """0: one on SQLite, two on PostgreSQL and Redis."""
@@ -416,6 +420,7 @@ def run_soak(
     counter_res = [f"r{i}" for i in range(config.resources)]
     effect_res = [f"x{i}" for i in range(config.resources)]
     many_res = [f"m{i}" for i in range(config.resources + 1)]
+    election_res = [f"l{i}" for i in range(config.resources)]
     try:
         with Cluster(topology, out, seed=config.seed) as cluster:
             targets = [
@@ -434,6 +439,7 @@ def run_soak(
                 ("k", "counter", config.counter_clients, counter_res, SHORT_JOBS),
                 ("e", "effects", config.effect_clients, effect_res, SHORT_JOBS),
                 ("m", "many", config.many_clients, many_res, SHORT_JOBS),
+                ("l", "elect", config.candidates, election_res, SHORT_JOBS),
             ]
             if config.has_workers:
                 groups.append(("j", "jobs", config.workers, [], JOB_PROFILE))
@@ -460,7 +466,9 @@ def run_soak(
                 t0=t0,
                 database=database,
             )
-            observed = counter_res + effect_res + (many_res if config.many_clients else [])
+            observed = [*counter_res, *effect_res]
+            observed += many_res if config.many_clients else []
+            observed += election_res if config.candidates else []
             observer = Observer(cluster.guard_target, observed, history_dir, 0.1)
             every = config.check_every or max(10.0, config.duration / 20)
             checker = ContinuousCheck(history_dir, config.fence_mode, every, t0)
@@ -596,7 +604,7 @@ def _role(target: str) -> str:
     head = target.split(" ")[0]
     if head.startswith("lease-server"):
         return "lease-server + guard" if "guard" in target else "lease-server"
-    if head.rstrip("0123456789") in ("k", "e", "j", "m"):
+    if head.rstrip("0123456789") in ("k", "e", "j", "m", "l"):
         return "client"
     return head
 
@@ -628,7 +636,7 @@ def verdict_lines(soak: SoakResult) -> list[str]:
     """The verdict for people: what ran, what broke, what the checker and the health check say."""
     c = soak.config
     r = soak.result
-    clients = c.counter_clients + c.effect_clients + c.many_clients
+    clients = c.counter_clients + c.effect_clients + c.many_clients + c.candidates
     clients += c.workers if c.has_workers else 0
     lines = [
         f"soak on {c.backend} ({c.servers} lease server{'s' if c.servers > 1 else ''}), "

@@ -38,7 +38,7 @@ def soak(tmp_path: Path, **kw: object) -> SoakResult:
 
 
 def test_a_short_soak_on_sqlite_is_valid_and_flat(tmp_path: Path) -> None:
-    # Every workload at once (lock-counter, effects, queue workers, hold_many) under
+    # Every workload at once (lock-counter, effects, queue workers, hold_many, leaders) under
     # the nemesis: no violation, health flat.
     result = soak(tmp_path, duration=CI_SOAK_S)
     assert result.errors == []
@@ -47,10 +47,13 @@ def test_a_short_soak_on_sqlite_is_valid_and_flat(tmp_path: Path) -> None:
     # It did soak: faults struck, every workload ran, the servers were sampled.
     assert sum(result.fault_counts.values()) >= 3
     processes = {e.process.split("~")[0][:1] for e in _history(tmp_path)}
-    assert {"k", "e", "j", "m"} <= processes
+    assert {"k", "e", "j", "m", "l"} <= processes
     # hold_many sessions held several leases at once and wrote under each.
     many = [e for e in _history(tmp_path) if e.process.startswith("m") and e.type == "ok"]
     assert {e.resource for e in many if e.op == "write"} >= {"m0", "m1", "m2"}
+    # Candidates were elected (terms) and their increments fenced by the term.
+    led = [e for e in _history(tmp_path) if e.process.startswith("l") and e.type == "ok"]
+    assert {e.op for e in led} >= {"acquire", "write"}
     assert {g.metric for g in result.growths} >= {"rss_mb", "fds", "tasks"}
     assert result.checks, "the checker also ran during the soak"
     assert (tmp_path / "health.html").read_text().count("<svg") >= 6
