@@ -17,7 +17,8 @@ strikes on a random schedule drawn from the seed.
   are spread over them. Every client has its own fault proxy to its lease server.
 - **The nemesis** picks, every few seconds, one of: SIGSTOP a client for about two
   TTLs, SIGKILL a client (restarted, it re-sends its journaled write), partition a
-  client from its lease server, SIGSTOP or SIGKILL a lease server, SIGSTOP or
+  client from its lease server, skew a client's SDK clock (a quarter speed) while
+  it is cut from its lease server, SIGSTOP or SIGKILL a lease server, SIGSTOP or
   SIGKILL the guard, and SIGKILL the backend (a throwaway PostgreSQL or Redis; on
   SQLite the lease server and the guard together). Each fault is undone within
   seconds; the fault log records every window. Crashes of servers and of the
@@ -80,6 +81,9 @@ through the last half of the run (and their warm-up before it) to judge anything
 
 SERVER_CRASHES: Final = frozenset({"kill-lease-server", "kill-guard", "restart-backend"})
 """The nemesis' faults that restart a server (see :data:`CRASH_UNTIL`)."""
+
+SKEW_RATE: Final = 0.25
+"""A skewed client's SDK clock runs at this rate (see ``skew-client``)."""
 
 CLIENT_RESTART_S: Final = (0.5, 2.5)
 """How long a killed client stays down."""
@@ -232,7 +236,7 @@ def client_argv(
         fence_mode=config.fence_mode,
         workload=workload,
         guard_mode=config.guard_mode,
-        options=["--max-jobs", str(10**9), *profile.argv()],
+        options=["--max-jobs", str(10**9), "--skew-rate", f"{SKEW_RATE:g}", *profile.argv()],
     )
 
 
@@ -276,6 +280,7 @@ class Nemesis:
             "pause-client": self.pause_client,
             "kill-client": self.kill_client,
             "partition-client": self.partition_client,
+            "skew-client": self.skew_client,
             "pause-lease-server": lambda: self.pause(self.rng.choice(self.cluster.leases)),
             "kill-lease-server": lambda: self.crash(self.rng.choice(self.cluster.leases)),
             "pause-guard": lambda: self.pause(self._guard()),
@@ -320,6 +325,22 @@ class Nemesis:
             target = f"{node.name} <-> lease-server"
             with faults.partitioned(node.lease_proxy, self.log, target):
                 time.sleep(self._ttl())
+
+    def skew_client(self) -> None:
+        """Slow a client's SDK clock to :data:`SKEW_RATE` and cut it from its lease
+        server for about two and a half TTLs: it believes its lease still valid long
+        after it expired and was taken over, so its writes must be refused."""
+        # Only a first incarnation: a restarted one may not have its signal handlers
+        # yet, and SIGUSR1's default action would end it.
+        first = [n for n in self.cluster.clients.values() if n.proc.alive and n.proc.starts == 1]
+        node = self.rng.choice(first) if first else None
+        if node is None or node.lease_proxy is None:
+            return
+        with (
+            faults.clock_skewed(node.proc, self.log, detail=f"SDK clock at {SKEW_RATE:g}x"),
+            faults.partitioned(node.lease_proxy, self.log, f"{node.name} <-> lease-server"),
+        ):
+            time.sleep(self._ttl() * 1.2)
 
     def pause(self, proc: Proc) -> None:
         with faults.paused(proc, self.log):
