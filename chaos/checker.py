@@ -104,6 +104,16 @@ run invalid). All rules are per resource.
    over it (a former holder may write until the new holder's first write), and L
    itself was not flagged by rule 3 (a stale write is out of the window). Any
    other lost increment is a violation in every mode.
+7. ``job-done-twice`` (queue jobs, at most once per attempt token): a job's
+   completion is a ``release`` whose invocation carries ``extra["job"]`` and the
+   claim's token. A job is done at most once: two ``ok`` completions of one job are
+   flagged (whatever their tokens: a job done is never claimed again), and so is an
+   ``ok`` completion with token ``t`` invoked after an ``ok`` claim (``acquire``
+   with ``extra["job"]``) of the same job with a token ``t' > t`` had completed: the
+   job had been rescued, the former attempt's token was stale and its completion
+   had to be refused. ``info`` completions may or may not have landed and are not
+   judged. (That every job is done at least once needs the queue's final state,
+   which the history does not hold yet.)
 
 Measured, never asserted (:class:`Stats`): operation counts by op and outcome;
 ``writes_ok``; ``stale_rejected`` (``fail`` writes and fences with error
@@ -159,6 +169,7 @@ class ViolationKind(StrEnum):
     DUPLICATE_EFFECT = "duplicate-effect"
     LOST_UPDATE = "lost-update"
     REJECTED_WRITE_LANDED = "rejected-write-landed"
+    JOB_DONE_TWICE = "job-done-twice"
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +270,7 @@ class CheckResult:
 
 
 def check(events: Iterable[Event], *, mode: str) -> CheckResult:
-    """Judge a history against rules 1-6 (see the module docstring) and measure it.
+    """Judge a history against rules 1-7 (see the module docstring) and measure it.
 
     ``mode`` is the fence mode the run claims to test: ``monotonic``, ``promise``,
     ``watch`` or ``strict``; it selects whether rule 3b applies and whether rule 6's
@@ -292,6 +303,7 @@ def check(events: Iterable[Event], *, mode: str) -> CheckResult:
         bad, window = _lost_updates(resource, rops, mode, {v.op_ids[0] for v in stale + late})
         violations += bad
         findings += window
+        violations += _job_completions(resource, rops)
     return CheckResult(
         mode=mode,
         violations=tuple(violations),
@@ -671,6 +683,42 @@ def _duplicate_effects(resource: str, rops: Sequence[Operation]) -> list[Violati
                 (r.op_id, *culprits),
             )
         )
+    return out
+
+
+# -- rule 7 ------------------------------------------------------------------
+
+
+def _job_completions(resource: str, rops: Sequence[Operation]) -> list[Violation]:
+    claims = [o for o in rops if o.op == "acquire" and o.ok and "job" in o.extra]
+    done = [o for o in rops if o.op == "release" and o.ok and "job" in o.extra]
+    out: list[Violation] = []
+    for first, again in itertools.pairwise(done):
+        out.append(
+            Violation(
+                ViolationKind.JOB_DONE_TWICE,
+                resource,
+                f"job {again.extra['job']!r} completed again by {again.op_id} "
+                f"({again.process}, token {again.token}) after {first.op_id} "
+                f"({first.process}, token {first.token}) had completed it",
+                (again.op_id, first.op_id),
+            )
+        )
+    for d in done:
+        t = _tok(d)
+        newer = [c for c in claims if c.end_ns < d.start_ns and _tok(c) > t]
+        if newer:
+            c = max(newer, key=_tok)
+            out.append(
+                Violation(
+                    ViolationKind.JOB_DONE_TWICE,
+                    resource,
+                    f"job {d.extra['job']!r} completed by {d.op_id} ({d.process}) with "
+                    f"stale token {t}: claim {c.op_id} ({c.process}) held token "
+                    f"{_tok(c)} before that completion was invoked",
+                    (d.op_id, c.op_id),
+                )
+            )
     return out
 
 

@@ -9,11 +9,16 @@ strikes on a random schedule drawn from the seed.
   on ``r*`` (read, work, write count+1 with an increment id), ``e*`` the guarded
   counter and idempotent effect log on ``x*``, and, on a backend with a queue
   (SQLite, PostgreSQL), ``j*`` are queue workers (claims, rescues of expired claims,
-  increments fenced by the claim's token). With several lease servers the clients
+  increments fenced by the claim's token), and ``m*`` hold several of ``m*``
+  resources at once with the SDK's ``hold_many`` (renewed by the session; each
+  lease's increments fenced by its own token), and ``l*`` campaign in elections
+  (:mod:`fencing.election`, one per ``l*`` resource) and, elected, run increments
+  fenced by their term. With several lease servers the clients
   are spread over them. Every client has its own fault proxy to its lease server.
 - **The nemesis** picks, every few seconds, one of: SIGSTOP a client for about two
   TTLs, SIGKILL a client (restarted, it re-sends its journaled write), partition a
-  client from its lease server, SIGSTOP or SIGKILL a lease server, SIGSTOP or
+  client from its lease server, skew a client's SDK clock (a quarter speed) while
+  it is cut from its lease server, SIGSTOP or SIGKILL a lease server, SIGSTOP or
   SIGKILL the guard, and SIGKILL the backend (a throwaway PostgreSQL or Redis; on
   SQLite the lease server and the guard together). Each fault is undone within
   seconds; the fault log records every window. Crashes of servers and of the
@@ -77,6 +82,9 @@ through the last half of the run (and their warm-up before it) to judge anything
 SERVER_CRASHES: Final = frozenset({"kill-lease-server", "kill-guard", "restart-backend"})
 """The nemesis' faults that restart a server (see :data:`CRASH_UNTIL`)."""
 
+SKEW_RATE: Final = 0.25
+"""A skewed client's SDK clock runs at this rate (see ``skew-client``)."""
+
 CLIENT_RESTART_S: Final = (0.5, 2.5)
 """How long a killed client stays down."""
 
@@ -99,6 +107,10 @@ class SoakConfig:
     counter_clients: int = 3
     effect_clients: int = 2
     workers: int = 2
+    many_clients: int = 2
+    """``hold_many`` sessions (the ``many`` workload) on ``resources + 1`` resources."""
+    candidates: int = 2
+    """Election candidates (the ``elect`` workload), one election per resource."""
     resources: int = 2
     lease_servers: int = 0
     """0: one on SQLite, two on PostgreSQL and Redis."""
@@ -224,7 +236,7 @@ def client_argv(
         fence_mode=config.fence_mode,
         workload=workload,
         guard_mode=config.guard_mode,
-        options=["--max-jobs", str(10**9), *profile.argv()],
+        options=["--max-jobs", str(10**9), "--skew-rate", f"{SKEW_RATE:g}", *profile.argv()],
     )
 
 
@@ -268,6 +280,7 @@ class Nemesis:
             "pause-client": self.pause_client,
             "kill-client": self.kill_client,
             "partition-client": self.partition_client,
+            "skew-client": self.skew_client,
             "pause-lease-server": lambda: self.pause(self.rng.choice(self.cluster.leases)),
             "kill-lease-server": lambda: self.crash(self.rng.choice(self.cluster.leases)),
             "pause-guard": lambda: self.pause(self._guard()),
@@ -312,6 +325,22 @@ class Nemesis:
             target = f"{node.name} <-> lease-server"
             with faults.partitioned(node.lease_proxy, self.log, target):
                 time.sleep(self._ttl())
+
+    def skew_client(self) -> None:
+        """Slow a client's SDK clock to :data:`SKEW_RATE` and cut it from its lease
+        server for about two and a half TTLs: it believes its lease still valid long
+        after it expired and was taken over, so its writes must be refused."""
+        # Only a first incarnation: a restarted one may not have its signal handlers
+        # yet, and SIGUSR1's default action would end it.
+        first = [n for n in self.cluster.clients.values() if n.proc.alive and n.proc.starts == 1]
+        node = self.rng.choice(first) if first else None
+        if node is None or node.lease_proxy is None:
+            return
+        with (
+            faults.clock_skewed(node.proc, self.log, detail=f"SDK clock at {SKEW_RATE:g}x"),
+            faults.partitioned(node.lease_proxy, self.log, f"{node.name} <-> lease-server"),
+        ):
+            time.sleep(self._ttl() * 1.2)
 
     def pause(self, proc: Proc) -> None:
         with faults.paused(proc, self.log):
@@ -411,6 +440,8 @@ def run_soak(
     )
     counter_res = [f"r{i}" for i in range(config.resources)]
     effect_res = [f"x{i}" for i in range(config.resources)]
+    many_res = [f"m{i}" for i in range(config.resources + 1)]
+    election_res = [f"l{i}" for i in range(config.resources)]
     try:
         with Cluster(topology, out, seed=config.seed) as cluster:
             targets = [
@@ -428,6 +459,8 @@ def run_soak(
             groups: list[tuple[str, str, int, list[str], Profile]] = [
                 ("k", "counter", config.counter_clients, counter_res, SHORT_JOBS),
                 ("e", "effects", config.effect_clients, effect_res, SHORT_JOBS),
+                ("m", "many", config.many_clients, many_res, SHORT_JOBS),
+                ("l", "elect", config.candidates, election_res, SHORT_JOBS),
             ]
             if config.has_workers:
                 groups.append(("j", "jobs", config.workers, [], JOB_PROFILE))
@@ -454,7 +487,10 @@ def run_soak(
                 t0=t0,
                 database=database,
             )
-            observer = Observer(cluster.guard_target, counter_res + effect_res, history_dir, 0.1)
+            observed = [*counter_res, *effect_res]
+            observed += many_res if config.many_clients else []
+            observed += election_res if config.candidates else []
+            observer = Observer(cluster.guard_target, observed, history_dir, 0.1)
             every = config.check_every or max(10.0, config.duration / 20)
             checker = ContinuousCheck(history_dir, config.fence_mode, every, t0)
             nemesis = Nemesis(
@@ -502,8 +538,7 @@ def run_soak(
                     )
             cluster.stop_proxies()
             resources = sorted(
-                set(counter_res + effect_res)
-                | {e.resource for e in read_history(history_dir) if e.op == "acquire"}
+                set(observed) | {e.resource for e in read_history(history_dir) if e.op == "acquire"}
             )
             say(f"final reads of {len(resources)} resources")
             try:
@@ -590,7 +625,7 @@ def _role(target: str) -> str:
     head = target.split(" ")[0]
     if head.startswith("lease-server"):
         return "lease-server + guard" if "guard" in target else "lease-server"
-    if head.rstrip("0123456789") in ("k", "e", "j"):
+    if head.rstrip("0123456789") in ("k", "e", "j", "m", "l"):
         return "client"
     return head
 
@@ -622,7 +657,8 @@ def verdict_lines(soak: SoakResult) -> list[str]:
     """The verdict for people: what ran, what broke, what the checker and the health check say."""
     c = soak.config
     r = soak.result
-    clients = c.counter_clients + c.effect_clients + (c.workers if c.has_workers else 0)
+    clients = c.counter_clients + c.effect_clients + c.many_clients + c.candidates
+    clients += c.workers if c.has_workers else 0
     lines = [
         f"soak on {c.backend} ({c.servers} lease server{'s' if c.servers > 1 else ''}), "
         f"fence mode {c.fence_mode}{'' if c.fencing else ' (CONTROL: guard fencing off)'}"

@@ -43,6 +43,23 @@ its token). A worker paused past its claim is rescued by the next claim (rescues
 come first): the rescuer's claim carries a higher token, and the paused worker's
 prepared increment must then be refused.
 
+``--workload many`` is the lock-counter on several leases at once: each job takes
+:data:`MANY_AT_ONCE` of its resources (drawn, in sorted order) with the SDK's
+``hold_many`` (one call, all or none; the session renews them), records each grant
+as its own ``acquire`` (in promise mode after the client's own ``Fence`` of it, in
+watch mode once the guard's fence reached its token), then runs increments on the
+leases in turn, each write fenced by its own lease's token, until the job's time is
+up, and releases them all on leaving the block. A lease lost meanwhile drops out of
+the rotation; the others go on.
+
+``--workload elect`` campaigns in the election named by each resource
+(:mod:`fencing.election`, the client's name proclaimed); once elected (the term
+promised to the guard, so the grant is recorded as an ``acquire`` whose token is the
+term, in every mode) the leader runs lock-counter increments fenced by its term
+until the job's time is up, then resigns (a ``release``). At most one leader per
+term is the checker's ``duplicate-token`` rule, terms growing its ``token-order``,
+a deposed leader's writes refused its ``stale-write-accepted``.
+
 What a client does *not* do is the point: it never re-checks its lease between
 preparing a write and sending it, and with ``--check job`` never between steps,
 so a job that outlives its lease (a pause, a partition, a lease-server outage,
@@ -98,6 +115,7 @@ from chaos.checker import parse_increments
 from chaos.history import ExtraValue, HistoryWriter, Recorder
 from fencing import (
     Claim,
+    Election,
     FencingError,
     GuardClient,
     InvalidArgumentError,
@@ -119,9 +137,12 @@ from fencing.types import Fenced
 COUNTER_KEY: Final = "counter"
 """The key every step reads, increments and writes back."""
 
-WORKLOADS: Final = ("effects", "counter", "jobs")
-"""``--workload`` choices: the counter and effect log (default), the lock-counter, or
-the lock-counter inside queue jobs."""
+WORKLOADS: Final = ("effects", "counter", "jobs", "many", "elect")
+"""``--workload`` choices: the counter and effect log (default), the lock-counter, the
+lock-counter inside queue jobs, on several leases held at once, or by elected leaders."""
+
+MANY_AT_ONCE: Final = 2
+"""How many resources one ``many`` job holds with one ``hold_many``."""
 
 JOB_QUEUE: Final = "chaos"
 """The queue the ``jobs`` workload enqueues to and claims from."""
@@ -457,6 +478,12 @@ class Client:
         if self.args.workload == "jobs":
             self.run_jobs()
             return
+        if self.args.workload == "many":
+            self.run_many()
+            return
+        if self.args.workload == "elect":
+            self.run_many(self.lead, 1)
+            return
         self.replay()
         deadline = time.monotonic() + self.args.duration
         # No job runs on for long after the last one may start (bounded in time).
@@ -492,6 +519,130 @@ class Client:
                 self.claim_and_run(queue)
                 runs += 1
                 self._sleep_ms(self.args.idle_ms)
+
+    def run_many(
+        self, job: Callable[[list[str]], bool] | None = None, at_once: int = MANY_AT_ONCE
+    ) -> None:
+        """The ``many`` (and ``elect``) workload: each job on ``at_once`` drawn resources."""
+        self.replay()
+        deadline = time.monotonic() + self.args.duration
+        self.jobs_end = deadline + JOB_OVERRUN_S
+        jobs = 0
+        k = min(at_once, len(self.resources))
+        while not self.stopping and jobs < self.args.max_jobs and time.monotonic() < deadline:
+            (job or self.many_job)(sorted(self.rng.sample(self.resources, k)))
+            jobs += 1
+            self._sleep_ms(self.args.idle_ms)
+
+    def lead(self, names: list[str]) -> bool:
+        """Campaign in the election ``names[0]``; once elected, increments fenced by the
+        term, then resign. False if not elected."""
+        name = names[0]
+        ttl_s = self.rng.uniform(*self.args.ttl_ms) / 1000
+        job_s = self.rng.uniform(*self.args.job_ms) / 1000
+        election = Election(self.leases, self.guard, name, ttl=ttl_s)
+        op = self.rec.invoke("acquire", name, ttl_ms=round(ttl_s * 1000), election=1)
+        try:
+            leader = election.campaign(self.process, timeout=self.args.acquire_timeout)
+        except LeaseHeldError as exc:
+            self.rec.complete(op, "fail", error=exc.reason)
+            return False
+        except Exception as exc:  # a term may have been granted: unknown
+            self.rec.complete(op, "info", error=_reason(exc))
+            time.sleep(0.05)
+            return False
+        self.rec.complete(op, "ok", token=leader.term, ttl_ms=leader.lease.ttl_ms)
+        leader.lease.on_lost(self._on_lost)
+        with contextlib.suppress(LeaseLost), leader:
+            try:
+                end = min(time.monotonic() + job_s, self.jobs_end)
+                for _ in range(MAX_STEPS_PER_JOB):
+                    if self.stopping:
+                        break
+                    try:
+                        leader.check()
+                    except LeaseLost:
+                        break  # deposed: recorded by the on_lost callback
+                    if self.increment(leader) is Outcome.STOP or time.monotonic() >= end:
+                        break
+            finally:
+                self.release(leader.lease)  # resign
+        return True
+
+    def many_job(self, resources: list[str]) -> bool:
+        """One job on every resource in ``resources`` at once; False if not acquired."""
+        ttl_s = self.rng.uniform(*self.args.ttl_ms) / 1000
+        job_s = self.rng.uniform(*self.args.job_ms) / 1000
+        ops = {r: self.rec.invoke("acquire", r, ttl_ms=round(ttl_s * 1000)) for r in resources}
+        acquired = False
+        try:
+            with self.leases.hold_many(
+                resources, ttl_s, timeout=self.args.acquire_timeout
+            ) as leases:
+                acquired = True
+                ready: list[Lease] = []
+                for lease in leases:
+                    if self.fence_grant(lease, ops[lease.resource]):
+                        ready.append(lease)
+                try:
+                    self.work_many(ready, job_s)
+                finally:
+                    for lease in leases:
+                        self.release(lease)
+        except LeaseLost:
+            pass  # recorded by the on_lost callbacks, or our own release
+        except LeaseHeldError as exc:
+            if acquired:
+                raise
+            for op in ops.values():
+                self.rec.complete(op, "fail", error=exc.reason)
+        except Exception as exc:
+            if acquired:
+                raise
+            for op in ops.values():  # a grant may have happened: unknown
+                self.rec.complete(op, "info", error=_reason(exc))
+            time.sleep(0.05)
+        return acquired
+
+    def fence_grant(self, lease: Lease, op: str) -> bool:
+        """Record ``lease``'s grant once it fences older tokens at the guard (promise:
+        after our own ``Fence``; watch: once the guard's fence reached it); True if the
+        job may write with it."""
+        if self.args.fence_mode == "promise":
+            try:
+                self.guard.fence(lease)
+            except Exception as exc:
+                self.rec.complete(op, "info", error=_reason(exc))
+                return False
+        fenced = True
+        if self.args.fence_mode == "watch":
+            fenced = self.await_fence(lease)
+            self.rec.complete(op, "ok", token=lease.token, ttl_ms=lease.ttl_ms, fenced=int(fenced))
+        else:
+            self.rec.complete(op, "ok", token=lease.token, ttl_ms=lease.ttl_ms)
+        lease.on_lost(self._on_lost)
+        return fenced or not self.args.await_fence
+
+    def work_many(self, leases: list[Lease], job_s: float) -> None:
+        """Increments on each lease in turn; a lease lost or refused leaves the rotation."""
+        end = min(time.monotonic() + job_s, self.jobs_end)
+        live = list(leases)
+        checked: set[str] = set()
+        for _ in range(MAX_STEPS_PER_JOB):
+            if self.stopping or not live:
+                return
+            for lease in list(live):
+                if self.args.check == "step" or lease.resource not in checked:
+                    checked.add(lease.resource)
+                    try:
+                        lease.check()
+                    except LeaseLost:
+                        live.remove(lease)  # recorded by the on_lost callback
+                        continue
+                if self.increment(lease) is Outcome.STOP:
+                    live.remove(lease)
+            if time.monotonic() >= end:
+                return
 
     def claim_and_run(self, queue: QueueClient) -> None:
         ttl_s = self.rng.uniform(*self.args.ttl_ms) / 1000

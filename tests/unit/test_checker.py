@@ -1401,3 +1401,78 @@ def test_a_replayed_increment_refused_after_its_first_attempt_landed_is_valid() 
     result = h.check()
     assert ViolationKind.REJECTED_WRITE_LANDED in result.kinds()
     assert any(v.op_ids[0] == replay for v in result.violations)
+
+
+# -- rule 7: job-done-twice ---------------------------------------------------------
+
+JOB = "job/chaos/7"
+
+
+def rescued_job(stale_completion: str) -> tuple[History, str]:
+    """a claims the job (token 1) and is paused past its claim; b rescues it (token 2)
+    and completes it; a wakes and completes with its stale token. Returns a's completion."""
+    h = History()
+    h.op("a", "acquire", JOB, 0, 1, token=1, job="7", ttl_ms=100)
+    h.op("b", "acquire", JOB, 200, 201, token=2, job="7", ttl_ms=100)
+    h.op("b", "release", JOB, 210, 211, token=2, job="7")
+    error = "STALE_TOKEN" if stale_completion == "fail" else None
+    stale = h.op("a", "release", JOB, 220, 221, stale_completion, token=1, job="7", error=error)
+    return h, stale
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_a_rescued_job_whose_stale_completion_is_refused_is_valid(mode: str) -> None:
+    h, _ = rescued_job("fail")
+    result = h.check(mode)
+    assert result.valid, result.summary()
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_a_stale_completion_accepted_is_flagged(mode: str) -> None:
+    # The control: a worker completing with its stale token on a path that does not
+    # check it; the job is done twice.
+    h, stale = rescued_job("ok")
+    result = h.check(mode)
+    assert result.kinds() == {"job-done-twice"}, result.summary()
+    assert {v.op_ids[0] for v in result.violations} == {stale}
+
+
+def test_a_stale_completion_alone_is_flagged() -> None:
+    # The rescuer never completed (killed): the stale completion is still one the
+    # job's newer claim had to make the queue refuse.
+    h = History()
+    h.op("a", "acquire", JOB, 0, 1, token=1, job="7")
+    h.op("b", "acquire", JOB, 200, 201, token=2, job="7")
+    stale = h.op("a", "release", JOB, 220, 221, token=1, job="7")
+    result = h.check()
+    assert result.kinds() == {"job-done-twice"}
+    assert result.violations[0].op_ids == (stale, result.violations[0].op_ids[1])
+
+
+def test_a_job_completed_twice_under_one_token_is_flagged() -> None:
+    h = History()
+    h.op("a", "acquire", JOB, 0, 1, token=1, job="7")
+    first = h.op("a", "release", JOB, 2, 3, token=1, job="7")
+    again = h.op("a~1", "release", JOB, 4, 5, token=1, job="7")
+    result = h.check()
+    assert result.kinds() == {"job-done-twice"}
+    assert result.violations[0].op_ids == (again, first)
+
+
+def test_completions_of_unknown_outcome_or_racing_the_rescue_are_not_judged() -> None:
+    h = History()
+    h.op("a", "acquire", JOB, 0, 1, token=1, job="7")
+    # a's completion was sent while b's rescue was still in flight: concurrent.
+    h.op("a", "release", JOB, 150, 160, token=1, job="7")
+    h.op("b", "acquire", JOB, 155, 201, token=2, job="7")
+    h.op("b", "release", JOB, 210, 211, "info", token=2, job="7", error="UNAVAILABLE")
+    assert h.check().valid, h.check().summary()
+
+
+def test_lease_releases_are_no_job_completions() -> None:
+    h = History()
+    h.op("a", "acquire", "r", 0, 1, token=1)
+    h.op("a", "release", "r", 2, 3, token=1)
+    h.op("b", "acquire", "r", 4, 5, token=2)
+    h.op("a", "release", "r", 6, 7, token=1)
+    assert h.check().valid
