@@ -13,12 +13,13 @@ how ``python -m examples.worker_pool`` failed for a new user one run in two.
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
+import grpc.aio
 import pytest
 
 import fencing.client._queue as queue_core
@@ -66,26 +67,40 @@ def admin(server: ServerProc) -> Iterator[QueueClient]:
         client.close()
 
 
-@pytest.fixture
-def retried() -> Iterator[threading.Event]:
-    """Set when the SDK retries a Claim (its first try's deadline passed)."""
-    seen = threading.Event()
+class ClaimDeadlines(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Sets ``passed`` when a Claim on the channel ends DEADLINE_EXCEEDED: its reply was
+    lost (whatever the client does next: a retry of its own, or the caller's)."""
 
-    class Handler(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if record.getMessage().startswith("claim of "):
-                seen.set()
+    def __init__(self) -> None:
+        self.passed = threading.Event()
 
-    handler = Handler(logging.INFO)
-    logger = logging.getLogger("fencing.client.queue")
-    old_level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    try:
-        yield seen
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        outcome = continuation(details, request)
+        if details.method.endswith("/Claim") and outcome.code() == _DEADLINE:
+            self.passed.set()
+        return outcome
+
+
+class AioClaimDeadlines(grpc.aio.UnaryUnaryClientInterceptor):
+    """:class:`ClaimDeadlines` for ``grpc.aio`` channels."""
+
+    def __init__(self) -> None:
+        self.passed = threading.Event()
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        call = await continuation(details, request)
+        try:
+            await call
+        except grpc.aio.AioRpcError as exc:
+            method = (
+                details.method.decode() if isinstance(details.method, bytes) else details.method
+            )
+            if method.endswith("/Claim") and exc.code() == _DEADLINE:
+                self.passed.set()
+        return call
+
+
+_DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 def no_request_id(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,14 +171,14 @@ def test_the_wire_control_a_fresh_request_id_leaves_the_job_to_die(
     assert info.attempts == 1 and info.finished_at_ms > 0
 
 
-def run_worker(
-    proxy: ThreadedFaultProxy, retried: threading.Event, admin: QueueClient, job_id: int
-) -> tuple[list[int], str]:
+def run_worker(proxy: ThreadedFaultProxy, admin: QueueClient, job_id: int) -> tuple[list[int], str]:
     """A Worker (the SDK's, sync) behind the proxy: its first Claim's reply is lost; the
-    link heals once the SDK retries. Returns the attempts its handler saw and the job's
-    end state."""
+    link heals once that Claim's deadline passed. Returns the attempts its handler saw
+    and the job's end state."""
     runs: list[int] = []
-    client = QueueClient(proxy.target, worker="w", rpc_timeout=RPC_S)
+    claims = ClaimDeadlines()
+    channel = grpc.intercept_channel(grpc.insecure_channel(proxy.target), claims)
+    client = QueueClient(proxy.target, worker="w", rpc_timeout=RPC_S, channel=channel)
     pool = Worker(
         client,
         "q",
@@ -179,7 +194,7 @@ def run_worker(
     thread.start()
     try:
         wait_until(lambda: state(admin, job_id) == "running", "the server claimed the job")
-        assert retried.wait(30), "the SDK did not retry the Claim"
+        assert claims.passed.wait(30), "the lost reply's Claim never ended"
         proxy.heal()
         wait_until(lambda: state(admin, job_id) in ("succeeded", "dead"), "the job ended")
         return runs, state(admin, job_id)
@@ -191,29 +206,28 @@ def run_worker(
 
 
 def test_a_worker_runs_the_job_whose_claim_reply_was_lost(
-    proxy: ThreadedFaultProxy, admin: QueueClient, retried: threading.Event
+    proxy: ThreadedFaultProxy, admin: QueueClient
 ) -> None:
     job_id = enqueue_last_chance(admin, "q")
-    runs, end = run_worker(proxy, retried, admin, job_id)
+    runs, end = run_worker(proxy, admin, job_id)
     assert (runs, end) == ([1], "succeeded")
 
 
 def test_control_without_request_ids_the_worker_loses_the_job(
     proxy: ThreadedFaultProxy,
     admin: QueueClient,
-    retried: threading.Event,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     no_request_id(monkeypatch)
     job_id = enqueue_last_chance(admin, "q")
-    runs, end = run_worker(proxy, retried, admin, job_id)
+    runs, end = run_worker(proxy, admin, job_id)
     assert (runs, end) == ([], "dead")
 
 
-async def async_claim(
-    proxy: ThreadedFaultProxy, retried: threading.Event, admin: QueueClient, job_id: int
-) -> list[Job]:
-    client = AsyncQueueClient(proxy.target, worker="w", rpc_timeout=RPC_S)
+async def async_claim(proxy: ThreadedFaultProxy, admin: QueueClient, job_id: int) -> list[Job]:
+    claims = AioClaimDeadlines()
+    channel = grpc.aio.insecure_channel(proxy.target, interceptors=[claims])
+    client = AsyncQueueClient(proxy.target, worker="w", rpc_timeout=RPC_S, channel=channel)
     await client.stats("q")  # the link is up
     proxy.half_open("upstream")
     try:
@@ -221,7 +235,7 @@ async def async_claim(
         await asyncio.to_thread(
             wait_until, lambda: state(admin, job_id) == "running", "the server claimed the job"
         )
-        assert await asyncio.to_thread(retried.wait, 30), "the SDK did not retry the Claim"
+        assert await asyncio.to_thread(claims.passed.wait, 30), "the Claim never ended"
         proxy.heal()
         return await task
     finally:
@@ -230,10 +244,10 @@ async def async_claim(
 
 
 async def test_the_asyncio_client_retries_a_claim_with_the_same_request_id(
-    proxy: ThreadedFaultProxy, admin: QueueClient, retried: threading.Event
+    proxy: ThreadedFaultProxy, admin: QueueClient
 ) -> None:
     job_id = enqueue_last_chance(admin, "q")
-    jobs = await async_claim(proxy, retried, admin, job_id)
+    jobs = await async_claim(proxy, admin, job_id)
     granted = admin.get_job(job_id)
     assert [(j.id, j.token, j.attempt) for j in jobs] == [(job_id, granted.token, 1)]
 
@@ -241,11 +255,10 @@ async def test_the_asyncio_client_retries_a_claim_with_the_same_request_id(
 async def test_control_the_asyncio_client_without_request_ids_gets_nothing(
     proxy: ThreadedFaultProxy,
     admin: QueueClient,
-    retried: threading.Event,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     no_request_id(monkeypatch)
     job_id = enqueue_last_chance(admin, "q")
-    assert await async_claim(proxy, retried, admin, job_id) == []
+    assert await async_claim(proxy, admin, job_id) == []
     info = admin.get_job(job_id)
     assert info.state == "running" and info.attempts == 1  # claimed, by nobody
