@@ -67,7 +67,7 @@ def admin(server: ServerProc) -> Iterator[QueueClient]:
         client.close()
 
 
-class ClaimDeadlines(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+class ClaimDeadlines(grpc.UnaryUnaryClientInterceptor):
     """Sets ``passed`` when a Claim on the channel ends DEADLINE_EXCEEDED: its reply was
     lost (whatever the client does next: a retry of its own, or the caller's)."""
 
