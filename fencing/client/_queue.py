@@ -17,7 +17,17 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from fencing._renewal import RenewalPolicy, RenewalSchedule
-from fencing.client._core import Call, Steps, is_transient, ttl_ms_of, unary, wait_ms_of
+from fencing.client._core import (
+    RETRY_BACKOFF,
+    Call,
+    Sleep,
+    Steps,
+    is_transient,
+    new_request_id,
+    ttl_ms_of,
+    unary,
+    wait_ms_of,
+)
 from fencing.errors import FencingError, InvalidArgumentError, LeaseLost
 from fencing.types import JOB_CANCELLED, Claim
 from fencing.v1 import queue_pb2
@@ -504,9 +514,16 @@ def claimed(
 
 
 def claim_request(
-    queue: str, worker: str, batch: int, ttl_ms: int, wait_ms: int, done: Sequence[Job] = ()
+    queue: str,
+    worker: str,
+    batch: int,
+    ttl_ms: int,
+    wait_ms: int,
+    done: Sequence[Job] = (),
+    request_id: str = "",
 ) -> queue_pb2.ClaimRequest:
-    """A Claim, carrying ``done`` (finished jobs of ``queue``) to complete first."""
+    """A Claim, carrying ``done`` (finished jobs of ``queue``) to complete first, and the
+    ``request_id`` every retry of it repeats (the server replays the jobs it claimed)."""
     if done and queue_of(done) != queue:
         raise InvalidArgumentError(
             f"jobs completed with a claim of {queue!r} must belong to it", field="done"
@@ -518,6 +535,7 @@ def claim_request(
         ttl_ms=ttl_ms,
         wait_ms=wait_ms,
         complete=refs(done),
+        request_id=request_id,
     )
 
 
@@ -584,15 +602,30 @@ class QueueSteps:
     ) -> Steps[tuple[list[Job], list[LeaseLost | None]]]:
         """``complete_and_claim``: one Claim carrying ``done``; a server that returns no
         verdicts (it predates completes in a Claim and ignored them) has each completed
-        on its own. Not retried: a transient failure leaves the completes' outcome
-        unknown, and completing again is safe."""
+        on its own. Transient failures are retried (:data:`RETRY_BACKOFF`) with the same
+        request id: a Claim whose reply was lost gets the jobs it claimed back, with the
+        same tokens and attempts (their completes are judged again: a repeat is a
+        no-op); what is left of ``wait`` is asked for again."""
         client = self.client
         items = list(done)
-        request = claim_request(
-            queue, client.worker, batch, ttl_ms_of(ttl), wait_ms_of(wait), items
-        )
-        sent_at = client._clock()
-        response = yield Call(client._stub.Claim, request, wait + client.rpc_timeout)
+        ttl_ms, request_id = ttl_ms_of(ttl), new_request_id()
+        end = client._clock() + max(0.0, wait)
+        retries = RETRY_BACKOFF.attempts()
+        while True:
+            left = max(0.0, end - client._clock())
+            request = claim_request(
+                queue, client.worker, batch, ttl_ms, wait_ms_of(left), items, request_id
+            )
+            sent_at = client._clock()
+            try:
+                response = yield Call(client._stub.Claim, request, left + client.rpc_timeout)
+                break
+            except FencingError as exc:
+                pause = retries.next() if is_transient(exc) else None
+                if pause is None:
+                    raise
+                log.info("claim of %r failed (%s): retrying with the same request id", queue, exc)
+            yield Sleep(pause)
         jobs = claimed(response, sent_at, client._clock(), client.policy, client._clock)
         verdicts = completed_verdicts(items, response)
         if verdicts is None:

@@ -13,7 +13,8 @@ Most programs want :class:`fencing.worker.Worker` instead, which heartbeats,
 cancels, retries and shuts down gracefully. Complete, Fail, Release and Heartbeat
 are safe to retry (a repeat of a call that took effect is a no-op), so this client
 retries them on transient failures; Enqueue only when every job has an
-idempotency key; Claim never (a lost reply's jobs are rescued when their lease expires).
+idempotency key; Claim with one request id for every try (a retry whose first try's
+reply was lost gets the jobs that try claimed: no attempt is lost to a lost reply).
 """
 
 from __future__ import annotations
@@ -134,7 +135,10 @@ class QueueClient(BlockingCalls):
         server reports), so jobs that arrive after a long wait have their whole ttl;
         claims whose reply came too late to trust are heartbeated before they are
         returned (those found taken over are left out). The jobs are not heartbeated
-        after that: call :meth:`heartbeat` every ttl/3, or use a Worker.
+        after that: call :meth:`heartbeat` every ttl/3, or use a Worker. Transient
+        failures (a deadline, the server unreachable) are retried with the same request
+        id: if the server had claimed jobs for a try whose reply was lost, the retry
+        gets those jobs, with the same tokens and attempts.
         """
         jobs, _ = self.complete_and_claim((), queue, batch=batch, ttl=ttl, wait=wait)
         return jobs
@@ -154,9 +158,9 @@ class QueueClient(BlockingCalls):
         Returns the claimed jobs (as :meth:`claim`) and one verdict per job of ``done``,
         in order: None (completed, or already was) or ``LeaseLost`` (refused: the job
         was taken over; it is marked ``lost``). A refused job does not stop the others
-        nor the claim. Like Claim, the call is not retried: on a transient failure
-        (raised) it is unknown whether the completes were applied, and sending them
-        again (:meth:`complete`, which retries) is safe.
+        nor the claim. Transient failures are retried with the same request id, as
+        :meth:`claim`'s are: a retry whose first try's reply was lost gets the same jobs
+        back, and judges the completes again (a repeat is a no-op).
         """
         return self._run(self._steps.complete_and_claim(done, queue, batch, ttl, wait))
 

@@ -162,12 +162,22 @@ class ClaimRequest(_message.Message):
     TTL_MS_FIELD_NUMBER: _builtins.int
     WAIT_MS_FIELD_NUMBER: _builtins.int
     COMPLETE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     worker: _builtins.str
     """Who claims (logs, lease_owner); the token is the proof, not this name."""
     batch_size: _builtins.int
     ttl_ms: _builtins.int
     wait_ms: _builtins.int
+    request_id: _builtins.str
+    """Makes a retried Claim safe (its reply was lost: a client deadline, a broken
+    connection). A Claim carrying the request_id and worker of a claim whose jobs are
+    still running under it (not completed, failed, released, cancelled or rescued)
+    returns those jobs again: the same tokens and attempts, their leases extended to
+    now + ttl_ms, nothing new claimed and no attempt counted. Its completes are judged
+    again (a repeat is a no-op). Empty: no replay. At most 128 bytes. A fresh one per
+    Claim, the same one for every retry of it.
+    """
     @_builtins.property
     def complete(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobRef]:
         """Finished jobs of this queue to mark succeeded before claiming (one call where a
@@ -187,10 +197,11 @@ class ClaimRequest(_message.Message):
         ttl_ms: _builtins.int = ...,
         wait_ms: _builtins.int = ...,
         complete: _abc.Iterable[Global___JobRef] | None = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "complete", b"complete", "queue", b"queue", "ttl_ms", b"ttl_ms", "wait_ms", b"wait_ms", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "complete", b"complete", "queue", b"queue", "request_id", b"request_id", "ttl_ms", b"ttl_ms", "wait_ms", b"wait_ms", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -127,7 +127,9 @@ class QueueServiceServicer:
         then ready jobs by priority (high first), due time, and enqueue order. Each
         claimed job gets a fresh token and a lease of ttl_ms. Waits up to wait_ms
         when nothing is claimable. Jobs named in ``complete`` are marked succeeded
-        first, each judged alone by its token (see ClaimRequest.complete).
+        first, each judged alone by its token (see ClaimRequest.complete). A retry with
+        the same request_id and worker returns the jobs already claimed (see
+        ClaimRequest.request_id).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -59,7 +59,9 @@ class QueueServiceStub:
     then ready jobs by priority (high first), due time, and enqueue order. Each
     claimed job gets a fresh token and a lease of ttl_ms. Waits up to wait_ms
     when nothing is claimable. Jobs named in ``complete`` are marked succeeded
-    first, each judged alone by its token (see ClaimRequest.complete).
+    first, each judged alone by its token (see ClaimRequest.complete). A retry with
+    the same request_id and worker returns the jobs already claimed (see
+    ClaimRequest.request_id).
     """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_queue_pb2.HeartbeatRequest, _queue_pb2.HeartbeatResponse]
     """Extend the leases of claimed jobs to now + ttl_ms (all or none)."""
@@ -113,7 +115,9 @@ class QueueServiceAsyncStub(QueueServiceStub):
     then ready jobs by priority (high first), due time, and enqueue order. Each
     claimed job gets a fresh token and a lease of ttl_ms. Waits up to wait_ms
     when nothing is claimable. Jobs named in ``complete`` are marked succeeded
-    first, each judged alone by its token (see ClaimRequest.complete).
+    first, each judged alone by its token (see ClaimRequest.complete). A retry with
+    the same request_id and worker returns the jobs already claimed (see
+    ClaimRequest.request_id).
     """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_queue_pb2.HeartbeatRequest, _queue_pb2.HeartbeatResponse]  # type: ignore[assignment]
     """Extend the leases of claimed jobs to now + ttl_ms (all or none)."""
@@ -176,7 +180,9 @@ class QueueServiceServicer(metaclass=_abc_1.ABCMeta):
         then ready jobs by priority (high first), due time, and enqueue order. Each
         claimed job gets a fresh token and a lease of ttl_ms. Waits up to wait_ms
         when nothing is claimable. Jobs named in ``complete`` are marked succeeded
-        first, each judged alone by its token (see ClaimRequest.complete).
+        first, each judged alone by its token (see ClaimRequest.complete). A retry with
+        the same request_id and worker returns the jobs already claimed (see
+        ClaimRequest.request_id).
         """
 
     @_abc_1.abstractmethod

@@ -39,6 +39,12 @@ rescue is what bumps the token and fences the old worker (as the guard does: the
 old token is good until a newer one is seen). Repeating a call that already took
 effect with the same token (a retry after a lost reply) is a no-op, not an error.
 
+**A retried Claim** (its reply was lost) carries the request id of the first: every
+claim stores the id of the Claim that made it, and a Claim whose id and worker find
+claims still running under them gets those jobs again (:func:`replay`: same token,
+same attempt, the lease extended) instead of new ones, so a lost reply never burns an
+attempt, as a retried Acquire gets its lease back.
+
 **Ordering keys**: at most one job per (queue, ordering key) is ready or running,
 the earliest enqueued live one (its *head*); the others wait. Only the head can be
 claimed, so jobs of a key run one at a time in enqueue order, with no fixed shard
@@ -299,6 +305,24 @@ def claim(record: JobRecord, worker: str, ttl_ms: int, token: int, now_ms: int) 
         last_error=last_error,
         claimed_at_ms=now_ms,
     )
+
+
+def replays(record: JobRecord, worker: str) -> bool:
+    """Whether ``record``, found under the request id of a retried Claim from ``worker``,
+    is that claim's job still: running under it (the claim was not ended nor rescued:
+    a rescue, complete, fail, release or cancel takes the job from it). The backend
+    finds the job by the request id its claim stored; this is the rest of the rule."""
+    return record.state is JobState.RUNNING and record.lease_owner == worker
+
+
+def replay(record: JobRecord, ttl_ms: int, now_ms: int) -> JobRecord:
+    """The claim ``record`` given again to a retried Claim whose reply was lost: the same
+    token and attempt, its lease extended to now + ttl as a heartbeat would (the claim is
+    still current even if its lease expired: only a rescue ends it). No event is logged,
+    as for a heartbeat."""
+    if record.state is not JobState.RUNNING:
+        raise ValueError(f"job {record.id} is not running")  # a backend bug, never a user error
+    return replace(record, lease_until_ms=now_ms + ttl_ms)
 
 
 def _check_fresh(record: JobRecord, token: int) -> None:

@@ -33,6 +33,7 @@ finds its claim in the lease. Which resource a job names is remembered from its 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -66,6 +67,15 @@ class LeaseCalls(Protocol):
     async def renew(self, request: lease_pb2.RenewRequest) -> lease_pb2.Lease: ...
 
     async def release(self, request: lease_pb2.ReleaseRequest) -> lease_pb2.ReleaseResponse: ...
+
+
+def lease_request_id(request_id: str, job_id: int) -> str:
+    """The request id of the acquire of job ``job_id``'s lease by the Claim ``request_id``
+    ("" for none): one per job, so two jobs of one Claim naming the same resource never
+    replay each other's lease (the second is refused it, as without a request id)."""
+    if not request_id:
+        return ""
+    return hashlib.sha256(f"{request_id}\0{job_id}".encode()).hexdigest()[:32]
 
 
 def counts_job_claims(resource: str) -> bool:
@@ -105,25 +115,44 @@ class ResourceLeases:
                 out.append((ref, resource))
         return out
 
-    async def take(self, claimed: Sequence[JobRecord], worker: str, ttl_ms: int) -> list[JobRecord]:
+    async def take(
+        self, claimed: Sequence[JobRecord], worker: str, ttl_ms: int, request_id: str = ""
+    ) -> list[JobRecord]:
         """``claimed`` with each job naming its own resource holding its lease (the token
-        the lease's); those whose lease is held by someone else are given back, left out."""
+        the lease's); those whose lease is held by someone else are given back, left out.
+
+        With the Claim's ``request_id``, each lease is acquired with a request id of its
+        own job (:func:`lease_request_id`), so a retried Claim whose jobs the backend
+        replayed gets each job's lease back (the acquire replays it) and renews it for
+        ``ttl_ms``, as the backend extended the job's lease."""
         out = []
         for record in claimed:
             self._remember(record.id, record.resource)
             if not record.resource:
                 out.append(record)
                 continue
-            taken = await self._take(record, worker, ttl_ms)
+            taken = await self._take(record, worker, ttl_ms, request_id)
             if taken is not None:
                 out.append(taken)
         return out
 
-    async def _take(self, record: JobRecord, worker: str, ttl_ms: int) -> JobRecord | None:
+    async def _take(
+        self, record: JobRecord, worker: str, ttl_ms: int, request_id: str
+    ) -> JobRecord | None:
         ref = JobRef(record.id, record.token)
-        request = lease_pb2.AcquireRequest(resource=record.resource, holder=worker, ttl_ms=ttl_ms)
+        request = lease_pb2.AcquireRequest(
+            resource=record.resource,
+            holder=worker,
+            ttl_ms=ttl_ms,
+            request_id=lease_request_id(request_id, record.id),
+        )
         try:
             lease = await self.leases.acquire(request)
+            if lease.token == record.token:
+                # The job already holds this lease: a replayed claim (or a provisional
+                # token that happens to equal the lease's, just granted for ttl_ms). Its
+                # lease lasts as long as the job's, which the replay extended.
+                await self.renew([(ref, record.resource)], ttl_ms)
         except LeaseHeldError as held:
             due_in = min(MAX_PUT_BACK_MS, max(MIN_PUT_BACK_MS, held.remaining_ms))
             await self.backend.put_back(ref, due_in)

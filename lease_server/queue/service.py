@@ -472,16 +472,20 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
                 field=field,
             )
 
-    async def _claim(self, queue: str, worker: str, batch: int, ttl_ms: int) -> list[JobRecord]:
-        claimed = await self.backend.claim(queue, worker, batch, ttl_ms)
-        return await self._hold(claimed, worker, ttl_ms)
+    async def _claim(
+        self, queue: str, worker: str, batch: int, ttl_ms: int, request_id: str
+    ) -> list[JobRecord]:
+        claimed = await self.backend.claim(queue, worker, batch, ttl_ms, request_id)
+        return await self._hold(claimed, worker, ttl_ms, request_id)
 
-    async def _hold(self, claimed: list[JobRecord], worker: str, ttl_ms: int) -> list[JobRecord]:
+    async def _hold(
+        self, claimed: list[JobRecord], worker: str, ttl_ms: int, request_id: str
+    ) -> list[JobRecord]:
         """``claimed``, each job naming its own resource holding the lease on it (those
         whose lease someone else holds are given back, left out)."""
         if self.resources is None or not any(r.resource for r in claimed):
             return claimed
-        return await self.resources.take(claimed, worker, ttl_ms)
+        return await self.resources.take(claimed, worker, ttl_ms, request_id)
 
     async def _named(self, refs: Sequence[JobRef]) -> list[tuple[JobRef, str]]:
         return await self.resources.named(refs) if self.resources is not None else []
@@ -501,6 +505,9 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         ttl_ms = limits.check_ttl_ms(request.ttl_ms)
         wait_ms = limits.check_wait_ms(request.wait_ms)
         done = refs_from_proto(request.complete, "complete") if request.complete else []
+        # A retry of a Claim whose reply was lost gets the jobs it claimed (the backend
+        # replays them) rather than new ones: no attempt is counted for a lost reply.
+        request_id = limits.check_request_id(request.request_id)
         loop = asyncio.get_running_loop()
         arrived = before_claim = loop.time()
         # The finished jobs first, each alone (a stale one is refused by its verdict and
@@ -513,7 +520,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         claimed: list[JobRecord] | None = None
         if groups and self.completes.idle:
             verdicts, woken, claimed = await self.backend.complete_and_claim(
-                groups, queue, worker, batch, ttl_ms
+                groups, queue, worker, batch, ttl_ms, request_id
             )
             for woke in woken:
                 self._wakeups.notify(woke)
@@ -523,7 +530,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         # naming the same resource finds it free.
         await self._end_leases([r for r, v in zip(done, verdicts, strict=True) if v is None])
         if claimed is not None:
-            claimed = await self._hold(claimed, worker, ttl_ms)
+            claimed = await self._hold(claimed, worker, ttl_ms, request_id)
         verdicts = [v if v is None else await self._why(v, done) for v in verdicts]
         for verdict in verdicts:
             if verdict is None:
@@ -536,7 +543,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         if claimed is None:
             event.clear()
             before_claim = loop.time()
-            claimed = await self._claim(queue, worker, batch, ttl_ms)
+            claimed = await self._claim(queue, worker, batch, ttl_ms, request_id)
         while not claimed and loop.time() < deadline:
             try:
                 async with asyncio.timeout(
@@ -548,7 +555,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
             event.clear()
             # Read before each attempt: the jobs' ttl counts from no earlier than this.
             before_claim = loop.time()
-            claimed = await self._claim(queue, worker, batch, ttl_ms)
+            claimed = await self._claim(queue, worker, batch, ttl_ms, request_id)
         rescued = sum(r.last_error.startswith(jobs.EXPIRED_PREFIX) for r in claimed)
         self.metrics.jobs.labels("claimed").inc(len(claimed))
         self.metrics.jobs.labels("rescued").inc(rescued)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 from fencing import AsyncLeaseClient, AsyncQueueClient, LeaseHeldError
+from fencing.v1 import queue_pb2
 from lease_server.backends.base import LeaseBackend
 from lease_server.queue.backends.memory import MemoryQueue
 from lease_server.server import start_lease_server
@@ -44,5 +45,44 @@ async def test_a_jobs_claim_and_the_leases_of_its_resource_share_one_counter(
             await queue.complete(job)
             after = await alice.acquire_nowait("orders/1", ttl=30)
             assert after.token > job.token
+    finally:
+        await server.stop(0)
+
+
+async def test_a_retried_claim_of_a_job_naming_its_resource_gets_its_lease_back(
+    lease_backend: tuple[LeaseBackend, TimeControl],
+) -> None:
+    """A Claim retried with its request id (its reply was lost) replays the job and the
+    lease its claim took: the same token, the lease renewed with the job's, still
+    excluding others; a fresh request id (the control) gets nothing: the job is held by
+    the lost claim. Two jobs of one Claim naming one resource never share its lease."""
+    backend, _ = lease_backend
+    server = await start_lease_server(backend, "127.0.0.1:0", queue=MemoryQueue())
+    try:
+        async with (
+            AsyncLeaseClient(server.address, holder="alice") as alice,
+            AsyncQueueClient(server.address, worker="w") as queue,
+        ):
+            first = (await queue.enqueue("mq", b"1", resource="orders/1")).id
+            second = (await queue.enqueue("mq", b"2", resource="orders/1")).id
+            request = queue_pb2.ClaimRequest(
+                queue="mq", worker="w", batch_size=5, ttl_ms=30_000, request_id="req-1"
+            )
+            lost = await queue._stub.Claim(request)
+            assert [j.id for j in lost.jobs] == [first]  # the second job's lease is held
+            again = await queue._stub.Claim(request)
+            assert [(j.id, j.token, j.attempt) for j in again.jobs] == [
+                (first, lost.jobs[0].token, 1)
+            ]
+            state = await alice.describe("orders/1")
+            assert (state.holder, state.token) == ("w", lost.jobs[0].token)
+            with pytest.raises(LeaseHeldError):
+                await alice.acquire_nowait("orders/1", ttl=30)
+            fresh = queue_pb2.ClaimRequest(
+                queue="mq", worker="w", batch_size=5, ttl_ms=30_000, request_id="req-2"
+            )
+            assert list((await queue._stub.Claim(fresh)).jobs) == []
+            info = await queue.get_job(second)
+            assert (info.state, info.attempts) == ("ready", 0)
     finally:
         await server.stop(0)

@@ -55,11 +55,11 @@ export const MAX_RENEW_MANY = 10_000;
 export const MAX_LOST_ON_ARRIVAL = 3;
 
 /** Retries of idempotent calls: 50 ms doubling to 0.8 s, five at most, no jitter. */
-function backoff(attempt: number): number | null {
+export function backoff(attempt: number): number | null {
 	return attempt > 5 ? null : Math.min(0.8, 0.05 * 2 ** (attempt - 1));
 }
 
-const sleep = (s: number): Promise<void> =>
+export const sleep = (s: number): Promise<void> =>
 	new Promise((r) => setTimeout(r, s * 1000));
 
 /** A guard to promise a new token to on acquire (a `GuardClient`). */
@@ -399,7 +399,8 @@ class Session {
 	}
 }
 
-function newRequestId(): string {
+/** A fresh request id (128 random bits as hex): one per acquire or claim, kept by its retries. */
+export function newRequestId(): string {
 	return randomBytes(16).toString("hex");
 }
 

@@ -18,6 +18,7 @@ import {
 	QueueServiceClient,
 } from "./gen/fencing/v1/queue.js";
 import type { Fenced } from "./guard.js";
+import { backoff, newRequestId, sleep } from "./lease.js";
 import {
 	type Clock,
 	DEFAULT_POLICY,
@@ -141,7 +142,12 @@ export class QueueClient {
 		return res.jobs.map((j) => j.id);
 	}
 
-	/** Claim up to `batchSize` jobs for `ttl` seconds, waiting up to `wait` seconds for work. */
+	/**
+	 * Claim up to `batchSize` jobs for `ttl` seconds, waiting up to `wait` seconds for work.
+	 * Transient failures (a deadline, the server unreachable) are retried with the same request
+	 * id: a try whose reply was lost had its jobs claimed, and the retry gets those jobs back
+	 * with the same tokens and attempts (no attempt is burnt by a lost reply).
+	 */
 	async claim(
 		queue: string,
 		options: {
@@ -152,22 +158,35 @@ export class QueueClient {
 		},
 	): Promise<Job[]> {
 		const ttlMs = Math.round(seconds(options.ttl, "ttl") * 1000);
-		const waitMs = Math.round((options.wait ?? 0) * 1000);
-		const sentAt = this.clock();
-		const res = await unary(
-			this.stub.claim.bind(this.stub),
-			{
-				queue,
-				worker: options.worker ?? `${hostname()}-${process.pid}`,
-				batchSize: options.batchSize ?? 1,
-				ttlMs,
-				waitMs,
-				complete: [],
-			},
-			waitMs / 1000 + this.rpcTimeout,
-		);
-		const receivedAt = this.clock();
-		return res.jobs.map((j) => new Job(j, sentAt, res.waitedMs, receivedAt));
+		const end = this.clock() + Math.max(0, options.wait ?? 0);
+		const requestId = newRequestId();
+		for (let attempt = 1; ; attempt++) {
+			const waitMs = Math.max(0, Math.round((end - this.clock()) * 1000));
+			const sentAt = this.clock();
+			try {
+				const res = await unary(
+					this.stub.claim.bind(this.stub),
+					{
+						queue,
+						worker: options.worker ?? `${hostname()}-${process.pid}`,
+						batchSize: options.batchSize ?? 1,
+						ttlMs,
+						waitMs,
+						complete: [],
+						requestId,
+					},
+					waitMs / 1000 + this.rpcTimeout,
+				);
+				const receivedAt = this.clock();
+				return res.jobs.map(
+					(j) => new Job(j, sentAt, res.waitedMs, receivedAt),
+				);
+			} catch (err) {
+				const pause = isTransient(err) ? backoff(attempt) : null;
+				if (pause === null) throw err;
+				await sleep(pause);
+			}
+		}
 	}
 
 	/** Extend the claims by `ttl` seconds; `LeaseLostError` if one is no longer ours. */
@@ -243,9 +262,6 @@ export interface WorkerOptions {
 }
 
 export type Handler = (job: Job, signal: AbortSignal) => Promise<void>;
-
-const sleep = (s: number): Promise<void> =>
-	new Promise((r) => setTimeout(r, s * 1000));
 
 export class Worker {
 	readonly concurrency: number;

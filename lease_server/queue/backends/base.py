@@ -73,9 +73,16 @@ class QueueBackend(Protocol):
         ``created=False``. A job whose ordering key has a live job starts ``waiting``.
         """
 
-    async def claim(self, queue: str, worker: str, limit: int, ttl_ms: int) -> list[JobRecord]:
+    async def claim(
+        self, queue: str, worker: str, limit: int, ttl_ms: int, request_id: str = ""
+    ) -> list[JobRecord]:
         """Claim up to ``limit`` claimable jobs of ``queue`` (see ``jobs.claim_order``),
-        each with a fresh token and a lease until now + ``ttl_ms``; in one transaction."""
+        each with a fresh token and a lease until now + ``ttl_ms``; in one transaction.
+
+        Each claim stores ``request_id``. A non-empty one that jobs of ``queue`` still
+        running under it store (claimed by ``worker``: ``jobs.replays``) is a retry:
+        those jobs are returned by id (``jobs.replay``: leases extended, nothing new
+        claimed, no event), in the same transaction."""
 
     async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int, queue: str = "") -> None:
         """Extend every named claim to now + ``ttl_ms``, or raise ``LeaseLost`` (naming the
@@ -99,7 +106,13 @@ class QueueBackend(Protocol):
         """
 
     async def complete_and_claim(
-        self, groups: Sequence[CompleteGroup], queue: str, worker: str, limit: int, ttl_ms: int
+        self,
+        groups: Sequence[CompleteGroup],
+        queue: str,
+        worker: str,
+        limit: int,
+        ttl_ms: int,
+        request_id: str = "",
     ) -> tuple[list[LeaseLost | None], set[str], list[JobRecord]]:
         """:meth:`complete_batch` then :meth:`claim`, in one round trip where the backend
         can: the completes commit first (so a job they let become ready can be claimed),

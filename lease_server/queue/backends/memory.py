@@ -44,6 +44,8 @@ class MemoryQueue:
         self._last_token = 0
         self._log: MemoryBackend | None = None
         self._schedules: dict[str, ScheduleRecord] = {}
+        #: The request id of the Claim that made each job's current (or last) claim.
+        self._claim_requests: dict[int, str] = {}
 
     def log_events_to(self, backend: LeaseBackend) -> bool:
         if isinstance(backend, MemoryBackend):
@@ -106,8 +108,21 @@ class MemoryQueue:
             out.append(Enqueued(record.id, True, record.state))
         return out
 
-    async def claim(self, queue: str, worker: str, limit: int, ttl_ms: int) -> list[JobRecord]:
+    async def claim(
+        self, queue: str, worker: str, limit: int, ttl_ms: int, request_id: str = ""
+    ) -> list[JobRecord]:
         now = self._clock.now_ms()
+        if request_id:
+            replayed = [
+                jobs.replay(r, ttl_ms, now)
+                for job_id, r in sorted(self._jobs.items())
+                if r.queue == queue
+                and self._claim_requests.get(job_id) == request_id
+                and jobs.replays(r, worker)
+            ]
+            if replayed:
+                self._put(replayed, now)
+                return replayed
         candidates = sorted(
             (r for r in self._jobs.values() if r.queue == queue and jobs.claimable(r, now)),
             key=jobs.claim_order,
@@ -116,6 +131,7 @@ class MemoryQueue:
         for record in candidates:
             self._last_token += 1
             claimed.append(jobs.claim(record, worker, ttl_ms, self._last_token, now))
+            self._claim_requests[record.id] = request_id
         self._put(claimed, now)
         return claimed
 
@@ -149,10 +165,16 @@ class MemoryQueue:
         return verdicts, woken
 
     async def complete_and_claim(
-        self, groups: Sequence[CompleteGroup], queue: str, worker: str, limit: int, ttl_ms: int
+        self,
+        groups: Sequence[CompleteGroup],
+        queue: str,
+        worker: str,
+        limit: int,
+        ttl_ms: int,
+        request_id: str = "",
     ) -> tuple[list[LeaseLost | None], set[str], list[JobRecord]]:
         verdicts, woken = await self.complete_batch(groups)
-        return verdicts, woken, await self.claim(queue, worker, limit, ttl_ms)
+        return verdicts, woken, await self.claim(queue, worker, limit, ttl_ms, request_id)
 
     async def fail(
         self,
@@ -211,6 +233,7 @@ class MemoryQueue:
         ][:limit]
         for record in victims:
             del self._jobs[record.id]
+            self._claim_requests.pop(record.id, None)
             if record.idempotency_key:
                 self._keys.pop((record.queue, record.idempotency_key), None)
         return len(victims)

@@ -5,7 +5,9 @@ Jobs live in the lease backend's schema (the same URL: ``?schema=``, ``timeout``
 where the SQL and its reasoning live. Every call but Fail is one statement calling a
 function of that migration: Claim is a single ``UPDATE ... FROM (SELECT ... FOR UPDATE
 SKIP LOCKED)`` taking each token from a sequence (with ``?token_floor=clock``, the
-clock floor of :mod:`lease_server.backends.postgres`, per job); Heartbeat, Complete
+clock floor of :mod:`lease_server.backends.postgres`, per job), and storing the Claim's
+request id, whose retry gets the jobs still running under it back instead
+(``0025_job_claim_requests.sql``); Heartbeat, Complete
 and Release lock the named rows in id order, judge every token, and change nothing if
 one is stale.
 Fail runs the pure rule of :mod:`lease_server.queue.jobs` in a transaction (the retry delay
@@ -86,7 +88,7 @@ class PostgresQueue:
         self._enqueue_sql = q(
             "SELECT * FROM {schema}.job_enqueue_many(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
         )
-        self._claim_sql = q("SELECT * FROM {schema}.job_claim(%s, %s, %s, %s)")
+        self._claim_sql = q("SELECT * FROM {schema}.job_claim(%s, %s, %s, %s, %s)")
         self._heartbeat_sql = q("SELECT * FROM {schema}.job_heartbeat(%s, %s, %s, %s)")
         self._complete_sql = q("SELECT * FROM {schema}.job_complete(%s, %s, %s)")
         self._complete_batch_sql = q("SELECT * FROM {schema}.job_complete_batch(%s, %s, %s, %s)")
@@ -254,9 +256,11 @@ class PostgresQueue:
             cur = await conn.execute(self._enqueue_sql, self._enqueue_params(queue, specs))
             return _enqueued(await cur.fetchall())
 
-    async def claim(self, queue: str, worker: str, limit: int, ttl_ms: int) -> list[JobRecord]:
+    async def claim(
+        self, queue: str, worker: str, limit: int, ttl_ms: int, request_id: str = ""
+    ) -> list[JobRecord]:
         async with self._db.connection() as conn:
-            cur = await conn.execute(self._claim_sql, (queue, worker, limit, ttl_ms))
+            cur = await conn.execute(self._claim_sql, (queue, worker, limit, ttl_ms, request_id))
             rows = await cur.fetchall()
         return [job_record(r) for r in rows]  # job_claim returns them in claim order
 
@@ -309,13 +313,19 @@ class PostgresQueue:
         return self._verdicts(groups, rows)
 
     async def complete_and_claim(
-        self, groups: Sequence[CompleteGroup], queue: str, worker: str, limit: int, ttl_ms: int
+        self,
+        groups: Sequence[CompleteGroup],
+        queue: str,
+        worker: str,
+        limit: int,
+        ttl_ms: int,
+        request_id: str = "",
     ) -> tuple[list[LeaseLost | None], set[str], list[JobRecord]]:
         # Two statements, each its own transaction (the completes commit first), sent
         # together in one pipeline: one round trip.
         async with self._db.connection() as conn, conn.pipeline():
             done = await conn.execute(self._complete_batch_sql, self._batch_params(groups))
-            claim = await conn.execute(self._claim_sql, (queue, worker, limit, ttl_ms))
+            claim = await conn.execute(self._claim_sql, (queue, worker, limit, ttl_ms, request_id))
             rows = await done.fetchall()
             claimed = await claim.fetchall()
         verdicts, woken = self._verdicts(groups, rows)

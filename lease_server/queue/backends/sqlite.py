@@ -54,7 +54,7 @@ from serving.sqlite_db import SQLiteDatabase
 T = TypeVar("T")
 
 SQL = load("sqlite.sql")
-MIGRATIONS = [SQL["migration_1"], SQL["migration_2"], SQL["migration_3"], SQL["migration_4"]]
+MIGRATIONS = [SQL[f"migration_{n}"] for n in range(1, 6)]
 #: The name the lease database is attached under, when job events are logged.
 LOG_SCHEMA = "lease_log"
 
@@ -221,9 +221,11 @@ class SQLiteQueue:
 
         return await self._db.transaction(tx)
 
-    async def claim(self, queue: str, worker: str, limit: int, ttl_ms: int) -> list[JobRecord]:
+    async def claim(
+        self, queue: str, worker: str, limit: int, ttl_ms: int, request_id: str = ""
+    ) -> list[JobRecord]:
         def tx(conn: sqlite3.Connection, changes: list[Transition]) -> list[JobRecord]:
-            return self._claim(conn, changes, queue, worker, limit, ttl_ms)
+            return self._claim(conn, changes, queue, worker, limit, ttl_ms, request_id)
 
         return await self._logged(tx)
 
@@ -235,8 +237,19 @@ class SQLiteQueue:
         worker: str,
         limit: int,
         ttl_ms: int,
+        request_id: str,
     ) -> list[JobRecord]:
         now = self._clock.now_ms()
+        if request_id:
+            found = [
+                job_record(row)
+                for row in conn.execute(SQL["select_claim_replay"], (queue, request_id))
+            ]
+            replayed = [jobs.replay(r, ttl_ms, now) for r in found if jobs.replays(r, worker)]
+            if replayed:
+                for record in replayed:
+                    _store(conn, record)  # a heartbeat's change: nothing to log
+                return replayed
         picked = [
             job_record(row)
             for row in conn.execute(SQL["select_rescuable"], (queue, now, limit)).fetchall()
@@ -257,6 +270,7 @@ class SQLiteQueue:
             new = jobs.claim(record, worker, ttl_ms, first + offset, now)
             _change(conn, changes, record, new, now)
             claimed.append(new)
+        conn.executemany(SQL["set_claim_request"], [(request_id, r.id) for r in claimed])
         return claimed
 
     async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int, queue: str = "") -> None:
@@ -309,13 +323,20 @@ class SQLiteQueue:
         return verdicts, woken
 
     async def complete_and_claim(
-        self, groups: Sequence[CompleteGroup], queue: str, worker: str, limit: int, ttl_ms: int
+        self,
+        groups: Sequence[CompleteGroup],
+        queue: str,
+        worker: str,
+        limit: int,
+        ttl_ms: int,
+        request_id: str = "",
     ) -> tuple[list[LeaseLost | None], set[str], list[JobRecord]]:
         def tx(
             conn: sqlite3.Connection, changes: list[Transition]
         ) -> tuple[list[LeaseLost | None], set[str], list[JobRecord]]:
             verdicts, woken = self._complete_groups(conn, changes, groups)
-            return verdicts, woken, self._claim(conn, changes, queue, worker, limit, ttl_ms)
+            claimed = self._claim(conn, changes, queue, worker, limit, ttl_ms, request_id)
+            return verdicts, woken, claimed
 
         return await self._logged(tx)
 

@@ -136,6 +136,15 @@ CREATE TABLE IF NOT EXISTS schedules (
     last_job_id    INTEGER NOT NULL DEFAULT 0,
     CHECK ((cron <> '') <> (every_ms > 0))
 ) WITHOUT ROWID
+-- name: migration_5
+-- Schema v5: the request id of the Claim that made each job's current (or last) claim,
+-- so a retried Claim (its reply was lost) gets those jobs back instead of new ones
+-- (lease_server/queue/jobs.py, replay). Indexed only while running under a request id:
+-- the replay's lookup never scans, and claims without one cost no index entry.
+ALTER TABLE jobs ADD COLUMN claim_request_id TEXT NOT NULL DEFAULT '';
+CREATE INDEX jobs_by_claim_request ON jobs (queue, claim_request_id)
+    WHERE state = 'running' AND claim_request_id <> ''
+
 -- name: select_job
 -- One job by id. Takes id.
 SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
@@ -190,6 +199,20 @@ FROM jobs
 WHERE queue = ? AND state = 'ready' AND available_at_ms <= ?
 ORDER BY priority DESC, available_at_ms, id
 LIMIT ?
+
+-- name: select_claim_replay
+-- The jobs of a queue running under a Claim's request id (its retry replays them), by
+-- id. Takes queue, request_id.
+SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,
+       attempts, max_attempts, token, available_at_ms, lease_owner, lease_until_ms,
+       last_error, created_at_ms, finished_at_ms, claimed_at_ms
+FROM jobs
+WHERE queue = ? AND state = 'running' AND claim_request_id = ? AND claim_request_id <> ''
+ORDER BY id
+
+-- name: set_claim_request
+-- The request id of the Claim that just claimed a job. Takes request_id, id.
+UPDATE jobs SET claim_request_id = ? WHERE id = ?
 
 -- name: update_job
 -- Write back the mutable columns of one job. Takes state, attempts, max_attempts,

@@ -92,6 +92,16 @@ export interface ClaimRequest {
    * returns no verdicts: a client then sends Complete for these jobs itself.
    */
   complete: JobRef[];
+  /**
+   * Makes a retried Claim safe (its reply was lost: a client deadline, a broken
+   * connection). A Claim carrying the request_id and worker of a claim whose jobs are
+   * still running under it (not completed, failed, released, cancelled or rescued)
+   * returns those jobs again: the same tokens and attempts, their leases extended to
+   * now + ttl_ms, nothing new claimed and no attempt counted. Its completes are judged
+   * again (a repeat is a no-op). Empty: no replay. At most 128 bytes. A fresh one per
+   * Claim, the same one for every retry of it.
+   */
+  requestId: string;
 }
 
 /** The verdict on one job of ClaimRequest.complete. */
@@ -827,7 +837,7 @@ export const EnqueueResponse: MessageFns<EnqueueResponse> = {
 };
 
 function createBaseClaimRequest(): ClaimRequest {
-  return { queue: "", worker: "", batchSize: 0, ttlMs: 0, waitMs: 0, complete: [] };
+  return { queue: "", worker: "", batchSize: 0, ttlMs: 0, waitMs: 0, complete: [], requestId: "" };
 }
 
 export const ClaimRequest: MessageFns<ClaimRequest> = {
@@ -849,6 +859,9 @@ export const ClaimRequest: MessageFns<ClaimRequest> = {
     }
     for (const v of message.complete) {
       JobRef.encode(v!, writer.uint32(50).fork()).join();
+    }
+    if (message.requestId !== "") {
+      writer.uint32(58).string(message.requestId);
     }
     return writer;
   },
@@ -908,6 +921,14 @@ export const ClaimRequest: MessageFns<ClaimRequest> = {
           message.complete.push(JobRef.decode(reader, reader.uint32()));
           continue;
         }
+        case 7: {
+          if (tag !== 58) {
+            break;
+          }
+
+          message.requestId = reader.string();
+          continue;
+        }
       }
       if ((tag & 7) === 4 || tag === 0) {
         break;
@@ -925,6 +946,7 @@ export const ClaimRequest: MessageFns<ClaimRequest> = {
       ttlMs: isSet(object.ttlMs) ? globalThis.Number(object.ttlMs) : 0,
       waitMs: isSet(object.waitMs) ? globalThis.Number(object.waitMs) : 0,
       complete: globalThis.Array.isArray(object?.complete) ? object.complete.map((e: any) => JobRef.fromJSON(e)) : [],
+      requestId: isSet(object.requestId) ? globalThis.String(object.requestId) : "",
     };
   },
 
@@ -948,6 +970,9 @@ export const ClaimRequest: MessageFns<ClaimRequest> = {
     if (message.complete?.length) {
       obj.complete = message.complete.map((e) => JobRef.toJSON(e));
     }
+    if (message.requestId !== "") {
+      obj.requestId = message.requestId;
+    }
     return obj;
   },
 
@@ -962,6 +987,7 @@ export const ClaimRequest: MessageFns<ClaimRequest> = {
     message.ttlMs = object.ttlMs ?? 0;
     message.waitMs = object.waitMs ?? 0;
     message.complete = object.complete?.map((e) => JobRef.fromPartial(e)) || [];
+    message.requestId = object.requestId ?? "";
     return message;
   },
 };
@@ -4294,7 +4320,9 @@ export const QueueServiceService = {
    * then ready jobs by priority (high first), due time, and enqueue order. Each
    * claimed job gets a fresh token and a lease of ttl_ms. Waits up to wait_ms
    * when nothing is claimable. Jobs named in ``complete`` are marked succeeded
-   * first, each judged alone by its token (see ClaimRequest.complete).
+   * first, each judged alone by its token (see ClaimRequest.complete). A retry with
+   * the same request_id and worker returns the jobs already claimed (see
+   * ClaimRequest.request_id).
    */
   claim: {
     path: "/fencing.v1.QueueService/Claim",
@@ -4468,7 +4496,9 @@ export interface QueueServiceServer extends UntypedServiceImplementation {
    * then ready jobs by priority (high first), due time, and enqueue order. Each
    * claimed job gets a fresh token and a lease of ttl_ms. Waits up to wait_ms
    * when nothing is claimable. Jobs named in ``complete`` are marked succeeded
-   * first, each judged alone by its token (see ClaimRequest.complete).
+   * first, each judged alone by its token (see ClaimRequest.complete). A retry with
+   * the same request_id and worker returns the jobs already claimed (see
+   * ClaimRequest.request_id).
    */
   claim: handleUnaryCall<ClaimRequest, ClaimResponse>;
   /** Extend the leases of claimed jobs to now + ttl_ms (all or none). */
@@ -4541,7 +4571,9 @@ export interface QueueServiceClient extends Client {
    * then ready jobs by priority (high first), due time, and enqueue order. Each
    * claimed job gets a fresh token and a lease of ttl_ms. Waits up to wait_ms
    * when nothing is claimable. Jobs named in ``complete`` are marked succeeded
-   * first, each judged alone by its token (see ClaimRequest.complete).
+   * first, each judged alone by its token (see ClaimRequest.complete). A retry with
+   * the same request_id and worker returns the jobs already claimed (see
+   * ClaimRequest.request_id).
    */
   claim(
     request: ClaimRequest,
