@@ -206,6 +206,28 @@ def retry_fits(
     return now + pause + last_attempt <= end
 
 
+class Retries:
+    """The retry decision of one idempotent call: transient failures only, after
+    :data:`RETRY_BACKOFF`'s pauses up to its bound, a refused connection at most
+    :data:`MAX_REFUSED_RETRIES` times, and BACKEND_UNAVAILABLE only while another attempt
+    as long as the last one fits the call's budget ending at ``end`` (:func:`retry_fits`)."""
+
+    def __init__(self, end: float) -> None:
+        self._attempts = RETRY_BACKOFF.attempts()
+        self._refusals = 0
+        self._end = end
+
+    def pause(self, exc: FencingError, now: float, last_attempt: float) -> float | None:
+        """Seconds to pause before trying again after ``exc``, or None to give up."""
+        if not is_transient(exc):
+            return None
+        pause = self._attempts.next()
+        self._refusals += refused(exc)
+        if pause is None or self._refusals > MAX_REFUSED_RETRIES:
+            return None
+        return pause if retry_fits(exc, now, pause, last_attempt, self._end) else None
+
+
 def exit_release_pause(exc: FencingError, attempt: int, now: float, end: float) -> float | None:
     """After the exit's release failed: seconds to pause before the next try, or None
     to give up (not transient, out of retries, or the pause would pass ``end``)."""
@@ -659,20 +681,15 @@ def unary(
     """One unary call; with ``retry`` (an idempotent call), transient failures are tried
     again after :data:`RETRY_BACKOFF`'s pauses, up to its bound, while another attempt
     as long as the last one fits ``budget`` seconds (the client's ``rpc_timeout``)."""
-    retries = RETRY_BACKOFF.attempts() if retry else None
-    end = clock() + budget
-    refusals = 0
+    retries = Retries(clock() + budget) if retry else None
     while True:
         sent_at = clock()
         try:
             return (yield Call(method, request, timeout))
         except FencingError as exc:
-            pause = retries.next() if retries is not None and is_transient(exc) else None
-            refusals += refused(exc)
-            if refusals > MAX_REFUSED_RETRIES:
-                raise
             now = clock()
-            if pause is None or not retry_fits(exc, now, pause, now - sent_at, end):
+            pause = None if retries is None else retries.pause(exc, now, now - sent_at)
+            if pause is None:
                 raise
         yield Sleep(pause)
 

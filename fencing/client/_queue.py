@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 from fencing._renewal import RenewalPolicy, RenewalSchedule
 from fencing.client._core import (
-    RETRY_BACKOFF,
     Call,
+    Retries,
     Sleep,
     Steps,
     is_transient,
@@ -610,7 +610,8 @@ class QueueSteps:
         items = list(done)
         ttl_ms, request_id = ttl_ms_of(ttl), new_request_id()
         end = client._clock() + max(0.0, wait)
-        retries = RETRY_BACKOFF.attempts()
+        # The budget of the retries: the wait, and the client's rpc_timeout after it.
+        retries = Retries(end + client.rpc_timeout)
         while True:
             left = max(0.0, end - client._clock())
             request = claim_request(
@@ -621,7 +622,8 @@ class QueueSteps:
                 response = yield Call(client._stub.Claim, request, left + client.rpc_timeout)
                 break
             except FencingError as exc:
-                pause = retries.next() if is_transient(exc) else None
+                now = client._clock()
+                pause = retries.pause(exc, now, now - sent_at)
                 if pause is None:
                     raise
                 log.info("claim of %r failed (%s): retrying with the same request id", queue, exc)

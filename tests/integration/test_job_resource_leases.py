@@ -83,6 +83,6 @@ async def test_a_retried_claim_of_a_job_naming_its_resource_gets_its_lease_back(
             )
             assert list((await queue._stub.Claim(fresh)).jobs) == []
             info = await queue.get_job(second)
-            assert (info.state, info.attempts) == ("ready", 0)
+            assert (info.state, info.attempts) == ("scheduled", 0)  # given back, due later
     finally:
         await server.stop(0)

@@ -70,3 +70,28 @@ def test_a_retried_unary_call_against_a_refused_port_tries_twice_at_most() -> No
         with pytest.raises(BackendUnavailableError):
             client._run(steps)
     assert 1 <= len(sent) <= 2, sent
+
+
+def test_sync_claim_against_a_refused_port_tries_twice_at_most() -> None:
+    """Claim's own retries (one request id for every try) follow the same rule."""
+    from fencing import QueueClient
+
+    with QueueClient(closed_address(), rpc_timeout=0.2) as client:
+        sent = counting(client)
+        with pytest.raises(BackendUnavailableError):
+            client.claim("q", ttl=5)
+    assert 1 <= len(sent) <= 2, sent
+
+
+def test_async_claim_against_a_refused_port_tries_twice_at_most() -> None:
+    from fencing import AsyncQueueClient
+
+    async def main() -> list[str]:
+        async with AsyncQueueClient(closed_address(), rpc_timeout=0.2) as client:
+            sent = counting(client)
+            with pytest.raises(BackendUnavailableError):
+                await client.claim("q", ttl=5)
+            return sent
+
+    sent = asyncio.run(main())
+    assert 1 <= len(sent) <= 2, sent
