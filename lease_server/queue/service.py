@@ -419,6 +419,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         while True:
             try:
                 counts = await self.backend.stats("", limits.DEFAULT_WINDOW_MS)
+                paused = await self.backend.paused()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the gauges go stale; the next tick tries again
@@ -430,7 +431,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
                     exc,
                 )
             else:
-                self.metrics.observe(counts)
+                self.metrics.observe(counts, paused)
             await asyncio.sleep(self.options.stats_interval_s)
 
     @rpc
