@@ -9,3 +9,14 @@ CREATE TABLE IF NOT EXISTS queue_pauses (
     queue     TEXT PRIMARY KEY,
     paused_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );
+
+CREATE FUNCTION queue_notify_resumed() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    PERFORM pg_notify(jobs_channel(), OLD.queue);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER queue_resumed AFTER DELETE ON queue_pauses
+FOR EACH ROW EXECUTE FUNCTION queue_notify_resumed();

@@ -25,6 +25,7 @@ from fencing import AsyncGuardClient, AsyncQueueClient, GuardClient, LeaseLost, 
 from fencing.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from fencing.testing import RunningServers, running_servers
 from fencing.v1 import queue_pb2
+from lease_server.queue.service import QueueOptions
 from serving import exits
 from serving.auth import AuthPolicy
 from serving.server import ServerOptions
@@ -360,3 +361,39 @@ def test_pause_is_authorised_as_manage() -> None:
         with pytest.raises(PermissionDeniedError):
             viewer.resume("mail")
         assert operator.resume("mail")
+
+
+@pytest.mark.postgres
+def test_two_servers_on_one_postgres_honour_a_pause_and_a_resume_wakes_the_other(
+    tmp_path: Path,
+) -> None:
+    dsn = pg.test_dsn()
+    name = f"{pg.SCHEMA_PREFIX}{secrets.token_hex(6)}"
+    url = pg.with_schema(dsn, name)
+    # No polling of a waiting claim within the test: only the resume's NOTIFY wakes it.
+    slow = QueueOptions(poll_interval_s=3600)
+    try:
+        with (
+            running_servers(url, url, queue_options=slow) as one,
+            running_servers(url, url, queue_options=slow) as two,
+            QueueClient(one.queue_address, worker="a") as a,
+            QueueClient(two.queue_address, worker="b") as b,
+        ):
+            assert a.pause("mail")
+            b.enqueue("mail", b"x")
+            assert b.claim("mail") == []  # paused through the other server
+            assert b.stats("mail")[0].paused
+
+            async def wait_then_resume() -> list[Any]:
+                async with AsyncQueueClient(one.queue_address, worker="a") as waiter:
+                    waiting = asyncio.ensure_future(waiter.claim("mail", wait=300))
+                    await asyncio.sleep(0.5)  # the claim is parked on server one
+                    assert not waiting.done()
+                    assert b.resume("mail")  # through server two: its NOTIFY wakes one
+                    # a liveness bound, far below the claim's wait: never woken fails
+                    return list(await asyncio.wait_for(waiting, 30))
+
+            (job,) = asyncio.run(wait_then_resume())
+            assert job.payload == b"x"
+    finally:
+        asyncio.run(pg.drop_schema(dsn, name))
