@@ -1,4 +1,4 @@
-"""``fencing queue stats|enqueue|jobs|job|retry|cancel|requeue``: queues from a shell.
+"""``fencing queue stats|enqueue|jobs|job|retry|cancel|requeue|pause|resume``: queues from a shell.
 
 ``stats`` prints one line per queue (ready, scheduled, waiting, running, expired
 leases, succeeded, dead, cancelled, oldest ready age, retrying jobs, retry rate), or
@@ -7,7 +7,8 @@ id. The operator's commands: ``jobs QUEUE [--state S]`` lists a queue's jobs (a 
 at a time, in id order), ``job ID`` shows one, ``retry ID`` makes a dead, cancelled or
 failed job due now, ``cancel ID [--guard-addr A ...]`` cancels a waiting, ready or
 running job (and fences the named monotonic guards to the cancel's token), ``requeue
-QUEUE`` retries the queue's dead jobs. ``retry`` and ``cancel`` of a job in no state
+QUEUE`` retries the queue's dead jobs, ``pause QUEUE`` / ``resume QUEUE`` stop and
+restart its claims (enqueues and running jobs go on). ``retry`` and ``cancel`` of a job in no state
 they apply to change nothing and exit 1 (``FAILURE``); an unknown job is
 ``NOT_FOUND``. Errors print ``error: REASON: message`` to stderr (and a JSON object on
 stdout with ``--json``) and exit with the reason's code in
@@ -44,6 +45,7 @@ COLUMNS = (
     ("oldest_ready_age", "oldest_s"),
     ("retrying", "retrying"),
     ("retry_rate", "retry_rate"),
+    ("paused", "paused"),
 )
 
 
@@ -66,7 +68,10 @@ def _stats(args: argparse.Namespace) -> int:
         row = []
         for attr, _ in COLUMNS:
             value: Any = getattr(s, attr)
-            row.append(f"{value:.3f}" if isinstance(value, float) else str(value))
+            if isinstance(value, bool):
+                row.append("yes" if value else "-")
+            else:
+                row.append(f"{value:.3f}" if isinstance(value, float) else str(value))
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     for r in rows:
@@ -238,6 +243,21 @@ def _requeue(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pause(args: argparse.Namespace) -> int:
+    pausing = args.queue_command == "pause"
+    try:
+        with _client(args) as client:
+            changed = client.pause(args.queue) if pausing else client.resume(args.queue)
+    except (FencingError, grpc.RpcError, ValueError) as exc:
+        return hints.fail(args, exc, as_json=args.json)
+    state = "paused" if pausing else "resumed"
+    if args.json:
+        print(json.dumps({"queue": args.queue, "paused": pausing, "changed": changed}))
+    else:
+        print(f"{args.queue!r} {state}" if changed else f"{args.queue!r} already {state}")
+    return 0
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     connect.add_lease_address(
         p,
@@ -352,5 +372,14 @@ def register(sub: Any) -> None:
     )
     _common(p)
     p.set_defaults(run=_requeue)
+
+    for action, what in (
+        ("pause", "pause a queue: enqueues go on, no claims until resumed"),
+        ("resume", "resume a paused queue"),
+    ):
+        p = qsub.add_parser(action, help=what)
+        p.add_argument("queue")
+        _common(p)
+        p.set_defaults(run=_pause)
 
     schedules.register(qsub, _common)

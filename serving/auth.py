@@ -57,7 +57,8 @@ action                        methods
                               resource: its claims hold that lease. A Claim's ``worker``
                               is the principal, as a lease's ``holder`` is
 ``describe``                  QueueService Stats, ListSchedules, ListJobs, GetJob
-``manage``                    QueueService RetryJob, CancelJob, RequeueDead (an operator's
+``manage``                    QueueService RetryJob, CancelJob, RequeueDead,
+                              PauseQueue, ResumeQueue (an operator's
                               calls on jobs of the queue; a cancel also needs ``fence``
                               on the job's resource at a monotonic guard to fence it there)
 ``reset_fence``               GuardService ResetFence (an operator's recovery: it may
@@ -147,6 +148,8 @@ METHOD_ACTIONS: dict[str, Action] = {
     _QUEUE + "RetryJob": Action.MANAGE,
     _QUEUE + "CancelJob": Action.MANAGE,
     _QUEUE + "RequeueDead": Action.MANAGE,
+    _QUEUE + "PauseQueue": Action.MANAGE,
+    _QUEUE + "ResumeQueue": Action.MANAGE,
 }
 
 #: Methods anyone may call without credentials: probes and schema discovery.

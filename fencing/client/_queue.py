@@ -205,6 +205,8 @@ class QueueStats:
     finished_in_window: int
     window: float
     cancelled: int = 0
+    #: Paused by :meth:`~fencing.client.QueueClient.pause`: hands out no claims.
+    paused: bool = False
 
 
 def stats(msg: queue_pb2.QueueStats) -> QueueStats:
@@ -223,6 +225,7 @@ def stats(msg: queue_pb2.QueueStats) -> QueueStats:
         finished_in_window=msg.finished_in_window,
         window=msg.window_ms / 1000,
         cancelled=msg.cancelled,
+        paused=msg.paused,
     )
 
 

@@ -275,5 +275,15 @@ class AsyncQueueClient(AsyncCalls):
         response = await self._call(self._stub.RequeueDead, request, retry=True)
         return int(response.requeued)
 
+    async def pause(self, queue: str) -> bool:
+        """See :meth:`QueueClient.pause`."""
+        request = queue_pb2.PauseQueueRequest(queue=queue)
+        return bool((await self._call(self._stub.PauseQueue, request, retry=True)).changed)
+
+    async def resume(self, queue: str) -> bool:
+        """See :meth:`QueueClient.resume`."""
+        request = queue_pb2.ResumeQueueRequest(queue=queue)
+        return bool((await self._call(self._stub.ResumeQueue, request, retry=True)).changed)
+
 
 __all__ = ["AsyncQueueClient"]

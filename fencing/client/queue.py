@@ -352,5 +352,18 @@ class QueueClient(BlockingCalls):
         request = queue_pb2.RequeueDeadRequest(queue=queue, limit=limit)
         return int(self._call(self._stub.RequeueDead, request, retry=True).requeued)
 
+    def pause(self, queue: str) -> bool:
+        """Pause ``queue``: it still accepts enqueues and lets running jobs heartbeat,
+        complete and fail, but hands out no claims (waiting claims keep waiting) until
+        :meth:`resume`. Kept in the queue backend, so every server sharing it honours it.
+        Returns False if it already was paused. Needs ``manage`` on the queue."""
+        request = queue_pb2.PauseQueueRequest(queue=queue)
+        return bool(self._call(self._stub.PauseQueue, request, retry=True).changed)
+
+    def resume(self, queue: str) -> bool:
+        """Resume a paused ``queue``; returns False if it was not paused."""
+        request = queue_pb2.ResumeQueueRequest(queue=queue)
+        return bool(self._call(self._stub.ResumeQueue, request, retry=True).changed)
+
 
 __all__ = ["FencingError", "Job", "JobAction", "JobInfo", "QueueClient"]

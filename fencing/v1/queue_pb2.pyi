@@ -588,6 +588,7 @@ class QueueStats(_message.Message):
     FINISHED_IN_WINDOW_FIELD_NUMBER: _builtins.int
     WINDOW_MS_FIELD_NUMBER: _builtins.int
     CANCELLED_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     ready: _builtins.int
     """Ready and due now."""
@@ -609,6 +610,8 @@ class QueueStats(_message.Message):
     finished_in_window: _builtins.int
     window_ms: _builtins.int
     cancelled: _builtins.int
+    paused: _builtins.bool
+    """Paused by PauseQueue: hands out no claims."""
     def __init__(
         self,
         *,
@@ -626,10 +629,11 @@ class QueueStats(_message.Message):
         finished_in_window: _builtins.int = ...,
         window_ms: _builtins.int = ...,
         cancelled: _builtins.int = ...,
+        paused: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "dead", b"dead", "expired", b"expired", "finished_in_window", b"finished_in_window", "oldest_ready_age_ms", b"oldest_ready_age_ms", "queue", b"queue", "ready", b"ready", "retry_rate", b"retry_rate", "retrying", b"retrying", "running", b"running", "scheduled", b"scheduled", "succeeded", b"succeeded", "waiting", b"waiting", "window_ms", b"window_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "dead", b"dead", "expired", b"expired", "finished_in_window", b"finished_in_window", "oldest_ready_age_ms", b"oldest_ready_age_ms", "paused", b"paused", "queue", b"queue", "ready", b"ready", "retry_rate", b"retry_rate", "retrying", b"retrying", "running", b"running", "scheduled", b"scheduled", "succeeded", b"succeeded", "waiting", b"waiting", "window_ms", b"window_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1172,3 +1176,61 @@ class RequeueDeadResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RequeueDeadResponse: _TypeAlias = RequeueDeadResponse  # noqa: Y015
+
+@_typing.final
+class PauseQueueRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
+    def __init__(
+        self,
+        *,
+        queue: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseQueueRequest: _TypeAlias = PauseQueueRequest  # noqa: Y015
+
+@_typing.final
+class ResumeQueueRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
+    def __init__(
+        self,
+        *,
+        queue: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeQueueRequest: _TypeAlias = ResumeQueueRequest  # noqa: Y015
+
+@_typing.final
+class PauseQueueResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGED_FIELD_NUMBER: _builtins.int
+    changed: _builtins.bool
+    """False if the queue already was in the asked state."""
+    def __init__(
+        self,
+        *,
+        changed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseQueueResponse: _TypeAlias = PauseQueueResponse  # noqa: Y015

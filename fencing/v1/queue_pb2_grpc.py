@@ -109,6 +109,16 @@ class QueueServiceStub:
                 request_serializer=fencing_dot_v1_dot_queue__pb2.RequeueDeadRequest.SerializeToString,
                 response_deserializer=fencing_dot_v1_dot_queue__pb2.RequeueDeadResponse.FromString,
                 _registered_method=True)
+        self.PauseQueue = channel.unary_unary(
+                '/fencing.v1.QueueService/PauseQueue',
+                request_serializer=fencing_dot_v1_dot_queue__pb2.PauseQueueRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_queue__pb2.PauseQueueResponse.FromString,
+                _registered_method=True)
+        self.ResumeQueue = channel.unary_unary(
+                '/fencing.v1.QueueService/ResumeQueue',
+                request_serializer=fencing_dot_v1_dot_queue__pb2.ResumeQueueRequest.SerializeToString,
+                response_deserializer=fencing_dot_v1_dot_queue__pb2.PauseQueueResponse.FromString,
+                _registered_method=True)
 
 
 class QueueServiceServicer:
@@ -235,6 +245,22 @@ class QueueServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseQueue(self, request, context):
+        """Pause a queue: it accepts enqueues and lets running jobs heartbeat, complete and
+        fail, but hands out no claims (a waiting Claim keeps waiting) until resumed. Kept
+        in the queue backend: every server sharing it honours it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeQueue(self, request, context):
+        """Resume a paused queue; waiting Claims are woken.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -312,6 +338,16 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.RequeueDead,
                     request_deserializer=fencing_dot_v1_dot_queue__pb2.RequeueDeadRequest.FromString,
                     response_serializer=fencing_dot_v1_dot_queue__pb2.RequeueDeadResponse.SerializeToString,
+            ),
+            'PauseQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseQueue,
+                    request_deserializer=fencing_dot_v1_dot_queue__pb2.PauseQueueRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_queue__pb2.PauseQueueResponse.SerializeToString,
+            ),
+            'ResumeQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeQueue,
+                    request_deserializer=fencing_dot_v1_dot_queue__pb2.ResumeQueueRequest.FromString,
+                    response_serializer=fencing_dot_v1_dot_queue__pb2.PauseQueueResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -719,6 +755,60 @@ class QueueService:
             '/fencing.v1.QueueService/RequeueDead',
             fencing_dot_v1_dot_queue__pb2.RequeueDeadRequest.SerializeToString,
             fencing_dot_v1_dot_queue__pb2.RequeueDeadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.QueueService/PauseQueue',
+            fencing_dot_v1_dot_queue__pb2.PauseQueueRequest.SerializeToString,
+            fencing_dot_v1_dot_queue__pb2.PauseQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.QueueService/ResumeQueue',
+            fencing_dot_v1_dot_queue__pb2.ResumeQueueRequest.SerializeToString,
+            fencing_dot_v1_dot_queue__pb2.PauseQueueResponse.FromString,
             options,
             channel_credentials,
             insecure,

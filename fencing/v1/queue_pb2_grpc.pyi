@@ -102,6 +102,13 @@ class QueueServiceStub:
     """
     RequeueDead: _grpc.UnaryUnaryMultiCallable[_queue_pb2.RequeueDeadRequest, _queue_pb2.RequeueDeadResponse]
     """Retry up to limit dead jobs of a queue (oldest id first), as RetryJob does."""
+    PauseQueue: _grpc.UnaryUnaryMultiCallable[_queue_pb2.PauseQueueRequest, _queue_pb2.PauseQueueResponse]
+    """Pause a queue: it accepts enqueues and lets running jobs heartbeat, complete and
+    fail, but hands out no claims (a waiting Claim keeps waiting) until resumed. Kept
+    in the queue backend: every server sharing it honours it.
+    """
+    ResumeQueue: _grpc.UnaryUnaryMultiCallable[_queue_pb2.ResumeQueueRequest, _queue_pb2.PauseQueueResponse]
+    """Resume a paused queue; waiting Claims are woken."""
 
 @_typing.type_check_only
 class QueueServiceAsyncStub(QueueServiceStub):
@@ -158,6 +165,13 @@ class QueueServiceAsyncStub(QueueServiceStub):
     """
     RequeueDead: _aio.UnaryUnaryMultiCallable[_queue_pb2.RequeueDeadRequest, _queue_pb2.RequeueDeadResponse]  # type: ignore[assignment]
     """Retry up to limit dead jobs of a queue (oldest id first), as RetryJob does."""
+    PauseQueue: _aio.UnaryUnaryMultiCallable[_queue_pb2.PauseQueueRequest, _queue_pb2.PauseQueueResponse]  # type: ignore[assignment]
+    """Pause a queue: it accepts enqueues and lets running jobs heartbeat, complete and
+    fail, but hands out no claims (a waiting Claim keeps waiting) until resumed. Kept
+    in the queue backend: every server sharing it honours it.
+    """
+    ResumeQueue: _aio.UnaryUnaryMultiCallable[_queue_pb2.ResumeQueueRequest, _queue_pb2.PauseQueueResponse]  # type: ignore[assignment]
+    """Resume a paused queue; waiting Claims are woken."""
 
 class QueueServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -301,5 +315,24 @@ class QueueServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_queue_pb2.RequeueDeadResponse, _abc.Awaitable[_queue_pb2.RequeueDeadResponse]]:
         """Retry up to limit dead jobs of a queue (oldest id first), as RetryJob does."""
+
+    @_abc_1.abstractmethod
+    def PauseQueue(
+        self,
+        request: _queue_pb2.PauseQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.PauseQueueResponse, _abc.Awaitable[_queue_pb2.PauseQueueResponse]]:
+        """Pause a queue: it accepts enqueues and lets running jobs heartbeat, complete and
+        fail, but hands out no claims (a waiting Claim keeps waiting) until resumed. Kept
+        in the queue backend: every server sharing it honours it.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeQueue(
+        self,
+        request: _queue_pb2.ResumeQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.PauseQueueResponse, _abc.Awaitable[_queue_pb2.PauseQueueResponse]]:
+        """Resume a paused queue; waiting Claims are woken."""
 
 def add_QueueServiceServicer_to_server(servicer: QueueServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -31,6 +31,7 @@ database); at most ``MAX_QUEUES`` queues are labelled, the first by name.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -93,13 +94,29 @@ class QueueMetrics:
             registry=registry,
         )
         self.dead = Gauge("fencing_queue_dead", "Dead jobs kept.", ("queue",), registry=registry)
+        self.paused = Gauge(
+            "fencing_queue_paused",
+            "1 while the queue is paused (PauseQueue): no claims handed out.",
+            ("queue",),
+            registry=registry,
+        )
         self._labelled: set[str] = set()
 
-    def observe(self, counts: Sequence[QueueCounts]) -> None:
-        """Set the gauges from a Stats answer; queues that disappeared drop their labels."""
+    def observe(
+        self, counts: Sequence[QueueCounts], paused: AbstractSet[str] = frozenset()
+    ) -> None:
+        """Set the gauges from a Stats answer and the paused queues; queues that
+        disappeared drop their labels."""
         current = {c.queue: c for c in sorted(counts, key=lambda c: c.queue)[:MAX_QUEUES]}
         for gone in self._labelled - set(current):
-            for gauge in (self.depth, self.oldest, self.running, self.expired, self.dead):
+            for gauge in (
+                self.depth,
+                self.oldest,
+                self.running,
+                self.expired,
+                self.dead,
+                self.paused,
+            ):
                 gauge.remove(gone)
         for name, c in current.items():
             self.depth.labels(name).set(c.ready)
@@ -107,6 +124,7 @@ class QueueMetrics:
             self.running.labels(name).set(c.running)
             self.expired.labels(name).set(c.expired)
             self.dead.labels(name).set(c.dead)
+            self.paused.labels(name).set(1 if name in paused else 0)
         self._labelled = set(current)
 
 

@@ -419,6 +419,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         while True:
             try:
                 counts = await self.backend.stats("", limits.DEFAULT_WINDOW_MS)
+                paused = await self.backend.paused()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the gauges go stale; the next tick tries again
@@ -430,7 +431,7 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
                     exc,
                 )
             else:
-                self.metrics.observe(counts)
+                self.metrics.observe(counts, paused)
             await asyncio.sleep(self.options.stats_interval_s)
 
     @rpc
@@ -660,7 +661,11 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         queue = _optional_queue(request.queue)
         window_ms = limits.check_window_ms(request.window_ms)
         counts = await self.backend.stats(queue, window_ms)
-        return queue_pb2.QueueStatsResponse(queues=[stats_to_proto(c) for c in counts])
+        paused = await self.backend.paused()
+        out = [stats_to_proto(c) for c in counts]
+        for stats in out:
+            stats.paused = stats.queue in paused
+        return queue_pb2.QueueStatsResponse(queues=out)
 
     @rpc
     async def PutSchedule(
@@ -870,3 +875,23 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
             self._wakeups.notify(queue)
         self._audit(context, "requeue_dead", queue, 0, requeued=requeued, limit=limit)
         return queue_pb2.RequeueDeadResponse(requeued=requeued)
+
+    @rpc
+    async def PauseQueue(
+        self, request: queue_pb2.PauseQueueRequest, context: Context
+    ) -> queue_pb2.PauseQueueResponse:
+        queue = limits.check_queue(request.queue)
+        changed = await self.backend.set_paused(queue, True)
+        self._audit(context, "pause_queue", queue, 0, changed=changed)
+        return queue_pb2.PauseQueueResponse(changed=changed)
+
+    @rpc
+    async def ResumeQueue(
+        self, request: queue_pb2.ResumeQueueRequest, context: Context
+    ) -> queue_pb2.PauseQueueResponse:
+        queue = limits.check_queue(request.queue)
+        changed = await self.backend.set_paused(queue, False)
+        if changed:
+            self._wakeups.notify(queue)  # claims waiting here; other servers poll
+        self._audit(context, "resume_queue", queue, 0, changed=changed)
+        return queue_pb2.PauseQueueResponse(changed=changed)

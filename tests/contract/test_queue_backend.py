@@ -751,3 +751,39 @@ async def test_calls_naming_another_queue_are_refused(queue_backend: Pair) -> No
     await backend.complete([ref(claimed)], "emails")
     await backend.complete([ref(claimed)], "emails")  # the repeat, named the same way
     assert await state_of(backend, claimed.id) is JobState.SUCCEEDED
+
+
+async def test_a_paused_queue_accepts_enqueues_and_hands_out_no_claims(
+    queue_backend: Pair,
+) -> None:
+    backend, _ = queue_backend
+    running = await claim_one(backend) if await enqueue(backend) else None
+    assert running is not None
+    other = await enqueue(backend, "other")
+    assert await backend.set_paused("q", True)
+    assert not await backend.set_paused("q", True)  # already paused: no change
+    assert await backend.paused() == {"q"}
+    waiting = await enqueue(backend)  # enqueues still land
+    assert await state_of(backend, waiting) == JobState.READY
+    assert await backend.claim("q", "w", 10, LONG) == []
+    # other queues go on; the running job of the paused one heartbeats and completes
+    assert [r.id for r in await backend.claim("other", "w", 10, LONG)] == [other]
+    await backend.heartbeat([ref(running)], LONG, "q")
+    await backend.complete([ref(running)], "q")
+    assert await state_of(backend, running.id) == JobState.SUCCEEDED
+    assert await backend.set_paused("q", False)
+    assert not await backend.set_paused("q", False)
+    assert await backend.paused() == set()
+    assert [r.id for r in await backend.claim("q", "w", 10, LONG)] == [waiting]
+
+
+async def test_a_retried_claim_of_a_paused_queue_gets_its_jobs_back(queue_backend: Pair) -> None:
+    backend, _ = queue_backend
+    first = await enqueue(backend)
+    await enqueue(backend)
+    (claimed,) = await backend.claim("q", "w", 1, LONG, request_id="r1")
+    assert claimed.id == first
+    await backend.set_paused("q", True)
+    (again,) = await backend.claim("q", "w", 1, LONG, request_id="r1")
+    assert (again.id, again.token) == (claimed.id, claimed.token)
+    assert await backend.claim("q", "w", 1, LONG, request_id="r2") == []

@@ -25,6 +25,7 @@ from fencing import AsyncGuardClient, AsyncQueueClient, GuardClient, LeaseLost, 
 from fencing.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from fencing.testing import RunningServers, running_servers
 from fencing.v1 import queue_pb2
+from lease_server.queue.service import QueueOptions
 from serving import exits
 from serving.auth import AuthPolicy
 from serving.server import ServerOptions
@@ -304,3 +305,95 @@ def test_the_cli_lists_shows_cancels_retries_and_requeues(servers: RunningServer
         assert queue.get_job(dead).state == "ready"
         (stats,) = queue.stats("mail")
         assert stats.cancelled == 0 and stats.ready == 2
+
+
+def test_the_cli_pauses_and_resumes_a_queue(servers: RunningServers) -> None:
+    with QueueClient(servers.queue_address, worker="tester") as queue:
+        queue.enqueue("mail", b"before")
+        paused = cli(servers, "pause", "mail", "--json")
+        assert paused.returncode == 0, paused.stderr
+        assert json.loads(paused.stdout) == {"queue": "mail", "paused": True, "changed": True}
+        again = cli(servers, "pause", "mail")
+        assert again.returncode == 0 and "already paused" in again.stdout, again.stderr
+        queue.enqueue("mail", b"while paused")  # enqueues go on
+        assert queue.claim("mail", batch=10) == []
+        (stats,) = queue.stats("mail")
+        assert stats.paused and stats.ready == 2
+        table = cli(servers, "stats", "mail")
+        assert table.returncode == 0 and "paused" in table.stdout and "yes" in table.stdout
+        resumed = cli(servers, "resume", "mail", "--json")
+        assert resumed.returncode == 0, resumed.stderr
+        assert json.loads(resumed.stdout)["changed"] is True
+        assert len(queue.claim("mail", batch=10)) == 2
+        assert not queue.stats("mail")[0].paused
+
+
+def test_pause_needs_manage_and_the_async_twin_pauses(servers: RunningServers) -> None:
+    async def main() -> None:
+        async with AsyncQueueClient(servers.queue_address, worker="aio") as queue:
+            await queue.enqueue("mail", b"x")
+            assert await queue.pause("mail")
+            assert not await queue.pause("mail")
+            assert await queue.claim("mail") == []
+            assert (await queue.stats("mail"))[0].paused
+            assert await queue.resume("mail")
+            assert not await queue.resume("mail")
+            assert len(await queue.claim("mail")) == 1
+
+    asyncio.run(main())
+    with QueueClient(servers.queue_address) as queue, pytest.raises(InvalidArgumentError) as info:
+        queue.pause("")
+    assert info.value.field == "queue"
+
+
+def test_pause_is_authorised_as_manage() -> None:
+    policy = AuthPolicy.from_dict(tomllib.loads(ADMIN_POLICY))
+    with (
+        running_servers(options=ServerOptions(auth=policy)) as servers,
+        QueueClient(servers.queue_address, token="viewer-token") as viewer,
+        QueueClient(servers.queue_address, token="operator-token") as operator,
+    ):
+        with pytest.raises(PermissionDeniedError):
+            viewer.pause("mail")
+        with pytest.raises(PermissionDeniedError):
+            operator.pause("billing")
+        assert operator.pause("mail")
+        with pytest.raises(PermissionDeniedError):
+            viewer.resume("mail")
+        assert operator.resume("mail")
+
+
+@pytest.mark.postgres
+def test_two_servers_on_one_postgres_honour_a_pause_and_a_resume_wakes_the_other(
+    tmp_path: Path,
+) -> None:
+    dsn = pg.test_dsn()
+    name = f"{pg.SCHEMA_PREFIX}{secrets.token_hex(6)}"
+    url = pg.with_schema(dsn, name)
+    # No polling of a waiting claim within the test: only the resume's NOTIFY wakes it.
+    slow = QueueOptions(poll_interval_s=3600)
+    try:
+        with (
+            running_servers(url, url, queue_options=slow) as one,
+            running_servers(url, url, queue_options=slow) as two,
+            QueueClient(one.queue_address, worker="a") as a,
+            QueueClient(two.queue_address, worker="b") as b,
+        ):
+            assert a.pause("mail")
+            b.enqueue("mail", b"x")
+            assert b.claim("mail") == []  # paused through the other server
+            assert b.stats("mail")[0].paused
+
+            async def wait_then_resume() -> list[Any]:
+                async with AsyncQueueClient(one.queue_address, worker="a") as waiter:
+                    waiting = asyncio.ensure_future(waiter.claim("mail", wait=300))
+                    await asyncio.sleep(0.5)  # the claim is parked on server one
+                    assert not waiting.done()
+                    assert b.resume("mail")  # through server two: its NOTIFY wakes one
+                    # a liveness bound, far below the claim's wait: never woken fails
+                    return list(await asyncio.wait_for(waiting, 30))
+
+            (job,) = asyncio.run(wait_then_resume())
+            assert job.payload == b"x"
+    finally:
+        asyncio.run(pg.drop_schema(dsn, name))

@@ -84,6 +84,15 @@ class QueueBackend(Protocol):
         those jobs are returned by id (``jobs.replay``: leases extended, nothing new
         claimed, no event), in the same transaction."""
 
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        """Pause (or resume) ``queue``; return whether that changed anything. A paused
+        queue accepts enqueues, lets running jobs heartbeat, complete and fail, and hands
+        out no claims (``claim`` returns none) until resumed. Persisted in the backend,
+        so every server sharing it honours it."""
+
+    async def paused(self) -> set[str]:
+        """The paused queues."""
+
     async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int, queue: str = "") -> None:
         """Extend every named claim to now + ``ttl_ms``, or raise ``LeaseLost`` (naming the
         first stale one) and change nothing. With ``queue``, a job of another queue is

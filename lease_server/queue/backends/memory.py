@@ -46,6 +46,7 @@ class MemoryQueue:
         self._schedules: dict[str, ScheduleRecord] = {}
         #: The request id of the Claim that made each job's current (or last) claim.
         self._claim_requests: dict[int, str] = {}
+        self._paused: set[str] = set()
 
     def log_events_to(self, backend: LeaseBackend) -> bool:
         if isinstance(backend, MemoryBackend):
@@ -108,6 +109,17 @@ class MemoryQueue:
             out.append(Enqueued(record.id, True, record.state))
         return out
 
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        changed = (queue in self._paused) != paused
+        if paused:
+            self._paused.add(queue)
+        else:
+            self._paused.discard(queue)
+        return changed
+
+    async def paused(self) -> set[str]:
+        return set(self._paused)
+
     async def claim(
         self, queue: str, worker: str, limit: int, ttl_ms: int, request_id: str = ""
     ) -> list[JobRecord]:
@@ -123,6 +135,8 @@ class MemoryQueue:
             if replayed:
                 self._put(replayed, now)
                 return replayed
+        if queue in self._paused:
+            return []
         candidates = sorted(
             (r for r in self._jobs.values() if r.queue == queue and jobs.claimable(r, now)),
             key=jobs.claim_order,

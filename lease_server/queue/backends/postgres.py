@@ -88,6 +88,12 @@ class PostgresQueue:
         self._enqueue_sql = q(
             "SELECT * FROM {schema}.job_enqueue_many(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
         )
+        self._pause_sql = q(
+            "INSERT INTO {schema}.queue_pauses (queue) VALUES (%s) ON CONFLICT DO NOTHING"
+        )
+        self._resume_sql = q("DELETE FROM {schema}.queue_pauses WHERE queue = %s")
+        self._paused_sql = q("SELECT queue FROM {schema}.queue_pauses ORDER BY queue")
+        self._is_paused_sql = q("SELECT 1 FROM {schema}.queue_pauses WHERE queue = %s")
         self._claim_sql = q("SELECT * FROM {schema}.job_claim(%s, %s, %s, %s, %s)")
         self._heartbeat_sql = q("SELECT * FROM {schema}.job_heartbeat(%s, %s, %s, %s)")
         self._complete_sql = q("SELECT * FROM {schema}.job_complete(%s, %s, %s)")
@@ -260,9 +266,21 @@ class PostgresQueue:
         self, queue: str, worker: str, limit: int, ttl_ms: int, request_id: str = ""
     ) -> list[JobRecord]:
         async with self._db.connection() as conn:
+            # Checked on every claim (no cache), so a pause made through any server on
+            # this database holds from the next claim on. A paused queue claims with
+            # limit 0: nothing new, but a retried Claim still gets its jobs back.
+            cur = await conn.execute(self._is_paused_sql, (queue,))
+            if await cur.fetchone() is not None:
+                limit = 0
             cur = await conn.execute(self._claim_sql, (queue, worker, limit, ttl_ms, request_id))
             rows = await cur.fetchall()
         return [job_record(r) for r in rows]  # job_claim returns them in claim order
+
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        return await self._db.execute(self._pause_sql if paused else self._resume_sql, (queue,)) > 0
+
+    async def paused(self) -> set[str]:
+        return {str(r[0]) for r in await self._db.fetchall(self._paused_sql)}
 
     async def heartbeat(self, refs: Sequence[JobRef], ttl_ms: int, queue: str = "") -> None:
         ids, tokens = _ids_tokens(refs)

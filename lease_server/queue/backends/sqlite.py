@@ -54,7 +54,7 @@ from serving.sqlite_db import SQLiteDatabase
 T = TypeVar("T")
 
 SQL = load("sqlite.sql")
-MIGRATIONS = [SQL[f"migration_{n}"] for n in range(1, 6)]
+MIGRATIONS = [SQL[f"migration_{n}"] for n in range(1, 7)]
 #: The name the lease database is attached under, when job events are logged.
 LOG_SCHEMA = "lease_log"
 
@@ -221,6 +221,22 @@ class SQLiteQueue:
 
         return await self._db.transaction(tx)
 
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        now = self._clock.now_ms()
+
+        def tx(conn: sqlite3.Connection) -> bool:
+            if paused:
+                return conn.execute(SQL["pause_queue"], (queue, now)).rowcount > 0
+            return conn.execute(SQL["resume_queue"], (queue,)).rowcount > 0
+
+        return await self._db.transaction(tx)
+
+    async def paused(self) -> set[str]:
+        def read(conn: sqlite3.Connection) -> set[str]:
+            return {str(r[0]) for r in conn.execute(SQL["select_paused_all"])}
+
+        return await self._db.query(read)
+
     async def claim(
         self, queue: str, worker: str, limit: int, ttl_ms: int, request_id: str = ""
     ) -> list[JobRecord]:
@@ -250,6 +266,8 @@ class SQLiteQueue:
                 for record in replayed:
                     _store(conn, record)  # a heartbeat's change: nothing to log
                 return replayed
+        if conn.execute(SQL["select_paused"], (queue,)).fetchone() is not None:
+            return []
         picked = [
             job_record(row)
             for row in conn.execute(SQL["select_rescuable"], (queue, now, limit)).fetchall()

@@ -145,6 +145,27 @@ ALTER TABLE jobs ADD COLUMN claim_request_id TEXT NOT NULL DEFAULT '';
 CREATE INDEX jobs_by_claim_request ON jobs (queue, claim_request_id)
     WHERE state = 'running' AND claim_request_id <> ''
 
+-- name: migration_6
+-- Schema v6: the paused queues (PauseQueue/ResumeQueue): one row each, resume deletes
+-- it. A paused queue hands out no claims, everything else goes on.
+CREATE TABLE queue_pauses (queue TEXT PRIMARY KEY, paused_at_ms INTEGER NOT NULL)
+
+-- name: pause_queue
+-- Pause a queue. Takes queue, now.
+INSERT OR IGNORE INTO queue_pauses (queue, paused_at_ms) VALUES (?, ?)
+
+-- name: resume_queue
+-- Resume a queue. Takes queue.
+DELETE FROM queue_pauses WHERE queue = ?
+
+-- name: select_paused
+-- Whether one queue is paused. Takes queue.
+SELECT 1 FROM queue_pauses WHERE queue = ?
+
+-- name: select_paused_all
+-- Every paused queue.
+SELECT queue FROM queue_pauses ORDER BY queue
+
 -- name: select_job
 -- One job by id. Takes id.
 SELECT id, queue, payload, state, resource, ordering_key, idempotency_key, priority,

@@ -238,6 +238,8 @@ export interface QueueStats {
   finishedInWindow: number;
   windowMs: number;
   cancelled: number;
+  /** Paused by PauseQueue: hands out no claims. */
+  paused: boolean;
 }
 
 export interface QueueStatsResponse {
@@ -427,6 +429,19 @@ export interface RequeueDeadRequest {
 
 export interface RequeueDeadResponse {
   requeued: number;
+}
+
+export interface PauseQueueRequest {
+  queue: string;
+}
+
+export interface ResumeQueueRequest {
+  queue: string;
+}
+
+export interface PauseQueueResponse {
+  /** False if the queue already was in the asked state. */
+  changed: boolean;
 }
 
 function createBaseNewJob(): NewJob {
@@ -2232,6 +2247,7 @@ function createBaseQueueStats(): QueueStats {
     finishedInWindow: 0,
     windowMs: 0,
     cancelled: 0,
+    paused: false,
   };
 }
 
@@ -2278,6 +2294,9 @@ export const QueueStats: MessageFns<QueueStats> = {
     }
     if (message.cancelled !== 0) {
       writer.uint32(112).uint64(message.cancelled);
+    }
+    if (message.paused !== false) {
+      writer.uint32(120).bool(message.paused);
     }
     return writer;
   },
@@ -2401,6 +2420,14 @@ export const QueueStats: MessageFns<QueueStats> = {
           message.cancelled = longToNumber(reader.uint64());
           continue;
         }
+        case 15: {
+          if (tag !== 120) {
+            break;
+          }
+
+          message.paused = reader.bool();
+          continue;
+        }
       }
       if ((tag & 7) === 4 || tag === 0) {
         break;
@@ -2426,6 +2453,7 @@ export const QueueStats: MessageFns<QueueStats> = {
       finishedInWindow: isSet(object.finishedInWindow) ? globalThis.Number(object.finishedInWindow) : 0,
       windowMs: isSet(object.windowMs) ? globalThis.Number(object.windowMs) : 0,
       cancelled: isSet(object.cancelled) ? globalThis.Number(object.cancelled) : 0,
+      paused: isSet(object.paused) ? globalThis.Boolean(object.paused) : false,
     };
   },
 
@@ -2473,6 +2501,9 @@ export const QueueStats: MessageFns<QueueStats> = {
     if (message.cancelled !== 0) {
       obj.cancelled = Math.round(message.cancelled);
     }
+    if (message.paused !== false) {
+      obj.paused = message.paused;
+    }
     return obj;
   },
 
@@ -2495,6 +2526,7 @@ export const QueueStats: MessageFns<QueueStats> = {
     message.finishedInWindow = object.finishedInWindow ?? 0;
     message.windowMs = object.windowMs ?? 0;
     message.cancelled = object.cancelled ?? 0;
+    message.paused = object.paused ?? false;
     return message;
   },
 };
@@ -4300,6 +4332,180 @@ export const RequeueDeadResponse: MessageFns<RequeueDeadResponse> = {
   },
 };
 
+function createBasePauseQueueRequest(): PauseQueueRequest {
+  return { queue: "" };
+}
+
+export const PauseQueueRequest: MessageFns<PauseQueueRequest> = {
+  encode(message: PauseQueueRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.queue !== "") {
+      writer.uint32(10).string(message.queue);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): PauseQueueRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const end = length === undefined ? reader.len : reader.pos + length;
+    const message = createBasePauseQueueRequest();
+    while (reader.pos < end) {
+      const tag = reader.uint32();
+      switch (tag >>> 3) {
+        case 1: {
+          if (tag !== 10) {
+            break;
+          }
+
+          message.queue = reader.string();
+          continue;
+        }
+      }
+      if ((tag & 7) === 4 || tag === 0) {
+        break;
+      }
+      reader.skip(tag & 7);
+    }
+    return message;
+  },
+
+  fromJSON(object: any): PauseQueueRequest {
+    return { queue: isSet(object.queue) ? globalThis.String(object.queue) : "" };
+  },
+
+  toJSON(message: PauseQueueRequest): unknown {
+    const obj: any = {};
+    if (message.queue !== "") {
+      obj.queue = message.queue;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<PauseQueueRequest>): PauseQueueRequest {
+    return PauseQueueRequest.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<PauseQueueRequest>): PauseQueueRequest {
+    const message = createBasePauseQueueRequest();
+    message.queue = object.queue ?? "";
+    return message;
+  },
+};
+
+function createBaseResumeQueueRequest(): ResumeQueueRequest {
+  return { queue: "" };
+}
+
+export const ResumeQueueRequest: MessageFns<ResumeQueueRequest> = {
+  encode(message: ResumeQueueRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.queue !== "") {
+      writer.uint32(10).string(message.queue);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ResumeQueueRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const end = length === undefined ? reader.len : reader.pos + length;
+    const message = createBaseResumeQueueRequest();
+    while (reader.pos < end) {
+      const tag = reader.uint32();
+      switch (tag >>> 3) {
+        case 1: {
+          if (tag !== 10) {
+            break;
+          }
+
+          message.queue = reader.string();
+          continue;
+        }
+      }
+      if ((tag & 7) === 4 || tag === 0) {
+        break;
+      }
+      reader.skip(tag & 7);
+    }
+    return message;
+  },
+
+  fromJSON(object: any): ResumeQueueRequest {
+    return { queue: isSet(object.queue) ? globalThis.String(object.queue) : "" };
+  },
+
+  toJSON(message: ResumeQueueRequest): unknown {
+    const obj: any = {};
+    if (message.queue !== "") {
+      obj.queue = message.queue;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<ResumeQueueRequest>): ResumeQueueRequest {
+    return ResumeQueueRequest.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ResumeQueueRequest>): ResumeQueueRequest {
+    const message = createBaseResumeQueueRequest();
+    message.queue = object.queue ?? "";
+    return message;
+  },
+};
+
+function createBasePauseQueueResponse(): PauseQueueResponse {
+  return { changed: false };
+}
+
+export const PauseQueueResponse: MessageFns<PauseQueueResponse> = {
+  encode(message: PauseQueueResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.changed !== false) {
+      writer.uint32(8).bool(message.changed);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): PauseQueueResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const end = length === undefined ? reader.len : reader.pos + length;
+    const message = createBasePauseQueueResponse();
+    while (reader.pos < end) {
+      const tag = reader.uint32();
+      switch (tag >>> 3) {
+        case 1: {
+          if (tag !== 8) {
+            break;
+          }
+
+          message.changed = reader.bool();
+          continue;
+        }
+      }
+      if ((tag & 7) === 4 || tag === 0) {
+        break;
+      }
+      reader.skip(tag & 7);
+    }
+    return message;
+  },
+
+  fromJSON(object: any): PauseQueueResponse {
+    return { changed: isSet(object.changed) ? globalThis.Boolean(object.changed) : false };
+  },
+
+  toJSON(message: PauseQueueResponse): unknown {
+    const obj: any = {};
+    if (message.changed !== false) {
+      obj.changed = message.changed;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<PauseQueueResponse>): PauseQueueResponse {
+    return PauseQueueResponse.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<PauseQueueResponse>): PauseQueueResponse {
+    const message = createBasePauseQueueResponse();
+    message.changed = object.changed ?? false;
+    return message;
+  },
+};
+
 export type QueueServiceService = typeof QueueServiceService;
 export const QueueServiceService = {
   /**
@@ -4483,6 +4689,30 @@ export const QueueServiceService = {
     responseSerialize: (value: RequeueDeadResponse): Buffer => Buffer.from(RequeueDeadResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): RequeueDeadResponse => RequeueDeadResponse.decode(value),
   },
+  /**
+   * Pause a queue: it accepts enqueues and lets running jobs heartbeat, complete and
+   * fail, but hands out no claims (a waiting Claim keeps waiting) until resumed. Kept
+   * in the queue backend: every server sharing it honours it.
+   */
+  pauseQueue: {
+    path: "/fencing.v1.QueueService/PauseQueue",
+    requestStream: false,
+    responseStream: false,
+    requestSerialize: (value: PauseQueueRequest): Buffer => Buffer.from(PauseQueueRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): PauseQueueRequest => PauseQueueRequest.decode(value),
+    responseSerialize: (value: PauseQueueResponse): Buffer => Buffer.from(PauseQueueResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): PauseQueueResponse => PauseQueueResponse.decode(value),
+  },
+  /** Resume a paused queue; waiting Claims are woken. */
+  resumeQueue: {
+    path: "/fencing.v1.QueueService/ResumeQueue",
+    requestStream: false,
+    responseStream: false,
+    requestSerialize: (value: ResumeQueueRequest): Buffer => Buffer.from(ResumeQueueRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ResumeQueueRequest => ResumeQueueRequest.decode(value),
+    responseSerialize: (value: PauseQueueResponse): Buffer => Buffer.from(PauseQueueResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): PauseQueueResponse => PauseQueueResponse.decode(value),
+  },
 } as const;
 
 export interface QueueServiceServer extends UntypedServiceImplementation {
@@ -4544,6 +4774,14 @@ export interface QueueServiceServer extends UntypedServiceImplementation {
   cancelJob: handleUnaryCall<CancelJobRequest, JobActionResponse>;
   /** Retry up to limit dead jobs of a queue (oldest id first), as RetryJob does. */
   requeueDead: handleUnaryCall<RequeueDeadRequest, RequeueDeadResponse>;
+  /**
+   * Pause a queue: it accepts enqueues and lets running jobs heartbeat, complete and
+   * fail, but hands out no claims (a waiting Claim keeps waiting) until resumed. Kept
+   * in the queue backend: every server sharing it honours it.
+   */
+  pauseQueue: handleUnaryCall<PauseQueueRequest, PauseQueueResponse>;
+  /** Resume a paused queue; waiting Claims are woken. */
+  resumeQueue: handleUnaryCall<ResumeQueueRequest, PauseQueueResponse>;
 }
 
 export interface QueueServiceClient extends Client {
@@ -4808,6 +5046,42 @@ export interface QueueServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: RequeueDeadResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Pause a queue: it accepts enqueues and lets running jobs heartbeat, complete and
+   * fail, but hands out no claims (a waiting Claim keeps waiting) until resumed. Kept
+   * in the queue backend: every server sharing it honours it.
+   */
+  pauseQueue(
+    request: PauseQueueRequest,
+    callback: (error: ServiceError | null, response: PauseQueueResponse) => void,
+  ): ClientUnaryCall;
+  pauseQueue(
+    request: PauseQueueRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: PauseQueueResponse) => void,
+  ): ClientUnaryCall;
+  pauseQueue(
+    request: PauseQueueRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: PauseQueueResponse) => void,
+  ): ClientUnaryCall;
+  /** Resume a paused queue; waiting Claims are woken. */
+  resumeQueue(
+    request: ResumeQueueRequest,
+    callback: (error: ServiceError | null, response: PauseQueueResponse) => void,
+  ): ClientUnaryCall;
+  resumeQueue(
+    request: ResumeQueueRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: PauseQueueResponse) => void,
+  ): ClientUnaryCall;
+  resumeQueue(
+    request: ResumeQueueRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: PauseQueueResponse) => void,
   ): ClientUnaryCall;
 }
 
