@@ -1,4 +1,4 @@
--- 0024_queue_pause_attempts: an operator can pause a queue (PauseQueue/ResumeQueue).
+-- 0024_queue_pause: an operator can pause a queue (PauseQueue/ResumeQueue).
 --
 -- Adds table       queue_pauses (one row per paused queue; resume deletes it). A paused
 --                  queue accepts enqueues and lets running jobs heartbeat, complete and
