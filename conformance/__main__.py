@@ -7,7 +7,8 @@ Starts a lease server, a guard and a guard with fencing off (the controls' guard
 (``conformance/scenarios/*.json``) runs on each driver twice: as written (must pass)
 and as its control, the same steps with the rule broken (``unfenced``: writes go to the
 guard with fencing off; ``no_renew``: ``hold`` acquires without renewals; ``no_release``:
-``hold`` does not release on exit), which must fail: a control that passes means the
+``hold`` does not release on exit; and the others in conformance/README.md), which must
+fail: a control that passes means the
 scenario would not catch the violation. The TypeScript driver needs the SDK built
 (``npm run build`` in clients/typescript). Exit status 1 unless every cell is PASS with
 its control flagged.
@@ -26,6 +27,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+
+from conformance.faults import fault_proxy
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
@@ -64,8 +67,21 @@ def server(module: str, *args: str) -> Iterator[str]:
 
 
 def run_one(driver: str, scenario: Path, knob: str, env: dict[str, str]) -> tuple[bool, str]:
-    """One driver run: (passed, why it did not)."""
+    """One driver run: (passed, why it did not). A scenario that acts on the link gets a
+    fault proxy of its own in front of the lease server for this run."""
     run_env = {**env, "CONFORMANCE_PREFIX": f"conf-{uuid.uuid4().hex[:12]}"}
+    if not json.loads(scenario.read_text()).get("lease_via_fault_proxy"):
+        return _run(driver, scenario, knob, run_env)
+    with fault_proxy(env["CONFORMANCE_LEASE"]) as (proxy, control):
+        return _run(
+            driver,
+            scenario,
+            knob,
+            {**run_env, "CONFORMANCE_LEASE": proxy, "CONFORMANCE_FAULTS": control},
+        )
+
+
+def _run(driver: str, scenario: Path, knob: str, run_env: dict[str, str]) -> tuple[bool, str]:
     cmd = [*DRIVERS[driver], str(scenario), *([knob] if knob else [])]
     try:
         out = subprocess.run(

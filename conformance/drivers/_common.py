@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -133,7 +134,39 @@ def load() -> tuple[list[Step], Context]:
     knob = sys.argv[2] if len(sys.argv) > 2 else ""
     guard = os.environ["CONFORMANCE_UNFENCED" if knob == "unfenced" else "CONFORMANCE_GUARD"]
     ctx = Context(os.environ["CONFORMANCE_LEASE"], guard, os.environ["CONFORMANCE_PREFIX"], knob)
+    if knob == "fresh_request_id":
+        break_request_ids()
     return scenario["steps"], ctx
+
+
+def send_fault(action: str) -> None:
+    """Act on the link to the lease server (a ``fault`` step): one line to the runner's
+    fault proxy, which answers once the fault is in force."""
+    addr = os.environ.get("CONFORMANCE_FAULTS")
+    if not addr:
+        raise ValueError('a fault step needs "lease_via_fault_proxy": true in its scenario')
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=15) as conn:
+        conn.sendall(action.encode() + b"\n")
+        answer = conn.makefile().readline().strip()
+    if answer != "ok":
+        raise RuntimeError(f"fault {action!r}: {answer or 'no answer'}")
+
+
+def break_request_ids() -> None:
+    """The ``fresh_request_id`` control: every attempt of an acquire carries a new request
+    id, as an SDK whose retry is a new request would, so the server cannot tell a retry
+    of a lost attempt from another acquire."""
+    from fencing.client import _core
+    from fencing.v1 import lease_pb2
+
+    original = _core.AcquirePlan.request
+
+    def request(plan: _core.AcquirePlan) -> lease_pb2.AcquireRequest:
+        plan.request_id = _core.new_request_id()
+        return original(plan)
+
+    _core.AcquirePlan.request = request  # type: ignore[method-assign,assignment]
 
 
 def report(error: BaseException | None, where: str = "") -> None:
@@ -160,4 +193,5 @@ __all__ = [
     "check_error",
     "check_result",
     "judge",
+    "send_fault",
 ]

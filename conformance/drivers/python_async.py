@@ -22,6 +22,7 @@ from conformance.drivers._common import (
     load,
     pause_process,
     report,
+    send_fault,
 )
 from fencing import AcquireTimeoutError, AsyncGuardClient, AsyncLeaseClient, AsyncQueueClient
 
@@ -142,6 +143,8 @@ class Driver:
             await thief.acquire(lease.resource, 5)
         elif op == "raise":
             raise BodyError("the body failed")
+        elif op == "fault":
+            await asyncio.to_thread(send_fault, step["action"])
         elif op == "pause_process":
             pause_process(step["seconds"])
         else:

@@ -3,7 +3,9 @@
 //
 //   node conformance/drivers/typescript.mjs SCENARIO.json [KNOB]
 import { spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { readFileSync } from "node:fs";
+import { connect } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 import {
   AcquireTimeoutError,
@@ -38,9 +40,37 @@ const REQUEUE_WAIT_S = 0.2;
 const clients = new Map();
 const guard = new GuardClient(ctx.guardAddr);
 const client = (name) => {
-  if (!clients.has(name)) clients.set(name, new LeaseClient(ctx.leaseAddr, { holder: name }));
+  if (!clients.has(name)) {
+    const leases = new LeaseClient(ctx.leaseAddr, { holder: name });
+    if (knob === "fresh_request_id") {
+      // The control: every attempt of an acquire a new request id, as an SDK whose retry
+      // is a new request would, so the server cannot tell a retry from another acquire.
+      const send = leases.calls.acquire.bind(leases.calls);
+      leases.calls.acquire = (req, timeout) =>
+        send({ ...req, requestId: randomBytes(16).toString("hex") }, timeout);
+    }
+    clients.set(name, leases);
+  }
   return clients.get(name);
 };
+
+// Act on the link to the lease server (a fault step): one line to the runner's fault
+// proxy, which answers once the fault is in force.
+function sendFault(action) {
+  const [host, port] = (env.CONFORMANCE_FAULTS ?? "").split(/:(?=[^:]*$)/);
+  if (!port) throw new Error('a fault step needs "lease_via_fault_proxy": true in its scenario');
+  return new Promise((resolve, reject) => {
+    const conn = connect(Number(port), host, () => conn.write(`${action}\n`));
+    let answer = "";
+    conn.on("data", (chunk) => {
+      answer += chunk.toString();
+      if (!answer.includes("\n")) return;
+      conn.end();
+      answer.trim() === "ok" ? resolve() : reject(new Error(`fault ${action}: ${answer.trim()}`));
+    });
+    conn.on("error", reject);
+  });
+}
 const resource = (name) => `${ctx.prefix}/${name}`;
 const queueName = (name) => `${ctx.prefix}-${name}`;
 const queues = new Map();
@@ -222,6 +252,8 @@ async function act(step) {
     }
     case "raise":
       throw new BodyError("the body failed");
+    case "fault":
+      return sendFault(step.action);
     case "pause_process":
       // Freeze this whole process (its event loop: renewals and timers too); a helper resumes it.
       spawn("sh", ["-c", `sleep ${step.seconds}; kill -CONT ${process.pid}`], { stdio: "ignore" });
