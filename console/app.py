@@ -60,7 +60,9 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 JOB_STATES = ("ready", "scheduled", "waiting", "running", "succeeded", "dead", "cancelled")
-ACTIONS = ("retry", "cancel", "requeue-dead")
+ACTIONS = ("retry", "cancel", "requeue-dead", "pause", "resume")
+#: The actions on a whole queue (no job id).
+QUEUE_ACTIONS = ("requeue-dead", "pause", "resume")
 
 
 @dataclass
@@ -384,8 +386,10 @@ class Console:
             job_id = int(params.get("job", "0") or 0)
         except ValueError as exc:
             raise HTTPException(400, "job must be a job id") from exc
-        if not queue or (action != "requeue-dead" and job_id <= 0):
-            raise HTTPException(400, "queue and job are required")
+        if not queue:
+            raise HTTPException(400, f"queue is required to {action}")
+        if action not in QUEUE_ACTIONS and job_id <= 0:
+            raise HTTPException(400, f"job is required to {action}")
         return action, queue, job_id
 
     async def act(self, request: Request) -> Response:
@@ -414,6 +418,12 @@ class Console:
                 outcome = "cancelled" if result.changed else "not cancelled (already finished)"
                 if result.fence_token:
                     outcome += f"; fenced at token {result.fence_token}"
+            elif action == "pause":
+                changed = await self.upstream.lease(q.pause(queue))
+                outcome = "paused" if changed else "already paused"
+            elif action == "resume":
+                changed = await self.upstream.lease(q.resume(queue))
+                outcome = "resumed" if changed else "not paused"
             else:
                 count = await self.upstream.lease(q.requeue_dead(queue))
                 outcome = f"requeued {count} dead jobs"

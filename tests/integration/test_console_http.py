@@ -198,3 +198,115 @@ def test_the_queue_pages_show_stats_jobs_by_state_and_the_last_error(
         assert status == 400
         status, _ = _fetch(_opener(), f"{url}/queues/no-such-queue")
         assert status == 404
+
+
+def _paused(servers: RunningServers, queue: str) -> bool:
+    with QueueClient(servers.queue_address) as q:
+        (stats,) = q.stats(queue)
+        return stats.paused
+
+
+def _confirmation_csrf(opener: urllib.request.OpenerDirector, url: str) -> str:
+    status, page = _fetch(opener, url)
+    assert status == 200, page
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found is not None, page
+    return found[1]
+
+
+def test_an_operator_pauses_and_resumes_a_queue_through_the_job_actions_checks(
+    servers: RunningServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = "pause-q"
+    with QueueClient(servers.queue_address, worker="w") as q:
+        job_id = q.enqueue(queue, b"x").id
+    with running_console(servers.lease_address, servers.guard_address, allow_actions=True) as url:
+        browser = _opener()
+        status, body = _fetch(browser, f"{url}/queues/{queue}")
+        assert status == 200 and 'data-testid="paused">not paused<' in body
+        assert f'href="/actions/pause?queue={queue}"' in body
+        assert "/actions/resume" not in body
+        # Not logged in: refused, and the confirmation page sends to the login first.
+        status, body = _fetch(browser, f"{url}/actions/pause", {"queue": queue, "csrf": "x"})
+        assert status == 403 and "Log in" in body
+        status, _ = _fetch(browser, f"{url}/login", {"operator": OPERATOR, "password": PASSWORD})
+        assert status == 200
+        # Logged in, but no CSRF token (or a forged one): refused, the queue runs on.
+        status, body = _fetch(browser, f"{url}/actions/pause", {"queue": queue})
+        assert status == 403 and "CSRF" in body
+        status, body = _fetch(browser, f"{url}/actions/pause", {"queue": queue, "csrf": "no"})
+        assert status == 403 and "CSRF" in body
+        assert not _paused(servers, queue)
+        csrf = _confirmation_csrf(browser, f"{url}/actions/pause?queue={queue}")
+        status, body = _fetch(browser, f"{url}/actions/pause", {"queue": queue, "csrf": csrf})
+        assert status == 200 and 'data-testid="outcome">paused<' in body
+        assert _paused(servers, queue)
+        with QueueClient(servers.queue_address, worker="w") as q:
+            assert q.claim(queue, ttl=30) == []  # paused: no claim, the job stays ready
+            assert q.get_job(job_id).state == "ready"
+        assert any(
+            r.getMessage() == f"console action pause queue={queue} job=0 by={OPERATOR}: paused"
+            for r in caplog.records
+        ), "the action is logged with who did it"
+        status, body = _fetch(browser, f"{url}/queues/{queue}")
+        assert 'data-testid="paused">paused<' in body
+        assert f'href="/actions/resume?queue={queue}"' in body
+        assert "/actions/pause" not in body
+        status, body = _fetch(browser, f"{url}/queues")
+        row = re.search(rf'href="/queues/{queue}">{queue}</a>((?:(?!</tr>).)*)</tr>', body, re.S)
+        assert row is not None and '<strong class="paused">paused</strong>' in row[1], body
+        assert f'href="/actions/resume?queue={queue}"' in body
+        # Pausing twice changes nothing, and says so.
+        status, body = _fetch(browser, f"{url}/actions/pause", {"queue": queue, "csrf": csrf})
+        assert status == 200 and "already paused" in body
+        csrf = _confirmation_csrf(browser, f"{url}/actions/resume?queue={queue}")
+        status, body = _fetch(browser, f"{url}/actions/resume", {"queue": queue, "csrf": csrf})
+        assert status == 200 and 'data-testid="outcome">resumed<' in body
+        assert not _paused(servers, queue)
+        assert any(
+            r.getMessage() == f"console action resume queue={queue} job=0 by={OPERATOR}: resumed"
+            for r in caplog.records
+        )
+        with QueueClient(servers.queue_address, worker="w") as q:
+            (job,) = q.claim(queue, ttl=30)
+            assert job.id == job_id
+            q.complete(job)
+
+
+def test_a_read_only_console_shows_a_pause_but_refuses_pause_and_resume(
+    servers: RunningServers,
+) -> None:
+    queue = "ro-pause-q"
+    with QueueClient(servers.queue_address) as q:
+        q.enqueue(queue, b"x")
+        q.pause(queue)
+    try:
+        with running_console(servers.lease_address, servers.guard_address) as url:
+            for action in ("pause", "resume"):
+                status, body = _fetch(_opener(), f"{url}/actions/{action}?queue={queue}")
+                assert status == 403 and "Read-only" in body
+                status, body = _fetch(
+                    _opener(), f"{url}/actions/{action}", {"queue": queue, "csrf": "x"}
+                )
+                assert status == 403 and "Read-only" in body
+            assert _paused(servers, queue)
+            status, body = _fetch(_opener(), f"{url}/queues/{queue}")
+            assert status == 200 and 'data-testid="paused">paused<' in body
+            assert "/actions/" not in body  # no action offered
+            status, body = _fetch(_opener(), f"{url}/queues")
+            assert "/actions/" not in body
+    finally:
+        with QueueClient(servers.queue_address) as q:
+            q.resume(queue)
+
+
+def test_pause_and_resume_need_a_queue(servers: RunningServers) -> None:
+    with running_console(servers.lease_address, servers.guard_address, allow_actions=True) as url:
+        browser = _opener()
+        _fetch(browser, f"{url}/login", {"operator": OPERATOR, "password": PASSWORD})
+        status, body = _fetch(browser, f"{url}/actions/pause")
+        assert status == 400 and "queue is required to pause" in body
+        status, body = _fetch(browser, f"{url}/actions/resume")
+        assert status == 400 and "queue is required to resume" in body
+        status, body = _fetch(browser, f"{url}/actions/retry?queue=q")
+        assert status == 400 and "job is required to retry" in body
