@@ -180,6 +180,35 @@ def test_an_operator_cancels_a_running_job_and_the_workers_late_write_is_refused
         page.goto("about:blank")  # leave before this console stops (its event stream)
 
 
+def test_an_operator_pauses_a_queue_and_its_page_shows_it_paused(
+    servers: RunningServers, page: Page, shots: Path
+) -> None:
+    queue = _name("exports")
+    with (
+        running_console(servers.lease_address, servers.guard_address, allow_actions=True) as url,
+        QueueClient(servers.queue_address, worker="exporter-1") as worker,
+    ):
+        worker.enqueue(queue, b"nightly")
+        page.goto(f"{url}/queues/{queue}")
+        expect(page.get_by_test_id("paused")).to_have_text("not paused")  # control
+        page.get_by_role("link", name="Pause…").click()
+        page.fill("input[name=operator]", OPERATOR)
+        page.fill("input[name=password]", PASSWORD)
+        page.get_by_role("button", name="log in").click()
+        expect(page.locator("h1")).to_have_text("Confirm: pause")
+        page.get_by_role("button", name="Yes, pause").click()
+        expect(page.get_by_test_id("outcome")).to_have_text("paused")
+        page.get_by_role("link", name="Back").click()
+        expect(page.get_by_test_id("paused")).to_have_text("paused")
+        expect(page.get_by_role("link", name="Resume…")).to_have_count(1)
+        page.screenshot(path=str(shots / "queue-paused.png"), full_page=True)
+        (stats,) = worker.stats(queue)
+        assert stats.paused
+        assert worker.claim(queue, ttl=30) == []
+        worker.resume(queue)
+        page.goto("about:blank")  # leave before this console stops (its event stream)
+
+
 def test_a_read_only_console_refuses_actions(
     servers: RunningServers, console: str, page: Page
 ) -> None:
