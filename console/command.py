@@ -40,8 +40,8 @@ ALLOW_ACTIONS = config.Option(
     "allow_actions",
     "FENCING_CONSOLE_ALLOW_ACTIONS",
     False,
-    "let logged-in operators retry, cancel and requeue jobs (off: the console is "
-    "read-only and refuses them with 403)",
+    "let logged-in operators retry, cancel and requeue jobs and pause and resume "
+    "queues (off: the console is read-only and refuses them with 403)",
     bool,
 )
 OPERATORS = config.Option(
