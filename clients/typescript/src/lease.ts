@@ -512,7 +512,7 @@ export class LeaseClient {
 	): Promise<Lease> {
 		if (!resource)
 			throw new InvalidArgumentError("resource must not be empty", "resource");
-		const ttlMs = ttlMsOf(options.ttl);
+		ttlMsOf(options.ttl); // checked before anything is sent
 		if (options.timeout !== undefined && !(options.timeout >= 0)) {
 			throw new InvalidArgumentError(
 				`timeout must be >= 0 seconds, got ${options.timeout}`,
@@ -520,6 +520,21 @@ export class LeaseClient {
 			);
 		}
 		const requestId = newRequestId();
+		this.calls.beginAcquire(requestId);
+		try {
+			return await this.acquireAttempts(resource, options, nowait, requestId);
+		} finally {
+			this.calls.endAcquire(requestId);
+		}
+	}
+
+	private async acquireAttempts(
+		resource: string,
+		options: AcquireOptions,
+		nowait: boolean,
+		requestId: string,
+	): Promise<Lease> {
+		const ttlMs = ttlMsOf(options.ttl);
 		const end =
 			options.timeout === undefined ? null : this.clock() + options.timeout;
 		const timedOut = (): boolean => end !== null && this.clock() >= end;

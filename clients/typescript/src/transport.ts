@@ -50,6 +50,11 @@ export function transportOf(value: string | undefined): Transport {
 
 /** The lease calls, whichever way they travel; `timeout` in seconds. Errors are SDK errors. */
 export interface LeaseCalls {
+	/** An acquire whose attempts all carry `requestId` starts: a grant of it that its
+	 * attempt's caller stopped waiting for is kept until `endAcquire`. */
+	beginAcquire(requestId: string): void;
+	/** The acquire of `requestId` returned or gave up: the grants it left are released. */
+	endAcquire(requestId: string): void;
 	acquire(req: AcquireRequest, timeout: number): Promise<LeaseMsg>;
 	renew(req: RenewRequest, timeout: number): Promise<LeaseMsg>;
 	release(req: ReleaseRequest, timeout: number): Promise<void>;
@@ -89,6 +94,9 @@ export function unary<Req, Res>(
 
 export class UnaryCalls implements LeaseCalls {
 	constructor(private readonly stub: LeaseServiceClient) {}
+	// A unary call given up is cancelled, and a cancelled Acquire takes no lease.
+	beginAcquire(_requestId: string): void {}
+	endAcquire(_requestId: string): void {}
 	acquire(req: AcquireRequest, timeout: number): Promise<LeaseMsg> {
 		return unary(this.stub.acquire.bind(this.stub), req, timeout);
 	}
@@ -125,6 +133,113 @@ interface Pending {
 	call: Call;
 }
 
+const keyOf = (lease: LeaseMsg): string =>
+	`${lease.token}\u0000${lease.resource}`;
+
+/**
+ * The grants of acquires by request id, across the client's streams. Every attempt of
+ * one acquire carries one request id and the server answers a retry of a granted attempt
+ * with the same lease, so the grant of an attempt whose caller stopped waiting (its
+ * deadline passed) is often the very lease a later attempt returns. Such a grant is
+ * released only when nobody can take it: its acquire ended, and no caller was handed the
+ * same lease. Releasing it at once would free the lease the retry returns, and a second
+ * client would be granted the next token while the first still holds its own.
+ */
+export class Acquires {
+	/** Acquires going on, by request id. */
+	private readonly plans = new Map<string, number>();
+	/** Calls sent whose reply is still to come, by request id. */
+	private readonly calls = new Map<string, number>();
+	/** Leases handed to a caller, by request id. */
+	private readonly kept = new Map<string, Set<string>>();
+	/** Grants nobody waited for, kept while their acquire goes on. */
+	private readonly parked = new Map<string, LeaseMsg[]>();
+
+	/** Request ids remembered (none once every acquire ended and its calls came back). */
+	get size(): number {
+		return new Set([
+			...this.plans.keys(),
+			...this.calls.keys(),
+			...this.kept.keys(),
+		]).size;
+	}
+
+	begin(requestId: string): void {
+		this.plans.set(requestId, (this.plans.get(requestId) ?? 0) + 1);
+	}
+
+	/** The acquire of `requestId` ended: the grants to release (none it was handed). */
+	end(requestId: string): LeaseMsg[] {
+		const left = (this.plans.get(requestId) ?? 1) - 1;
+		if (left > 0) {
+			this.plans.set(requestId, left);
+			return [];
+		}
+		this.plans.delete(requestId);
+		const kept = this.kept.get(requestId) ?? new Set<string>();
+		const parked = this.parked.get(requestId) ?? [];
+		this.parked.delete(requestId);
+		this.forget(requestId);
+		return parked.filter((g) => !kept.has(keyOf(g)));
+	}
+
+	sent(requestId: string): void {
+		if (requestId)
+			this.calls.set(requestId, (this.calls.get(requestId) ?? 0) + 1);
+	}
+
+	/** A call of `requestId` will have no more reply (answered, or its stream ended). */
+	gone(requestId: string): void {
+		if (!requestId) return;
+		const left = (this.calls.get(requestId) ?? 1) - 1;
+		if (left > 0) this.calls.set(requestId, left);
+		else this.calls.delete(requestId);
+		this.forget(requestId);
+	}
+
+	/** `grant` is handed to the caller of an attempt of `requestId`. */
+	handed(requestId: string, grant: LeaseMsg): void {
+		if (!requestId) return;
+		let kept = this.kept.get(requestId);
+		if (kept === undefined) {
+			kept = new Set();
+			this.kept.set(requestId, kept);
+		}
+		kept.add(keyOf(grant));
+	}
+
+	/** Whether a grant nobody waited for may still be someone's: its acquire goes on,
+	 * or a caller was handed the same lease. */
+	keeps(requestId: string, grant: LeaseMsg): boolean {
+		if (!requestId) return false;
+		return (
+			this.plans.has(requestId) ||
+			(this.kept.get(requestId)?.has(keyOf(grant)) ?? false)
+		);
+	}
+
+	/** A grant whose caller stopped waiting: the grants to release now (it, or none). */
+	orphaned(requestId: string, grant: LeaseMsg): LeaseMsg[] {
+		if (!this.keeps(requestId, grant)) return [grant];
+		if (!this.kept.get(requestId)?.has(keyOf(grant))) {
+			const parked = this.parked.get(requestId) ?? [];
+			parked.push(grant);
+			this.parked.set(requestId, parked);
+		}
+		return [];
+	}
+
+	private forget(requestId: string): void {
+		if (!this.plans.has(requestId) && !this.calls.has(requestId)) {
+			this.kept.delete(requestId);
+			this.parked.delete(requestId);
+		}
+	}
+}
+
+const requestIdOf = (call: Call): string =>
+	call.$case === "acquire" ? call.value.requestId : "";
+
 /** One open Session stream: the calls in flight on it, by id. */
 class Stream {
 	readonly pending = new Map<number, Pending>();
@@ -135,7 +250,8 @@ class Stream {
 
 	constructor(
 		readonly rpc: ClientDuplexStream<SessionRequest, SessionResponse>,
-		private readonly onOrphan: (lease: LeaseMsg) => void,
+		private readonly acquires: Acquires,
+		private readonly release: (leases: LeaseMsg[]) => void,
 		private readonly onEnd: (s: Stream) => void,
 	) {
 		rpc.on("data", (msg: SessionResponse) => {
@@ -152,6 +268,7 @@ class Stream {
 
 	send(id: number, call: SessionCall, p: Pending): void {
 		this.pending.set(id, p);
+		this.acquires.sent(requestIdOf(p.call));
 		this.queued.push(call);
 		if (!this.flushing) {
 			this.flushing = true;
@@ -171,12 +288,19 @@ class Stream {
 		this.pending.delete(reply.id);
 		clearTimeout(p.timer);
 		const outcome = reply.outcome;
+		const requestId = requestIdOf(p.call);
 		if (p.settled) {
-			// Nobody waits for this grant any more: give it back rather than let it block
-			// the resource until its ttl runs out.
-			if (outcome?.$case === "acquired") this.onOrphan(outcome.value);
+			// Its caller stopped waiting: give the grant back, unless the acquire it belongs
+			// to may still take it, rather than let it block the resource for its ttl.
+			if (outcome?.$case === "acquired")
+				this.release(this.acquires.orphaned(requestId, outcome.value));
+			this.acquires.gone(requestId);
 			return;
 		}
+		// Recorded before the caller resumes: its acquire may end at once.
+		if (outcome?.$case === "acquired")
+			this.acquires.handed(requestId, outcome.value);
+		this.acquires.gone(requestId);
 		p.settled = true;
 		if (outcome === undefined)
 			p.reject(new BackendUnavailableError("empty reply on the lease stream"));
@@ -196,6 +320,7 @@ class Stream {
 					: translate(err);
 		for (const p of this.pending.values()) {
 			clearTimeout(p.timer);
+			this.acquires.gone(requestIdOf(p.call));
 			if (!p.settled) {
 				p.settled = true;
 				p.reject(why);
@@ -216,26 +341,39 @@ export class StreamCalls implements LeaseCalls {
 	private nextId = 1;
 	private unaryFallback: UnaryCalls | null = null;
 	private closed = false;
+	/** The grants of acquires by request id (which a caller may still take). */
+	readonly acquires = new Acquires();
 
 	constructor(
 		private readonly stub: LeaseServiceClient,
 		private readonly mode: "auto" | "stream",
 	) {}
 
+	beginAcquire(requestId: string): void {
+		this.acquires.begin(requestId);
+	}
+
+	endAcquire(requestId: string): void {
+		this.releaseGrants(this.acquires.end(requestId));
+	}
+
+	/** Token-checked releases of grants nobody can take (best effort: else they expire). */
+	private releaseGrants(grants: LeaseMsg[]): void {
+		if (this.closed) return;
+		for (const lease of grants) {
+			this.release(
+				{ resource: lease.resource, token: lease.token, holder: lease.holder },
+				5,
+			).catch(() => {});
+		}
+	}
+
 	private open(): Stream {
 		if (this.stream === null || this.stream.ended || this.stream.draining) {
 			const s: Stream = new Stream(
 				this.stub.session(),
-				(lease) => {
-					this.release(
-						{
-							resource: lease.resource,
-							token: lease.token,
-							holder: lease.holder,
-						},
-						5,
-					).catch(() => {});
-				},
+				this.acquires,
+				(grants) => this.releaseGrants(grants),
 				(ended) => {
 					if (this.stream === ended) this.stream = null;
 				},
