@@ -665,6 +665,12 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         out = [stats_to_proto(c) for c in counts]
         for stats in out:
             stats.paused = stats.queue in paused
+        # A pause outlives its queue's jobs (or comes before the first): such a queue is
+        # listed too, with nothing in it, or nobody could see it is paused to resume it.
+        listed = {stats.queue for stats in out}
+        empty = sorted(q for q in paused if q not in listed and (not queue or q == queue))
+        out.extend(queue_pb2.QueueStats(queue=q, paused=True) for q in empty)
+        out.sort(key=lambda stats: stats.queue)
         return queue_pb2.QueueStatsResponse(queues=out)
 
     @rpc

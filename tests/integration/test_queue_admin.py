@@ -328,6 +328,21 @@ def test_the_cli_pauses_and_resumes_a_queue(servers: RunningServers) -> None:
         assert not queue.stats("mail")[0].paused
 
 
+def test_a_paused_queue_with_no_jobs_is_in_stats_so_it_can_be_resumed(
+    servers: RunningServers,
+) -> None:
+    """A pause outlives the queue's jobs (or comes before the first): Stats lists the
+    queue, paused, with zero counts, so an operator sees it (console, CLI) and resumes it."""
+    with QueueClient(servers.queue_address, worker="tester") as queue:
+        assert queue.pause("empty-mail")
+        (stats,) = queue.stats("empty-mail")
+        assert stats.queue == "empty-mail" and stats.paused and stats.ready == 0
+        assert "empty-mail" in [s.queue for s in queue.stats()]
+        assert "empty-mail" not in [s.queue for s in queue.stats("other")]
+        assert queue.resume("empty-mail")
+        assert queue.stats("empty-mail") == []  # no jobs, not paused: nothing to show
+
+
 def test_pause_needs_manage_and_the_async_twin_pauses(servers: RunningServers) -> None:
     async def main() -> None:
         async with AsyncQueueClient(servers.queue_address, worker="aio") as queue:
