@@ -30,7 +30,7 @@ export interface Server {
 }
 
 /** `python -m <module>` on a free loopback port with `args`; resolves once it listens. */
-export function start(module: string, args: string[]): Promise<Server> {
+function start(module: string, args: string[]): Promise<Server> {
 	const proc = spawn(
 		PYTHON,
 		["-m", module, "--listen", "127.0.0.1:0", ...args],
