@@ -41,8 +41,9 @@ allow = [{ prefix = "orders/", actions = ["acquire", "renew", "release", "descri
 `;
 
 /**
- * A CA, the server's certificate by it (localhost, 127.0.0.1), a client certificate by it
- * (worker-1.example.com) and a second CA that signed nothing of ours, as PEM files.
+ * A CA, the server's certificate by it (localhost, 127.0.0.1), client certificates by it
+ * (worker-1.example.com, billing.svc, stranger.svc) and a second CA that signed nothing of
+ * ours, as PEM files.
  */
 const MAKE_CERTS = `
 import sys, pathlib, trustme
@@ -53,18 +54,38 @@ other.cert_pem.write_to_path(d / "other-ca.pem")
 server = ca.issue_cert("localhost", "127.0.0.1")
 server.cert_chain_pems[0].write_to_path(d / "server.pem")
 server.private_key_pem.write_to_path(d / "server.key")
-client = ca.issue_cert("worker-1.example.com", common_name="worker-1.example.com")
-client.cert_chain_pems[0].write_to_path(d / "client.pem")
-client.private_key_pem.write_to_path(d / "client.key")
+for name, identity in [
+    ("client", "worker-1.example.com"),
+    ("billing", "billing.svc"),
+    ("stranger", "stranger.svc"),
+]:
+    cert = ca.issue_cert(identity, common_name=identity)
+    cert.cert_chain_pems[0].write_to_path(d / f"{name}.pem")
+    cert.private_key_pem.write_to_path(d / f"{name}.key")
+`;
+
+/** mTLS principals: a certificate identity maps to a principal of the policy. */
+const IDENTITY_POLICY = `
+[principals.billing]
+identities = ["billing.svc"]
+allow = [{ prefix = "orders/", actions = ["acquire", "release", "describe"] }]
 `;
 
 let certs: string;
 const pem = (name: string): string => join(certs, name);
 
+/** TLS trusting our CA and presenting the certificate `name`.pem / `name`.key. */
+const presenting = (name: string): TlsOptions => ({
+	ca: pem("ca.pem"),
+	cert: pem(`${name}.pem`),
+	key: pem(`${name}.key`),
+});
+
 before(() => {
 	certs = mkdtempSync(join(tmpdir(), "fencing-ts-certs-"));
 	execFileSync(PYTHON, ["-c", MAKE_CERTS, certs], { stdio: "inherit" });
 	writeFileSync(pem("auth.toml"), POLICY);
+	writeFileSync(pem("identities.toml"), IDENTITY_POLICY);
 });
 after(() => {
 	rmSync(certs, { recursive: true, force: true });
@@ -244,7 +265,7 @@ describe("mTLS", () => {
 	test("a client certificate names the holder; no certificate is refused", async () => {
 		const resource = unique("jobs/mtls");
 		const leases = new LeaseClient(stack.lease.address, {
-			tls: { ...trusting(), cert: pem("client.pem"), key: pem("client.key") },
+			tls: presenting("client"),
 			holder: "ignored",
 		});
 		const anon = new LeaseClient(stack.lease.address, {
@@ -267,6 +288,56 @@ describe("mTLS", () => {
 		} finally {
 			leases.close();
 			anon.close();
+		}
+	});
+});
+
+describe("mTLS with an auth policy", () => {
+	let stack: Stack;
+	before(async () => {
+		const serve = [
+			"--tls-cert",
+			pem("server.pem"),
+			"--tls-key",
+			pem("server.key"),
+			"--tls-ca",
+			pem("ca.pem"),
+			"--auth-file",
+			pem("identities.toml"),
+		];
+		stack = await startStack(false, { lease: serve, guard: serve });
+	});
+	after(async () => {
+		await stack.stop();
+	});
+
+	test("a certificate identity acts as its principal; an unknown one is refused, named", async () => {
+		const billing = new LeaseClient(stack.lease.address, {
+			tls: presenting("billing"),
+		});
+		const stranger = new LeaseClient(stack.lease.address, {
+			tls: presenting("stranger"),
+		});
+		try {
+			const resource = unique("orders/mtls");
+			const lease = await billing.acquire(resource, { ttl: 5 });
+			assert.equal(lease.holder, "billing");
+			await lease.release();
+			await assert.rejects(
+				billing.acquireNowait(unique("payments/mtls"), { ttl: 5 }),
+				PermissionDeniedError,
+			);
+			await assert.rejects(
+				stranger.acquireNowait(resource, { ttl: 5 }),
+				(err: unknown) => {
+					assert.ok(err instanceof UnauthenticatedError, String(err));
+					assert.match(err.message, /stranger\.svc/);
+					return true;
+				},
+			);
+		} finally {
+			billing.close();
+			stranger.close();
 		}
 	});
 });
