@@ -29,7 +29,8 @@ export interface Server {
 	stop(): Promise<void>;
 }
 
-function start(module: string, args: string[]): Promise<Server> {
+/** `python -m <module>` on a free loopback port with `args`; resolves once it listens. */
+export function start(module: string, args: string[]): Promise<Server> {
 	const proc = spawn(
 		PYTHON,
 		["-m", module, "--listen", "127.0.0.1:0", ...args],
@@ -90,12 +91,32 @@ export interface Stack {
 	stop(): Promise<void>;
 }
 
-/** A lease server and a guard (and, with `control`, an unfenced guard), each on SQLite. */
-export async function startStack(control = false): Promise<Stack> {
+/** Extra command-line arguments of the stack's servers (TLS, an auth policy...). */
+export interface StackArgs {
+	lease?: string[];
+	guard?: string[];
+}
+
+/**
+ * A lease server and a guard (and, with `control`, an unfenced guard), each on SQLite,
+ * the lease server and the guard given their extra `args`.
+ */
+export async function startStack(
+	control = false,
+	args: StackArgs = {},
+): Promise<Stack> {
 	const dir = mkdtempSync(join(tmpdir(), "fencing-ts-"));
 	const servers = await Promise.all([
-		start("lease_server", ["--backend", `sqlite:${join(dir, "leases.db")}`]),
-		start("guard", ["--store", `sqlite:${join(dir, "guard.db")}`]),
+		start("lease_server", [
+			"--backend",
+			`sqlite:${join(dir, "leases.db")}`,
+			...(args.lease ?? []),
+		]),
+		start("guard", [
+			"--store",
+			`sqlite:${join(dir, "guard.db")}`,
+			...(args.guard ?? []),
+		]),
 		...(control
 			? [
 					start("guard", [
