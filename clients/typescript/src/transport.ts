@@ -240,11 +240,50 @@ export class Acquires {
 const requestIdOf = (call: Call): string =>
 	call.$case === "acquire" ? call.value.requestId : "";
 
-/** One open Session stream: the calls in flight on it, by id. */
-class Stream {
+/** The server's limits, in the stream's initial metadata: acquires in flight (every call,
+ * from a server without the second) and renewals and releases apart from them. */
+export const SESSION_MAX_IN_FLIGHT_KEY = "fencing-session-max-in-flight";
+export const SESSION_MAX_UPKEEP_IN_FLIGHT_KEY =
+	"fencing-session-max-upkeep-in-flight";
+/** The limit assumed from a server that says none. */
+export const DEFAULT_MAX_IN_FLIGHT = 64;
+/** Renewals and releases: counted apart from the acquires where the server says so. */
+const UPKEEP_CALLS: ReadonlySet<string> = new Set([
+	"renew",
+	"release",
+	"renewMany",
+	"releaseMany",
+]);
+
+function countOf(md: Metadata, key: string): number | null {
+	const [value] = md.get(key);
+	const n = Number(value);
+	return value === undefined || !Number.isInteger(n) || n < 1 ? null : n;
+}
+
+interface Queued {
+	id: number;
+	call: SessionCall;
+	p: Pending;
+}
+
+/** @internal One open Session stream: the calls in flight on it, by id. A call counts against the
+ * server's limit from the moment it is sent until its reply (a caller that gives up does
+ * not free its slot: the server still has the call); a call without room waits here,
+ * unsent, in order, and renewals and releases pass acquires waiting in line where the
+ * server counts them apart, so a held lease's renewal never waits behind them. */
+export class Stream {
 	readonly pending = new Map<number, Pending>();
 	private queued: SessionCall[] = [];
 	private flushing = false;
+	/** Calls without room yet, in the order they were made. */
+	private backlog: Queued[] = [];
+	/** The ids of the renewals and releases among `pending`. */
+	private readonly upkeep = new Set<number>();
+	/** One call (the one that opens the stream) until the initial metadata says the
+	 * server's limits: callers arriving together must not overrun it. */
+	private maxInFlight = 1;
+	private maxUpkeep: number | null = null;
 	ended = false;
 	draining = false;
 
@@ -254,21 +293,73 @@ class Stream {
 		private readonly release: (leases: LeaseMsg[]) => void,
 		private readonly onEnd: (s: Stream) => void,
 	) {
+		rpc.on("metadata", (md: Metadata) => {
+			this.maxInFlight =
+				countOf(md, SESSION_MAX_IN_FLIGHT_KEY) ?? DEFAULT_MAX_IN_FLIGHT;
+			this.maxUpkeep = countOf(md, SESSION_MAX_UPKEEP_IN_FLIGHT_KEY);
+			this.pump();
+		});
 		rpc.on("data", (msg: SessionResponse) => {
 			if (msg.goaway !== undefined) {
-				// The server drains: new calls go on a new stream; these still get replies here.
+				// The server drains: new calls go on a new stream; these still get replies
+				// here. Those not sent yet fail as an unavailable server does: retried, they
+				// go on the new stream.
 				this.draining = true;
 				this.onEnd(this);
+				this.failBacklog(
+					new BackendUnavailableError(
+						"the lease server is draining: send new calls on a new stream",
+					),
+				);
 			}
 			for (const reply of msg.replies) this.deliver(reply);
+			this.pump();
 		});
 		rpc.on("error", (err: ServiceError) => this.fail(err));
 		rpc.on("end", () => this.fail(null));
 	}
 
 	send(id: number, call: SessionCall, p: Pending): void {
-		this.pending.set(id, p);
 		this.acquires.sent(requestIdOf(p.call));
+		this.backlog.push({ id, call, p });
+		this.pump();
+	}
+
+	private hasRoom(kind: Call["$case"]): boolean {
+		if (this.maxUpkeep === null) return this.pending.size < this.maxInFlight;
+		if (UPKEEP_CALLS.has(kind)) return this.upkeep.size < this.maxUpkeep;
+		return this.pending.size - this.upkeep.size < this.maxInFlight;
+	}
+
+	/** Send the waiting calls that have room now, in order; drop those whose caller gave
+	 * up before they were sent (no reply will come for them). */
+	private pump(): void {
+		if (this.ended || this.draining) return;
+		const waiting = this.backlog;
+		this.backlog = [];
+		for (const q of waiting) {
+			if (q.p.settled) this.acquires.gone(requestIdOf(q.p.call));
+			else if (this.hasRoom(q.p.kind)) this.transmit(q);
+			else this.backlog.push(q);
+		}
+	}
+
+	private failBacklog(why: unknown): void {
+		const waiting = this.backlog;
+		this.backlog = [];
+		for (const q of waiting) {
+			clearTimeout(q.p.timer);
+			this.acquires.gone(requestIdOf(q.p.call));
+			if (!q.p.settled) {
+				q.p.settled = true;
+				q.p.reject(why);
+			}
+		}
+	}
+
+	private transmit({ id, call, p }: Queued): void {
+		this.pending.set(id, p);
+		if (UPKEEP_CALLS.has(p.kind)) this.upkeep.add(id);
 		this.queued.push(call);
 		if (!this.flushing) {
 			this.flushing = true;
@@ -286,6 +377,7 @@ class Stream {
 		const p = this.pending.get(reply.id);
 		if (p === undefined) return;
 		this.pending.delete(reply.id);
+		this.upkeep.delete(reply.id);
 		clearTimeout(p.timer);
 		const outcome = reply.outcome;
 		const requestId = requestIdOf(p.call);
@@ -327,10 +419,13 @@ class Stream {
 			}
 		}
 		this.pending.clear();
+		this.upkeep.clear();
+		this.failBacklog(why);
 	}
 
 	close(): void {
-		this.ended = true;
+		// Its callers hear it at once, not at their deadlines.
+		this.fail(null);
 		this.rpc.cancel();
 	}
 }
