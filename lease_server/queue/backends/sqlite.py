@@ -4,8 +4,9 @@ Jobs live in their own file (beside the lease database: ``leases.db`` ->
 ``leases-queue.db``), so queue traffic does not contend with leases for SQLite's
 single write lock. Each call is one ``BEGIN IMMEDIATE`` transaction that selects
 rows with the named statements of ``sql/sqlite.sql``, applies the pure rules of
-:mod:`lease_server.queue.jobs`, and writes the rows back; tokens come from a counter row
-that is never reset. Time is this host's wall clock in milliseconds (expiries are
+:mod:`lease_server.queue.jobs`, and writes the rows back (with each job's attempts,
+``jobs.attempt_changes``, in the table ``job_attempts`` of schema v7); tokens come from a
+counter row that is never reset. Time is this host's wall clock in milliseconds (expiries are
 stored, and must mean the same after a restart).
 
 Linked to the SQLite lease backend (:meth:`SQLiteQueue.log_events_to`, as the lease
