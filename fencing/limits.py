@@ -44,7 +44,10 @@ priority           -1,000 .. 1,000 (higher runs first)
 max_attempts       1 .. 1,000 (0 on the wire: the server's default, 5)
 delay_ms           0 .. 31,536,000,000 (365 days); run_at_ms at most that far ahead
 batch              1 .. 1,000 jobs per Enqueue, Claim, Heartbeat, Complete, Release
-error              kept truncated to 4,096 bytes of UTF-8 (never rejected)
+error              kept truncated to 4,096 bytes of UTF-8 (never rejected), the
+                   job's last error and each attempt's alike ("..." marks a cut)
+attempt history    the newest 20 attempts of each job (GetJob's history), kept
+                   as long as the job; older ones are dropped
 window_ms          0 (default 5 min) or 1,000 .. 604,800,000 (7 days)
 schedule name      1-128 bytes of UTF-8, no control characters
 cron               5 fields (minute hour day-of-month month day-of-week), at most
@@ -98,6 +101,8 @@ DEFAULT_MAX_ATTEMPTS = 5
 MAX_DELAY_MS = 365 * 24 * 3600 * 1000
 MAX_BATCH = 1000
 MAX_ERROR_BYTES = 4096
+#: Attempts of one job kept in its history (the newest; GetJob's ``history``).
+MAX_JOB_ATTEMPTS_KEPT = 20
 MIN_WINDOW_MS = 1000
 MAX_WINDOW_MS = 7 * 24 * 3600 * 1000
 DEFAULT_WINDOW_MS = 5 * 60 * 1000

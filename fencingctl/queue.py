@@ -4,7 +4,8 @@
 leases, succeeded, dead, cancelled, oldest ready age, retrying jobs, retry rate), or
 JSON lines with ``--json`` (durations in ms); ``enqueue`` adds one job and prints its
 id. The operator's commands: ``jobs QUEUE [--state S]`` lists a queue's jobs (a page
-at a time, in id order), ``job ID`` shows one, ``retry ID`` makes a dead, cancelled or
+at a time, in id order), ``job ID`` shows one with its attempts (a table: number, outcome,
+worker, token, start, end, error; the newest 20 are kept), ``retry ID`` makes a dead, cancelled or
 failed job due now, ``cancel ID [--guard-addr A ...]`` cancels a waiting, ready or
 running job (and fences the named monotonic guards to the cancel's token), ``requeue
 QUEUE`` retries the queue's dead jobs, ``pause QUEUE`` / ``resume QUEUE`` stop and
@@ -153,15 +154,44 @@ def _info_json(info: JobInfo) -> dict[str, Any]:
     return fields
 
 
+#: Columns of ``job ID``'s attempts table (``JobInfo.history``).
+ATTEMPT_COLUMNS = ("attempt", "outcome", "worker", "token", "started", "ended", "error")
+
+
+def _attempt_rows(info: JobInfo) -> list[list[str]]:
+    """The attempts table of a job, heading first; errors on one line, cut to 60 chars
+    (``--json`` has them whole)."""
+    rows = [list(ATTEMPT_COLUMNS)]
+    for a in info.history:
+        error = " ".join(a.error.split())
+        rows.append(
+            [
+                str(a.attempt),
+                a.outcome,
+                a.worker,
+                str(a.token),
+                _time(a.started_at_ms),
+                _time(a.ended_at_ms),
+                error if len(error) <= 60 else error[:57] + "...",
+            ]
+        )
+    return rows
+
+
 def _print_info(info: JobInfo) -> None:
     times = ("enqueued_at_ms", "run_at_ms", "claimed_at_ms", "finished_at_ms")
     for name, value in _info_json(info).items():
-        if name == "payload" and not info.payload:
+        if (name == "payload" and not info.payload) or name == "history":
             continue
         if name in times or name == "lease_expires_at_ms":
             value = _time(value)
             name = name.removesuffix("_ms")
         print(f"{name + ':':<22}{value}")
+    if info.history:
+        print("history:")
+        _table(_attempt_rows(info))
+    else:
+        print(f"{'history:':<22}(no attempts kept)")
 
 
 def _job(args: argparse.Namespace) -> int:
@@ -327,7 +357,9 @@ def register(sub: Any) -> None:
     _common(p)
     p.set_defaults(run=_jobs)
 
-    p = qsub.add_parser("job", help="one job: state, attempts, last error, token, worker, times")
+    p = qsub.add_parser(
+        "job", help="one job: state, last error, token, worker, times, its attempts (a table)"
+    )
     p.add_argument("id", type=flags.job_id)
     p.add_argument("--queue", default="", help="the job's queue (auth policies scope by it)")
     p.add_argument("--payload", action="store_true", help="show the payload too")

@@ -233,6 +233,27 @@ def stats(msg: queue_pb2.QueueStats) -> QueueStats:
 
 
 @dataclass(frozen=True, slots=True)
+class JobAttempt:
+    """One attempt of a job (``fencing.v1.JobAttempt``): one claim, start to end.
+
+    ``attempt`` is its number (a released attempt did not count, so the next claim has
+    the same); ``outcome`` is ``running``, ``succeeded``, ``failed``, ``expired`` (its
+    lease ran out: rescued by another claim, or declared dead by the reaper),
+    ``released`` or ``cancelled``; ``error`` says why it failed, expired or was
+    cancelled (at most 4,096 bytes). Times are Unix milliseconds on the server's clock,
+    ``ended_at_ms`` 0 while it runs.
+    """
+
+    attempt: int
+    started_at_ms: int
+    ended_at_ms: int
+    worker: str
+    token: int
+    outcome: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
 class JobInfo:
     """One job as stored (``fencing.v1.JobInfo``): never a claim, only a look at it.
 
@@ -241,6 +262,8 @@ class JobInfo:
     ``lease_owner`` the worker of the current or last claim. Times are Unix
     milliseconds on the server's clock, 0 when that has not happened; ``payload`` is
     empty unless asked for (``payload_size`` always says how large it is).
+    ``history``: its attempts, oldest first (the newest 20 are kept), from ``get_job``
+    only (a listing leaves it empty).
     """
 
     id: int
@@ -262,6 +285,19 @@ class JobInfo:
     claimed_at_ms: int
     finished_at_ms: int
     lease_expires_at_ms: int
+    history: tuple[JobAttempt, ...] = ()
+
+
+def job_attempt(msg: queue_pb2.JobAttempt) -> JobAttempt:
+    return JobAttempt(
+        attempt=msg.attempt,
+        started_at_ms=msg.started_at_ms,
+        ended_at_ms=msg.ended_at_ms,
+        worker=msg.worker,
+        token=msg.token,
+        outcome=msg.outcome,
+        error=msg.error,
+    )
 
 
 def job_info(msg: queue_pb2.JobInfo) -> JobInfo:
@@ -285,6 +321,7 @@ def job_info(msg: queue_pb2.JobInfo) -> JobInfo:
         claimed_at_ms=msg.claimed_at_ms,
         finished_at_ms=msg.finished_at_ms,
         lease_expires_at_ms=msg.lease_expires_at_ms,
+        history=tuple(job_attempt(a) for a in msg.history),
     )
 
 

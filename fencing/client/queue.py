@@ -37,6 +37,7 @@ from fencing.client._queue import (
     FailOutcome,
     Job,
     JobAction,
+    JobAttempt,
     JobInfo,
     QueueStats,
     ScheduleInfo,
@@ -307,7 +308,8 @@ class QueueClient(BlockingCalls):
                 return
 
     def get_job(self, job_id: int, *, queue: str = "", include_payload: bool = False) -> JobInfo:
-        """One job as stored; ``NotFoundError`` if there is none (in ``queue``, if named)."""
+        """One job as stored, with its attempts (``JobInfo.history``: the newest 20,
+        oldest first); ``NotFoundError`` if there is none (in ``queue``, if named)."""
         request = queue_pb2.GetJobRequest(id=job_id, queue=queue, include_payload=include_payload)
         return core.job_info(self._call(self._stub.GetJob, request, retry=True))
 
@@ -366,4 +368,4 @@ class QueueClient(BlockingCalls):
         return bool(self._call(self._stub.ResumeQueue, request, retry=True).changed)
 
 
-__all__ = ["FencingError", "Job", "JobAction", "JobInfo", "QueueClient"]
+__all__ = ["FencingError", "Job", "JobAction", "JobAttempt", "JobInfo", "QueueClient"]

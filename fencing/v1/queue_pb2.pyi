@@ -891,6 +891,7 @@ class JobInfo(_message.Message):
     CLAIMED_AT_MS_FIELD_NUMBER: _builtins.int
     FINISHED_AT_MS_FIELD_NUMBER: _builtins.int
     LEASE_EXPIRES_AT_MS_FIELD_NUMBER: _builtins.int
+    HISTORY_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     queue: _builtins.str
     state: _builtins.str
@@ -928,6 +929,13 @@ class JobInfo(_message.Message):
     finished_at_ms: _builtins.int
     lease_expires_at_ms: _builtins.int
     """Running: when its lease ends (it may already have: a claim rescues it then)."""
+    @_builtins.property
+    def history(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobAttempt]:
+        """Its attempts, oldest first: the newest 20 are kept, as long as the job (GetJob only;
+        empty in ListJobs). Named history, as attempts counts them. Empty for a job that has
+        not run since its server kept histories.
+        """
+
     def __init__(
         self,
         *,
@@ -950,14 +958,63 @@ class JobInfo(_message.Message):
         claimed_at_ms: _builtins.int = ...,
         finished_at_ms: _builtins.int = ...,
         lease_expires_at_ms: _builtins.int = ...,
+        history: _abc.Iterable[Global___JobAttempt] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "claimed_at_ms", b"claimed_at_ms", "enqueued_at_ms", b"enqueued_at_ms", "finished_at_ms", b"finished_at_ms", "id", b"id", "idempotency_key", b"idempotency_key", "last_error", b"last_error", "lease_expires_at_ms", b"lease_expires_at_ms", "lease_owner", b"lease_owner", "max_attempts", b"max_attempts", "ordering_key", b"ordering_key", "payload", b"payload", "payload_size", b"payload_size", "priority", b"priority", "queue", b"queue", "resource", b"resource", "run_at_ms", b"run_at_ms", "state", b"state", "token", b"token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "claimed_at_ms", b"claimed_at_ms", "enqueued_at_ms", b"enqueued_at_ms", "finished_at_ms", b"finished_at_ms", "history", b"history", "id", b"id", "idempotency_key", b"idempotency_key", "last_error", b"last_error", "lease_expires_at_ms", b"lease_expires_at_ms", "lease_owner", b"lease_owner", "max_attempts", b"max_attempts", "ordering_key", b"ordering_key", "payload", b"payload", "payload_size", b"payload_size", "priority", b"priority", "queue", b"queue", "resource", b"resource", "run_at_ms", b"run_at_ms", "state", b"state", "token", b"token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JobInfo: _TypeAlias = JobInfo  # noqa: Y015
+
+@_typing.final
+class JobAttempt(_message.Message):
+    """One attempt of a job: one claim, from its start to its end."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    STARTED_AT_MS_FIELD_NUMBER: _builtins.int
+    ENDED_AT_MS_FIELD_NUMBER: _builtins.int
+    WORKER_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    attempt: _builtins.int
+    """Its number: attempts counted when it was claimed. A released attempt did not count,
+    so the next claim has the same number.
+    """
+    started_at_ms: _builtins.int
+    """Unix ms on the backend's clock; ended_at_ms is 0 while it runs."""
+    ended_at_ms: _builtins.int
+    worker: _builtins.str
+    """The worker that claimed it, and the claim's token."""
+    token: _builtins.int
+    outcome: _builtins.str
+    """running, succeeded, failed, expired (its lease ran out: rescued by another claim, or
+    declared dead by the reaper), released or cancelled.
+    """
+    error: _builtins.str
+    """Why it ended, for failed, expired and cancelled (at most 4,096 bytes, cut with "...")."""
+    def __init__(
+        self,
+        *,
+        attempt: _builtins.int = ...,
+        started_at_ms: _builtins.int = ...,
+        ended_at_ms: _builtins.int = ...,
+        worker: _builtins.str = ...,
+        token: _builtins.int = ...,
+        outcome: _builtins.str = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "ended_at_ms", b"ended_at_ms", "error", b"error", "outcome", b"outcome", "started_at_ms", b"started_at_ms", "token", b"token", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobAttempt: _TypeAlias = JobAttempt  # noqa: Y015
 
 @_typing.final
 class ListJobsRequest(_message.Message):

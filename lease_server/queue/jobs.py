@@ -239,6 +239,135 @@ class QueueCounts:
         return max(0.0, retries / self.attempts_in_window)
 
 
+class AttemptOutcome(StrEnum):
+    """How one attempt (one claim) of a job ended, named as the job's states and events
+    name it; ``running`` while it has not."""
+
+    RUNNING = "running"
+    #: Complete.
+    SUCCEEDED = "succeeded"
+    #: Fail (the job is ready again after its backoff, or dead).
+    FAILED = "failed"
+    #: Its lease ran out: a rescue took the job over (:data:`EXPIRED_ERROR`), or the
+    #: reaper declared it dead (:data:`REAPED_ERROR`).
+    EXPIRED = "expired"
+    #: Release (or the server gave it back): the attempt did not count, so the next
+    #: claim has the same attempt number.
+    RELEASED = "released"
+    #: An operator's cancel (the error is the reason).
+    CANCELLED = "cancelled"
+
+
+#: Outcomes whose attempt keeps the job's error (the others end without one).
+_OUTCOMES_WITH_ERROR = (AttemptOutcome.FAILED, AttemptOutcome.EXPIRED, AttemptOutcome.CANCELLED)
+
+
+@dataclass(frozen=True, slots=True)
+class JobAttempt:
+    """One attempt of a job: a claim, from its start to its end (see the proto's
+    ``JobAttempt``). Times are ms on the backend's clock; ``ended_at_ms`` is 0 while it
+    runs. ``error`` is at most :data:`fencing.limits.MAX_ERROR_BYTES` of UTF-8."""
+
+    attempt: int
+    started_at_ms: int
+    worker: str
+    token: int
+    outcome: AttemptOutcome = AttemptOutcome.RUNNING
+    ended_at_ms: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptChanges:
+    """What changing a job's record does to its attempts (:func:`attempt_changes`).
+
+    ``current``: the job's running attempt as it is now (ended, or still running with a
+    new token): it replaces the job's running attempt, or is added when the history has
+    none (a claim made before the history was kept). ``started``: a new attempt, added
+    after it. A backend that adds one then keeps only the newest
+    :data:`fencing.limits.MAX_JOB_ATTEMPTS_KEPT` attempts of the job (:func:`kept`).
+    """
+
+    current: JobAttempt | None = None
+    started: JobAttempt | None = None
+
+    def __bool__(self) -> bool:
+        return self.current is not None or self.started is not None
+
+
+def attempt_changes(old: JobRecord | None, new: JobRecord, now_ms: int) -> AttemptChanges:
+    """The rule of the attempts' history, for every backend (PostgreSQL's trigger on
+    ``jobs``, ``0026_job_attempts.sql``, applies the same):
+
+    - a claim (the job runs with more attempts than it had: a claim, or a rescue) starts
+      an attempt: its number, the claim's time, worker and token;
+    - the claim that was running ends when the job no longer runs or a rescue took it
+      over: ``expired`` (a rescue, the reaper), ``released`` (the attempt did not count),
+      ``cancelled``, ``failed``, ``succeeded``; it keeps the job's error when it ended
+      with one (:data:`fencing.limits.MAX_ERROR_BYTES` at most);
+    - a running job that only changed its token (a job naming its own resource took its
+      lease's token) keeps running with that token;
+    - anything else (enqueue, heartbeat, replay, promotion, retry) changes no attempt.
+    """
+    if old is None or old == new:
+        return AttemptChanges()
+    running = old.state is JobState.RUNNING
+    rescued = new.state is JobState.RUNNING and new.attempts > old.attempts
+    current = None
+    if running and (rescued or new.state is not JobState.RUNNING):
+        outcome = _outcome(old, new, rescued)
+        error = limits.truncate_error(new.last_error) if outcome in _OUTCOMES_WITH_ERROR else ""
+        current = JobAttempt(
+            attempt=old.attempts,
+            started_at_ms=old.claimed_at_ms,
+            worker=old.lease_owner,
+            token=old.token,
+            outcome=outcome,
+            ended_at_ms=now_ms,
+            error=error,
+        )
+    elif running and new.state is JobState.RUNNING and new.token != old.token:
+        current = JobAttempt(old.attempts, old.claimed_at_ms, old.lease_owner, new.token)
+    started = None
+    if rescued or (not running and new.state is JobState.RUNNING):
+        started = JobAttempt(new.attempts, new.claimed_at_ms, new.lease_owner, new.token)
+    return AttemptChanges(current, started)
+
+
+def _outcome(old: JobRecord, new: JobRecord, rescued: bool) -> AttemptOutcome:
+    if rescued or (new.state is JobState.DEAD and new.last_error == REAPED_ERROR):
+        return AttemptOutcome.EXPIRED
+    if new.state is JobState.SUCCEEDED:
+        return AttemptOutcome.SUCCEEDED
+    if new.state is JobState.CANCELLED:
+        return AttemptOutcome.CANCELLED
+    if new.state is JobState.READY and new.attempts < old.attempts:
+        return AttemptOutcome.RELEASED
+    return AttemptOutcome.FAILED
+
+
+def apply_attempts(history: list[JobAttempt], changes: AttemptChanges) -> list[JobAttempt]:
+    """``history`` (oldest first) with ``changes`` applied, as every backend stores it:
+    the running attempt replaced by ``current`` (or ``current`` added when none runs),
+    ``started`` added, then only the newest :data:`~fencing.limits.MAX_JOB_ATTEMPTS_KEPT`
+    kept (:func:`kept`)."""
+    out = list(history)
+    if changes.current is not None:
+        if out and out[-1].outcome is AttemptOutcome.RUNNING:
+            out[-1] = changes.current
+        else:
+            out.append(changes.current)
+    if changes.started is not None:
+        out.append(changes.started)
+    return kept(out)
+
+
+def kept(history: list[JobAttempt]) -> list[JobAttempt]:
+    """The attempts of a job that stay (oldest first): the newest
+    :data:`~fencing.limits.MAX_JOB_ATTEMPTS_KEPT`."""
+    return history[-limits.MAX_JOB_ATTEMPTS_KEPT :]
+
+
 def default_resource(queue: str, job_id: int) -> str:
     return f"job/{queue}/{job_id}"
 

@@ -287,10 +287,28 @@ def stats_to_proto(c: jobs.QueueCounts) -> queue_pb2.QueueStats:
     )
 
 
-def job_info_to_proto(record: JobRecord, include_payload: bool = False) -> queue_pb2.JobInfo:
-    """A job as an operator sees it (see the proto's ``JobInfo``)."""
+def attempt_to_proto(a: jobs.JobAttempt) -> queue_pb2.JobAttempt:
+    return queue_pb2.JobAttempt(
+        attempt=a.attempt,
+        started_at_ms=a.started_at_ms,
+        ended_at_ms=a.ended_at_ms,
+        worker=a.worker,
+        token=a.token,
+        outcome=a.outcome.value,
+        error=a.error,
+    )
+
+
+def job_info_to_proto(
+    record: JobRecord,
+    include_payload: bool = False,
+    history: Sequence[jobs.JobAttempt] = (),
+) -> queue_pb2.JobInfo:
+    """A job as an operator sees it (see the proto's ``JobInfo``), with its attempts'
+    ``history`` (GetJob's; a listing leaves it empty)."""
     running = record.state is JobState.RUNNING
     return queue_pb2.JobInfo(
+        history=[attempt_to_proto(a) for a in history],
         id=record.id,
         queue=record.queue,
         state=record.state.value,
@@ -827,8 +845,9 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         page = await self.backend.list_jobs(record.queue, None, record.id - 1, 1)
         if page and page[0].id == record.id:
             record = page[0]
+        history = await self.backend.history(record.id)
         self._audit(context, "get_job", record.queue, job_id, payload=request.include_payload)
-        return job_info_to_proto(record, request.include_payload)
+        return job_info_to_proto(record, request.include_payload, history)
 
     @rpc
     async def RetryJob(

@@ -310,3 +310,25 @@ def test_pause_and_resume_need_a_queue(servers: RunningServers) -> None:
         assert status == 400 and "queue is required to resume" in body
         status, body = _fetch(browser, f"{url}/actions/retry?queue=q")
         assert status == 400 and "job is required to retry" in body
+
+
+def test_the_job_page_shows_its_attempts_with_their_errors_escaped(
+    servers: RunningServers,
+) -> None:
+    with QueueClient(servers.queue_address, worker="w<b>") as worker:
+        job_id = worker.enqueue("attempts-q", b"x", max_attempts=1).id
+        (job,) = worker.claim("attempts-q", ttl=30)
+        worker.fail(job, "<script>alert(1)</script>")
+        never = worker.enqueue("attempts-q", b"later", delay=3600).id
+    with running_console(servers.lease_address, servers.guard_address) as url:
+        status, body = _fetch(_opener(), f"{url}/queues/attempts-q/jobs/{job_id}")
+        assert status == 200
+        table = body[body.index('data-testid="job-attempts"') :]
+        row = re.search(r"<tbody>\s*<tr>(.*?)</tr>", table, re.S)
+        assert row is not None, table
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+        assert cells[:4] == ["1", "failed", "w&lt;b&gt;", str(job.token)]
+        assert cells[6] == "&lt;script&gt;alert(1)&lt;/script&gt;"
+        assert "<script>alert(1)" not in body
+        status, body = _fetch(_opener(), f"{url}/queues/attempts-q/jobs/{never}")
+        assert status == 200 and "No attempts kept" in body

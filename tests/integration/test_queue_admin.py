@@ -111,6 +111,33 @@ def test_get_job_shows_attempts_errors_and_times(queue: QueueClient) -> None:
         queue.get_job(job_id + 100)
 
 
+def test_get_job_returns_the_attempts_history_to_both_twins(servers: RunningServers) -> None:
+    with (
+        QueueClient(servers.queue_address, worker="w1") as first,
+        QueueClient(servers.queue_address, worker="w2") as second,
+    ):
+        job_id = first.enqueue("mail", b"x", max_attempts=3).id
+        (one,) = first.claim("mail")
+        first.fail(one, "smtp down", retry_in=0.001)
+        (two,) = second.claim("mail", wait=10)  # due in 1 ms
+        second.complete(two)
+        info = first.get_job(job_id)
+        assert [(a.attempt, a.worker, a.token, a.outcome, a.error) for a in info.history] == [
+            (1, "w1", one.token, "failed", "smtp down"),
+            (2, "w2", two.token, "succeeded", ""),
+        ]
+        assert all(0 < a.started_at_ms <= a.ended_at_ms for a in info.history)
+        # A listing leaves the history out.
+        (listed,) = list(first.list_jobs("mail"))
+        assert listed.history == () and listed.attempts == 2
+
+    async def main() -> None:
+        async with AsyncQueueClient(servers.queue_address) as queue:
+            assert (await queue.get_job(job_id)).history == info.history
+
+    asyncio.run(main())
+
+
 def test_a_cancelled_running_job_refuses_its_workers_heartbeat_complete_and_fail(
     servers: RunningServers, queue: QueueClient
 ) -> None:
@@ -305,6 +332,26 @@ def test_the_cli_lists_shows_cancels_retries_and_requeues(servers: RunningServer
         assert queue.get_job(dead).state == "ready"
         (stats,) = queue.stats("mail")
         assert stats.cancelled == 0 and stats.ready == 2
+
+
+def test_the_cli_prints_a_jobs_attempts_as_a_table(servers: RunningServers) -> None:
+    with QueueClient(servers.queue_address, worker="mailer-7") as queue:
+        job_id = dead_job(queue)
+        queue.enqueue("mail", b"never run")
+    shown = cli(servers, "job", str(job_id))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    at = lines.index("history:")
+    heading, row = lines[at + 1].split(), lines[at + 2].split()
+    assert heading == ["attempt", "outcome", "worker", "token", "started", "ended", "error"]
+    assert row[:3] == ["1", "failed", "mailer-7"] and row[-1] == "boom"
+    assert len(lines) == at + 3  # one attempt, nothing after the table
+    as_json = cli(servers, "job", str(job_id), "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    (attempt,) = json.loads(as_json.stdout)["history"]
+    assert (attempt["attempt"], attempt["outcome"], attempt["error"]) == (1, "failed", "boom")
+    never = cli(servers, "job", str(job_id + 1))
+    assert never.returncode == 0 and "(no attempts kept)" in never.stdout
 
 
 def test_the_cli_pauses_and_resumes_a_queue(servers: RunningServers) -> None:

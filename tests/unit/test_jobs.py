@@ -254,3 +254,41 @@ def test_a_job_walk_keeps_its_invariants(steps: list[str]) -> None:
         if r.state is JobState.READY:
             assert r.attempts < r.max_attempts
         assert 0 <= r.attempts <= r.max_attempts
+
+
+# -- the attempts' history ----------------------------------------------------------------------
+
+
+def test_steps_that_change_no_claim_change_no_attempt() -> None:
+    job = ready()
+    running = jobs.claim(job, "w", 1000, token=5, now_ms=2000)
+    assert jobs.attempt_changes(None, job, 1000) == jobs.AttemptChanges()  # enqueue
+    beat = jobs.heartbeat(running, JobRef(1, 5), 1000, now_ms=2500)
+    assert not jobs.attempt_changes(running, beat, 2500)
+    assert not jobs.attempt_changes(running, jobs.replay(running, 1000, 2600), 2600)
+    failed, _ = jobs.fail(running, JobRef(1, 5), "e", 0, 2700, final=True)
+    retried = jobs.retry(failed, blocked=False, now_ms=2800)
+    assert retried is not None and not jobs.attempt_changes(failed, retried, 2800)
+
+
+def test_a_rescue_ends_the_expired_attempt_and_starts_the_next() -> None:
+    first = jobs.claim(ready(), "a", 1000, token=5, now_ms=2000)
+    second = jobs.claim(first, "b", 1000, token=6, now_ms=3500)
+    change = jobs.attempt_changes(first, second, 3500)
+    assert change.current == jobs.JobAttempt(
+        1, 2000, "a", 5, jobs.AttemptOutcome.EXPIRED, 3500, second.last_error
+    )
+    assert change.started == jobs.JobAttempt(2, 3500, "b", 6)
+    history = jobs.apply_attempts([jobs.JobAttempt(1, 2000, "a", 5)], change)
+    assert history == [change.current, change.started]
+
+
+def test_an_attempt_without_a_running_row_is_added_and_only_the_newest_are_kept() -> None:
+    old = [
+        jobs.JobAttempt(n, n, "w", n, jobs.AttemptOutcome.FAILED, n, "e")
+        for n in range(1, limits.MAX_JOB_ATTEMPTS_KEPT + 1)
+    ]
+    ended = jobs.JobAttempt(99, 1, "w", 99, jobs.AttemptOutcome.SUCCEEDED, 2)
+    history = jobs.apply_attempts(old, jobs.AttemptChanges(current=ended))
+    assert len(history) == limits.MAX_JOB_ATTEMPTS_KEPT
+    assert history[0].attempt == 2 and history[-1] == ended

@@ -28,6 +28,7 @@ from lease_server.queue.jobs import (
     Administered,
     Enqueued,
     Failed,
+    JobAttempt,
     JobRecord,
     JobRef,
     JobState,
@@ -169,6 +170,12 @@ class QueueBackend(Protocol):
 
     async def get(self, job_id: int) -> JobRecord | None:
         """One job as stored (for operators and tests)."""
+
+    async def history(self, job_id: int) -> list[JobAttempt]:
+        """The job's attempts kept (``jobs.attempt_changes``: the newest
+        ``limits.MAX_JOB_ATTEMPTS_KEPT``), oldest first; [] for an unknown job, or one
+        that has not run since the history was kept. Each change of a claim updates
+        them in its own transaction, and they go with the job when it is pruned."""
 
     # -- admin ---------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from lease_server.queue.jobs import (
     Administered,
     Enqueued,
     Failed,
+    JobAttempt,
     JobRecord,
     JobRef,
     JobState,
@@ -47,6 +48,8 @@ class MemoryQueue:
         #: The request id of the Claim that made each job's current (or last) claim.
         self._claim_requests: dict[int, str] = {}
         self._paused: set[str] = set()
+        #: Each job's attempts (jobs.attempt_changes), oldest first.
+        self._attempts: dict[int, list[JobAttempt]] = {}
 
     def log_events_to(self, backend: LeaseBackend) -> bool:
         if isinstance(backend, MemoryBackend):
@@ -55,10 +58,16 @@ class MemoryQueue:
         return False
 
     def _put(self, records: Sequence[JobRecord], now_ms: int) -> None:
-        """Store ``records`` and log what changed, in one step (nothing awaits)."""
+        """Store ``records``, their attempts and log what changed, in one step (nothing
+        awaits)."""
         changes = []
         for record in records:
-            changes += jobs.transitions(self._jobs.get(record.id), record, now_ms)
+            old = self._jobs.get(record.id)
+            changes += jobs.transitions(old, record, now_ms)
+            attempts = jobs.attempt_changes(old, record, now_ms)
+            if attempts:
+                history = self._attempts.get(record.id, [])
+                self._attempts[record.id] = jobs.apply_attempts(history, attempts)
             self._jobs[record.id] = record
         if changes and self._log is not None:
             self._log.append(changes)
@@ -248,6 +257,7 @@ class MemoryQueue:
         for record in victims:
             del self._jobs[record.id]
             self._claim_requests.pop(record.id, None)
+            self._attempts.pop(record.id, None)
             if record.idempotency_key:
                 self._keys.pop((record.queue, record.idempotency_key), None)
         return len(victims)
@@ -262,6 +272,9 @@ class MemoryQueue:
 
     async def get(self, job_id: int) -> JobRecord | None:
         return self._jobs.get(job_id)
+
+    async def history(self, job_id: int) -> list[JobAttempt]:
+        return list(self._attempts.get(job_id, ()))
 
     async def list_jobs(
         self, queue: str, state: JobState | None, after_id: int, limit: int

@@ -21,6 +21,7 @@ claim to the schema's lease event log in the transaction that makes it, whicheve
 made it (these functions, Fail, your own SQL). A lease backend on the same schema serves
 them to ``Watch`` and prunes them; a queue in a schema no lease server follows still
 appends them, unread and unpruned, so the lease server warns about such a setup.
+Another trigger (``0026_job_attempts.sql``) keeps each job's attempts the same way.
 """
 
 from __future__ import annotations
@@ -38,11 +39,17 @@ from fencing.errors import FencingError, LeaseLost
 from lease_server.backends.base import LeaseBackend
 from lease_server.queue import jobs
 from lease_server.queue.backends.base import CompleteGroup, PeriodJob, RetryDelay
-from lease_server.queue.backends.sql import job_record, schedule_params, schedule_record
+from lease_server.queue.backends.sql import (
+    attempt_record,
+    job_record,
+    schedule_params,
+    schedule_record,
+)
 from lease_server.queue.jobs import (
     Administered,
     Enqueued,
     Failed,
+    JobAttempt,
     JobRecord,
     JobRef,
     JobState,
@@ -103,6 +110,10 @@ class PostgresQueue:
         self._prune_sql = q("SELECT {schema}.job_prune(%s, %s, %s)")
         self._stats_sql = q("SELECT * FROM {schema}.job_stats(%s, %s)")
         self._get_sql = q("SELECT * FROM {schema}.job_rows WHERE id = %s")
+        self._history_sql = q(
+            "SELECT attempt, started_at_ms, worker, token, outcome, ended_at_ms, error"
+            " FROM {schema}.job_attempt_rows WHERE job_id = %s ORDER BY seq"
+        )
         self._lock_sql = q(
             "SELECT r.*, {schema}.job_ms(now()) FROM {schema}.job_rows AS r"
             " WHERE r.id = %s FOR UPDATE"
@@ -419,6 +430,10 @@ class PostgresQueue:
     async def get(self, job_id: int) -> JobRecord | None:
         row = await self._db.fetchone(self._get_sql, (job_id,))
         return job_record(row) if row is not None else None
+
+    async def history(self, job_id: int) -> list[JobAttempt]:
+        # Written by the trigger of 0026_job_attempts.sql on every change of a claim.
+        return [attempt_record(r) for r in await self._db.fetchall(self._history_sql, (job_id,))]
 
     async def list_jobs(
         self, queue: str, state: JobState | None, after_id: int, limit: int

@@ -4,8 +4,9 @@ Jobs live in their own file (beside the lease database: ``leases.db`` ->
 ``leases-queue.db``), so queue traffic does not contend with leases for SQLite's
 single write lock. Each call is one ``BEGIN IMMEDIATE`` transaction that selects
 rows with the named statements of ``sql/sqlite.sql``, applies the pure rules of
-:mod:`lease_server.queue.jobs`, and writes the rows back; tokens come from a counter row
-that is never reset. Time is this host's wall clock in milliseconds (expiries are
+:mod:`lease_server.queue.jobs`, and writes the rows back (with each job's attempts,
+``jobs.attempt_changes``, in the table ``job_attempts`` of schema v7); tokens come from a
+counter row that is never reset. Time is this host's wall clock in milliseconds (expiries are
 stored, and must mean the same after a restart).
 
 Linked to the SQLite lease backend (:meth:`SQLiteQueue.log_events_to`, as the lease
@@ -25,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from fencing import limits
 from fencing.errors import LeaseLost
 from lease_server.backends.base import LeaseBackend
 from lease_server.backends.sqlite import SQLiteBackend
@@ -33,6 +35,7 @@ from lease_server.leases import Transition
 from lease_server.queue import jobs
 from lease_server.queue.backends.base import CompleteGroup, PeriodJob, RetryDelay
 from lease_server.queue.backends.sql import (
+    attempt_record,
     job_record,
     load,
     schedule_params,
@@ -42,6 +45,7 @@ from lease_server.queue.jobs import (
     Administered,
     Enqueued,
     Failed,
+    JobAttempt,
     JobRecord,
     JobRef,
     JobState,
@@ -54,7 +58,7 @@ from serving.sqlite_db import SQLiteDatabase
 T = TypeVar("T")
 
 SQL = load("sqlite.sql")
-MIGRATIONS = [SQL[f"migration_{n}"] for n in range(1, 7)]
+MIGRATIONS = [SQL[f"migration_{n}"] for n in range(1, 8)]
 #: The name the lease database is attached under, when job events are logged.
 LOG_SCHEMA = "lease_log"
 
@@ -83,6 +87,27 @@ def _store(conn: sqlite3.Connection, r: JobRecord) -> None:
     )
 
 
+def _attempt_params(a: JobAttempt) -> tuple[object, ...]:
+    return (a.attempt, a.started_at_ms, a.worker, a.token, a.outcome.value, a.ended_at_ms, a.error)
+
+
+def _record_attempts(
+    conn: sqlite3.Connection, old: JobRecord | None, new: JobRecord, now_ms: int
+) -> None:
+    """Write what ``old`` -> ``new`` does to the job's attempts (``jobs.apply_attempts``
+    in SQL: the running one replaced, or added when none runs; a new one added; the
+    newest ``limits.MAX_JOB_ATTEMPTS_KEPT`` kept)."""
+    change = jobs.attempt_changes(old, new, now_ms)
+    if change.current is not None:
+        params = _attempt_params(change.current)
+        if conn.execute(SQL["replace_running_attempt"], (*params, new.id)).rowcount == 0:
+            conn.execute(SQL["insert_attempt"], (new.id, *params))
+    if change.started is not None:
+        conn.execute(SQL["insert_attempt"], (new.id, *_attempt_params(change.started)))
+    if change:
+        conn.execute(SQL["trim_attempts"], (new.id, new.id, limits.MAX_JOB_ATTEMPTS_KEPT))
+
+
 def _change(
     conn: sqlite3.Connection,
     changes: list[Transition],
@@ -90,8 +115,10 @@ def _change(
     new: JobRecord,
     now_ms: int,
 ) -> None:
-    """Store ``new`` in place of ``old`` and collect its events for the log."""
+    """Store ``new`` in place of ``old`` with its attempts, and collect its events for the
+    log."""
     _store(conn, new)
+    _record_attempts(conn, old, new, now_ms)
     changes += jobs.transitions(old, new, now_ms)
 
 
@@ -392,8 +419,10 @@ class SQLiteQueue:
 
     async def retoken(self, ref: JobRef, token: int) -> JobRecord:
         def tx(conn: sqlite3.Connection) -> JobRecord:
-            new = jobs.retoken(_load(conn, ref.id), ref, token)
+            old = _load(conn, ref.id)
+            new = jobs.retoken(old, ref, token)
             _store(conn, new)  # a job naming its own resource: its lease logged the claim
+            _record_attempts(conn, old, new, self._clock.now_ms())
             return new
 
         return await self._db.transaction(tx)
@@ -401,7 +430,10 @@ class SQLiteQueue:
     async def put_back(self, ref: JobRef, delay_ms: int) -> None:
         def tx(conn: sqlite3.Connection) -> None:
             now = self._clock.now_ms()
-            _store(conn, jobs.release(_load(conn, ref.id), ref, now, delay_ms=delay_ms))
+            old = _load(conn, ref.id)
+            new = jobs.release(old, ref, now, delay_ms=delay_ms)
+            _store(conn, new)  # a job naming its own resource: its lease logs the end
+            _record_attempts(conn, old, new, now)
 
         await self._db.transaction(tx)
 
@@ -430,10 +462,11 @@ class SQLiteQueue:
                 (JobState.CANCELLED, dead_older_than_ms),
             ):
                 if older_than is not None and deleted < limit:
-                    cur = conn.execute(
+                    ids = conn.execute(
                         SQL["prune"], (state.value, now - older_than, limit - deleted)
-                    )
-                    deleted += int(cur.rowcount)
+                    ).fetchall()
+                    conn.executemany(SQL["delete_attempts"], ids)
+                    deleted += len(ids)
             return deleted
 
         return await self._db.transaction(tx)
@@ -468,6 +501,12 @@ class SQLiteQueue:
 
     async def get(self, job_id: int) -> JobRecord | None:
         return await self._db.query(lambda conn: _load(conn, job_id))
+
+    async def history(self, job_id: int) -> list[JobAttempt]:
+        def q(conn: sqlite3.Connection) -> list[JobAttempt]:
+            return [attempt_record(row) for row in conn.execute(SQL["select_attempts"], (job_id,))]
+
+        return await self._db.query(q)
 
     async def list_jobs(
         self, queue: str, state: JobState | None, after_id: int, limit: int

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
-from lease_server.queue.jobs import JobRecord, JobState
+from lease_server.queue.jobs import AttemptOutcome, JobAttempt, JobRecord, JobState
 from lease_server.queue.schedules import Schedule, ScheduleRecord
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -64,6 +64,20 @@ def job_record(row: Sequence[Any]) -> JobRecord:
         created_at_ms=int(row[15]),
         finished_at_ms=int(row[16]),
         claimed_at_ms=int(row[17]),
+    )
+
+
+def attempt_record(row: Sequence[Any]) -> JobAttempt:
+    """An attempt row as both SQL backends select it: attempt, started_at_ms, worker,
+    token, outcome, ended_at_ms, error (times in ms)."""
+    return JobAttempt(
+        attempt=int(row[0]),
+        started_at_ms=int(row[1]),
+        worker=row[2],
+        token=int(row[3]),
+        outcome=AttemptOutcome(row[4]),
+        ended_at_ms=int(row[5]),
+        error=row[6],
     )
 
 

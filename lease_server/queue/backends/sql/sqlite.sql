@@ -150,6 +150,29 @@ CREATE INDEX jobs_by_claim_request ON jobs (queue, claim_request_id)
 -- it. A paused queue hands out no claims, everything else goes on.
 CREATE TABLE queue_pauses (queue TEXT PRIMARY KEY, paused_at_ms INTEGER NOT NULL)
 
+-- name: migration_7
+-- Schema v7: the attempts' history of each job (lease_server/queue/jobs.py,
+-- attempt_changes): one row per claim, in the order they were made (id), written in the
+-- transaction that changes the claim. At most one row of a job is running, and only the
+-- newest MAX_JOB_ATTEMPTS_KEPT (fencing/limits.py) of a job are kept (trim_attempts).
+-- Jobs of earlier schemas start with none. Deleted with their job by prune (no trigger:
+-- the migration runner splits statements on semicolons).
+CREATE TABLE job_attempts (
+    id            INTEGER PRIMARY KEY,
+    job_id        INTEGER NOT NULL,
+    attempt       INTEGER NOT NULL,
+    started_at_ms INTEGER NOT NULL,
+    worker        TEXT NOT NULL,
+    token         INTEGER NOT NULL,
+    outcome       TEXT NOT NULL
+                  CHECK (outcome IN ('running', 'succeeded', 'failed', 'expired', 'released',
+                                     'cancelled')),
+    ended_at_ms   INTEGER NOT NULL DEFAULT 0,
+    error         TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX job_attempts_by_job ON job_attempts (job_id, id);
+CREATE UNIQUE INDEX job_attempts_running ON job_attempts (job_id) WHERE outcome = 'running'
+
 -- name: pause_queue
 -- Pause a queue. Takes queue, now.
 INSERT OR IGNORE INTO queue_pauses (queue, paused_at_ms) VALUES (?, ?)
@@ -165,6 +188,39 @@ SELECT 1 FROM queue_pauses WHERE queue = ?
 -- name: select_paused_all
 -- Every paused queue.
 SELECT queue FROM queue_pauses ORDER BY queue
+
+-- Columns of an attempt, in the order the attempt statements take and return them:
+--   attempt, started_at_ms, worker, token, outcome, ended_at_ms, error
+
+-- name: select_attempts
+-- A job's attempts kept, oldest first. Takes job_id.
+SELECT attempt, started_at_ms, worker, token, outcome, ended_at_ms, error
+FROM job_attempts WHERE job_id = ? ORDER BY id
+
+-- name: replace_running_attempt
+-- The job's running attempt as it is now (ended, or with a new token). Takes the
+-- attempt's columns, job_id. Row count = 0 when the job has no running attempt.
+UPDATE job_attempts
+SET attempt = ?, started_at_ms = ?, worker = ?, token = ?, outcome = ?, ended_at_ms = ?,
+    error = ?
+WHERE job_id = ? AND outcome = 'running'
+
+-- name: insert_attempt
+-- A new attempt, after the job's others. Takes job_id, then the attempt's columns.
+INSERT INTO job_attempts (job_id, attempt, started_at_ms, worker, token, outcome,
+                          ended_at_ms, error)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: trim_attempts
+-- Keep only a job's newest attempts. Takes job_id, job_id, how many to keep.
+DELETE FROM job_attempts
+WHERE job_id = ? AND id NOT IN (
+    SELECT id FROM job_attempts WHERE job_id = ? ORDER BY id DESC LIMIT ?
+)
+
+-- name: delete_attempts
+-- A deleted job's attempts. Takes job_id.
+DELETE FROM job_attempts WHERE job_id = ?
 
 -- name: select_job
 -- One job by id. Takes id.
@@ -257,10 +313,11 @@ LIMIT ?
 
 -- name: prune
 -- Delete up to limit jobs in a finished state that finished before a cutoff.
--- Takes state, before_ms, limit. Row count = deleted.
+-- Takes state, before_ms, limit. Returns the ids deleted (their attempts go next).
 DELETE FROM jobs WHERE id IN (
     SELECT id FROM jobs WHERE state = ? AND finished_at_ms < ? LIMIT ?
 )
+RETURNING id
 
 -- name: stats
 -- Counts per queue. Takes :now, :since (now - window), :queue ('' for all).

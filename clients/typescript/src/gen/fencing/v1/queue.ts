@@ -357,6 +357,34 @@ export interface JobInfo {
   finishedAtMs: number;
   /** Running: when its lease ends (it may already have: a claim rescues it then). */
   leaseExpiresAtMs: number;
+  /**
+   * Its attempts, oldest first: the newest 20 are kept, as long as the job (GetJob only;
+   * empty in ListJobs). Named history, as attempts counts them. Empty for a job that has
+   * not run since its server kept histories.
+   */
+  history: JobAttempt[];
+}
+
+/** One attempt of a job: one claim, from its start to its end. */
+export interface JobAttempt {
+  /**
+   * Its number: attempts counted when it was claimed. A released attempt did not count,
+   * so the next claim has the same number.
+   */
+  attempt: number;
+  /** Unix ms on the backend's clock; ended_at_ms is 0 while it runs. */
+  startedAtMs: number;
+  endedAtMs: number;
+  /** The worker that claimed it, and the claim's token. */
+  worker: string;
+  token: number;
+  /**
+   * running, succeeded, failed, expired (its lease ran out: rescued by another claim, or
+   * declared dead by the reaper), released or cancelled.
+   */
+  outcome: string;
+  /** Why it ended, for failed, expired and cancelled (at most 4,096 bytes, cut with "..."). */
+  error: string;
 }
 
 export interface ListJobsRequest {
@@ -3283,6 +3311,7 @@ function createBaseJobInfo(): JobInfo {
     claimedAtMs: 0,
     finishedAtMs: 0,
     leaseExpiresAtMs: 0,
+    history: [],
   };
 }
 
@@ -3344,6 +3373,9 @@ export const JobInfo: MessageFns<JobInfo> = {
     }
     if (message.leaseExpiresAtMs !== 0) {
       writer.uint32(152).int64(message.leaseExpiresAtMs);
+    }
+    for (const v of message.history) {
+      JobAttempt.encode(v!, writer.uint32(162).fork()).join();
     }
     return writer;
   },
@@ -3507,6 +3539,14 @@ export const JobInfo: MessageFns<JobInfo> = {
           message.leaseExpiresAtMs = longToNumber(reader.int64());
           continue;
         }
+        case 20: {
+          if (tag !== 162) {
+            break;
+          }
+
+          message.history.push(JobAttempt.decode(reader, reader.uint32()));
+          continue;
+        }
       }
       if ((tag & 7) === 4 || tag === 0) {
         break;
@@ -3537,6 +3577,7 @@ export const JobInfo: MessageFns<JobInfo> = {
       claimedAtMs: isSet(object.claimedAtMs) ? globalThis.Number(object.claimedAtMs) : 0,
       finishedAtMs: isSet(object.finishedAtMs) ? globalThis.Number(object.finishedAtMs) : 0,
       leaseExpiresAtMs: isSet(object.leaseExpiresAtMs) ? globalThis.Number(object.leaseExpiresAtMs) : 0,
+      history: globalThis.Array.isArray(object?.history) ? object.history.map((e: any) => JobAttempt.fromJSON(e)) : [],
     };
   },
 
@@ -3599,6 +3640,9 @@ export const JobInfo: MessageFns<JobInfo> = {
     if (message.leaseExpiresAtMs !== 0) {
       obj.leaseExpiresAtMs = Math.round(message.leaseExpiresAtMs);
     }
+    if (message.history?.length) {
+      obj.history = message.history.map((e) => JobAttempt.toJSON(e));
+    }
     return obj;
   },
 
@@ -3626,6 +3670,163 @@ export const JobInfo: MessageFns<JobInfo> = {
     message.claimedAtMs = object.claimedAtMs ?? 0;
     message.finishedAtMs = object.finishedAtMs ?? 0;
     message.leaseExpiresAtMs = object.leaseExpiresAtMs ?? 0;
+    message.history = object.history?.map((e) => JobAttempt.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseJobAttempt(): JobAttempt {
+  return { attempt: 0, startedAtMs: 0, endedAtMs: 0, worker: "", token: 0, outcome: "", error: "" };
+}
+
+export const JobAttempt: MessageFns<JobAttempt> = {
+  encode(message: JobAttempt, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.attempt !== 0) {
+      writer.uint32(8).uint32(message.attempt);
+    }
+    if (message.startedAtMs !== 0) {
+      writer.uint32(16).int64(message.startedAtMs);
+    }
+    if (message.endedAtMs !== 0) {
+      writer.uint32(24).int64(message.endedAtMs);
+    }
+    if (message.worker !== "") {
+      writer.uint32(34).string(message.worker);
+    }
+    if (message.token !== 0) {
+      writer.uint32(40).uint64(message.token);
+    }
+    if (message.outcome !== "") {
+      writer.uint32(50).string(message.outcome);
+    }
+    if (message.error !== "") {
+      writer.uint32(58).string(message.error);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): JobAttempt {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const end = length === undefined ? reader.len : reader.pos + length;
+    const message = createBaseJobAttempt();
+    while (reader.pos < end) {
+      const tag = reader.uint32();
+      switch (tag >>> 3) {
+        case 1: {
+          if (tag !== 8) {
+            break;
+          }
+
+          message.attempt = reader.uint32();
+          continue;
+        }
+        case 2: {
+          if (tag !== 16) {
+            break;
+          }
+
+          message.startedAtMs = longToNumber(reader.int64());
+          continue;
+        }
+        case 3: {
+          if (tag !== 24) {
+            break;
+          }
+
+          message.endedAtMs = longToNumber(reader.int64());
+          continue;
+        }
+        case 4: {
+          if (tag !== 34) {
+            break;
+          }
+
+          message.worker = reader.string();
+          continue;
+        }
+        case 5: {
+          if (tag !== 40) {
+            break;
+          }
+
+          message.token = longToNumber(reader.uint64());
+          continue;
+        }
+        case 6: {
+          if (tag !== 50) {
+            break;
+          }
+
+          message.outcome = reader.string();
+          continue;
+        }
+        case 7: {
+          if (tag !== 58) {
+            break;
+          }
+
+          message.error = reader.string();
+          continue;
+        }
+      }
+      if ((tag & 7) === 4 || tag === 0) {
+        break;
+      }
+      reader.skip(tag & 7);
+    }
+    return message;
+  },
+
+  fromJSON(object: any): JobAttempt {
+    return {
+      attempt: isSet(object.attempt) ? globalThis.Number(object.attempt) : 0,
+      startedAtMs: isSet(object.startedAtMs) ? globalThis.Number(object.startedAtMs) : 0,
+      endedAtMs: isSet(object.endedAtMs) ? globalThis.Number(object.endedAtMs) : 0,
+      worker: isSet(object.worker) ? globalThis.String(object.worker) : "",
+      token: isSet(object.token) ? globalThis.Number(object.token) : 0,
+      outcome: isSet(object.outcome) ? globalThis.String(object.outcome) : "",
+      error: isSet(object.error) ? globalThis.String(object.error) : "",
+    };
+  },
+
+  toJSON(message: JobAttempt): unknown {
+    const obj: any = {};
+    if (message.attempt !== 0) {
+      obj.attempt = Math.round(message.attempt);
+    }
+    if (message.startedAtMs !== 0) {
+      obj.startedAtMs = Math.round(message.startedAtMs);
+    }
+    if (message.endedAtMs !== 0) {
+      obj.endedAtMs = Math.round(message.endedAtMs);
+    }
+    if (message.worker !== "") {
+      obj.worker = message.worker;
+    }
+    if (message.token !== 0) {
+      obj.token = Math.round(message.token);
+    }
+    if (message.outcome !== "") {
+      obj.outcome = message.outcome;
+    }
+    if (message.error !== "") {
+      obj.error = message.error;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<JobAttempt>): JobAttempt {
+    return JobAttempt.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<JobAttempt>): JobAttempt {
+    const message = createBaseJobAttempt();
+    message.attempt = object.attempt ?? 0;
+    message.startedAtMs = object.startedAtMs ?? 0;
+    message.endedAtMs = object.endedAtMs ?? 0;
+    message.worker = object.worker ?? "";
+    message.token = object.token ?? 0;
+    message.outcome = object.outcome ?? "";
+    message.error = object.error ?? "";
     return message;
   },
 };
