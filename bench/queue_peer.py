@@ -10,12 +10,19 @@ round of each counts, as the machine is shared):
   (``AsyncQueueClient.enqueue``/``enqueue_many`` against ``Task.defer_async``/
   ``batch_defer_async``);
 * **enqueue x1 in the caller's transaction**: ours only, ``fencing.pg.enqueue_async``
-  in a transaction of the application's own connection (one job per transaction),
-  against procrastinate's ``defer_async`` (its own connection: the way it defers);
+  in a transaction of the application's own connection (one job per transaction:
+  BEGIN, the statement, COMMIT), against procrastinate's ``defer_async`` (its own
+  connection: the way it defers, one autocommit statement);
+* **enqueue x1, one statement on the caller's connection**: ours only, the same call on
+  an autocommit connection (the statement is its transaction), the like-for-like of
+  procrastinate's ``defer_async``;
 * **drain** at concurrency 1 and 8: a prefilled queue drained by one worker process;
   the rate is taken from the database's own finish times (our ``jobs.finished_at``,
   procrastinate's ``succeeded`` events), first to last, so process start-up is not
   counted;
+* **drain beside a paused queue**: ours only, the drain at concurrency 1 again while
+  another queue holds ``PAUSED_NEIGHBOUR_JOBS`` ready jobs and is paused, against the
+  plain drain of the same round (what a pause costs the claims of other queues);
 * **enqueue-to-start latency**: jobs enqueued one at a time (10 ms apart) into an idle,
   running worker; each handler records ``now - enqueued_at`` (both stamps from this
   host's clock); p50 and p99.
@@ -57,6 +64,8 @@ ROUNDS = 2
 #: Jobs drained per measurement, per second of ``duration``, by concurrency.
 DRAIN_JOBS_PER_S = {1: 400, 8: 800}
 LATENCY_JOBS = 100
+#: Ready jobs in the paused queue beside the drained one.
+PAUSED_NEIGHBOUR_JOBS = 10_000
 LATENCY_GAP_S = 0.01
 
 
@@ -169,6 +178,10 @@ class Side:
     worker: Callable[[str, int, str], contextlib.AbstractContextManager[None]]
     #: One job enqueued in a transaction of the caller's own connection (ours only).
     enqueue_in_tx: Callable[[str], Awaitable[None]] | None = None
+    #: One job enqueued by one statement on an autocommit connection (ours only).
+    enqueue_autocommit: Callable[[str], Awaitable[None]] | None = None
+    #: Pause a queue (ours only).
+    pause: Callable[[str], Awaitable[bool]] | None = None
 
 
 def _ms_span(row: tuple[Any, ...] | None) -> tuple[int, float]:
@@ -182,6 +195,7 @@ async def _our_side(address: str, dsn: str, schema: str) -> AsyncIterator[Side]:
     client = AsyncQueueClient(address, worker="bench")
     conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
     app_conn = await psycopg.AsyncConnection.connect(dsn)  # the application's own
+    auto_conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
     query = sql.SQL(
         "SELECT count(*), extract(epoch FROM max(finished_at) - min(finished_at))"
         " FROM {}.jobs WHERE queue = %s AND state = 'succeeded'"
@@ -207,12 +221,16 @@ async def _our_side(address: str, dsn: str, schema: str) -> AsyncIterator[Side]:
         async with app_conn.transaction():
             await fpg.enqueue_async(app_conn, queue, b"", schema=schema)
 
+    async def enqueue_autocommit(queue: str) -> None:
+        await fpg.enqueue_async(auto_conn, queue, b"", schema=schema)
+
     try:
-        yield Side(OURS, enqueue, finished, worker, enqueue_in_tx)
+        yield Side(OURS, enqueue, finished, worker, enqueue_in_tx, enqueue_autocommit, client.pause)
     finally:
         await client.aclose()
         await conn.close()
         await app_conn.close()
+        await auto_conn.close()
 
 
 @contextlib.asynccontextmanager
@@ -280,7 +298,36 @@ async def _enqueue_in_tx(side: Side, duration: float, baseline: str) -> Result:
     )
 
 
-async def _drain(side: Side, concurrency: int, total: int, baseline: str) -> Result:
+async def _enqueue_autocommit(side: Side, duration: float, baseline: str) -> Result:
+    assert side.enqueue_autocommit is not None
+    queue = f"enq-ac-{secrets.token_hex(3)}"
+    enqueue = side.enqueue_autocommit
+
+    async def op(i: int) -> None:
+        await enqueue(queue)
+
+    return await measure(
+        f"{side.name}: enqueue x1, one statement on the caller's connection (autocommit)",
+        op,
+        1,
+        duration,
+        baseline=baseline,
+    )
+
+
+async def _paused_neighbour(side: Side) -> str:
+    """A queue of :data:`PAUSED_NEIGHBOUR_JOBS` ready jobs, paused: its name."""
+    assert side.pause is not None
+    queue = f"paused-{secrets.token_hex(3)}"
+    for start in range(0, PAUSED_NEIGHBOUR_JOBS, 500):
+        await side.enqueue(queue, min(500, PAUSED_NEIGHBOUR_JOBS - start), 0.0)
+    await side.pause(queue)
+    return queue
+
+
+async def _drain(
+    side: Side, concurrency: int, total: int, baseline: str, title: str = "drain"
+) -> Result:
     queue = f"drain-{secrets.token_hex(3)}"
     for start in range(0, total, 500):
         await side.enqueue(queue, min(500, total - start), 0.0)
@@ -294,7 +341,7 @@ async def _drain(side: Side, concurrency: int, total: int, baseline: str) -> Res
                 raise RuntimeError(f"{side.name}: drained {done} of {total} jobs in 120 s")
             await asyncio.sleep(0.1)
     return Result(
-        f"{side.name}: drain", concurrency, total - 1, span, unit="jobs", baseline=baseline
+        f"{side.name}: {title}", concurrency, total - 1, span, unit="jobs", baseline=baseline
     )
 
 
@@ -356,6 +403,7 @@ async def run(dsn: str, duration: float, notes: list[str]) -> list[Result]:
     schema = f"bench_peer_{secrets.token_hex(4)}"
     url = f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}&pool_max=16"
     best: dict[tuple[str, str, int], Result] = {}
+    neighbour: str | None = None
 
     def keep(side: str, what: str, n: int, r: Result, latency: bool = False) -> None:
         best[(side, what, n)] = _better(best.get((side, what, n)), r, latency)
@@ -381,11 +429,28 @@ async def run(dsn: str, duration: float, notes: list[str]) -> list[Result]:
                                 progress(f"{tag}: enqueue x1 in the caller's transaction")
                                 r = await _enqueue_in_tx(side, duration, f"{base}enqueue x1")
                                 keep(side.name, "enqueue-tx", 1, r)
+                            if side.enqueue_autocommit is not None:
+                                progress(f"{tag}: enqueue x1, one autocommit statement")
+                                r = await _enqueue_autocommit(side, duration, f"{base}enqueue x1")
+                                keep(side.name, "enqueue-ac", 1, r)
                             for c in (1, 8):
                                 total = round(DRAIN_JOBS_PER_S[c] * duration)
                                 progress(f"{tag}: drain {total} jobs, concurrency {c}")
                                 r = await _drain(side, c, total, base and f"{base}drain")
                                 keep(side.name, "drain", c, r)
+                            if side.pause is not None:
+                                if neighbour is None:
+                                    neighbour = await _paused_neighbour(side)
+                                total = round(DRAIN_JOBS_PER_S[1] * duration)
+                                progress(f"{tag}: drain {total} jobs beside a paused queue")
+                                r = await _drain(
+                                    side,
+                                    1,
+                                    total,
+                                    f"{OURS}: drain",
+                                    f"drain beside a paused queue of {PAUSED_NEIGHBOUR_JOBS:,}",
+                                )
+                                keep(side.name, "drain-paused", 1, r)
                             progress(f"{tag}: enqueue-to-start latency")
                             r = await _latency(side, base and f"{base}enqueue-to-start latency")
                             keep(side.name, "latency", 1, r, latency=True)
@@ -397,9 +462,11 @@ async def run(dsn: str, duration: float, notes: list[str]) -> list[Result]:
     order = [
         ("enqueue", 1),
         ("enqueue-tx", 1),
+        ("enqueue-ac", 1),
         ("enqueue", 100),
         ("drain", 1),
         ("drain", 8),
+        ("drain-paused", 1),
         ("latency", 1),
     ]
     results: list[Result] = []
