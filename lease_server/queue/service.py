@@ -501,8 +501,10 @@ class QueueService(queue_pb2_grpc.QueueServiceServicer):
         self, claimed: list[JobRecord], worker: str, ttl_ms: int, request_id: str
     ) -> list[JobRecord]:
         """``claimed``, each job naming its own resource holding the lease on it (those
-        whose lease someone else holds are given back, left out)."""
-        if self.resources is None or not any(r.resource for r in claimed):
+        whose lease someone else holds are given back, left out). Every job goes through
+        :meth:`ResourceLeases.take`, those naming none too: it remembers what each names,
+        so ending the claim reads no job back."""
+        if self.resources is None:
             return claimed
         return await self.resources.take(claimed, worker, ttl_ms, request_id)
 
