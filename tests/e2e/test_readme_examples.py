@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shlex
 import signal
 import subprocess
@@ -29,6 +30,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -210,11 +212,54 @@ def test_worker_runs_until_sigterm(servers: RunningServers, tmp_path: Path) -> N
     assert record is not None and record.value == b"1"
 
 
+#: The database the transactional enqueue example names: the reader's own.
+APP_DSN = "postgresql://app@db/shop"
+
+
+@pytest.mark.postgres
+def test_pg_enqueue_in_the_applications_transaction(tmp_path: Path) -> None:
+    """The example on a database of its own (the README's DSN made a throwaway one on the
+    test PostgreSQL), its fencing schema made by a lease server hosting the queue there,
+    as ``fencing migrate`` would; the jobs it enqueued are the queue's."""
+    import psycopg
+    from psycopg import sql
+
+    from tests import pg
+
+    [example] = [e for e in RUNNABLE if e.name == "pg-enqueue"]
+    assert APP_DSN in example.code
+    admin = pg.test_dsn()
+    name = f"readme_{secrets.token_hex(4)}"
+    dsn = urlunsplit(urlsplit(admin)._replace(path=f"/{name}"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        with running_servers(dsn) as servers, QueueClient(servers.queue_address) as queue:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, total bigint)")
+            path = tmp_path / "readme_pg_enqueue.py"
+            path.write_text(example.code.replace(APP_DSN, dsn), encoding="utf-8")
+            run(path)
+            (emails,) = queue.stats("emails")
+            (invoices,) = queue.stats("invoices")
+            assert (emails.ready, invoices.ready, invoices.scheduled) == (1, 1, 1)
+            [job] = queue.claim("emails")
+            assert job.payload == b'{"order": 42}'
+            with psycopg.connect(dsn) as conn:
+                assert conn.execute("SELECT total FROM orders WHERE id = 42").fetchone() == (1999,)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
 #: The named examples, each with its own test above.
 NAMED = {
     "quickstart": test_quickstart_works_verbatim_right_after_the_cli_step,
     "async-publish": test_async_publish,
     "worker": test_worker_runs_until_sigterm,
+    "pg-enqueue": test_pg_enqueue_in_the_applications_transaction,
 }
 
 
