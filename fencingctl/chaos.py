@@ -124,6 +124,18 @@ def register(sub: Any) -> None:
         help="queue workers (sqlite, postgres; default 2)",
     )
     soak.add_argument(
+        "--many-clients",
+        type=flags.integer(0),
+        default=2,
+        help="clients holding several leases at once with hold_many (default 2)",
+    )
+    soak.add_argument(
+        "--candidates",
+        type=flags.integer(0),
+        default=2,
+        help="election candidates, one election per resource (default 2)",
+    )
+    soak.add_argument(
         "--sample-every",
         type=flags.duration(0.0, above=True),
         default=2.0,
@@ -153,6 +165,8 @@ def soak_command(args: argparse.Namespace) -> int:
         counter_clients=args.clients,
         effect_clients=args.effect_clients,
         workers=args.workers,
+        many_clients=args.many_clients,
+        candidates=args.candidates,
         lease_servers=args.lease_servers or 0,
         sample_every=args.sample_every,
         faults=not args.no_faults,
