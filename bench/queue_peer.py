@@ -281,38 +281,24 @@ async def _enqueue(side: Side, batch: int, duration: float, baseline: str) -> Re
     )
 
 
-async def _enqueue_in_tx(side: Side, duration: float, baseline: str) -> Result:
-    assert side.enqueue_in_tx is not None
-    queue = f"enq-tx-{secrets.token_hex(3)}"
-    enqueue = side.enqueue_in_tx
+async def _enqueue_on_own_connection(
+    side: Side, autocommit: bool, duration: float, baseline: str
+) -> Result:
+    """One job per call through ``fencing.pg`` on the application's connection: in a
+    transaction of its own, or as one autocommit statement."""
+    enqueue = side.enqueue_autocommit if autocommit else side.enqueue_in_tx
+    assert enqueue is not None
+    queue = f"enq-{'ac' if autocommit else 'tx'}-{secrets.token_hex(3)}"
 
     async def op(i: int) -> None:
         await enqueue(queue)
 
-    return await measure(
-        f"{side.name}: enqueue x1 in the caller's transaction (fencing.pg.enqueue)",
-        op,
-        1,
-        duration,
-        baseline=baseline,
+    how = (
+        "one statement on the caller's connection (autocommit)"
+        if autocommit
+        else "in the caller's transaction (fencing.pg.enqueue)"
     )
-
-
-async def _enqueue_autocommit(side: Side, duration: float, baseline: str) -> Result:
-    assert side.enqueue_autocommit is not None
-    queue = f"enq-ac-{secrets.token_hex(3)}"
-    enqueue = side.enqueue_autocommit
-
-    async def op(i: int) -> None:
-        await enqueue(queue)
-
-    return await measure(
-        f"{side.name}: enqueue x1, one statement on the caller's connection (autocommit)",
-        op,
-        1,
-        duration,
-        baseline=baseline,
-    )
+    return await measure(f"{side.name}: enqueue x1 {how}", op, 1, duration, baseline=baseline)
 
 
 async def _paused_neighbour(side: Side) -> str:
@@ -427,11 +413,15 @@ async def run(dsn: str, duration: float, notes: list[str]) -> list[Result]:
                                 keep(side.name, "enqueue", batch, r)
                             if side.enqueue_in_tx is not None:
                                 progress(f"{tag}: enqueue x1 in the caller's transaction")
-                                r = await _enqueue_in_tx(side, duration, f"{base}enqueue x1")
+                                r = await _enqueue_on_own_connection(
+                                    side, False, duration, f"{base}enqueue x1"
+                                )
                                 keep(side.name, "enqueue-tx", 1, r)
                             if side.enqueue_autocommit is not None:
                                 progress(f"{tag}: enqueue x1, one autocommit statement")
-                                r = await _enqueue_autocommit(side, duration, f"{base}enqueue x1")
+                                r = await _enqueue_on_own_connection(
+                                    side, True, duration, f"{base}enqueue x1"
+                                )
                                 keep(side.name, "enqueue-ac", 1, r)
                             for c in (1, 8):
                                 total = round(DRAIN_JOBS_PER_S[c] * duration)
