@@ -37,7 +37,7 @@ import logging
 import math
 import re
 import select
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -519,6 +519,48 @@ class PostgresDatabase:
             return cur.rowcount
 
 
+#: A LISTEN connection's channels, read once it is open (from the schema's own SQL).
+Channels = Callable[[psycopg.AsyncConnection[TupleRow]], Awaitable[Sequence[str]]]
+
+
+async def listen_forever(
+    db: PostgresDatabase,
+    channels: Channels,
+    on_note: Callable[[str, str], None],
+    *,
+    on_listening: Callable[[psycopg.AsyncConnection[TupleRow]], Awaitable[None]] | None = None,
+    lost: str,
+) -> None:
+    """LISTEN on ``channels`` on a connection of its own, calling ``on_note(channel,
+    payload)`` for each notification, for as long as the task runs: a quiet connection is
+    pinged every :data:`LISTEN_PING_S`, a lost one reconnected after
+    :data:`RECONNECT_DELAYS`. ``on_listening`` runs each time the LISTENs are in force
+    (what was sent while nobody listened is then looked at once). ``lost`` says in the
+    log what was lost and what goes on meanwhile: once per loss at INFO, each failed
+    reconnect of an outage at DEBUG (the health probe's "backend down" is the
+    operator's line)."""
+    failures = 0
+    while True:
+        try:
+            conn = await db.connect()
+            async with conn:
+                for channel in await channels(conn):
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                failures = 0
+                if on_listening is not None:
+                    await on_listening(conn)
+                while True:
+                    async for note in conn.notifies(timeout=LISTEN_PING_S):
+                        on_note(note.channel, note.payload)
+                    # Quiet for a while: prove the connection still works.
+                    async with asyncio.timeout(db.config.timeout):
+                        await conn.execute("SELECT 1")
+        except (psycopg.Error, FencingError, TimeoutError) as exc:
+            log.log(logging.INFO if failures == 0 else logging.DEBUG, "%s (%s)", lost, exc)
+        await asyncio.sleep(RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)])
+        failures += 1
+
+
 __all__ = [
     "DEFAULT_SCHEMA",
     "LEASE_HELD_SQLSTATE",
@@ -529,6 +571,7 @@ __all__ = [
     "PostgresDatabase",
     "driver_error",
     "fencing_error",
+    "listen_forever",
     "migrate",
     "migrations",
     "quiet_check",

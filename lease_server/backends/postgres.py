@@ -69,7 +69,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 import psycopg
-from psycopg import sql
+from psycopg.rows import TupleRow
 
 from fencing.errors import FencingError, LeaseLost
 from fencing.types import LeaseState
@@ -89,10 +89,9 @@ from lease_server.leases import (
 from serving.postgres_db import (
     DEFAULT_SCHEMA,
     LEASE_HELD_SQLSTATE,
-    LISTEN_PING_S,
-    RECONNECT_DELAYS,
     PgConfig,
     PostgresDatabase,
+    listen_forever,
     migrate,
 )
 from serving.tasks import cancel_and_wait
@@ -547,45 +546,39 @@ class PostgresBackend:
                 log.exception("on_release callback failed for %s", resource)
 
     async def _listen_forever(self) -> None:
-        failures = 0
-        while True:
-            try:
-                conn = await self._db.connect()
-                async with conn:
-                    cur = await conn.execute(self._channels_sql)
-                    row = await cur.fetchone()
-                    assert row is not None
-                    released, events = row
-                    for channel in (released, events):
-                        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                    log.info("listening for releases on %s and events on %s", released, events)
-                    failures = 0
-                    if self._event_callbacks:
-                        # Appends made while no one listened: report the head now.
-                        cur = await conn.execute(self._head_sql)
-                        head = await cur.fetchone()
-                        self._appended(int(head[0]) if head else 0)
-                    while True:
-                        async for note in conn.notifies(timeout=LISTEN_PING_S):
-                            if note.channel == events:
-                                if note.payload.isdigit():
-                                    self._appended(int(note.payload))
-                            else:
-                                self._dispatch(note.payload)
-                        # Quiet for a while: prove the connection still works.
-                        async with asyncio.timeout(self._db.config.timeout):
-                            await conn.execute("SELECT 1")
-            except (psycopg.Error, FencingError, TimeoutError) as exc:
-                # Once per loss; each failed reconnect of an outage only at DEBUG (the health
-                # probe's "backend down" is the operator's line).
-                log.log(
-                    logging.INFO if failures == 0 else logging.DEBUG,
-                    "listener on schema %s lost (%s); waiters and watchers poll until it is back",
-                    self.schema,
-                    exc,
-                )
-            await asyncio.sleep(RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)])
-            failures += 1
+        events_channel = ""
+
+        async def channels(conn: psycopg.AsyncConnection[TupleRow]) -> Sequence[str]:
+            nonlocal events_channel
+            cur = await conn.execute(self._channels_sql)
+            row = await cur.fetchone()
+            assert row is not None
+            released, events_channel = row
+            log.info("listening for releases on %s and events on %s", released, events_channel)
+            return (released, events_channel)
+
+        async def listening(conn: psycopg.AsyncConnection[TupleRow]) -> None:
+            if self._event_callbacks:
+                # Appends made while no one listened: report the head now.
+                cur = await conn.execute(self._head_sql)
+                head = await cur.fetchone()
+                self._appended(int(head[0]) if head else 0)
+
+        def note(channel: str, payload: str) -> None:
+            if channel == events_channel:
+                if payload.isdigit():
+                    self._appended(int(payload))
+            else:
+                self._dispatch(payload)
+
+        await listen_forever(
+            self._db,
+            channels,
+            note,
+            on_listening=listening,
+            lost=f"listener on schema {self.schema} lost; waiters and watchers poll until it "
+            "is back",
+        )
 
 
 __all__ = ["DEFAULT_SCHEMA", "PostgresBackend", "migrate"]

@@ -33,9 +33,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg.rows import TupleRow
 
-from fencing.errors import FencingError, LeaseLost
+from fencing.errors import LeaseLost
 from lease_server.backends.base import LeaseBackend
 from lease_server.queue import jobs
 from lease_server.queue.backends.base import CompleteGroup, PeriodJob, RetryDelay
@@ -57,7 +57,7 @@ from lease_server.queue.jobs import (
     QueueCounts,
 )
 from lease_server.queue.schedules import Schedule, ScheduleRecord
-from serving.postgres_db import LISTEN_PING_S, RECONNECT_DELAYS, PgConfig, PostgresDatabase
+from serving.postgres_db import PgConfig, PostgresDatabase, listen_forever
 from serving.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -225,34 +225,28 @@ class PostgresQueue:
             )
 
     async def _listen_forever(self) -> None:
-        failures = 0
-        while True:
-            try:
-                conn = await self._db.connect()
-                async with conn:
-                    cur = await conn.execute(self._channel_sql)
-                    row = await cur.fetchone()
-                    assert row is not None
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(row[0])))
-                    failures = 0
-                    # Jobs enqueued while no one listened: every queue looks once.
-                    for callback in self._enqueued_callbacks:
-                        callback("")
-                    while True:
-                        async for note in conn.notifies(timeout=LISTEN_PING_S):
-                            for callback in self._enqueued_callbacks:
-                                callback(note.payload)
-                        async with asyncio.timeout(self._db.config.timeout):
-                            await conn.execute("SELECT 1")
-            except (psycopg.Error, FencingError, TimeoutError) as exc:
-                log.log(
-                    logging.INFO if failures == 0 else logging.DEBUG,
-                    "queue listener on schema %s lost (%s); claims poll until it is back",
-                    self.schema,
-                    exc,
-                )
-            await asyncio.sleep(RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)])
-            failures += 1
+        async def channels(conn: psycopg.AsyncConnection[TupleRow]) -> Sequence[str]:
+            cur = await conn.execute(self._channel_sql)
+            row = await cur.fetchone()
+            assert row is not None
+            return (row[0],)
+
+        async def listening(conn: psycopg.AsyncConnection[TupleRow]) -> None:
+            # Jobs enqueued while no one listened: every queue looks once.
+            for callback in self._enqueued_callbacks:
+                callback("")
+
+        def note(channel: str, queue: str) -> None:
+            for callback in self._enqueued_callbacks:
+                callback(queue)
+
+        await listen_forever(
+            self._db,
+            channels,
+            note,
+            on_listening=listening,
+            lost=f"queue listener on schema {self.schema} lost; claims poll until it is back",
+        )
 
     @staticmethod
     def _enqueue_params(queue: str, specs: Sequence[NewJob]) -> tuple[Any, ...]:
