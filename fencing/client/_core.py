@@ -31,7 +31,7 @@ import grpc
 import grpc.aio
 
 from fencing import _status
-from fencing._backoff import Attempts, Backoff
+from fencing._backoff import Backoff
 from fencing._renewal import RenewalPolicy, RenewalSchedule
 from fencing.errors import (
     AcquireTimeoutError,
@@ -364,12 +364,10 @@ class AcquirePlan:
         self.nowait = nowait
         self._clock = clock
         self._end = None if timeout is None else clock() + max(0.0, timeout)
-        self._retries: Attempts | None = None  # counted from the first transient failure
+        self._retries: Retries | None = None  # from the first transient failure
         self._rpc_timeout = rpc_timeout
         self._sent_at = clock()  # when the last attempt was sent
-        self._transient_end: float | None = None  # the budget of transient retries
         self._lost_on_arrival = 0
-        self._refused = 0
 
     def request(self) -> lease_pb2.AcquireRequest:
         """The next attempt's request (``wait_ms`` is what is left of the timeout)."""
@@ -420,21 +418,11 @@ class AcquirePlan:
             return 0.0
         if not is_transient(exc) or self._timed_out():
             return None
-        self._refused += refused(exc)
-        if self._refused > MAX_REFUSED_RETRIES:
-            return None
-        if self._retries is None:
-            self._retries = RETRY_BACKOFF.attempts()
-            self._transient_end = self._sent_at + self._rpc_timeout
-            if self._end is not None:
-                self._transient_end = min(self._transient_end, self._end)
-        pause = self._retries.next()
+        if self._retries is None:  # the budget of transient retries starts now
+            end = self._sent_at + self._rpc_timeout
+            self._retries = Retries(end if self._end is None else min(end, self._end))
         now = self._clock()
-        assert self._transient_end is not None
-        last = now - self._sent_at
-        if pause is None or not retry_fits(exc, now, pause, last, self._transient_end):
-            return None
-        return pause
+        return self._retries.pause(exc, now, now - self._sent_at)
 
 
 def unimplemented(exc: BaseException) -> bool:
