@@ -114,6 +114,13 @@ run invalid). All rules are per resource.
    had to be refused. ``info`` completions may or may not have landed and are not
    judged. (That every job is done at least once needs the queue's final state,
    which the history does not hold yet.)
+8. ``periodic-slot`` (periodic schedules, one job per period): the queue's jobs of a
+   schedule, listed after the run, are ``periodic`` operations on
+   ``periodic/<schedule>`` whose ``value`` is the start (ms) of the job's period and
+   ``extra["every_ms"]`` the schedule's interval. Between the first and the last
+   period listed, every period has exactly one job: a period with two jobs (two
+   servers that did not agree it was done) or none (a period no server enqueued, the
+   schedule's catch-up included) is flagged.
 
 Measured, never asserted (:class:`Stats`): operation counts by op and outcome;
 ``writes_ok``; ``stale_rejected`` (``fail`` writes and fences with error
@@ -170,6 +177,7 @@ class ViolationKind(StrEnum):
     LOST_UPDATE = "lost-update"
     REJECTED_WRITE_LANDED = "rejected-write-landed"
     JOB_DONE_TWICE = "job-done-twice"
+    PERIODIC_SLOT = "periodic-slot"
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +278,7 @@ class CheckResult:
 
 
 def check(events: Iterable[Event], *, mode: str) -> CheckResult:
-    """Judge a history against rules 1-7 (see the module docstring) and measure it.
+    """Judge a history against rules 1-8 (see the module docstring) and measure it.
 
     ``mode`` is the fence mode the run claims to test: ``monotonic``, ``promise``,
     ``watch`` or ``strict``; it selects whether rule 3b applies and whether rule 6's
@@ -304,6 +312,7 @@ def check(events: Iterable[Event], *, mode: str) -> CheckResult:
         violations += bad
         findings += window
         violations += _job_completions(resource, rops)
+        violations += _periodic_slots(resource, rops)
     return CheckResult(
         mode=mode,
         violations=tuple(violations),
@@ -719,6 +728,55 @@ def _job_completions(resource: str, rops: Sequence[Operation]) -> list[Violation
                     (d.op_id, c.op_id),
                 )
             )
+    return out
+
+
+# -- rule 8 ------------------------------------------------------------------
+
+
+def _periodic_slots(resource: str, rops: Sequence[Operation]) -> list[Violation]:
+    listed = [o for o in rops if o.op == "periodic" and o.ok and o.value is not None]
+    if not listed:
+        return []
+    every = int(listed[0].extra["every_ms"])
+    by_period: dict[int, list[Operation]] = defaultdict(list)
+    for o in listed:
+        by_period[int(o.value or 0)].append(o)
+    out: list[Violation] = []
+    for period, jobs in sorted(by_period.items()):
+        if len(jobs) > 1:
+            out.append(
+                Violation(
+                    ViolationKind.PERIODIC_SLOT,
+                    resource,
+                    f"period {period} has {len(jobs)} jobs: "
+                    + ", ".join(str(o.extra.get("job")) for o in jobs),
+                    tuple(o.op_id for o in jobs),
+                )
+            )
+    first, last = min(by_period), max(by_period)
+    missed = [p for p in range(first, last + 1, every) if p not in by_period]
+    if missed:
+        shown = ", ".join(str(p) for p in missed[:5]) + (" ..." if len(missed) > 5 else "")
+        out.append(
+            Violation(
+                ViolationKind.PERIODIC_SLOT,
+                resource,
+                f"{len(missed)} period(s) between {first} and {last} have no job: {shown}",
+                (),
+            )
+        )
+    off_grid = [p for p in by_period if (p - first) % every]
+    if off_grid:
+        out.append(
+            Violation(
+                ViolationKind.PERIODIC_SLOT,
+                resource,
+                f"period(s) off the schedule's {every} ms grid: "
+                + ", ".join(str(p) for p in sorted(off_grid)[:5]),
+                tuple(o.op_id for p in off_grid for o in by_period[p]),
+            )
+        )
     return out
 
 

@@ -49,9 +49,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-OPS: Final = frozenset({"acquire", "renew", "release", "write", "read", "fence"})
+OPS: Final = frozenset({"acquire", "renew", "release", "write", "read", "fence", "periodic"})
 """Operation names: lease-server calls (acquire, renew, release), guard calls (write,
-read, fence: an explicit ``Fence`` promise)."""
+read, fence: an explicit ``Fence`` promise), and ``periodic``: a job a periodic schedule
+enqueued, as listed from the queue after the run (checker rule 8)."""
 
 TYPES: Final = frozenset({"invoke", "ok", "fail", "info"})
 """Event types: ``invoke`` starts an operation, the other three complete it."""

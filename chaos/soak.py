@@ -64,7 +64,16 @@ from chaos.scenarios import (
     keeps_event_log,
     workload_argv,
 )
-from chaos.workload import JOB_OVERRUN_S, Profile, record_final_reads
+from chaos.workload import (
+    JOB_OVERRUN_S,
+    JOB_QUEUE,
+    PERIODIC_EVERY_S,
+    PERIODIC_SCHEDULE,
+    Profile,
+    record_final_reads,
+    record_periodic_jobs,
+)
+from fencing import QueueClient
 
 NEMESIS_GAP_S: Final = (1.0, 4.0)
 """Seconds between the end of one fault and the start of the next (uniform)."""
@@ -78,6 +87,10 @@ CRASH_UNTIL: Final = 0.4
 every client fault, go on to the end. A crash restarts a server's memory,
 descriptors and tasks from zero: the growth check needs incarnations that live
 through the last half of the run (and their warm-up before it) to judge anything."""
+PERIODIC_CATCH_UP: Final = 100
+"""Missed periods a lease server enqueues after downtime (the schedule's ``catch_up``):
+every outage of a soak is far shorter, so every period gets its job (checker rule 8)."""
+
 
 SERVER_CRASHES: Final = frozenset({"kill-lease-server", "kill-guard", "restart-backend"})
 """The nemesis' faults that restart a server (see :data:`CRASH_UNTIL`)."""
@@ -464,6 +477,14 @@ def run_soak(
             ]
             if config.has_workers:
                 groups.append(("j", "jobs", config.workers, [], JOB_PROFILE))
+                # Every lease server enqueues one job per period; the workers run them.
+                with QueueClient(cluster.lease_target) as queue:
+                    queue.put_schedule(
+                        PERIODIC_SCHEDULE,
+                        JOB_QUEUE,
+                        every=PERIODIC_EVERY_S,
+                        catch_up=PERIODIC_CATCH_UP,
+                    )
             say(f"starting {sum(g[2] for g in groups)} clients")
             n = 0
             for prefix, workload, count, resources, profile in groups:
@@ -548,6 +569,13 @@ def run_soak(
             else:
                 if read < 2 * len(resources):
                     errors.append(f"only {read} of {2 * len(resources)} final reads succeeded")
+            if config.has_workers:
+                try:
+                    periodic = record_periodic_jobs(cluster.lease_target, history_dir)
+                except Exception as exc:
+                    errors.append(f"listing the periodic jobs failed: {type(exc).__name__}: {exc}")
+                else:
+                    say(f"{periodic} periodic jobs listed")
     except Exception as exc:
         errors.append(f"{type(exc).__name__}: {exc}")
     say("checking the whole history")

@@ -146,6 +146,12 @@ MANY_AT_ONCE: Final = 2
 
 JOB_QUEUE: Final = "chaos"
 """The queue the ``jobs`` workload enqueues to and claims from."""
+PERIODIC_SCHEDULE: Final = "soak"
+"""The periodic schedule a soak keeps on :data:`JOB_QUEUE` (its jobs are claimed and run
+by the queue workers like any other)."""
+PERIODIC_EVERY_S: Final = 5
+"""Its period, seconds (periods aligned to the Unix epoch on every lease server)."""
+
 
 EFFECT_KEY: Final = "effect/log"
 """Comma-separated idempotency keys, one appended per step (see the checker's rule 5)."""
@@ -950,6 +956,50 @@ def record_final_reads(
                     done += 1
                     break
     return done
+
+
+def record_periodic_jobs(
+    lease_target: str,
+    history_dir: Path,
+    *,
+    queue: str = JOB_QUEUE,
+    schedule: str = PERIODIC_SCHEDULE,
+    every_s: int = PERIODIC_EVERY_S,
+    attempts: int = 20,
+    timeout: float = 2.0,
+) -> int:
+    """List the jobs ``schedule`` enqueued into ``queue``, after all clients stopped: one
+    ``periodic`` operation per job on ``periodic/<schedule>``, its value the start of the
+    job's period in ms (from its idempotency key, ``periodic:<schedule>:<ms>``), in
+    ``history_dir/periodic.jsonl`` (process ``final``). The listing is retried (bounded)
+    until it is read whole; returns how many jobs it recorded."""
+    prefix = f"periodic:{schedule}:"
+    for attempt in range(attempts):
+        try:
+            with QueueClient(lease_target, rpc_timeout=timeout) as client:
+                jobs = [
+                    j
+                    for j in client.list_jobs(queue, page_size=1000)
+                    if j.idempotency_key.startswith(prefix)
+                ]
+            break
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(min(0.1 * (attempt + 1), 0.5))
+    with HistoryWriter(history_dir / "periodic.jsonl") as writer:
+        rec = Recorder(writer.write, "final")
+        for job in jobs:
+            op = rec.invoke(
+                "periodic",
+                f"periodic/{schedule}",
+                value=job.idempotency_key[len(prefix) :],
+                job=job.id,
+                every_ms=every_s * 1000,
+                final=1,
+            )
+            rec.complete(op, "ok", state=job.state)
+    return len(jobs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

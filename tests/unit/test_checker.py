@@ -1476,3 +1476,53 @@ def test_lease_releases_are_no_job_completions() -> None:
     h.op("b", "acquire", "r", 4, 5, token=2)
     h.op("a", "release", "r", 6, 7, token=1)
     assert h.check().valid
+
+
+# -- rule 8: periodic-slot ----------------------------------------------------------
+
+PERIODIC = "periodic/soak"
+
+
+def listed(periods: list[int], every_ms: int = 5000) -> History:
+    """The periodic jobs listed after a run: one per entry of ``periods`` (ms)."""
+    h = History()
+    for i, period in enumerate(periods):
+        h.op(
+            "final",
+            "periodic",
+            PERIODIC,
+            10 + i,
+            10 + i,
+            value=str(period),
+            job=i + 1,
+            every_ms=every_ms,
+            final=1,
+        )
+    return h
+
+
+def test_one_job_per_period_is_valid() -> None:
+    result = listed([5000, 10000, 15000, 20000]).check()
+    assert result.valid, result.summary()
+
+
+@pytest.mark.parametrize(
+    ("periods", "says"),
+    [
+        ([5000, 10000, 10000, 15000], "period 10000 has 2 jobs"),
+        ([5000, 15000, 20000], "1 period(s) between 5000 and 20000 have no job: 10000"),
+        ([5000, 10000, 12500, 15000], "off the schedule's 5000 ms grid: 12500"),
+    ],
+)
+def test_a_period_twice_missed_or_off_the_grid_is_flagged(periods: list[int], says: str) -> None:
+    result = listed(periods).check()
+    assert result.kinds() == {"periodic-slot"}, result.summary()
+    assert any(says in v.detail for v in result.violations), result.summary()
+
+
+def test_failed_listings_and_other_resources_are_not_judged() -> None:
+    h = listed([5000, 15000])
+    h.events = [e for e in h.events if e.type == "invoke"] + [
+        replace(e, type="info") for e in h.events if e.type != "invoke"
+    ]
+    assert h.check().valid
