@@ -110,6 +110,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def is_local_target(target: str) -> bool:
+    """True for a target only this host can reach: a loopback address, or a Unix socket
+    (``unix:PATH``, guarded by the file system's permissions)."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return True
+    return is_loopback(split_address(target)[0])
+
+
 def check_transport(address: str, tls: TLSConfig | None, insecure: bool) -> None:
     """Refuse plaintext on a non-loopback ``address`` unless ``insecure`` was asked for.
 
@@ -124,4 +132,4 @@ def check_transport(address: str, tls: TLSConfig | None, insecure: bool) -> None
         )
 
 
-__all__ = ["TLSConfig", "check_transport", "is_loopback", "split_address"]
+__all__ = ["TLSConfig", "check_transport", "is_local_target", "is_loopback", "split_address"]

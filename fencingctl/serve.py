@@ -20,6 +20,8 @@ import dataclasses
 import logging
 import os
 import secrets
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +137,19 @@ def _with_own_guard(options: ServerOptions) -> tuple[ServerOptions, str | None]:
 
 
 async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
+    watch = args.fence_mode == FenceMode.WATCH.value
+    # Over TLS, the own watch guard could not verify the lease server's certificate (its
+    # CA is not known here): it follows over a Unix socket in a directory only this
+    # user may enter, removed on the way out.
+    local = tempfile.mkdtemp(prefix="fencing-serve-") if watch and options.tls else ""
+    try:
+        await _serve_both(args, options, os.path.join(local, "lease.sock") if local else "")
+    finally:
+        if local:
+            shutil.rmtree(local, ignore_errors=True)
+
+
+async def _serve_both(args: argparse.Namespace, options: ServerOptions, local_socket: str) -> None:
     data: Path = args.data_path
     lease_url = f"sqlite:{data / 'leases.db'}"
     watch = args.fence_mode == FenceMode.WATCH.value
@@ -148,6 +163,7 @@ async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
         # The lease server's own file beside leases.db: the two commands share the jobs.
         queue=args.queue or queue_url_for(lease_url),
         queue_options=QueueOptions.from_args(args),
+        local_socket=local_socket,
     )
     try:
         guard = await start_guard(
@@ -158,7 +174,9 @@ async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
             options=options,
             require_durable=args.require_durable,
             # In watch mode the guard follows the lease server next to it.
-            lease_server=leases.address if watch else "",
+            lease_server=(f"unix:{local_socket}" if local_socket else leases.address)
+            if watch
+            else "",
             lease_token=guard_token,
         )
     except BaseException:

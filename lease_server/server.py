@@ -148,8 +148,10 @@ async def start_lease_server(
     event_retention: int = DEFAULT_EVENT_RETENTION,
     queue: QueueBackend | str | None = None,
     queue_options: QueueOptions | None = None,
+    local_socket: str = "",
 ) -> LeaseServer:
     """Open ``backend`` (an object or a URL), bind ``address`` (port 0 picks one), start.
+    ``local_socket``: a Unix socket it also listens on (see :func:`serving.server.build_server`).
 
     ``options`` sets TLS, authentication, per-client caps, metrics and the backend
     deadline (see :class:`~serving.server.ServerOptions`). Also starts the expiry
@@ -192,7 +194,11 @@ async def start_lease_server(
             service.job_claims = _default_claims(qbounded)
             services += more
         built = await build_server(
-            address, services, reflection_enabled=reflection, options=options
+            address,
+            services,
+            reflection_enabled=reflection,
+            options=options,
+            local_socket=local_socket,
         )
         await built.server.start()
     except BaseException:

@@ -282,11 +282,16 @@ async def build_server(
     *,
     reflection_enabled: bool = False,
     options: ServerOptions | None = None,
+    local_socket: str = "",
 ) -> BuiltServer:
     """Create a grpc.aio server with ``services`` and health, bound to ``address``.
 
     Returns it with the bound port, so ``127.0.0.1:0`` works in tests. Not started.
     Raises ``ValueError`` for plaintext on a non-loopback address without ``insecure``.
+    ``local_socket``: also listen, in plaintext, on that Unix socket path (for a client
+    in the same process or host that cannot verify the TLS listener; the caller keeps it
+    in a directory only its own user can enter). Authentication applies there as on
+    ``address``.
     """
     options = options or ServerOptions()
     check_transport(address, options.tls, options.insecure)
@@ -323,6 +328,8 @@ async def build_server(
         port = srv.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind {address}")
+    if local_socket and srv.add_insecure_port(f"unix:{local_socket}") == 0:
+        raise OSError(f"cannot bind unix:{local_socket}")
     built = BuiltServer(srv, port, health_servicer, ["", *names], metrics=metrics)
     await built.set_serving(True)
     return built

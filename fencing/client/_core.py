@@ -43,7 +43,7 @@ from fencing.errors import (
     LeaseLost,
 )
 from fencing.limits import MAX_MESSAGE_BYTES, MAX_RENEW_MANY, MAX_WAIT_MS
-from fencing.tls import TLSConfig, is_loopback, split_address
+from fencing.tls import TLSConfig, is_local_target
 from fencing.types import (
     WATCH_LOG_KEY,
     WATCH_START_KEY,
@@ -113,13 +113,16 @@ def channel_credentials(
     if not token:
         return secure
     if secure is None:
-        if not is_loopback(split_address(target)[0]):
+        if not is_local_target(target):
             raise InvalidArgumentError(
                 f"a bearer token is only sent over TLS or to a loopback address; "
                 f"{target} needs tls=TLSConfig(...)",
                 field="token",
             )
-        secure = grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
+        local = target.startswith(("unix:", "unix-abstract:"))
+        secure = grpc.local_channel_credentials(
+            grpc.LocalConnectionType.UDS if local else grpc.LocalConnectionType.LOCAL_TCP
+        )
     return grpc.composite_channel_credentials(secure, grpc.access_token_call_credentials(token))
 
 

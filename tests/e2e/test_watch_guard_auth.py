@@ -25,7 +25,14 @@ import pytest
 import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fencing import BackendUnavailableError, GuardClient, LeaseClient, Put, TLSConfig
+from fencing import (
+    BackendUnavailableError,
+    GuardClient,
+    LeaseClient,
+    Put,
+    StaleTokenError,
+    TLSConfig,
+)
 from serving.ports import free_port
 from tests.e2e.test_postgres_servers import REPO, SERVER_ARGS, lease_server_processes
 from tests.waiting import wait_until
@@ -112,8 +119,13 @@ def lease_server(tmp_path: Path, *args: str) -> Iterator[tuple[str, int]]:
         yield address, metrics
 
 
-def watch_health(address: str) -> str:
-    with grpc.insecure_channel(address) as channel:
+def watch_health(address: str, tls: TLSConfig | None = None) -> str:
+    channel = (
+        grpc.insecure_channel(address)
+        if tls is None
+        else grpc.secure_channel(address, tls.channel_credentials())
+    )
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         status = stub.Check(health_pb2.HealthCheckRequest(service=WATCH_HEALTH), timeout=5)
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(status.status))
@@ -245,15 +257,16 @@ allow = [
 
 
 @contextlib.contextmanager
-def serve_process(tmp_path: Path, *args: str) -> Iterator[tuple[str, str]]:
-    """``fencing serve`` with auth on (the policy above) and a watch guard; yields the
-    lease server's and the guard's addresses."""
+def serve_process(tmp_path: Path, *args: str, auth: bool = True) -> Iterator[tuple[str, str]]:
+    """``fencing serve`` with a watch guard, with auth on (the policy above) unless
+    ``auth`` is false; yields the lease server's and the guard's addresses."""
     policy = tmp_path / "auth.toml"
     policy.write_text(SERVE_POLICY)
     command = [
         sys.executable, "-m", "fencingctl", "serve", "--data-dir", str(tmp_path / "data"),
         "--lease-listen", "127.0.0.1:0", "--guard-listen", "127.0.0.1:0",
-        "--fence-mode", "watch", "--auth-file", str(policy), *args,
+        "--fence-mode", "watch", "--console-port", "0",
+        *(["--auth-file", str(policy)] if auth else []), *args,
     ]  # fmt: skip
     log = tmp_path / "serve.log"
     with log.open("w") as stderr:
@@ -292,3 +305,61 @@ def test_serve_with_auth_gives_its_own_watch_guard_credentials(tmp_path: Path) -
             # Followed: the guard fenced to her token by itself; a write with it lands.
             wait_until(lambda: guard.describe_fence("orders/1") == lease.token)
             assert guard.write(lease, [Put("k", b"v")]).fence == lease.token
+
+
+def serve_certificates(tmp_path: Path) -> tuple[trustme.CA, list[str]]:
+    """A CA, and ``serve``'s TLS flags for a server certificate it signed (127.0.0.1)."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert_file, key_file = tmp_path / "server.pem", tmp_path / "server.key"
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    return ca, ["--tls-cert", str(cert_file), "--tls-key", str(key_file)]
+
+
+def serve_guard_follows(
+    lease_addr: str, guard_addr: str, tls: TLSConfig, token: str | None
+) -> None:
+    """The guard reaches SERVING and fences each grant by itself: a write with the new
+    token lands, one with the former token is refused."""
+    wait_until(lambda: watch_health(guard_addr, tls) == "SERVING")
+    with (
+        LeaseClient(lease_addr, tls=tls, token=token) as leases,
+        GuardClient(guard_addr, tls=tls, token=token) as guard,
+    ):
+        first = leases.acquire("orders/1", ttl=30)
+        wait_until(lambda: guard.describe_fence("orders/1") == first.token)
+        first.release()
+        second = leases.acquire("orders/1", ttl=30)
+        wait_until(lambda: guard.describe_fence("orders/1") == second.token)
+        assert guard.write(second, [Put("k", b"v")]).fence == second.token
+        with pytest.raises(StaleTokenError):
+            guard.write(first, [Put("k", b"late")])
+
+
+@pytest.mark.parametrize("auth", [False, True], ids=["tls", "tls+auth"])
+def test_serve_over_tls_lets_its_own_watch_guard_follow(tmp_path: Path, auth: bool) -> None:
+    """Over TLS, ``serve``'s own guard cannot verify the lease server's certificate (it
+    does not know the CA): it follows over a Unix socket only serve's user may reach,
+    with the minted token when auth is on. Before, it dialled the TLS port in plaintext
+    and never followed."""
+    ca, flags = serve_certificates(tmp_path)
+    tls = TLSConfig(ca=ca.cert_pem.bytes())
+    with serve_process(tmp_path, *flags, auth=auth) as (lease_addr, guard_addr):
+        serve_guard_follows(lease_addr, guard_addr, tls, "alice-token" if auth else None)
+
+
+def test_serve_over_mtls_lets_its_own_watch_guard_follow(tmp_path: Path) -> None:
+    """With client certificates required (mTLS) and the policy's tokens, the own guard
+    has no certificate: the Unix socket and its minted token let it in, nobody else."""
+    ca, flags = serve_certificates(tmp_path)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    client = ca.issue_cert("alice.example")
+    tls = TLSConfig(
+        ca=ca.cert_pem.bytes(),
+        cert=client.cert_chain_pems[0].bytes(),
+        key=client.private_key_pem.bytes(),
+    )
+    with serve_process(tmp_path, *flags, "--tls-ca", str(ca_file)) as (lease_addr, guard_addr):
+        serve_guard_follows(lease_addr, guard_addr, tls, "alice-token")

@@ -25,6 +25,7 @@ from fencing import (
     UnauthenticatedError,
 )
 from fencing.testing import RunningServers, running_servers
+from fencing.tls import is_local_target
 from fencing.v1 import lease_pb2, lease_pb2_grpc
 from lease_server.server import start_lease_server
 from serving.auth import AuthPolicy
@@ -231,6 +232,10 @@ def test_bearer_tokens_never_travel_in_the_clear_across_a_network() -> None:
         LeaseClient("10.1.2.3:50051", token="secret")
     with pytest.raises(InvalidArgumentError, match="either credentials or tls"):
         GuardClient("127.0.0.1:1", token="t", credentials=grpc.local_channel_credentials())
+    # A Unix socket is this host's alone (its directory's permissions guard it).
+    LeaseClient("unix:/tmp/fencing-test-absent.sock", token="secret").close()
+    assert is_local_target("unix:/run/x.sock") and is_local_target("[::1]:1")
+    assert not is_local_target("10.1.2.3:1") and not is_local_target("unix.example:1")
 
 
 def test_multi_resource_and_streamed_writes_are_authorized_per_resource(
