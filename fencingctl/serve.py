@@ -137,19 +137,20 @@ def _with_own_guard(options: ServerOptions) -> tuple[ServerOptions, str | None]:
 
 
 async def _serve(args: argparse.Namespace, options: ServerOptions) -> None:
-    watch = args.fence_mode == FenceMode.WATCH.value
-    # Over TLS, the own watch guard could not verify the lease server's certificate (its
-    # CA is not known here): it follows over a Unix socket in a directory only this
-    # user may enter, removed on the way out.
-    local = tempfile.mkdtemp(prefix="fencing-serve-") if watch and options.tls else ""
+    # Over TLS, serve's own clients (the watch guard's follower, the console) could not
+    # verify the servers' certificate (its CA is not known here): they reach the servers
+    # over Unix sockets in a directory only this user may enter, removed on the way out.
+    local = tempfile.mkdtemp(prefix="fencing-serve-") if options.tls else ""
     try:
-        await _serve_both(args, options, os.path.join(local, "lease.sock") if local else "")
+        await _serve_both(args, options, local)
     finally:
         if local:
             shutil.rmtree(local, ignore_errors=True)
 
 
-async def _serve_both(args: argparse.Namespace, options: ServerOptions, local_socket: str) -> None:
+async def _serve_both(args: argparse.Namespace, options: ServerOptions, local: str) -> None:
+    local_socket = os.path.join(local, "lease.sock") if local else ""
+    guard_socket = os.path.join(local, "guard.sock") if local else ""
     data: Path = args.data_path
     lease_url = f"sqlite:{data / 'leases.db'}"
     watch = args.fence_mode == FenceMode.WATCH.value
@@ -178,6 +179,7 @@ async def _serve_both(args: argparse.Namespace, options: ServerOptions, local_so
             if watch
             else "",
             lease_token=guard_token,
+            local_socket=guard_socket,
         )
     except BaseException:
         await leases.stop(0)
@@ -199,7 +201,8 @@ async def _serve_both(args: argparse.Namespace, options: ServerOptions, local_so
         banner(f"data in {data}; stop with Ctrl-C or SIGTERM", data_dir=str(data))
         if args.console_port:
             # Started after the banners above, so they stay the first lines of stdout.
-            consoles.append(asyncio.create_task(_console(args, leases.address, guard.address)))
+            own = (f"unix:{local_socket}", f"unix:{guard_socket}") if local else None
+            consoles.append(asyncio.create_task(_console(args, leases.address, guard.address, own)))
 
     consoles: list[asyncio.Task[None]] = []
     try:
@@ -219,18 +222,20 @@ async def _serve_both(args: argparse.Namespace, options: ServerOptions, local_so
     banner(f"{signal_name}: stopped", signal=signal_name)
 
 
-async def _console(args: argparse.Namespace, lease_addr: str, guard_addr: str) -> None:
+async def _console(
+    args: argparse.Namespace, lease_addr: str, guard_addr: str, own: tuple[str, str] | None
+) -> None:
     """Serve the web console over the two servers until cancelled; a WARNING (and no
-    console) if it cannot start."""
+    console) if it cannot start. ``own``: the servers' Unix sockets, when TLS is on."""
     try:
         from console.command import make_app, serve_console
 
         client = argparse.Namespace(
-            lease_addr=lease_addr,
-            guard_addr=guard_addr,
-            tls_ca=args.tls_ca,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
+            lease_addr=own[0] if own else lease_addr,
+            guard_addr=own[1] if own else guard_addr,
+            tls_ca=None,
+            tls_cert=None,
+            tls_key=None,
             tls_server_name=None,
             auth_token=os.environ.get("FENCING_AUTH_TOKEN") or None,
         )

@@ -125,8 +125,10 @@ async def start_guard(
     lease_credentials: grpc.ChannelCredentials | None = None,
     lease_tls: TLSConfig | None = None,
     lease_token: str | None = None,
+    local_socket: str = "",
 ) -> GuardServer:
     """Open ``store`` (an object or a URL), bind ``address`` (port 0 picks one), start.
+    ``local_socket``: a Unix socket it also listens on (see :func:`serving.server.build_server`).
 
     ``options`` sets TLS, authentication, per-client caps, metrics and the store
     deadline (see :class:`~serving.server.ServerOptions`).
@@ -153,7 +155,11 @@ async def start_guard(
         service.store_name = st.name
         service.durability_warning = warning or ""
         built = await build_server(
-            address, services, reflection_enabled=reflection, options=options
+            address,
+            services,
+            reflection_enabled=reflection,
+            options=options,
+            local_socket=local_socket,
         )
         await built.server.start()
     except BaseException:
