@@ -60,6 +60,14 @@ export function isLoopback(host: string): boolean {
 	return host === "::1";
 }
 
+/** A target only this host can reach: a loopback address, or a Unix socket (`unix:PATH`,
+ * guarded by the file system's permissions). */
+export function isLocalTarget(target: string): boolean {
+	if (target.startsWith("unix:") || target.startsWith("unix-abstract:"))
+		return true;
+	return isLoopback(hostOf(target));
+}
+
 export interface Channel {
 	credentials: ChannelCredentials;
 	options: ChannelOptions;
@@ -90,9 +98,9 @@ export function channelFor(target: string, opts: ConnectOptions): Channel {
 	}
 	const interceptors: Interceptor[] = [];
 	if (opts.token) {
-		if (opts.tls === undefined && !isLoopback(hostOf(target))) {
+		if (opts.tls === undefined && !isLocalTarget(target)) {
 			throw new InvalidArgumentError(
-				`a bearer token is only sent over TLS or to a loopback address; ${target} needs tls`,
+				`a bearer token is only sent over TLS, to a loopback address or to a Unix socket; ${target} needs tls`,
 				"token",
 			);
 		}

@@ -354,12 +354,14 @@ test("a token to a non-loopback address without TLS is refused before any call",
 			return true;
 		});
 	}
-	// The control: the same token over TLS, or to a loopback address, is allowed.
+	// The control: the same token over TLS, to a loopback address or to a Unix socket
+	// (this host's alone, as the Python SDK has it), is allowed.
 	for (const c of [
 		new LeaseClient("10.1.2.3:50051", { token: "secret", tls: {} }),
 		new GuardClient("10.1.2.3:50052", { token: "secret", tls: {} }),
 		new LeaseClient("127.0.0.1:50051", { token: "secret" }),
 		new GuardClient("localhost:50052", { token: "secret" }),
+		new LeaseClient("unix:/tmp/fencing-absent.sock", { token: "secret" }),
 	])
 		c.close();
 });
