@@ -94,15 +94,6 @@ def _settle(future: asyncio.Future[Any], outcome: tuple[bool, object]) -> None:
         future.set_exception(value)
 
 
-#: A transaction queued for the database thread: its function, its caller's future and loop.
-_Queued = tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
-
-
-def _settle_all(settled: list[tuple[asyncio.Future[Any], tuple[bool, object]]]) -> None:
-    for future, outcome in settled:
-        _settle(future, outcome)
-
-
 class SQLiteDatabase:
     """One SQLite file, migrated on open, used through :meth:`run` and :meth:`transaction`."""
 
@@ -111,11 +102,12 @@ class SQLiteDatabase:
         self._migrations = list(migrations)
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
-        self._pending: list[_Queued] = []
+        self._pending: list[
+            tuple[
+                Callable[[sqlite3.Connection], Any], asyncio.Future[Any], asyncio.AbstractEventLoop
+            ]
+        ] = []
         self._pending_lock = threading.Lock()
-        #: A drain of ``_pending`` is queued or running on the database thread: a new
-        #: transaction joins it instead of queueing a job of its own (under the lock).
-        self._draining = False
 
     async def open(self) -> None:
         if self._executor is not None:
@@ -207,32 +199,15 @@ class SQLiteDatabase:
         future: asyncio.Future[T] = loop.create_future()
         with self._pending_lock:
             self._pending.append((fn, future, loop))
-            start, self._draining = not self._draining, True
-        if start:
-            self._executor.submit(self._drain)
+        self._executor.submit(self._commit_pending)
         return await future
 
-    def _drain(self) -> None:
-        """On the database thread: commit what is queued, together, until nothing is.
-
-        One job on the thread per burst, not one per transaction: the ones queued while a
-        batch commits go with the next batch of the same run."""
-        try:
-            while True:
-                with self._pending_lock:
-                    batch, self._pending = self._pending, []
-                    if not batch:
-                        self._draining = False
-                        return
-                self._commit(batch)
-        except BaseException:
-            with self._pending_lock:
-                self._draining = False
-            raise
-
-    def _commit(self, batch: list[_Queued]) -> None:
-        """Commit ``batch`` in one transaction, each in a savepoint of its own; hand each
-        outcome to its caller's loop, one wake-up per loop for the whole batch."""
+    def _commit_pending(self) -> None:
+        """On the database thread: commit everything queued so far, together."""
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
+        if not batch:
+            return  # an earlier run took this job's transaction along
         conn = self._conn
         outcomes: list[tuple[bool, object]] = []
         try:
@@ -264,11 +239,8 @@ class SQLiteDatabase:
         except Exception as exc:
             error = self._wrapped(exc)
             outcomes = [(False, error)] * len(batch)
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
         for (_, future, loop), outcome in zip(batch, outcomes, strict=True):
-            by_loop.setdefault(loop, []).append((future, outcome))
-        for loop, settled in by_loop.items():
-            loop.call_soon_threadsafe(_settle_all, settled)
+            loop.call_soon_threadsafe(_settle, future, outcome)
 
     def _wrapped(self, exc: Exception) -> Exception:
         if isinstance(exc, sqlite3.Error):

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -66,45 +63,3 @@ async def test_queued_transactions_commit_together_and_fail_alone(tmp_path: Path
         await db.close()
     with pytest.raises(BackendUnavailableError):
         await db.transaction(lambda c: None)
-
-
-async def test_a_burst_of_transactions_is_one_job_on_the_database_thread(tmp_path: Path) -> None:
-    """Transactions queued while the thread is busy join the drain already queued rather
-    than each queueing a job of its own (a thread wake-up and a future per call), and
-    their outcomes reach the loop together."""
-    db = SQLiteDatabase(tmp_path / "t.db", MIGRATIONS)
-    await db.open()
-    try:
-        executor = db._executor
-        assert executor is not None
-        submitted: list[object] = []
-        submit = executor.submit
-
-        def counting(fn: Any, /, *args: Any) -> Any:
-            submitted.append(fn)
-            return submit(fn, *args)
-
-        executor.submit = counting  # type: ignore[method-assign,assignment]
-        gate = threading.Event()
-        await db.run(lambda: None)  # warm: the thread exists
-        blocker = asyncio.ensure_future(db.run(lambda: gate.wait(5)))
-        await asyncio.sleep(0.05)
-        before = len(submitted)
-
-        def insert(i: int) -> Callable[[sqlite3.Connection], object]:
-            return lambda c: c.execute("INSERT INTO t VALUES (?, ?)", (f"k{i}", i))
-
-        burst = [asyncio.ensure_future(db.transaction(insert(i))) for i in range(50)]
-        await asyncio.sleep(0.05)
-        gate.set()
-        await blocker
-        await asyncio.gather(*burst)
-        assert len(submitted) - before == 1, submitted[before:]
-        rows = await db.query(lambda c: c.execute("SELECT count(*) FROM t").fetchone()[0])
-        assert rows == 50
-        # A transaction after the drain ended starts a drain of its own.
-        before = len(submitted)
-        await db.transaction(lambda c: c.execute("INSERT INTO t VALUES ('after', 0)"))
-        assert len(submitted) - before == 1
-    finally:
-        await db.close()
