@@ -17,7 +17,7 @@ with ``--matrix`` keep only those cells.
 
 Exit status: 0 if the scenario (every cell) passed, 1 if one failed (a fenced run
 with a violation, or a control that caught nothing), 2 for bad arguments.
-``fencing chaos soak --duration 2h`` runs every workload at once (lock-counter
+``fencing chaos soak --duration 30m`` runs every workload at once (lock-counter
 clients, guarded writes with an idempotent effect log, queue workers) while a
 seeded nemesis pauses and kills clients, lease servers, the guard and the
 database and partitions clients; the checker judges the history during the run
