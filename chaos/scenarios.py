@@ -71,6 +71,7 @@ from chaos.workload import (
     Intent,
     Profile,
     client_of,
+    in_epoch,
     pending_intent,
     pending_write,
     record_final_reads,
@@ -776,8 +777,14 @@ class Observer:
     """Reads every key of every resource every ``interval`` s, recorded as ``observer``."""
 
     def __init__(
-        self, guard_target: str, resources: Sequence[str], history_dir: Path, interval: float
+        self,
+        guard_target: str,
+        resources: Sequence[str],
+        history_dir: Path,
+        interval: float,
+        epoch_s: float = 0.0,
     ) -> None:
+        self._epoch_s = epoch_s  # the clients' names rotate: read the current ones
         self._guard = GuardClient(guard_target, rpc_timeout=0.5)
         self._writer = HistoryWriter(history_dir / "observer.jsonl")
         self._rec = Recorder(self._writer.write, "observer")
@@ -797,7 +804,7 @@ class Observer:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for resource in self._resources:
+            for resource in (in_epoch(r, self._epoch_s) for r in self._resources):
                 for key in (COUNTER_KEY, EFFECT_KEY):
                     op = self._rec.invoke("read", resource, key=key)
                     try:

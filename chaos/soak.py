@@ -87,6 +87,10 @@ CRASH_UNTIL: Final = 0.4
 every client fault, go on to the end. A crash restarts a server's memory,
 descriptors and tasks from zero: the growth check needs incarnations that live
 through the last half of the run (and their warm-up before it) to judge anything."""
+EPOCH_S: Final = 300.0
+"""How long the soak's resource names live: a lock-counter's value (every increment id so
+far, recorded whole by every read) then grows for five minutes at most, so the history
+grows with the run's length, not with its square."""
 PERIODIC_CATCH_UP: Final = 100
 """Missed periods a lease server enqueues after downtime (the schedule's ``catch_up``):
 every outage of a soak is far shorter, so every period gets its job (checker rule 8)."""
@@ -135,6 +139,8 @@ class SoakConfig:
     """False: the control, the guard's fencing off (judged in ``fence_mode``)."""
     leak: str = ""
     """A :mod:`chaos.leaky` kind: the control of the health check. Never in a real run."""
+    epoch_s: float = EPOCH_S
+    """Seconds each resource name lives (:func:`chaos.workload.in_epoch`): 0 keeps them."""
 
     @property
     def servers(self) -> int:
@@ -249,7 +255,11 @@ def client_argv(
         fence_mode=config.fence_mode,
         workload=workload,
         guard_mode=config.guard_mode,
-        options=["--max-jobs", str(10**9), "--skew-rate", f"{SKEW_RATE:g}", *profile.argv()],
+        options=[
+            *("--max-jobs", str(10**9), "--skew-rate", f"{SKEW_RATE:g}"),
+            *("--epoch-s", f"{config.epoch_s:g}"),
+            *profile.argv(),
+        ],
     )
 
 
@@ -511,7 +521,7 @@ def run_soak(
             observed = [*counter_res, *effect_res]
             observed += many_res if config.many_clients else []
             observed += election_res if config.candidates else []
-            observer = Observer(cluster.guard_target, observed, history_dir, 0.1)
+            observer = Observer(cluster.guard_target, observed, history_dir, 0.1, config.epoch_s)
             every = config.check_every or max(10.0, config.duration / 20)
             checker = ContinuousCheck(history_dir, config.fence_mode, every, t0)
             nemesis = Nemesis(

@@ -299,6 +299,12 @@ def parser() -> argparse.ArgumentParser:
         "write carrying the increment ids it read plus its own; jobs: the lock-counter "
         "inside queue jobs, fenced by their claims",
     )
+    p.add_argument(
+        "--epoch-s",
+        type=float,
+        default=0.0,
+        help="rename the resources every this many seconds (see in_epoch); 0: never",
+    )
     p.add_argument("--skew-rate", type=float, default=1.0, help="clock rate on SIGUSR1")
     p.add_argument("--skew-offset", type=float, default=0.0, help="clock jump (s) on SIGUSR1")
     defaults = Profile()
@@ -497,7 +503,7 @@ class Client:
         jobs = 0
         resource = self.rng.choice(self.resources)
         while not self.stopping and jobs < self.args.max_jobs and time.monotonic() < deadline:
-            if self.job(resource):
+            if self.job(in_epoch(resource, self.args.epoch_s)):
                 resource = self.rng.choice(self.resources)
             else:
                 # Held by someone else: look for work elsewhere, so a resource whose
@@ -536,7 +542,8 @@ class Client:
         jobs = 0
         k = min(at_once, len(self.resources))
         while not self.stopping and jobs < self.args.max_jobs and time.monotonic() < deadline:
-            (job or self.many_job)(sorted(self.rng.sample(self.resources, k)))
+            drawn = self.rng.sample(self.resources, k)
+            (job or self.many_job)(sorted(in_epoch(r, self.args.epoch_s) for r in drawn))
             jobs += 1
             self._sleep_ms(self.args.idle_ms)
 
@@ -956,6 +963,20 @@ def record_final_reads(
                     done += 1
                     break
     return done
+
+
+def in_epoch(resource: str, epoch_s: float, now: float | None = None) -> str:
+    """``resource`` as it is named in the current epoch of ``epoch_s`` seconds (by the
+    host's wall clock, which every process of a run shares): ``r0`` -> ``r0.e5938123``.
+
+    A soak rotates its resources so that no value grows for the whole run: the
+    lock-counter's value lists every increment so far, and every read records it, so a
+    resource kept for an hour makes the history grow with the square of the run's length.
+    Each epoch starts fresh counters on new names (the checker judges each name alone).
+    ``epoch_s`` 0 keeps the names as they are."""
+    if epoch_s <= 0:
+        return resource
+    return f"{resource}.e{int((time.time() if now is None else now) // epoch_s)}"
 
 
 def record_periodic_jobs(

@@ -40,7 +40,8 @@ def soak(tmp_path: Path, **kw: object) -> SoakResult:
 def test_a_short_soak_on_sqlite_is_valid_and_flat(tmp_path: Path) -> None:
     # Every workload at once (lock-counter, effects, queue workers, hold_many, leaders) under
     # the nemesis: no violation, health flat.
-    result = soak(tmp_path, duration=CI_SOAK_S)
+    # Names rotate every 20 s here (five minutes in a real soak): three epochs at least.
+    result = soak(tmp_path, duration=CI_SOAK_S, epoch_s=20.0)
     assert result.errors == []
     assert result.result.valid, result.result.summary()
     assert result.grows == []
@@ -50,7 +51,13 @@ def test_a_short_soak_on_sqlite_is_valid_and_flat(tmp_path: Path) -> None:
     assert {"k", "e", "j", "m", "l"} <= processes
     # hold_many sessions held several leases at once and wrote under each.
     many = [e for e in _history(tmp_path) if e.process.startswith("m") and e.type == "ok"]
-    assert {e.resource for e in many if e.op == "write"} >= {"m0", "m1", "m2"}
+    assert {_base(e.resource) for e in many if e.op == "write"} >= {"m0", "m1", "m2"}
+    # Each resource was written under several epochs' names, each a fresh counter.
+    counted = {e.resource for e in _history(tmp_path) if e.op == "write" and e.key == "counter"}
+    assert len({r for r in counted if _base(r) == "r0"}) >= 2, sorted(counted)
+    # The periodic schedule's jobs were listed after the run, one per period (rule 8).
+    periodic = [e for e in _history(tmp_path) if e.op == "periodic" and e.type == "ok"]
+    assert len(periodic) >= 5
     # Candidates were elected (terms) and their increments fenced by the term.
     led = [e for e in _history(tmp_path) if e.process.startswith("l") and e.type == "ok"]
     assert {e.op for e in led} >= {"acquire", "write"}
@@ -126,6 +133,11 @@ def test_the_soak_command_refuses_what_does_not_apply() -> None:
     )
     assert run.returncode == 2
     assert "strict mode needs --backend postgres or redis" in run.stderr
+
+
+def _base(resource: str) -> str:
+    """A resource's name without its epoch (``r0.e5938123`` -> ``r0``)."""
+    return resource.split(".e", 1)[0]
 
 
 def _history(out: Path) -> list:  # type: ignore[type-arg]

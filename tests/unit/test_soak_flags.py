@@ -37,3 +37,11 @@ def test_a_negative_count_is_refused_naming_the_flag(capsys: pytest.CaptureFixtu
         main(["chaos", "soak", "--candidates", "-1"])
     assert exit_.value.code == 2
     assert "--candidates" in capsys.readouterr().err
+
+
+def test_resource_names_rotate_by_epoch_on_the_shared_clock() -> None:
+    from chaos.workload import in_epoch
+
+    assert in_epoch("r0", 300.0, now=599.9) == "r0.e1"
+    assert in_epoch("r0", 300.0, now=600.0) == "r0.e2"
+    assert in_epoch("r0", 0.0, now=600.0) == "r0"  # off: the name as it is
