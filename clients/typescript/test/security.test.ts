@@ -92,6 +92,14 @@ after(() => {
 });
 
 /** TLS trusting our CA (the PEM text, as a user holding it in memory would pass it). */
+/** The servers' TLS flags (their certificate and key), then ``extra``. */
+const serving = (...extra: string[]): string[] => [
+	"--tls-cert",
+	pem("server.pem"),
+	"--tls-key",
+	pem("server.key"),
+	...extra,
+];
 const trusting = (): TlsOptions => ({
 	ca: readFileSync(pem("ca.pem"), "utf8"),
 });
@@ -112,14 +120,7 @@ describe("TLS and bearer tokens", () => {
 		return c;
 	}
 	before(async () => {
-		const serve = [
-			"--tls-cert",
-			pem("server.pem"),
-			"--tls-key",
-			pem("server.key"),
-			"--auth-file",
-			pem("auth.toml"),
-		];
+		const serve = serving("--auth-file", pem("auth.toml"));
 		stack = await startStack(false, { lease: serve, guard: serve });
 	});
 	after(async () => {
@@ -248,14 +249,7 @@ describe("TLS and bearer tokens", () => {
 describe("mTLS", () => {
 	let stack: Stack;
 	before(async () => {
-		const serve = [
-			"--tls-cert",
-			pem("server.pem"),
-			"--tls-key",
-			pem("server.key"),
-			"--tls-ca",
-			pem("ca.pem"),
-		];
+		const serve = serving("--tls-ca", pem("ca.pem"));
 		stack = await startStack(false, { lease: serve, guard: serve });
 	});
 	after(async () => {
@@ -295,16 +289,12 @@ describe("mTLS", () => {
 describe("mTLS with an auth policy", () => {
 	let stack: Stack;
 	before(async () => {
-		const serve = [
-			"--tls-cert",
-			pem("server.pem"),
-			"--tls-key",
-			pem("server.key"),
+		const serve = serving(
 			"--tls-ca",
 			pem("ca.pem"),
 			"--auth-file",
 			pem("identities.toml"),
-		];
+		);
 		stack = await startStack(false, { lease: serve, guard: serve });
 	});
 	after(async () => {
