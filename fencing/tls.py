@@ -110,10 +110,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+#: gRPC target prefixes of a Unix socket.
+UNIX_SCHEMES = ("unix:", "unix-abstract:")
+
+
 def is_local_target(target: str) -> bool:
     """True for a target only this host can reach: a loopback address, or a Unix socket
     (``unix:PATH``, guarded by the file system's permissions)."""
-    if target.startswith(("unix:", "unix-abstract:")):
+    if target.startswith(UNIX_SCHEMES):
         return True
     return is_loopback(split_address(target)[0])
 
@@ -132,4 +136,11 @@ def check_transport(address: str, tls: TLSConfig | None, insecure: bool) -> None
         )
 
 
-__all__ = ["TLSConfig", "check_transport", "is_local_target", "is_loopback", "split_address"]
+__all__ = [
+    "UNIX_SCHEMES",
+    "TLSConfig",
+    "check_transport",
+    "is_local_target",
+    "is_loopback",
+    "split_address",
+]

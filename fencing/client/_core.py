@@ -43,7 +43,7 @@ from fencing.errors import (
     LeaseLost,
 )
 from fencing.limits import MAX_MESSAGE_BYTES, MAX_RENEW_MANY, MAX_WAIT_MS
-from fencing.tls import TLSConfig, is_local_target
+from fencing.tls import UNIX_SCHEMES, TLSConfig, is_local_target
 from fencing.types import (
     WATCH_LOG_KEY,
     WATCH_START_KEY,
@@ -119,9 +119,9 @@ def channel_credentials(
                 f"{target} needs tls=TLSConfig(...)",
                 field="token",
             )
-        local = target.startswith(("unix:", "unix-abstract:"))
+        unix = target.startswith(UNIX_SCHEMES)
         secure = grpc.local_channel_credentials(
-            grpc.LocalConnectionType.UDS if local else grpc.LocalConnectionType.LOCAL_TCP
+            grpc.LocalConnectionType.UDS if unix else grpc.LocalConnectionType.LOCAL_TCP
         )
     return grpc.composite_channel_credentials(secure, grpc.access_token_call_credentials(token))
 
