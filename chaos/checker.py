@@ -145,7 +145,7 @@ import itertools
 import math
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
@@ -277,7 +277,13 @@ class CheckResult:
         return "\n".join(lines)
 
 
-def check(events: Iterable[Event], *, mode: str) -> CheckResult:
+def check(
+    events: Iterable[Event],
+    *,
+    mode: str,
+    origin_ns: int | None = None,
+    last_seen: Mapping[str, float] | None = None,
+) -> CheckResult:
     """Judge a history against rules 1-8 (see the module docstring) and measure it.
 
     ``mode`` is the fence mode the run claims to test: ``monotonic``, ``promise``,
@@ -286,11 +292,18 @@ def check(events: Iterable[Event], *, mode: str) -> CheckResult:
     tested (``off`` is accepted and judged like ``monotonic``). Raises ``ValueError``
     for an unknown mode and :class:`~chaos.history.HistoryError` for a malformed
     history.
+
+    Every rule is per resource, so a history can also be judged in parts, each part
+    holding every event of its resources (:func:`chaos.history.split_history`), and
+    the parts' results merged (:func:`merge`): the same verdict, one part in memory at
+    a time. A part then takes the whole history's ``origin_ns`` (its first event's
+    time, where the details' times count from) and ``last_seen`` (each process's last
+    event's time, where a belief never ended closes).
     """
     if mode not in MODES:
         raise ValueError(f"unknown fence mode {mode!r} (expected one of {sorted(MODES)})")
     ops = pair_operations(events)
-    clock = _Clock(ops[0].start_ns if ops else 0)
+    clock = _Clock(origin_ns if origin_ns is not None else ops[0].start_ns if ops else 0)
     by_resource: dict[str, list[Operation]] = defaultdict(list)
     for op in ops:
         by_resource[op.resource].append(op)
@@ -316,8 +329,44 @@ def check(events: Iterable[Event], *, mode: str) -> CheckResult:
     return CheckResult(
         mode=mode,
         violations=tuple(violations),
-        stats=_measure(ops, by_resource),
+        stats=_measure(ops, by_resource, last_seen),
         findings=tuple(findings),
+    )
+
+
+def merge(mode: str, results: Iterable[CheckResult]) -> CheckResult:
+    """One verdict from the results of a history's parts (see :func:`check`): every
+    violation and finding, the counts summed, the takeovers put together."""
+    violations: list[Violation] = []
+    findings: list[Violation] = []
+    ops: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    pending = writes_ok = stale = overlap_count = 0
+    overlap_ms = 0.0
+    takeovers: list[float] = []
+    for r in results:
+        violations += r.violations
+        findings += r.findings
+        s = r.stats
+        for op, by_type in s.ops.items():
+            for t, n in by_type.items():
+                ops[op][t] += n
+        pending += s.pending
+        writes_ok += s.writes_ok
+        stale += s.stale_rejected
+        overlap_count += s.overlap_count
+        overlap_ms += s.overlap_ms
+        takeovers += s.takeover_latency_ms
+    stats = Stats(
+        ops={op: dict(by_type) for op, by_type in ops.items()},
+        pending=pending,
+        writes_ok=writes_ok,
+        stale_rejected=stale,
+        overlap_count=overlap_count,
+        overlap_ms=overlap_ms,
+        takeover_latency_ms=tuple(takeovers),
+    )
+    return CheckResult(
+        mode=mode, violations=tuple(violations), stats=stats, findings=tuple(findings)
     )
 
 
@@ -914,13 +963,19 @@ def _lost_increment(
 # -- measurements -------------------------------------------------------------
 
 
-def _measure(ops: Sequence[Operation], by_resource: dict[str, list[Operation]]) -> Stats:
+def _measure(
+    ops: Sequence[Operation],
+    by_resource: dict[str, list[Operation]],
+    whole_last_seen: Mapping[str, float] | None,
+) -> Stats:
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     last_seen: dict[str, float] = defaultdict(lambda: -math.inf)
     for o in ops:
         counts[o.op][o.type] += 1
         seen = o.start_ns if o.pending else o.end_ns
         last_seen[o.process] = max(last_seen[o.process], seen)
+    for process, seen in (whole_last_seen or {}).items():
+        last_seen[process] = max(last_seen[process], seen)
     overlap_count, overlap_ns = 0, 0.0
     latencies: list[float] = []
     for rops in by_resource.values():
@@ -1020,5 +1075,6 @@ __all__ = [
     "Violation",
     "ViolationKind",
     "check",
+    "merge",
     "parse_increments",
 ]

@@ -383,31 +383,53 @@ def growth(samples: Iterable[Mapping[str, Any]], duration: float) -> list[Growth
 # -- client-side latencies ------------------------------------------------------------------------
 
 
+class Latencies:
+    """The clients' own latencies per op and time window, fed part by part (every event of
+    an operation in one part): :meth:`series` gives what :func:`latency_series` does."""
+
+    def __init__(
+        self, t0_ns: int, window_s: float, ops: Sequence[str] = ("acquire", "write")
+    ) -> None:
+        self.t0_ns = t0_ns
+        self.window_s = window_s
+        self._by_window: dict[str, dict[int, list[float]]] = {op: {} for op in ops}
+
+    def add(self, events: Iterable[Event]) -> None:
+        """Count the ``ok`` calls whose invocation and completion are among ``events``."""
+        started: dict[str, Event] = {}
+        for e in sorted(events, key=lambda e: e.t_mono_ns):
+            if e.op not in self._by_window:
+                continue
+            if e.type == "invoke":
+                started[e.op_id] = e
+            elif e.type == "ok" and e.op_id in started:
+                begin = started.pop(e.op_id)
+                w = int((e.t_mono_ns - self.t0_ns) / 1e9 // self.window_s)
+                self._by_window[e.op].setdefault(w, []).append(
+                    (e.t_mono_ns - begin.t_mono_ns) / 1e6
+                )
+
+    def series(self) -> dict[str, list[tuple[float, float, float]]]:
+        """Per op: (window end s, p50 ms, p99 ms) of the ``ok`` calls completed in each window."""
+        out: dict[str, list[tuple[float, float, float]]] = {}
+        for op, windows in self._by_window.items():
+            rows = []
+            for w in sorted(windows):
+                if w < 0:
+                    continue
+                xs = sorted(windows[w])
+                rows.append(((w + 1) * self.window_s, _quantile(xs, 0.5), _quantile(xs, 0.99)))
+            out[op] = rows
+        return out
+
+
 def latency_series(
     events: Iterable[Event], t0_ns: int, window_s: float, ops: Sequence[str] = ("acquire", "write")
 ) -> dict[str, list[tuple[float, float, float]]]:
     """Per op: (window end s, p50 ms, p99 ms) of the ``ok`` calls completed in each window."""
-    started: dict[str, Event] = {}
-    by_window: dict[str, dict[int, list[float]]] = {op: {} for op in ops}
-    for e in sorted(events, key=lambda e: e.t_mono_ns):
-        if e.op not in ops:
-            continue
-        if e.type == "invoke":
-            started[e.op_id] = e
-        elif e.type == "ok" and e.op_id in started:
-            begin = started.pop(e.op_id)
-            w = int((e.t_mono_ns - t0_ns) / 1e9 // window_s)
-            by_window[e.op].setdefault(w, []).append((e.t_mono_ns - begin.t_mono_ns) / 1e6)
-    out: dict[str, list[tuple[float, float, float]]] = {}
-    for op, windows in by_window.items():
-        rows = []
-        for w in sorted(windows):
-            if w < 0:
-                continue
-            xs = sorted(windows[w])
-            rows.append(((w + 1) * window_s, _quantile(xs, 0.5), _quantile(xs, 0.99)))
-        out[op] = rows
-    return out
+    latencies = Latencies(t0_ns, window_s, ops)
+    latencies.add(events)
+    return latencies.series()
 
 
 def _quantile(sorted_xs: Sequence[float], q: float) -> float:
@@ -552,6 +574,7 @@ __all__ = [
     "Bound",
     "Growth",
     "HealthSampler",
+    "Latencies",
     "Target",
     "bucket_quantile",
     "database_connections",

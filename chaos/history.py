@@ -44,7 +44,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -222,8 +222,7 @@ class HistoryWriter:
 
     def write(self, event: Event) -> None:
         """Append ``event`` as one line, handed to the kernel before returning."""
-        line = json.dumps(event.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n"
-        data = line.encode()
+        data = _encode(event)
         with self._lock:
             if self._fd is None:
                 raise ValueError(f"history writer for {self.path} is closed")
@@ -258,32 +257,130 @@ def read_history(paths: StrPath | Iterable[StrPath]) -> list[Event]:
     ``HistoryError`` naming the file and line. Events with equal ``t_mono_ns`` keep
     their order within a file (an invoke stays before its completion).
     """
+    events = list(iter_history(paths))
+    events.sort(key=lambda e: e.t_mono_ns)  # stable: file order breaks ties
+    return events
+
+
+def iter_history(paths: StrPath | Iterable[StrPath]) -> Iterator[Event]:
+    """The events of history files, file by file in each file's order (not merged by time):
+    what a pass over a long history needs without holding it (see :func:`read_history`
+    for ``paths`` and for the lines skipped)."""
+    for path in _files(paths):
+        yield from _read_file(path)
+
+
+def _files(paths: StrPath | Iterable[StrPath]) -> list[Path]:
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
     files: list[Path] = []
     for p in paths:
         path = Path(p)
         files.extend(sorted(path.glob("*.jsonl")) if path.is_dir() else [path])
-    events: list[Event] = []
-    for path in files:
-        events.extend(_read_file(path))
-    events.sort(key=lambda e: e.t_mono_ns)  # stable: file order breaks ties
-    return events
+    return files
 
 
-def _read_file(path: Path) -> Iterable[Event]:
-    lines = path.read_bytes().split(b"\n")
-    # split leaves b"" after a final newline; anything else there is an unterminated line.
-    last = len(lines)
-    for lineno, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        try:
-            yield _decode(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError, HistoryError) as exc:
-            if lineno == last:
-                return  # the writer was killed mid-line: that event never happened
-            raise HistoryError(f"{path}:{lineno}: {exc}") from exc
+def _read_file(path: Path) -> Iterator[Event]:
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                yield _decode(raw)
+            except (UnicodeDecodeError, json.JSONDecodeError, HistoryError) as exc:
+                if not raw.endswith(b"\n"):
+                    return  # the writer was killed mid-line: that event never happened
+                raise HistoryError(f"{path}:{lineno}: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryParts:
+    """A history split by resource into parts, one file each (:func:`split_history`).
+
+    The checker judges each resource alone, so a history can be judged part by part:
+    one part in memory at a time, however long the run. ``origin_ns`` (the first
+    event's time) and ``last_seen`` (each process's last event) are what the checker's
+    measurements need of the whole history."""
+
+    directory: Path
+    names: tuple[str, ...]
+    origin_ns: int
+    last_seen: Mapping[str, int]
+    events: int
+
+    def read(self, name: str) -> list[Event]:
+        """The events of part ``name``, merged by time (see :func:`read_history`)."""
+        return read_history(self.directory / f"{name}.jsonl")
+
+
+def split_history(
+    paths: StrPath | Iterable[StrPath], directory: StrPath, part: Callable[[str], str]
+) -> HistoryParts:
+    """Copy the history in ``paths`` into ``directory``, one file per part: an event goes
+    to the part ``part(resource)`` names. Every event of an operation names the same
+    resource, so an operation stays in one part; each file's order is kept."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    writers: dict[str, Any] = {}
+    origin: int | None = None
+    last_seen: dict[str, int] = {}
+    n = 0
+    try:
+        for event in iter_history(paths):
+            name = part(event.resource)
+            f = writers.get(name)
+            if f is None:
+                f = writers[name] = (out / f"{name}.jsonl").open("ab")
+            f.write(_encode(event))
+            t = event.t_mono_ns
+            origin = t if origin is None else min(origin, t)
+            last_seen[event.process] = max(last_seen.get(event.process, t), t)
+            n += 1
+    finally:
+        for f in writers.values():
+            f.close()
+    return HistoryParts(out, tuple(sorted(writers)), origin or 0, last_seen, n)
+
+
+class HistoryTail:
+    """The events added to a run's history files since the last :meth:`poll`.
+
+    Reads only whole lines (a line not yet ended by its newline is read next time; a
+    line torn by a SIGKILL is skipped) and picks up files that appear later (a
+    restarted client's). Within a file, events come in the file's order, so an
+    invocation always comes before (or with) its completion."""
+
+    def __init__(self, directory: StrPath) -> None:
+        self._dir = Path(directory)
+        self._offsets: dict[Path, int] = {}
+
+    def poll(self) -> list[Event]:
+        """The events recorded since the last call."""
+        new: list[Event] = []
+        for path in sorted(self._dir.glob("*.jsonl")):
+            offset = self._offsets.get(path, 0)
+            try:
+                with path.open("rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n")
+            if end < 0:
+                continue
+            self._offsets[path] = offset + end + 1
+            for raw in data[:end].split(b"\n"):
+                if not raw.strip():
+                    continue
+                try:
+                    new.append(_decode(raw))
+                except (UnicodeDecodeError, json.JSONDecodeError, HistoryError):
+                    continue
+        return new
+
+
+def _encode(event: Event) -> bytes:
+    return (json.dumps(event.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n").encode()
 
 
 def _decode(raw: bytes) -> Event:
@@ -313,8 +410,7 @@ class HistoryFollower:
     """
 
     def __init__(self, directory: StrPath) -> None:
-        self._dir = Path(directory)
-        self._offsets: dict[Path, int] = {}
+        self._tail = HistoryTail(directory)
         self._invokes: dict[str, Event] = {}
         self._acked: dict[str, int] = {}
         self._reads: dict[str, list[tuple[int, str | None]]] = {}
@@ -322,32 +418,14 @@ class HistoryFollower:
     def poll(self) -> list[tuple[Event, Event]]:
         """(invoke, completion) pairs of the operations completed since the last call."""
         done: list[tuple[Event, Event]] = []
-        for path in sorted(self._dir.glob("*.jsonl")):
-            offset = self._offsets.get(path, 0)
-            try:
-                with path.open("rb") as f:
-                    f.seek(offset)
-                    data = f.read()
-            except OSError:
+        for event in self._tail.poll():
+            if event.type == "invoke":
+                self._invokes[event.op_id] = event
                 continue
-            end = data.rfind(b"\n")
-            if end < 0:
-                continue
-            self._offsets[path] = offset + end + 1
-            for raw in data[:end].split(b"\n"):
-                if not raw.strip():
-                    continue
-                try:
-                    event = _decode(raw)
-                except (UnicodeDecodeError, json.JSONDecodeError, HistoryError):
-                    continue
-                if event.type == "invoke":
-                    self._invokes[event.op_id] = event
-                    continue
-                invoke = self._invokes.pop(event.op_id, None)
-                if invoke is not None:
-                    self._note(invoke, event)
-                    done.append((invoke, event))
+            invoke = self._invokes.pop(event.op_id, None)
+            if invoke is not None:
+                self._note(invoke, event)
+                done.append((invoke, event))
         return done
 
     def _note(self, invoke: Event, completion: Event) -> None:
@@ -641,10 +719,14 @@ __all__ = [
     "ExtraValue",
     "HistoryError",
     "HistoryFollower",
+    "HistoryParts",
+    "HistoryTail",
     "HistoryWriter",
     "Operation",
     "Recorder",
     "StrPath",
+    "iter_history",
     "pair_operations",
     "read_history",
+    "split_history",
 ]

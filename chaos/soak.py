@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import random
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -49,10 +50,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from chaos import faults, health
-from chaos.checker import CheckResult, check
+from chaos.checker import CheckResult, check, merge
 from chaos.cluster import ClientNode, Cluster, Topology
 from chaos.faults import FaultLog
-from chaos.history import read_history
+from chaos.history import Event, HistoryTail, iter_history, split_history
 from chaos.processes import Proc
 from chaos.scenarios import (
     GUARD_MODES,
@@ -70,6 +71,7 @@ from chaos.workload import (
     PERIODIC_EVERY_S,
     PERIODIC_SCHEDULE,
     Profile,
+    epoch_part,
     record_final_reads,
     record_periodic_jobs,
 )
@@ -87,6 +89,9 @@ CRASH_UNTIL: Final = 0.4
 every client fault, go on to the end. A crash restarts a server's memory,
 descriptors and tasks from zero: the growth check needs incarnations that live
 through the last half of the run (and their warm-up before it) to judge anything."""
+CLOSE_AFTER_EPOCHS: Final = 1
+"""The continuous check lets an epoch go this many epochs after it ended: by then every
+operation of its names has long completed (the longest fault is seconds)."""
 EPOCH_S: Final = 300.0
 """How long the soak's resource names live: a lock-counter's value (every increment id so
 far, recorded whole by every read) then grows for five minutes at most, so the history
@@ -403,14 +408,30 @@ class Nemesis:
 
 
 class ContinuousCheck:
-    """Runs the checker over the history so far every ``every`` s, on a thread."""
+    """Runs the checker over the history so far every ``every`` s, on a thread.
 
-    def __init__(self, history_dir: Path, mode: str, every: float, t0: float) -> None:
+    Each check reads only the events recorded since the last one (:class:`HistoryTail`)
+    and keeps them by epoch (:func:`chaos.workload.epoch_part`): a check judges the
+    epochs still open, and an epoch that ended :data:`CLOSE_AFTER_EPOCHS` epochs ago is
+    judged a last time and let go (its verdict kept), so the harness holds one or two
+    epochs of history, not the run's. A straggler's event for an epoch let go is left
+    to the final check, which judges the whole history."""
+
+    def __init__(
+        self, history_dir: Path, mode: str, every: float, t0: float, epoch_s: float = 0.0
+    ) -> None:
         self.history_dir = history_dir
         self.mode = mode
         self.every = every
         self.t0 = t0
+        self.epoch_s = epoch_s
         self.checks: list[dict[str, Any]] = []
+        self._tail = HistoryTail(history_dir)
+        self._open: dict[str, list[Event]] = {}
+        self._closed: set[str] = set()
+        self._closed_events = 0
+        self._closed_violations = 0
+        self._closed_kinds: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="checker", daemon=True)
 
@@ -423,17 +444,46 @@ class ContinuousCheck:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
-            t = time.monotonic() - self.t0
-            events = read_history(self.history_dir)
-            result = check(events, mode=self.mode)
-            self.checks.append(
-                {
-                    "t": round(t, 1),
-                    "events": len(events),
-                    "violations": len(result.violations),
-                    "kinds": sorted(result.kinds()),
-                }
-            )
+            self.check_now()
+
+    def held(self) -> int:
+        """Events held for the epochs still open."""
+        return sum(len(events) for events in self._open.values())
+
+    def check_now(self, now: float | None = None) -> dict[str, Any]:
+        """Read what was recorded since the last check, judge the open epochs, let go of
+        the ended ones; returns the check's record (also appended to ``checks``)."""
+        wall = time.time() if now is None else now
+        for event in self._tail.poll():
+            name = epoch_part(event.resource) if self.epoch_s > 0 else "rest"
+            if name not in self._closed:
+                self._open.setdefault(name, []).append(event)
+        events, violations, kinds = self._closed_events, self._closed_violations, set()
+        for name in sorted(self._open):
+            part = self._open[name]
+            result = check(part, mode=self.mode)
+            events += len(part)
+            violations += len(result.violations)
+            kinds |= result.kinds()
+            if self._ended(name, wall):
+                self._closed.add(name)
+                self._closed_events += len(part)
+                self._closed_violations += len(result.violations)
+                self._closed_kinds |= result.kinds()
+                del self._open[name]
+        record = {
+            "t": round(time.monotonic() - self.t0, 1),
+            "events": events,
+            "violations": violations,
+            "kinds": sorted(kinds | self._closed_kinds),
+        }
+        self.checks.append(record)
+        return record
+
+    def _ended(self, name: str, wall: float) -> bool:
+        if name == "rest" or self.epoch_s <= 0:
+            return False
+        return wall >= (int(name[1:]) + 1 + CLOSE_AFTER_EPOCHS) * self.epoch_s
 
 
 def run_soak(
@@ -523,7 +573,7 @@ def run_soak(
             observed += election_res if config.candidates else []
             observer = Observer(cluster.guard_target, observed, history_dir, 0.1, config.epoch_s)
             every = config.check_every or max(10.0, config.duration / 20)
-            checker = ContinuousCheck(history_dir, config.fence_mode, every, t0)
+            checker = ContinuousCheck(history_dir, config.fence_mode, every, t0, config.epoch_s)
             nemesis = Nemesis(
                 cluster,
                 log,
@@ -569,7 +619,7 @@ def run_soak(
                     )
             cluster.stop_proxies()
             resources = sorted(
-                set(observed) | {e.resource for e in read_history(history_dir) if e.op == "acquire"}
+                set(observed) | {e.resource for e in iter_history(history_dir) if e.op == "acquire"}
             )
             say(f"final reads of {len(resources)} resources")
             try:
@@ -603,9 +653,28 @@ def judge(
     started: float,
     elapsed_s: float | None = None,
 ) -> SoakResult:
-    """Check the whole history in ``out``, judge the health samples, write the report."""
-    events = read_history(out / "history")
-    result = check(events, mode=config.fence_mode)
+    """Check the whole history in ``out``, judge the health samples, write the report.
+
+    The history is judged one epoch at a time (:func:`chaos.checker.merge`), split on
+    disk first, so a run of hours is checked in the memory of one epoch."""
+    window_s = max(config.sample_every, config.duration / 60)
+    latencies = health.Latencies(t0_ns, window_s)
+    with tempfile.TemporaryDirectory(prefix="parts-", dir=out) as tmp:
+        parts = split_history(out / "history", tmp, epoch_part)
+        results = []
+        for name in parts.names:
+            events = parts.read(name)
+            results.append(
+                check(
+                    events,
+                    mode=config.fence_mode,
+                    origin_ns=parts.origin_ns,
+                    last_seen=parts.last_seen,
+                )
+            )
+            latencies.add(events)
+            del events
+    result = merge(config.fence_mode, results)
     growths = health.growth(samples, config.duration)
     counts: dict[str, int] = {}
     for w in windows:
@@ -624,8 +693,7 @@ def judge(
         dict(sorted(counts.items())),
         t0_ns,
     )
-    window_s = max(config.sample_every, config.duration / 60)
-    write_report(soak, samples, health.latency_series(events, t0_ns, window_s))
+    write_report(soak, samples, latencies.series())
     return soak
 
 
@@ -639,7 +707,7 @@ def rejudge(out: Path) -> SoakResult:
     windows = faults.read_faults(out / "faults.jsonl")
     t0_ns = int(raw.get("t0_ns") or 0)
     if not t0_ns:  # written before it was recorded: the clients' first event
-        t0_ns = min((e.t_mono_ns for e in read_history(out / "history")), default=0)
+        t0_ns = min((e.t_mono_ns for e in iter_history(out / "history")), default=0)
     return judge(
         config,
         out,

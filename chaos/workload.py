@@ -99,6 +99,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -977,6 +978,24 @@ def in_epoch(resource: str, epoch_s: float, now: float | None = None) -> str:
     if epoch_s <= 0:
         return resource
     return f"{resource}.e{int((time.time() if now is None else now) // epoch_s)}"
+
+
+EPOCH_SUFFIX: Final = re.compile(r"\.e(\d+)$")
+"""How :func:`in_epoch` marks a name's epoch."""
+
+
+def epoch_of(resource: str) -> int | None:
+    """The epoch :func:`in_epoch` named ``resource`` in (None: a name that does not rotate)."""
+    found = EPOCH_SUFFIX.search(resource)
+    return int(found.group(1)) if found else None
+
+
+def epoch_part(resource: str) -> str:
+    """The part of a soak's history ``resource`` belongs to when it is judged in parts
+    (:func:`chaos.history.split_history`): ``e<N>`` for a name of epoch N, ``rest`` for
+    the names that never rotate (jobs, schedules)."""
+    epoch = epoch_of(resource)
+    return "rest" if epoch is None else f"e{epoch}"
 
 
 def record_periodic_jobs(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chaos.checker import GRANT_FENCED_MODES, CheckResult, ViolationKind, check
+from chaos.checker import GRANT_FENCED_MODES, CheckResult, ViolationKind, check, merge
 from chaos.history import (
     Event,
     ExtraValue,
@@ -33,6 +34,7 @@ from chaos.history import (
     Recorder,
     pair_operations,
     read_history,
+    split_history,
 )
 from tests.thorough import examples
 
@@ -1526,3 +1528,65 @@ def test_failed_listings_and_other_resources_are_not_judged() -> None:
         replace(e, type="info") for e in h.events if e.type != "invoke"
     ]
     assert h.check().valid
+
+
+# -- judged in parts: the same verdict, one part in memory at a time ------------------
+
+
+def judged_in_parts(events: list[Event], mode: str, part: Callable[[str], str]) -> CheckResult:
+    """``events`` written as the clients write them (a file per process), split on disk
+    by ``part`` and judged part by part, as a soak's final check does."""
+    with tempfile.TemporaryDirectory() as tmp:
+        history = Path(tmp) / "history"
+        history.mkdir()
+        writers: dict[str, HistoryWriter] = {}
+        for e in sorted(events, key=lambda e: e.t_mono_ns):
+            if e.process not in writers:
+                writers[e.process] = HistoryWriter(history / f"{e.process}.jsonl")
+            writers[e.process].write(e)
+        for w in writers.values():
+            w.close()
+        parts = split_history(history, Path(tmp) / "parts", part)
+        assert parts.events == len(events)
+        return merge(
+            mode,
+            [
+                check(
+                    parts.read(n), mode=mode, origin_ns=parts.origin_ns, last_seen=parts.last_seen
+                )
+                for n in parts.names
+            ],
+        )
+
+
+def same_verdict(whole: CheckResult, parts: CheckResult) -> None:
+    assert parts.counts() == whole.counts()
+    assert parts.finding_counts() == whole.finding_counts()
+    assert sorted(map(str, parts.violations)) == sorted(map(str, whole.violations))
+    a, b = whole.stats, parts.stats
+    assert (b.ops, b.pending, b.writes_ok, b.stale_rejected) == (
+        a.ops, a.pending, a.writes_ok, a.stale_rejected,
+    )  # fmt: skip
+    assert b.overlap_count == a.overlap_count
+    assert b.overlap_ms == pytest.approx(a.overlap_ms)
+    assert sorted(b.takeover_latency_ms) == pytest.approx(sorted(a.takeover_latency_ms))
+
+
+@MUT
+@given(simulations(), st.data())
+def test_a_history_judged_in_parts_gets_the_verdict_of_the_whole(
+    sim: Sim, data: st.DataObject
+) -> None:
+    events = sim.events
+    barriers = ok_ops(sim, "write", "fence")
+    if data.draw(st.booleans()) and barriers:  # and with a violation in it
+        b = data.draw(st.sampled_from(barriers))
+        assert isinstance(b.end_ns, int) and b.token is not None
+        events = inject(
+            sim, "write", b.resource, b.end_ns + 1, b.end_ns + 2,
+            token=b.token - TOKEN_STEP // 2, key="stale/k", value="stale",
+        )  # fmt: skip
+    for mode in ALL_MODES:
+        whole = check(events, mode=mode)
+        same_verdict(whole, judged_in_parts(events, mode, lambda resource: resource))
+        same_verdict(whole, judged_in_parts(events, mode, lambda _resource: "all"))
