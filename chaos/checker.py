@@ -112,8 +112,7 @@ run invalid). All rules are per resource.
    with ``extra["job"]``) of the same job with a token ``t' > t`` had completed: the
    job had been rescued, the former attempt's token was stale and its completion
    had to be refused. ``info`` completions may or may not have landed and are not
-   judged. (That every job is done at least once needs the queue's final state,
-   which the history does not hold yet.)
+   judged. That every job is done at least once is rule 9.
 8. ``periodic-slot`` (periodic schedules, one job per period): the queue's jobs of a
    schedule, listed after the run, are ``periodic`` operations on
    ``periodic/<schedule>`` whose ``value`` is the start (ms) of the job's period and
@@ -122,6 +121,14 @@ run invalid). All rules are per resource.
    servers that did not agree it was done) or none (a period no server enqueued, the
    schedule's catch-up included) is flagged.
 
+9. ``job-not-done`` (queue jobs, at least once): after all clients stopped, the
+   harness does what is left to do (claims what is ready, rescues what killed workers
+   left running) and lists every job of the queue: ``job`` operations on the job's
+   resource, ``value`` its state, ``extra["attempts"]``/``["max_attempts"]``. A job
+   listed in any state but ``succeeded`` is flagged, unless it is ``dead`` with its
+   attempts used up (the queue gave up by its rule) and no completion of it was
+   acknowledged; a job whose completion was acknowledged (an ``ok`` release with
+   ``extra["job"]``) must be listed ``succeeded``.
 Measured, never asserted (:class:`Stats`): operation counts by op and outcome;
 ``writes_ok``; ``stale_rejected`` (``fail`` writes and fences with error
 ``STALE_TOKEN``: the guard at work); ``overlap_count``/``overlap_ms`` (how often
@@ -178,6 +185,7 @@ class ViolationKind(StrEnum):
     REJECTED_WRITE_LANDED = "rejected-write-landed"
     JOB_DONE_TWICE = "job-done-twice"
     PERIODIC_SLOT = "periodic-slot"
+    JOB_NOT_DONE = "job-not-done"
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +292,7 @@ def check(
     origin_ns: int | None = None,
     last_seen: Mapping[str, float] | None = None,
 ) -> CheckResult:
-    """Judge a history against rules 1-8 (see the module docstring) and measure it.
+    """Judge a history against rules 1-9 (see the module docstring) and measure it.
 
     ``mode`` is the fence mode the run claims to test: ``monotonic``, ``promise``,
     ``watch`` or ``strict``; it selects whether rule 3b applies and whether rule 6's
@@ -326,6 +334,7 @@ def check(
         findings += window
         violations += _job_completions(resource, rops)
         violations += _periodic_slots(resource, rops)
+        violations += _jobs_not_done(resource, rops)
     return CheckResult(
         mode=mode,
         violations=tuple(violations),
@@ -777,6 +786,41 @@ def _job_completions(resource: str, rops: Sequence[Operation]) -> list[Violation
                     (d.op_id, c.op_id),
                 )
             )
+    return out
+
+
+# -- rule 9 ------------------------------------------------------------------
+
+
+def _jobs_not_done(resource: str, rops: Sequence[Operation]) -> list[Violation]:
+    done = [o for o in rops if o.op == "release" and o.ok and "job" in o.extra]
+    out: list[Violation] = []
+    for listed in (o for o in rops if o.op == "job" and o.ok):
+        state = listed.value
+        if state == "succeeded":
+            continue
+        attempts, most = listed.extra.get("attempts"), listed.extra.get("max_attempts")
+        used_up = isinstance(attempts, int) and isinstance(most, int) and attempts >= most
+        if done:
+            detail = (
+                f"job {listed.extra['job']!r} is {state!r} at the end, but its completion "
+                f"{done[0].op_id} ({done[0].process}, token {done[0].token}) was acknowledged"
+            )
+        elif state == "dead" and used_up:
+            continue
+        else:
+            detail = (
+                f"job {listed.extra['job']!r} is {state!r} at the end (attempts "
+                f"{attempts} of {most}): never done"
+            )
+        out.append(
+            Violation(
+                ViolationKind.JOB_NOT_DONE,
+                resource,
+                detail,
+                (listed.op_id, *(d.op_id for d in done[:1])),
+            )
+        )
     return out
 
 

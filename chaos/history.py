@@ -49,10 +49,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-OPS: Final = frozenset({"acquire", "renew", "release", "write", "read", "fence", "periodic"})
+OPS: Final = frozenset({"acquire", "renew", "release", "write", "read", "fence", "periodic", "job"})
 """Operation names: lease-server calls (acquire, renew, release), guard calls (write,
-read, fence: an explicit ``Fence`` promise), and ``periodic``: a job a periodic schedule
-enqueued, as listed from the queue after the run (checker rule 8)."""
+read, fence: an explicit ``Fence`` promise), ``periodic``: a job a periodic schedule
+enqueued, as listed from the queue after the run (checker rule 8), and ``job``: a job
+of the workers' queue as listed at the end, its value its state (rule 9)."""
 
 TYPES: Final = frozenset({"invoke", "ok", "fail", "info"})
 """Event types: ``invoke`` starts an operation, the other three complete it."""

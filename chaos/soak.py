@@ -71,6 +71,7 @@ from chaos.workload import (
     PERIODIC_EVERY_S,
     PERIODIC_SCHEDULE,
     Profile,
+    drain_and_record_jobs,
     epoch_part,
     record_final_reads,
     record_periodic_jobs,
@@ -144,6 +145,9 @@ class SoakConfig:
     """False: the control, the guard's fencing off (judged in ``fence_mode``)."""
     leak: str = ""
     """A :mod:`chaos.leaky` kind: the control of the health check. Never in a real run."""
+    drain: bool = True
+    """False: the end does not do the jobs the workers left (the control of rule 9, which
+    must then flag them). Never in a real run."""
     epoch_s: float = EPOCH_S
     """Seconds each resource name lives (:func:`chaos.workload.in_epoch`): 0 keeps them."""
 
@@ -631,11 +635,17 @@ def run_soak(
                     errors.append(f"only {read} of {2 * len(resources)} final reads succeeded")
             if config.has_workers:
                 try:
+                    # No period starts during the drain: what it leaves undone stays so.
+                    with QueueClient(cluster.lease_target) as queue:
+                        queue.delete_schedule(PERIODIC_SCHEDULE, queue=JOB_QUEUE)
+                    drained, listed = drain_and_record_jobs(
+                        cluster.lease_target, history_dir, drain=config.drain
+                    )
                     periodic = record_periodic_jobs(cluster.lease_target, history_dir)
                 except Exception as exc:
-                    errors.append(f"listing the periodic jobs failed: {type(exc).__name__}: {exc}")
+                    errors.append(f"listing the jobs failed: {type(exc).__name__}: {exc}")
                 else:
-                    say(f"{periodic} periodic jobs listed")
+                    say(f"{drained} jobs done by the drain, {listed} listed, {periodic} periodic")
     except Exception as exc:
         errors.append(f"{type(exc).__name__}: {exc}")
     say("checking the whole history")

@@ -998,6 +998,87 @@ def epoch_part(resource: str) -> str:
     return "rest" if epoch is None else f"e{epoch}"
 
 
+DRAIN_S: Final = 60.0
+"""How long the end of a soak waits for the queue to have nothing left to do: claims of
+killed workers expire (their TTL) and are rescued, the reaper buries what has no
+attempts left."""
+
+UNFINISHED: Final = ("ready", "running", "waiting")
+"""Job states with work still to do."""
+
+
+def drain_and_record_jobs(
+    lease_target: str,
+    history_dir: Path,
+    *,
+    queue: str = JOB_QUEUE,
+    drain_s: float = DRAIN_S,
+    drain: bool = True,
+    timeout: float = 2.0,
+) -> tuple[int, int]:
+    """After all clients stopped: do every job still to do, then list every job.
+
+    A worker of its own (process ``final``, no faults) claims what is ready and rescues
+    what killed workers left running, completing each (recorded as any worker's claim
+    and completion, so rule 7 judges them too), until no job is ready, running or
+    waiting (at most ``drain_s``). Then every job of ``queue`` is recorded as a ``job``
+    operation on its resource, its value the state, with its attempts (checker rule
+    9: a job is done at least once). ``drain=False`` skips the drain: the control
+    that shows rule 9 failing a run whose workers stopped mid-queue. Returns (jobs
+    completed by the drain, jobs listed); a listing that keeps failing raises."""
+    completed = 0
+    with (
+        HistoryWriter(history_dir / "jobs.jsonl") as writer,
+        QueueClient(lease_target, worker="final", rpc_timeout=timeout) as client,
+    ):
+        rec = Recorder(writer.write, "final")
+        deadline = time.monotonic() + drain_s
+        while drain and time.monotonic() < deadline:
+            try:
+                claimed = client.claim(queue, batch=100, ttl=30.0, wait=0.5)
+                left = claimed or any(
+                    next(iter(client.list_jobs(queue, state=state, page_size=1)), None)
+                    for state in UNFINISHED
+                )
+            except Exception:
+                time.sleep(0.2)
+                continue
+            for job in claimed:
+                op = rec.invoke("acquire", job.resource, ttl_ms=job.ttl_ms, job=job.id)
+                rec.complete(op, "ok", token=job.token, ttl_ms=job.ttl_ms)
+                done = rec.invoke("release", job.resource, token=job.token, job=job.id)
+                try:
+                    client.complete(job)
+                except Exception as exc:
+                    rec.complete(done, "info" if _unknown(exc) else "fail", error=_reason(exc))
+                else:
+                    rec.complete(done, "ok")
+                    completed += 1
+            if not left:
+                break
+        for attempt in range(20):
+            try:
+                jobs = list(client.list_jobs(queue, page_size=1000))
+                break
+            except Exception:
+                if attempt == 19:
+                    raise
+                time.sleep(min(0.1 * (attempt + 1), 0.5))
+        for info in jobs:
+            # As listed: the state is known when the operation is recorded (rule 8's way).
+            op = rec.invoke(
+                "job",
+                info.resource or f"job/{info.queue}/{info.id}",
+                value=info.state,
+                job=info.id,
+                attempts=info.attempts,
+                max_attempts=info.max_attempts,
+                final=1,
+            )
+            rec.complete(op, "ok")
+    return completed, len(jobs)
+
+
 def record_periodic_jobs(
     lease_target: str,
     history_dir: Path,

@@ -58,6 +58,10 @@ def test_a_short_soak_on_sqlite_is_valid_and_flat(tmp_path: Path) -> None:
     # The periodic schedule's jobs were listed after the run, one per period (rule 8).
     periodic = [e for e in _history(tmp_path) if e.op == "periodic" and e.type == "ok"]
     assert len(periodic) >= 5
+    # Every job of the workers' queue was listed at the end, each one done (rule 9).
+    jobs = [e for e in _history(tmp_path) if e.op == "job" and e.type == "invoke"]
+    claimed = {e.extra["job"] for e in _history(tmp_path) if e.op == "acquire" and "job" in e.extra}
+    assert claimed and claimed <= {e.extra["job"] for e in jobs}
     # Candidates were elected (terms) and their increments fenced by the term.
     led = [e for e in _history(tmp_path) if e.process.startswith("l") and e.type == "ok"]
     assert {e.op for e in led} >= {"acquire", "write"}

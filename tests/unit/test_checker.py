@@ -1590,3 +1590,38 @@ def test_a_history_judged_in_parts_gets_the_verdict_of_the_whole(
         whole = check(events, mode=mode)
         same_verdict(whole, judged_in_parts(events, mode, lambda resource: resource))
         same_verdict(whole, judged_in_parts(events, mode, lambda _resource: "all"))
+
+
+# -- rule 9: every job done at least once --------------------------------------------
+
+
+def listed_job(h: History, state: str, *, attempts: int = 1, done: bool = False) -> None:
+    res = "job/chaos/1"
+    h.op("w", "acquire", res, 0, 1, token=3, ttl_ms=1000, job=1)
+    if done:
+        h.op("w", "release", res, 2, 3, token=3, job=1)
+    h.op(
+        "final", "job", res, 10, 10, value=state, job=1, attempts=attempts, max_attempts=5, final=1
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "attempts", "done", "flagged"),
+    [
+        ("succeeded", 1, True, False),
+        ("succeeded", 1, False, False),  # its completion's reply was lost: done all the same
+        ("dead", 5, False, False),  # the queue gave up by its rule
+        ("dead", 2, False, True),  # buried with attempts left
+        ("ready", 1, False, True),  # left undone
+        ("running", 1, False, True),
+        ("dead", 5, True, True),  # an acknowledged completion lost
+        ("ready", 1, True, True),
+    ],
+)
+def test_a_job_listed_at_the_end_must_have_been_done(
+    state: str, attempts: int, done: bool, flagged: bool
+) -> None:
+    h = History()
+    listed_job(h, state, attempts=attempts, done=done)
+    result = h.check("strict")
+    assert result.kinds() == ({ViolationKind.JOB_NOT_DONE} if flagged else set())
