@@ -56,12 +56,13 @@ once (:func:`driver_errors`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
 import inspect
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeAlias
@@ -170,48 +171,80 @@ def _client_kwargs(url: str) -> dict[str, Any]:
     return kwargs
 
 
+_pack: Callable[[tuple[Any, ...]], bytes] | None
 try:  # hiredis comes with the redis extra; without it, redis-py packs as usual
     from hiredis import pack_command as _pack
 except ImportError:  # pragma: no cover
-    _pack = None  # type: ignore[assignment]
+    _pack = None
 
 
-class _HiredisPacking:
-    """Packs commands with hiredis's C packer instead of redis-py's Python one: the
-    guard's batches and the lease sessions send thousands of arguments per call, and
-    packing them in Python cost more CPU than everything else the guard does per write.
-    Anything hiredis cannot pack (a memoryview) falls back to redis-py's packer."""
+class _Connection(Connection):
+    """redis-py's connection, with a cancellation it swallowed while sending raised again,
+    and commands packed by hiredis.
+
+    **Cancellation.** redis-py writes each command through ``asyncio.wait_for`` (a socket
+    timeout is always set here), and on Python 3.11 ``wait_for`` returns the write's result
+    instead of raising when the write finishes in the same loop turn as the cancellation
+    arrives (serving.tasks). The task then goes on to read the reply and return as if never
+    cancelled. On a loaded machine that is the likely case, not a rare one: the process gets
+    the CPU back with the reply and a due re-cancel timer both ready, the task runs first
+    into its next command's ``wait_for``, and the cancel lands there, on every re-cancel in a
+    row. A cancellation requested during the send and not withdrawn (``asyncio.timeout``
+    withdraws its own with ``uncancel``) was swallowed, so it is raised here, after closing
+    the connection as redis-py does for a send cancelled the ordinary way.
+
+    **Packing.** hiredis's C packer instead of redis-py's Python one: the guard's batches
+    and the lease sessions send thousands of arguments per call, and packing them in Python
+    cost more CPU than everything else the guard does per write. Anything hiredis cannot
+    pack (a memoryview) falls back to redis-py's packer.
+    """
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        task = asyncio.current_task()
+        asked = task.cancelling() if task is not None else 0
+        await super().send_packed_command(command, check_health)
+        if task is not None and task.cancelling() > asked:
+            await self.disconnect(nowait=True)
+            raise asyncio.CancelledError
 
     def pack_command(self, *args: Any) -> list[bytes]:
+        if _pack is None:  # pragma: no cover
+            return super().pack_command(*args)
         if isinstance(args[0], str) and " " in args[0]:
             args = (*args[0].split(), *args[1:])  # 'CONFIG GET' goes as two words
         try:
-            assert _pack is not None
             return [_pack(args)]
         except TypeError:
-            return super().pack_command(*args)  # type: ignore[misc, no-any-return]
+            return super().pack_command(*args)
 
 
-class _PackingConnection(_HiredisPacking, Connection):
+class _SSLConnection(_Connection, SSLConnection):
     pass
 
 
-class _PackingSSLConnection(_HiredisPacking, SSLConnection):
-    pass
+def _ours(connection_class: type[Connection]) -> type[Connection]:
+    return _SSLConnection if issubclass(connection_class, SSLConnection) else _Connection
 
 
 def standalone_client(url: str) -> Redis:
     """A client of one server that never re-sends a command."""
     kwargs = _client_kwargs(url)
-    if _pack is not None:
-        tls = urlsplit(url).scheme == "rediss"
-        kwargs["connection_class"] = _PackingSSLConnection if tls else _PackingConnection
+    tls = urlsplit(url).scheme == "rediss"
+    kwargs["connection_class"] = _SSLConnection if tls else _Connection
     return Redis.from_url(url, **kwargs)
 
 
 def cluster_client(url: str) -> RedisCluster:
     """A cluster client that never re-sends a command (only follows MOVED/ASK)."""
-    return RedisCluster.from_url(url, **_client_kwargs(url))
+    client = RedisCluster.from_url(url, **_client_kwargs(url))
+    # RedisCluster takes no connection class: it picks one from ``ssl`` into the kwargs
+    # every node is built from (shared with its NodesManager), and has built the startup
+    # nodes from them already.
+    kwargs = client.connection_kwargs
+    kwargs["connection_class"] = _ours(kwargs["connection_class"])
+    for node in client.startup_nodes:
+        node.connection_class = _ours(node.connection_class)
+    return client
 
 
 async def connect(target: RedisTarget) -> Client:

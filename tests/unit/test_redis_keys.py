@@ -134,6 +134,23 @@ def test_clients_never_retry_a_command() -> None:
     assert cluster.retry.get_retries() == 0
 
 
+def test_clients_use_the_connection_that_raises_a_swallowed_cancellation() -> None:
+    """Every client's connections are ours (serving.redis_db._Connection), TLS ones too,
+    and a cluster's startup nodes as well as the nodes it finds later."""
+    plain = redis_db.standalone_client("redis://127.0.0.1:1")
+    assert plain.connection_pool.connection_class is redis_db._Connection
+    tls = redis_db.standalone_client("rediss://127.0.0.1:1")
+    assert tls.connection_pool.connection_class is redis_db._SSLConnection
+    for url, ours in [
+        ("redis://127.0.0.1:1", redis_db._Connection),
+        ("rediss://127.0.0.1:1", redis_db._SSLConnection),
+    ]:
+        cluster = redis_db.cluster_client(url)
+        assert cluster.connection_kwargs["connection_class"] is ours
+        assert [node.connection_class for node in cluster.startup_nodes] == [ours]
+        assert cluster.nodes_manager.connection_kwargs["connection_class"] is ours
+
+
 @pytest.mark.parametrize(
     "error",
     [
