@@ -221,6 +221,14 @@ async def _cpu(o: Options) -> Report:
     text = cpu.markdown(rows, max(o.clients))
     if table := cpu.loops(rows):
         text += "\n\nThe servers' event loop (same rounds):\n\n" + table
+    if table := cpu.storage(rows):
+        text += "\n\nWithout storage, the same servers on `memory://` (same rounds):\n\n" + table
+    if table := cpu.versus_markdown(rows):
+        text += (
+            "\n\nNext to etcd's lock+unlock (etcd 3.4 here, its JSON gateway, a stdlib "
+            "keep-alive HTTP client per client; same rounds; pinned: measured after, every "
+            "server on CPU 0, this process on CPU 1):\n\n" + table
+        )
     report = Report(text=text, markdown=text)
     for target, figure, met in cpu.targets(rows):
         report.targets.append((target, figure, _met(met)))

@@ -23,6 +23,14 @@ Operations, each over the floor of the messages it carries:
 * **guard Write (1 op), unary**: one unary empty call on the guard (a value that changes
   on every write).
 
+* **SDK Acquire+Release, one shared stream**: as many tasks on one
+  ``AsyncLeaseClient``: calls queued together share messages, so no floor divides it.
+
+Beside them, in the same rounds: the same servers on ``memory://`` (the difference is
+what the storage costs) and, when etcd is installed, etcd's lock+unlock (its server's
+CPU and its client's, :func:`bench.peers.etcd_op`): our streamed rows next to it, then
+again with every server pinned to CPU 0 and this process to CPU 1 (one core each).
+
 Rounds alternate (every row, then every row again, ``ROUNDS`` times) and each figure
 is the median of its rounds, so a change in the machine's load hits every row alike.
 With ``old=REF`` (``python -m bench --only cpu --old REF``) the lease server and the
@@ -36,6 +44,8 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -65,6 +75,8 @@ GUARD_EMPTY = "guard: unary empty call"
 STREAMED = "SDK Acquire+Release, stream"
 UNARY = "SDK Acquire+Release, unary"
 WRITE = "guard Write (1 op), unary"
+SHARED = "SDK Acquire+Release, one shared stream"
+ETCD = "etcd lock+unlock (lease per client)"
 
 #: Each operation's floor: (floor row, how many of its messages the operation carries).
 FLOORS: dict[str, tuple[str, int]] = {
@@ -77,6 +89,13 @@ FLOORS: dict[str, tuple[str, int]] = {
 }
 #: The side whose servers run on uvloop (``--event-loop uvloop``).
 UVLOOP_SIDE = "new, uvloop"
+#: The side whose servers keep nothing (``memory://``): what is left is the transport,
+#: the service and the server's edge; the difference from "new" is the storage's.
+MEMORY_SIDE = "new, memory://"
+#: The rows measured again with every server on CPU 0 and this process on CPU 1.
+PINNED_SIDE = "pinned"
+#: The rows of the etcd comparison, shared cores and pinned.
+VERSUS = (STREAMED, SHARED)
 #: The targets: an operation's CPU at most this many times its floor's, server and client.
 BOUND = 1.5
 
@@ -145,7 +164,8 @@ async def _ops(
     sdk_unary = [
         AsyncLeaseClient(side.lease.address, holder=f"u{i}", transport="unary") for i in range(n)
     ]
-    for client in sdk_stream + sdk_unary:
+    sdk_shared = AsyncLeaseClient(side.lease.address, holder="t", transport="stream")
+    for client in [*sdk_stream, *sdk_unary, sdk_shared]:
         stack.push_async_callback(client.aclose)
     writes = [
         guard_pb2.WriteRequest(
@@ -171,6 +191,10 @@ async def _ops(
 
         return op
 
+    async def shared(i: int) -> None:
+        taken = await sdk_shared.acquire(f"cpu-{side.name}-t-{i}", ttl=10)
+        await taken.release()
+
     async def write(i: int) -> None:
         request = writes[i]
         request.ops[0].put.value = fresh_value()
@@ -182,6 +206,7 @@ async def _ops(
         (GUARD_EMPTY, guard_empty, side.guard),
         (STREAMED, cycle(sdk_stream, "s"), side.lease),
         (UNARY, cycle(sdk_unary, "u"), side.lease),
+        (SHARED, shared, side.lease),
         (WRITE, write, side.guard),
     ]
 
@@ -208,15 +233,16 @@ async def _echo_ops(address: str, n: int, stack: contextlib.AsyncExitStack) -> l
 
 @contextlib.contextmanager
 def _servers(
-    tree: Path | None, data: Path, side: str, *extra: str
+    tree: Path | None, data: Path, side: str, *extra: str, memory: bool = False
 ) -> Iterator[tuple[Server, Server]]:
     from bench.pglog import code_from
 
-    leases = f"sqlite:{data / f'{side}-leases.db'}"
+    leases = "memory://" if memory else f"sqlite:{data / f'{side}-leases.db'}"
+    store = "memory://" if memory else f"sqlite:{data / f'{side}-guard.db'}"
     with (
         code_from(tree),
         server("lease_server", "--backend", leases, *extra, cwd=tree) as la,
-        server("guard", "--store", f"sqlite:{data / f'{side}-guard.db'}", *extra, cwd=tree) as ga,
+        server("guard", "--store", store, *extra, cwd=tree) as ga,
     ):
         yield la, ga
 
@@ -232,13 +258,20 @@ async def run(
     *,
     rounds: int = ROUNDS,
     uvloop: bool | None = None,
+    etcd: bool | None = None,
 ) -> list[Row]:
     """Every row of the module doc, ``rounds`` alternating rounds, at ``max(clients)``.
 
     ``uvloop`` (default: when it is installed) adds a side whose servers run
-    ``--event-loop uvloop``, measured in the same rounds as the standard loop's."""
+    ``--event-loop uvloop``, measured in the same rounds as the standard loop's; a side
+    on ``memory://`` runs beside them. ``etcd`` (default: when it is installed) adds
+    etcd's lock+unlock to the rounds, then measures it and our streamed rows again with
+    the servers on CPU 0 and this process on CPU 1 (one core each)."""
     if uvloop is None:
         uvloop = _has_uvloop()
+    if etcd is None:
+        etcd = shutil.which("etcd") is not None
+    from bench.peers import etcd_op, etcd_process
     from bench.pglog import checkout
 
     n = max(clients)
@@ -247,6 +280,8 @@ async def run(
         echo_srv = procs.enter_context(server("bench.echo"))
         lease, guard = procs.enter_context(_servers(None, data, "new"))
         sides = [Side("new", lease, guard)]
+        lease, guard = procs.enter_context(_servers(None, data, "memory", memory=True))
+        sides.append(Side(MEMORY_SIDE, lease, guard))
         if uvloop:
             lease, guard = procs.enter_context(
                 _servers(None, data, "uvloop", "--event-loop", "uvloop")
@@ -261,16 +296,54 @@ async def run(
                 (Row(name, ""), op, echo_srv)
                 for name, op in await _echo_ops(echo_srv.address, n, stack)
             ]
+            versus: list[tuple[Row, Op, Server]] = []
+            if etcd:
+                host, port, pid = procs.enter_context(etcd_process())
+                etcd_srv = Server(f"{host}:{port}", [pid])
+                op = await etcd_op(host, port, n, stack)
+                plan.append((Row(ETCD, ""), op, etcd_srv))
+                versus.append((Row(ETCD, PINNED_SIDE), op, etcd_srv))
             for side in sides:
-                plan += [
-                    (Row(name, side.name), op, srv) for name, op, srv in await _ops(side, n, stack)
-                ]
-            for r in range(rounds):
-                for row, op, srv in plan:
-                    tag = f" ({row.side})" if row.side else ""
-                    progress(f"cpu: {row.name}{tag}, {n} clients, round {r + 1}/{rounds}")
-                    await _round(row, op, n, duration, srv)
-    return [row for row, _, _ in plan]
+                for name, op, srv in await _ops(side, n, stack):
+                    plan.append((Row(name, side.name), op, srv))
+                    if etcd and side.name == "new" and name in VERSUS:
+                        versus.append((Row(name, PINNED_SIDE), op, srv))
+            await _rounds(plan, n, duration, rounds)
+            if versus:
+                with _pinned([srv for _, _, srv in versus]):
+                    await _rounds(versus, n, duration, rounds)
+    return [row for row, _, _ in plan + versus]
+
+
+async def _rounds(plan: list[tuple[Row, Op, Server]], n: int, duration: float, rounds: int) -> None:
+    for r in range(rounds):
+        for row, op, srv in plan:
+            tag = f" ({row.side})" if row.side else ""
+            progress(f"cpu: {row.name}{tag}, {n} clients, round {r + 1}/{rounds}")
+            await _round(row, op, n, duration, srv)
+
+
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` on ``cpus`` (threads it starts later inherit it)."""
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(tid), cpus)
+
+
+@contextlib.contextmanager
+def _pinned(servers: Sequence[Server]) -> Iterator[None]:
+    """``servers`` on CPU 0 and this process on CPU 1, then every CPU again."""
+    everywhere = set(range(os.cpu_count() or 1))
+    pids = {pid for srv in servers for pid in srv.pids}
+    for pid in pids:
+        _pin(pid, {0})
+    _pin(os.getpid(), {1 % len(everywhere)})
+    try:
+        yield
+    finally:
+        for pid in [*pids, os.getpid()]:
+            _pin(pid, everywhere)
 
 
 def _floor_of(row: Row, rows: Sequence[Row]) -> tuple[Row, int] | None:
@@ -307,7 +380,8 @@ def markdown(rows: Sequence[Row], n: int) -> str:
     for row in rows:
         found = _floor_of(row, rows)
         both = ratios(row, rows)
-        floor = f"{found[1]} x {found[0].name}" if found else "(floor)"
+        is_floor = any(row.name == name for name, _ in FLOORS.values())
+        floor = f"{found[1]} x {found[0].name}" if found else "(floor)" if is_floor else "-"
         lines.append(
             f"| {row.name} | {row.side or '-'} | {row.rate:,.0f} | {row.server_us:,.0f} | "
             f"{row.client_us:,.0f} | {floor} | "
@@ -337,6 +411,76 @@ def loops(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def storage(rows: Sequence[Row]) -> str:
+    """Server CPU per operation on SQLite against the same servers on ``memory://``:
+    what the storage costs, and what is left of the floor's ratio without it."""
+    lines = [
+        "| row | server us/op, sqlite | server us/op, memory:// | storage's share "
+        "| memory:// / floor |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for row in rows:
+        if row.side != MEMORY_SIDE or row.name not in (STREAMED, UNARY, SHARED, WRITE):
+            continue
+        std = next((r for r in rows if r.name == row.name and r.side == "new"), None)
+        if std is None or not std.server_us:
+            continue
+        both = ratios(row, rows)
+        lines.append(
+            f"| {row.name} | {std.server_us:,.0f} | {row.server_us:,.0f} | "
+            f"{1 - row.server_us / std.server_us:.0%} | " + (f"{both[0]:.2f}x |" if both else "- |")
+        )
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def _etcd(rows: Sequence[Row], side: str) -> Row | None:
+    etcd_side = "" if side == "new" else side
+    return next((r for r in rows if r.name == ETCD and r.side == etcd_side and r.rates), None)
+
+
+def versus(rows: Sequence[Row]) -> list[tuple[str, Row, Row]]:
+    """(how, ours, etcd's) for each streamed row next to etcd's, shared cores and pinned."""
+    out: list[tuple[str, Row, Row]] = []
+    for side, how in (("new", "2 shared cores"), (PINNED_SIDE, "pinned, a core each")):
+        etcd = _etcd(rows, side)
+        if etcd is None:
+            continue
+        out += [
+            (how, row, etcd)
+            for row in rows
+            if row.name in VERSUS and row.side == side and row.rates
+        ]
+    return out
+
+
+def versus_markdown(rows: Sequence[Row]) -> str:
+    """Our streamed rows next to etcd's lock+unlock: rate, and server + client CPU."""
+    pairs = versus(rows)
+    if not pairs:
+        return ""
+    lines = [
+        "| cores | row | ops/s | / etcd | server + client us/op | etcd's | CPU / etcd |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for how, ours, etcd in pairs:
+        mine, theirs = ours.server_us + ours.client_us, etcd.server_us + etcd.client_us
+        lines.append(
+            f"| {how} | {ours.name} | {ours.rate:,.0f} | {ours.rate / etcd.rate:.2f}x | "
+            f"{ours.server_us:,.0f} + {ours.client_us:,.0f} = {mine:,.0f} | "
+            f"{etcd.server_us:,.0f} + {etcd.client_us:,.0f} = {theirs:,.0f} | "
+            f"{mine / theirs:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+#: Each streamed row's rate over etcd's at least this, by where the processes run.
+VERSUS_BOUND = {
+    ("2 shared cores", STREAMED): 1.0,
+    ("2 shared cores", SHARED): 2.0,
+    ("pinned, a core each", STREAMED): 1.5,
+}
+
+
 def targets(rows: Sequence[Row]) -> list[tuple[str, str, bool]]:
     """(target, figure, met) per operation row of this tree."""
     out: list[tuple[str, str, bool]] = []
@@ -356,6 +500,26 @@ def targets(rows: Sequence[Row]) -> list[tuple[str, str, bool]]:
                 both[0] <= BOUND and both[1] <= BOUND,
             )
         )
+    for how, ours, etcd in versus(rows):
+        bound = VERSUS_BOUND.get((how, ours.name))
+        if bound is not None:
+            ratio = ours.rate / etcd.rate
+            out.append(
+                (
+                    f"cpu: {ours.name} / {ETCD}, {how}, ops/s >= {bound:.1f}x",
+                    f"{ours.rate:,.0f} ops/s = {ratio:.2f}x ({etcd.rate:,.0f})",
+                    ratio >= bound,
+                )
+            )
+        if how == "2 shared cores" and ours.name == STREAMED:
+            mine, theirs = ours.server_us + ours.client_us, etcd.server_us + etcd.client_us
+            out.append(
+                (
+                    f"cpu: {ours.name}, server + client CPU per op <= 1.0x etcd's, {how}",
+                    f"{mine:,.0f} us = {mine / theirs:.2f}x ({theirs:,.0f} us)",
+                    mine <= theirs,
+                )
+            )
     return out
 
 
@@ -369,6 +533,10 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(rows, args.clients))
     if table := loops(rows):
         print("\nThe servers' event loop (same rounds):\n\n" + table)
+    if table := storage(rows):
+        print("\nWithout storage (same rounds):\n\n" + table)
+    if table := versus_markdown(rows):
+        print("\nNext to etcd (same rounds; pinned: measured after, servers on CPU 0):\n\n" + table)
     for target, figure, met in targets(rows):
         print(f"  target: {target}: {figure} (met: {'yes' if met else 'no'})")
     return 0

@@ -45,7 +45,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from typing import Any
@@ -64,6 +64,9 @@ ETCD = "etcd lock+unlock (lease per client)"
 ADVISORY = "postgres advisory lock+unlock"
 REDIS_LOCK = "redis-py Lock acquire+release"
 PINGS = "two pings via Session, a stream per client (the stream's floor)"
+#: Seconds of the lease each etcd client grants once: longer than any run, as
+#: ``concurrency.Session`` keeps its lease alive (a keep-alive here would be load of ours).
+ETCD_LEASE_TTL = 3600
 
 NOTES = {
     ETCD: "token = lock key revision; nothing checks it at the resource",
@@ -79,6 +82,13 @@ NOTES = {
 @contextmanager
 def etcd_server() -> Iterator[tuple[str, int]]:
     """A one-member etcd on loopback in a temporary directory; yields (host, client port)."""
+    with etcd_process() as (host, port, _):
+        yield host, port
+
+
+@contextmanager
+def etcd_process() -> Iterator[tuple[str, int, int]]:
+    """:func:`etcd_server`, yielding (host, client port, pid): for CPU accounting."""
     binary = shutil.which("etcd")
     if binary is None:
         raise RuntimeError("etcd is not installed (apt-get install etcd-server)")
@@ -112,7 +122,7 @@ def etcd_server() -> Iterator[tuple[str, int]]:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("etcd did not start")
                 time.sleep(0.1)
-            yield "127.0.0.1", client
+            yield "127.0.0.1", client, proc.pid
         finally:
             proc.terminate()
             try:
@@ -167,20 +177,28 @@ class Http:
 
 async def etcd_lock(clients: int, duration: float) -> Result:
     with etcd_server() as (host, port):
-        conns = [Http(host, port) for _ in range(clients)]
-        try:
-            leases = [(await c.post("/v3/lease/grant", {"TTL": 10}))["ID"] for c in conns]
-            names = [base64.b64encode(f"bench-lock-{i}".encode()).decode() for i in range(clients)]
-
-            async def op(i: int) -> None:
-                got = await conns[i].post("/v3/lock/lock", {"name": names[i], "lease": leases[i]})
-                await conns[i].post("/v3/lock/unlock", {"key": got["key"]})
-
+        async with contextlib.AsyncExitStack() as stack:
+            op = await etcd_op(host, port, clients, stack)
             progress(f"{ETCD}, {clients} clients")
             return await measure(ETCD, op, clients, duration)
-        finally:
-            for c in conns:
-                await c.close()
+
+
+async def etcd_op(
+    host: str, port: int, clients: int, stack: contextlib.AsyncExitStack
+) -> Callable[[int], Awaitable[None]]:
+    """Lock + unlock by client ``i`` on its own lock, each client with its own keep-alive
+    connection and its own lease (granted once, ``ETCD_LEASE_TTL``)."""
+    conns = [Http(host, port) for _ in range(clients)]
+    for c in conns:
+        stack.push_async_callback(c.close)
+    leases = [(await c.post("/v3/lease/grant", {"TTL": ETCD_LEASE_TTL}))["ID"] for c in conns]
+    names = [base64.b64encode(f"bench-lock-{i}".encode()).decode() for i in range(clients)]
+
+    async def op(i: int) -> None:
+        got = await conns[i].post("/v3/lock/lock", {"name": names[i], "lease": leases[i]})
+        await conns[i].post("/v3/lock/unlock", {"key": got["key"]})
+
+    return op
 
 
 # -- PostgreSQL and Redis ------------------------------------------------------------------------
