@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--gil", action="store_true", help="only the thread holding the GIL, Python frames"
     )
+    p.add_argument("--memory", action="store_true", help="the servers on memory://")
     p.add_argument("--raw", type=Path, help="keep py-spy's collapsed stacks here")
     p.add_argument("--load", nargs=2, metavar=("LEASE", "GUARD"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fencing-profile-") as tmp:
         data = Path(tmp)
         out = args.raw or data / "stacks.txt"
-        with cpu._servers(None, data, "profile") as (lease, guard):
+        with cpu._servers(None, data, "profile", memory=args.memory) as (lease, guard):
             target = lease if row != cpu.WRITE else guard
             if args.side == "server":
                 spy = _record(target.pids[0], args.seconds, out, args.gil)

@@ -58,6 +58,7 @@ from fencing.types import (
 from fencing.v1 import lease_pb2
 from lease_server.leases import LeaseStep, StepOutcome
 from lease_server.metrics import LeaseMetrics
+from serving import deadlines
 from serving.admission import DEFAULT_MAX_SESSION_IN_FLIGHT, admit_call
 
 log = logging.getLogger(__name__)
@@ -444,12 +445,12 @@ class _Stream:
 
     @staticmethod
     async def _within(deadline_ms: int, answer: Awaitable[Message]) -> Message:
-        timer = asyncio.timeout(deadline_ms / 1000)
+        deadline = deadlines.within(deadline_ms / 1000)
         try:
-            async with timer:
+            with deadline:
                 return await answer
         except TimeoutError:
-            if not timer.expired():
+            if not deadline.expired():
                 raise
             raise _deadline_passed(deadline_ms) from None
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, TypeAlias
 
 import grpc
@@ -52,20 +52,43 @@ def rpc_type(handler: grpc.RpcMethodHandler[Any, Any]) -> str:
     return "unary"
 
 
-async def _items(result: Any) -> AsyncIterator[Any]:
-    """A streaming behavior is an async generator, a plain iterator, or awaits
-    ``context.write``."""
-    if hasattr(result, "__aiter__"):
-        async for item in result:
-            yield item
-    elif hasattr(result, "__iter__"):
-        for item in result:
-            yield item
-    else:
-        await result
+class _Layers:
+    """What ``around`` calls wrapped a handler in: the handler none of them made, the
+    context managers (outermost first), the request-stream replacements (in the order
+    they apply: outermost first) and the request deserializer."""
+
+    __slots__ = ("base", "request_deserializer", "requests", "wraps")
+
+    def __init__(
+        self,
+        base: Handler,
+        wraps: tuple[Around, ...],
+        requests: tuple[Requests, ...],
+        request_deserializer: Callable[[bytes], Any] | None,
+    ) -> None:
+        self.base = base
+        self.wraps = wraps
+        self.requests = requests
+        self.request_deserializer = request_deserializer
 
 
-async def _outcome(result: Any) -> Any:
+_LAYERS = "_fencing_layers"
+
+
+def _behavior(handler: Handler) -> Any:
+    return (
+        handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+    )
+
+
+def _layers_of(handler: Handler) -> _Layers:
+    found = getattr(_behavior(handler), _LAYERS, None)
+    if isinstance(found, _Layers):
+        return found
+    return _Layers(handler, (), (), handler.request_deserializer)
+
+
+async def _answer(result: Any) -> Any:
     """A unary behavior's answer, whether it was a coroutine or a plain function."""
     return await result if inspect.isawaitable(result) else result
 
@@ -84,49 +107,115 @@ def around(
     A behavior may be a coroutine function, an async generator, a plain function or
     iterator, or a coroutine that writes with ``context.write``: the wrapper is
     always async and handles each.
+
+    Wrapping a handler ``around`` made does not nest a second wrapper: the new one
+    enters every context manager, outermost first, around the one behavior, so a
+    streamed message passes one async generator whatever the number of interceptors
+    (nested, each layer cost a generator hop per message, both ways).
     """
+    inner = _layers_of(handler)
+    layers = _Layers(
+        inner.base,
+        (wrap, *inner.wraps),
+        ((requests,) if requests is not None else ()) + inner.requests,
+        request_deserializer or handler.request_deserializer,
+    )
+    built = _build(layers)
+    setattr(_behavior(built), _LAYERS, layers)
+    return built
+
+
+def _build(layers: _Layers) -> Handler:
+    base, wraps, transforms = layers.base, layers.wraps, layers.requests
     common = {
-        "request_deserializer": request_deserializer or handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
+        "request_deserializer": layers.request_deserializer,
+        "response_serializer": base.response_serializer,
     }
+    (only,) = wraps if len(wraps) == 1 else (None,)
+
+    def entered(request: Any, context: Context) -> AbstractAsyncContextManager[Any]:
+        if only is not None:
+            return only(request, context)
+        return _entered_all(wraps, request, context)
 
     def stream_of(incoming: Any, context: Context) -> Any:
-        return incoming if requests is None else requests(incoming, context)
+        for replace in transforms:
+            incoming = replace(incoming, context)
+        return incoming
 
-    if handler.unary_unary is not None:
-        uu: Any = handler.unary_unary
+    if base.unary_unary is not None:
+        uu: Any = base.unary_unary
 
-        async def unary_unary(request: Any, context: Context) -> Any:
-            async with wrap(request, context):
-                return await _outcome(uu(request, context))
+        async def answer(request: Any, context: Context) -> Any:
+            return await _answer(uu(request, context))
 
+        unary_unary: Callable[[Any, Context], Awaitable[Any]] = answer
+        # A unary call pays the layers once, not per message: nested coroutines are
+        # cheaper then than entering the managers through an exit stack.
+        for wrap in reversed(wraps):
+            unary_unary = _within_unary(wrap, unary_unary)
         return grpc.unary_unary_rpc_method_handler(unary_unary, **common)
-    if handler.unary_stream is not None:
-        us: Any = handler.unary_stream
+    if base.unary_stream is not None:
+        us: Any = base.unary_stream
 
         async def unary_stream(request: Any, context: Context) -> AsyncIterator[Any]:
-            async with wrap(request, context):
-                async for item in _items(us(request, context)):
-                    yield item
+            async with entered(request, context):
+                result = us(request, context)
+                if hasattr(result, "__aiter__"):
+                    async for item in result:
+                        yield item
+                elif hasattr(result, "__iter__"):
+                    for item in result:
+                        yield item
+                else:  # it writes with context.write
+                    await result
 
         return grpc.unary_stream_rpc_method_handler(unary_stream, **common)
-    if handler.stream_unary is not None:
-        su: Any = handler.stream_unary
+    if base.stream_unary is not None:
+        su: Any = base.stream_unary
 
         async def stream_unary(incoming: Any, context: Context) -> Any:
-            async with wrap(None, context):
-                return await _outcome(su(stream_of(incoming, context), context))
+            async with entered(None, context):
+                return await _answer(su(stream_of(incoming, context), context))
 
         return grpc.stream_unary_rpc_method_handler(stream_unary, **common)
-    ss: Any = handler.stream_stream
+    ss: Any = base.stream_stream
     assert ss is not None
 
     async def stream_stream(incoming: Any, context: Context) -> AsyncIterator[Any]:
-        async with wrap(None, context):
-            async for item in _items(ss(stream_of(incoming, context), context)):
-                yield item
+        async with entered(None, context):
+            result = ss(stream_of(incoming, context), context)
+            if hasattr(result, "__aiter__"):
+                async for item in result:
+                    yield item
+            elif hasattr(result, "__iter__"):
+                for item in result:
+                    yield item
+            else:  # it writes with context.write
+                await result
 
     return grpc.stream_stream_rpc_method_handler(stream_stream, **common)
+
+
+def _within_unary(
+    wrap: Around, call: Callable[[Any, Context], Awaitable[Any]]
+) -> Callable[[Any, Context], Awaitable[Any]]:
+    async def unary_unary(request: Any, context: Context) -> Any:
+        async with wrap(request, context):
+            return await call(request, context)
+
+    return unary_unary
+
+
+@asynccontextmanager
+async def _entered_all(
+    wraps: tuple[Around, ...], request: Any, context: Context
+) -> AsyncIterator[None]:
+    """Every one of ``wraps`` entered, the first outermost: as if nested."""
+    async with AsyncExitStack() as stack:
+        for wrap in wraps:
+            await stack.enter_async_context(wrap(request, context))
+        yield
 
 
 class HandlerInterceptor(grpc.aio.ServerInterceptor):

@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fencing.errors import BackendUnavailableError
+from serving import deadlines
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,9 @@ class _Deadlined:
 
         @functools.wraps(attr)
         async def bounded(*args: Any, **kwargs: Any) -> Any:
+            window = deadlines.within(self._timeout)
             try:
-                async with asyncio.timeout(self._timeout) as window:
+                with window:
                     return await attr(*args, **kwargs)
             except TimeoutError as exc:
                 if not window.expired():
