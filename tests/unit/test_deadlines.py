@@ -132,9 +132,8 @@ async def test_nested_blocks_the_inner_expires_first(bounded: Within) -> None:
 @BOTH
 async def test_nested_blocks_the_outer_expires_first(bounded: Within) -> None:
     with pytest.raises(TimeoutError):
-        async with bounded(0.02) as outer:
-            async with bounded(1.0) as inner:
-                await asyncio.sleep(5)
+        async with bounded(0.02) as outer, bounded(1.0) as inner:
+            await asyncio.sleep(5)
     assert outer.expired() and not inner.expired()
 
 
@@ -172,17 +171,19 @@ async def test_one_timer_for_many_open_blocks() -> None:
     async def count_timers(bounded: Within) -> int:
         before = len(scheduled)
         gate = asyncio.Event()
+        all_in = asyncio.Event()
         entered = 0
 
         async def one() -> None:
             nonlocal entered
             async with bounded(30):
                 entered += 1
+                if entered == 1000:
+                    all_in.set()
                 await gate.wait()
 
         tasks = [asyncio.create_task(one()) for _ in range(1000)]
-        while entered < 1000:
-            await asyncio.sleep(0)
+        await all_in.wait()
         timers = len(scheduled) - before
         gate.set()
         await asyncio.gather(*tasks)
