@@ -132,6 +132,7 @@ from fencing import (
     StaleTokenError,
     UnauthenticatedError,
 )
+from fencing.client import JobInfo
 from fencing.limits import MAX_MESSAGE_BYTES
 from fencing.types import Fenced
 
@@ -1007,6 +1008,20 @@ UNFINISHED: Final = ("ready", "running", "waiting")
 """Job states with work still to do."""
 
 
+def list_all_jobs(client: QueueClient, queue: str, attempts: int = 20) -> list[JobInfo]:
+    """Every job of ``queue``, read whole: the listing is retried from its first page
+    (bounded, ``attempts`` times) while the servers recover from the run's faults; the
+    last failure is raised."""
+    for attempt in range(attempts):
+        try:
+            return list(client.list_jobs(queue, page_size=1000))
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(min(0.1 * (attempt + 1), 0.5))
+    raise ValueError(f"attempts must be at least 1, not {attempts}")
+
+
 def drain_and_record_jobs(
     lease_target: str,
     history_dir: Path,
@@ -1056,14 +1071,7 @@ def drain_and_record_jobs(
                     completed += 1
             if not left:
                 break
-        for attempt in range(20):
-            try:
-                jobs = list(client.list_jobs(queue, page_size=1000))
-                break
-            except Exception:
-                if attempt == 19:
-                    raise
-                time.sleep(min(0.1 * (attempt + 1), 0.5))
+        jobs = list_all_jobs(client, queue)
         for info in jobs:
             # As listed: the state is known when the operation is recorded (rule 8's way).
             op = rec.invoke(
@@ -1095,19 +1103,12 @@ def record_periodic_jobs(
     ``history_dir/periodic.jsonl`` (process ``final``). The listing is retried (bounded)
     until it is read whole; returns how many jobs it recorded."""
     prefix = f"periodic:{schedule}:"
-    for attempt in range(attempts):
-        try:
-            with QueueClient(lease_target, rpc_timeout=timeout) as client:
-                jobs = [
-                    j
-                    for j in client.list_jobs(queue, page_size=1000)
-                    if j.idempotency_key.startswith(prefix)
-                ]
-            break
-        except Exception:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(min(0.1 * (attempt + 1), 0.5))
+    with QueueClient(lease_target, rpc_timeout=timeout) as client:
+        jobs = [
+            j
+            for j in list_all_jobs(client, queue, attempts)
+            if j.idempotency_key.startswith(prefix)
+        ]
     with HistoryWriter(history_dir / "periodic.jsonl") as writer:
         rec = Recorder(writer.write, "final")
         for job in jobs:
