@@ -154,10 +154,10 @@ class AsyncElection:
             last = await self.leader()
             yield last
             while True:
-                try:
-                    failure = await asyncio.wait_for(events.get(), poll)
-                except TimeoutError:
-                    failure = None
+                failure = None
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(poll):
+                        failure = await events.get()
                 if failure is not None:
                     raise failure
                 now = await self.leader()

@@ -124,7 +124,8 @@ class AsyncSemaphore:
                     if wait <= 0:
                         raise timeout_error(self.name, self.limit, timeout)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wakeups.event.wait(), wait)
+                    async with asyncio.timeout(wait):
+                        await wakeups.event.wait()
                 wakeups.event.clear()
         finally:
             if wakeups is not None:

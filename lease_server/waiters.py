@@ -7,6 +7,8 @@ head also re-checks at the lease's expiry and at least every ``poll_interval``
 When the head leaves, granted or timed out, the next waiter becomes head at once.
 On shutdown :meth:`WaitQueues.close` wakes every waiter and ends its wait, so the
 server can answer it at once instead of cancelling it at the end of the drain.
+A waiter cancelled in the same turn as it is woken stays cancelled (its caller went
+away: the acquire must not go on).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import asyncio
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+
+from serving import deadlines
 
 
 class Ticket:
@@ -70,7 +74,8 @@ class WaitQueues:
                 return False
             ticket.wake.clear()
             try:
-                await asyncio.wait_for(ticket.wake.wait(), limit)
+                with deadlines.within(limit):
+                    await ticket.wake.wait()
             except TimeoutError:
                 return self.is_head(ticket) and not self.closed
         return not self.closed
@@ -80,8 +85,8 @@ class WaitQueues:
         if self.closed:
             return
         ticket.wake.clear()
-        with suppress(TimeoutError):
-            await asyncio.wait_for(ticket.wake.wait(), max(0.0, min(seconds, self.poll_interval)))
+        with suppress(TimeoutError), deadlines.within(max(0.0, min(seconds, self.poll_interval))):
+            await ticket.wake.wait()
 
     def close(self) -> None:
         """Stop every wait now (shutdown): waiting calls return at once."""

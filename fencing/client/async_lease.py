@@ -88,8 +88,10 @@ class AsyncLease(_core.LeaseBase[asyncio.Event]):
         """Return once the lease is lost (marked so, or its local deadline passed), or
         once it is released (it can no longer be lost)."""
         while not self.lost.is_set() and not self.released:
+            # Not wait_for: on Python 3.11 it drops a cancellation that comes with the loss.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.lost.wait(), max(self.remaining(), 0.001))
+                async with asyncio.timeout(max(self.remaining(), 0.001)):
+                    await self.lost.wait()
             if self._deadline_passed():
                 self._mark_lost("local deadline passed")
 
@@ -140,7 +142,8 @@ class _AsyncSession:
             if delay is None or delay > 0:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
                 continue
             due, expired = self.core.take_due(clock())
             for lease in expired:

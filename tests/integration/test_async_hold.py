@@ -153,3 +153,17 @@ async def test_loss_noticed_by_the_body_itself_is_a_plain_lease_lost(
     current = asyncio.current_task()
     assert current is not None and current.cancelling() == 0
     await asyncio.sleep(0)  # no cancellation left pending on this task
+
+
+async def test_wait_lost_cancelled_as_the_loss_comes_stays_cancelled(
+    aleases: AsyncLeaseClient,
+) -> None:
+    """The loss and a cancellation in the same turn of the loop: the cancellation wins
+    (Python 3.11's ``asyncio.wait_for`` returned instead and dropped it)."""
+    lease = await aleases.acquire("r", ttl=30)
+    waiting = asyncio.create_task(lease.wait_lost())
+    await asyncio.sleep(0.01)  # asleep on lease.lost
+    lease._mark_lost("taken in the test")
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from lease_server.waiters import WaitQueues
 
 
@@ -49,3 +51,21 @@ async def test_wait_turn_times_out_behind_a_head_that_never_leaves() -> None:
     queues = WaitQueues()
     with queues.join("r"), queues.join("r") as second:
         assert not await queues.wait_turn(second, 0.01)
+
+
+async def test_a_waiter_cancelled_as_it_is_woken_stays_cancelled() -> None:
+    """A wake-up and a cancellation in the same turn of the loop: the cancellation wins
+    (the caller went away; its acquire must not go on and take the lease). Python 3.11's
+    ``asyncio.wait_for`` returned the wake-up's result then and dropped the cancel."""
+    queues = WaitQueues(poll_interval=5.0)
+    with queues.join("r") as head, queues.join("r") as second:
+        napping = asyncio.create_task(queues.nap(head, 5.0))
+        waiting = asyncio.create_task(queues.wait_turn(second, 5.0))
+        await asyncio.sleep(0.01)  # both asleep on their events
+        head.wake.set()
+        napping.cancel()
+        second.wake.set()
+        waiting.cancel()
+        for task in (napping, waiting):
+            with pytest.raises(asyncio.CancelledError):
+                await task
