@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import grpc
@@ -93,6 +93,11 @@ class _Waited:
         self.before_decision = self._loop.time()
 
     @property
+    def arrived(self) -> float:
+        """When the request arrived, on the loop's clock."""
+        return self._arrived
+
+    @property
     def ms(self) -> int:
         return max(0, int((self.before_decision - self._arrived) * 1000))
 
@@ -111,6 +116,31 @@ class _Acquire:
 
     def failed(self) -> None:
         self.service.metrics.acquires.labels("error").inc()
+
+    def more(self, outcome: StepOutcome) -> Coroutine[Any, Any, lease_pb2.Lease] | None:
+        """After a first attempt that found the resource held, an Acquire that may wait
+        is not answered yet: the rest of it (waiting in line, its attempts, its answer).
+        None for any other outcome: :meth:`finish` answers it."""
+        if not isinstance(outcome, Held) or self.wait_ms <= 0:
+            return None
+        return self._wait(outcome)
+
+    async def _wait(self, held: Held) -> lease_pb2.Lease:
+        service, item = self.service, self.item
+        try:
+            outcome = await service._wait_in_line(
+                lambda: service.backend.acquire(
+                    item.resource, item.holder, item.ttl_ms, item.request_id
+                ),
+                held,
+                self.wait_ms,
+                self.waited.arrived + self.wait_ms / 1000,
+                self.waited,
+            )
+        except FencingError:
+            self.failed()
+            raise
+        return self.finish(outcome)
 
     def finish(self, outcome: StepOutcome) -> lease_pb2.Lease:
         assert isinstance(outcome, Grant | Held)
@@ -164,6 +194,9 @@ class _Renew:
         self.item = item
         self.started = time.perf_counter()
 
+    def more(self, outcome: StepOutcome) -> None:
+        """One step answers it."""
+
     def failed(self) -> None:
         self._timed()
 
@@ -196,6 +229,9 @@ class _Release:
     def __init__(self, service: LeaseService, item: ReleaseItem) -> None:
         self.service = service
         self.item = item
+
+    def more(self, outcome: StepOutcome) -> None:
+        """One step answers it."""
 
     def failed(self) -> None:
         return None
@@ -303,8 +339,10 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                     _LEASE + "Acquire",
                     self.acquire,
                     self._acquire_call,
-                    # One attempt decides it; one that may wait waits in line, alone.
-                    is_step=lambda request: request.wait_ms <= 0,
+                    # The first attempt is a step of its message; one that found the
+                    # resource held and may wait goes on alone (``_Acquire.more``),
+                    # holding its waiter slot from admission to answer.
+                    may_go_on=lambda request: request.wait_ms > 0,
                 ),
                 "renew": CallKind(_LEASE + "Renew", self.renew, self._renew_call),
                 "release": CallKind(_LEASE + "Release", self.release, self._release_call),
@@ -438,9 +476,20 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
         set is tried again: never holding some while waiting for others is what keeps
         two such callers from deadlocking. Still held once the server is shutting down
         raises ``BackendUnavailableError`` (retryable with the same request id)."""
+        deadline = asyncio.get_running_loop().time() + wait_ms / 1000
+        return await self._wait_in_line(attempt, await attempt(), wait_ms, deadline, waited)
+
+    async def _wait_in_line(
+        self,
+        attempt: Callable[[], Awaitable[T | Held]],
+        outcome: T | Held,
+        wait_ms: int,
+        deadline: float,
+        waited: _Waited,
+    ) -> T | Held:
+        """After an attempt's ``outcome``: while held and the wait lasts (until
+        ``deadline``, loop time), wait in line and try again (see :meth:`_acquire`)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_ms / 1000
-        outcome = await attempt()
         while isinstance(outcome, Held) and wait_ms > 0:
             held = outcome.resource
             with self.metrics.waiters.track_inprogress(), self.waiters.join(held) as ticket:

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -89,6 +91,12 @@ class Step(Protocol):
 
     def failed(self) -> None: ...
 
+    def more(self, outcome: StepOutcome) -> Coroutine[Any, Any, Message] | None:
+        """None if ``outcome`` decides the call (``finish`` answers it); else the rest
+        of the call (an Acquire that found the resource held and may wait), which
+        answers it: it runs in a task of its own, the per-client caps held."""
+        ...
+
 
 @dataclass(frozen=True)
 class CallKind:
@@ -96,13 +104,18 @@ class CallKind:
     stands for (admitted and named in logs as that method), and ``answer``, the
     service's function shared with that method's handler. ``step``, for a kind whose
     calls may each be one backend step: a call validated as its :class:`Step` (its
-    ``FencingError`` when invalid), for each call ``is_step`` says is one (not, e.g.,
-    an acquire that may wait)."""
+    ``FencingError`` when invalid), for each call ``is_step`` says is one;
+    ``may_go_on`` says which of those may go on past their step (an acquire that may
+    wait: :meth:`Step.more`), and keep their admission until answered."""
 
     method: str
     answer: Callable[[Any], Awaitable[Message]]
     step: Callable[[Any], Step] | None = None
     is_step: Callable[[Any], bool] = lambda request: True
+    #: Whether a call's step may go on past its first verdict (``Step.more``): such a
+    #: call keeps what admitted it (a per-client slot) until it is answered, as its unary
+    #: method does.
+    may_go_on: Callable[[Any], bool] = lambda request: False
 
 
 #: Decides the steps of one message together: their verdicts, in order.
@@ -215,18 +228,34 @@ class _Stepped:
     """A call of a message that is one backend step: decided with the others of its
     message (:meth:`_Stream._decide`), answered once."""
 
-    __slots__ = ("answered", "call_id", "deadline", "deadline_ms", "step", "which")
+    __slots__ = ("admitted", "answered", "call_id", "deadline", "deadline_ms", "step", "which")
 
-    def __init__(self, call_id: int, which: str, step: Step, deadline_ms: int) -> None:
+    def __init__(
+        self,
+        call_id: int,
+        which: str,
+        step: Step,
+        deadline_ms: int,
+        admitted: AbstractContextManager[None] | None,
+    ) -> None:
         self.call_id = call_id
         self.which = which
         self.step = step
+        #: The admission it holds until answered (a waiter slot), if any.
+        self.admitted = admitted
         self.deadline_ms = deadline_ms
         #: When its deadline passes, on the loop's clock (0: none).
         self.deadline = (
             asyncio.get_running_loop().time() + deadline_ms / 1000 if deadline_ms else 0.0
         )
         self.answered = False
+
+
+def _let_go(stepped: _Stepped) -> None:
+    """Release what admitted ``stepped`` (its waiter slot), once."""
+    admitted, stepped.admitted = stepped.admitted, None
+    if admitted is not None:
+        admitted.__exit__(None, None, None)
 
 
 #: What a stream's writer takes from its queue: a reply, the goaway, the end (None),
@@ -312,7 +341,7 @@ class _Stream:
             deadline_ms = limits.check_deadline_ms(call.deadline_ms)
             kind = self.sessions.kinds[which]
             request = getattr(call, which)
-            step = self._step(kind, request)
+            step, admitted = self._step(kind, request)
         except FencingError as exc:
             self._error(which or "none", call.id, exc)
             return None
@@ -327,19 +356,31 @@ class _Stream:
         if step is not None:
             # In flight from now: the task deciding its message is filled in once it exists.
             self.in_flight[call.id] = None
-            return _Stepped(call.id, which, step, deadline_ms)
+            return _Stepped(call.id, which, step, deadline_ms, admitted)
         self.in_flight[call.id] = asyncio.create_task(
             self._run(call.id, which, kind, request, deadline_ms)
         )
         return None
 
-    def _step(self, kind: CallKind, request: Any) -> Step | None:
-        """``request`` as one step, admitted then validated as its unary method is (a call
-        that is one step holds no per-client slot while it runs), or None."""
+    def _step(
+        self, kind: CallKind, request: Any
+    ) -> tuple[Step | None, AbstractContextManager[None] | None]:
+        """``request`` as one step, admitted then validated as its unary method is, or
+        None; and, for a call that may go on past its step, its admission, held (the
+        caller lets it go once the call is answered)."""
         if kind.step is None or self.sessions.steps is None or not kind.is_step(request):
-            return None
-        with admit_call(kind.method, request):
-            return kind.step(request)
+            return None, None
+        admitted = admit_call(kind.method, request)
+        admitted.__enter__()
+        try:
+            step = kind.step(request)
+        except BaseException:
+            admitted.__exit__(*sys.exc_info())
+            raise
+        if kind.may_go_on(request):
+            return step, admitted
+        admitted.__exit__(None, None, None)
+        return step, None
 
     async def _decide(self, batch: list[_Stepped]) -> None:
         """Decide the steps of one message together and answer each call; a call whose
@@ -371,6 +412,10 @@ class _Stream:
         except Exception as exc:
             log.error("Session step failed", exc_info=True)
             verdicts, failure = None, exc
+        except BaseException:  # cancelled with the stream: nobody will answer them
+            for stepped in batch:
+                _let_go(stepped)
+            raise
         finally:
             if timer is not None:
                 timer.cancel()
@@ -382,6 +427,12 @@ class _Stream:
                 self._settle(stepped, failure)
                 continue
             try:
+                more = stepped.step.more(verdicts[i])
+                if more is not None:
+                    self.in_flight[stepped.call_id] = asyncio.create_task(
+                        self._go_on(stepped, more)
+                    )
+                    continue
                 self._settle(stepped, stepped.step.finish(verdicts[i]))
             except FencingError as exc:
                 self._settle(stepped, exc)
@@ -395,10 +446,35 @@ class _Stream:
                 self._settle(stepped, exc)
         self._end_if_done()
 
+    async def _go_on(self, stepped: _Stepped, more: Coroutine[Any, Any, Message]) -> None:
+        """The rest of a stepped call, in a task of its own: answered as a call of the
+        ``_run`` path is (its caps held as its unary method holds them, its deadline
+        the one it came with)."""
+        kind = self.sessions.kinds[stepped.which]
+        outcome: Message | BaseException
+        try:
+            if stepped.deadline:
+                left = stepped.deadline - asyncio.get_running_loop().time()
+                outcome = await self._within(stepped.deadline_ms, more, left)
+            else:
+                outcome = await more
+        except FencingError as exc:
+            outcome = exc
+        except Exception as exc:
+            log.error(
+                "Session %s failed", stepped.which, exc_info=True, extra={"handler": kind.method}
+            )
+            outcome = exc
+        finally:
+            _let_go(stepped)  # answered below, or cancelled with the stream
+        self._settle(stepped, outcome)
+        self._end_if_done()
+
     def _settle(self, stepped: _Stepped, outcome: Message | BaseException | None) -> None:
         """Answer one call of a batch with its result or error (another exception:
         INTERNAL, already logged); it is no longer in flight."""
         stepped.answered = True
+        _let_go(stepped)
         self._answered(stepped.call_id)
         which = stepped.which
         if isinstance(outcome, FencingError):
@@ -444,8 +520,12 @@ class _Stream:
         return lease_pb2.SessionReply(id=call_id, **outcome)
 
     @staticmethod
-    async def _within(deadline_ms: int, answer: Awaitable[Message]) -> Message:
-        deadline = deadlines.within(deadline_ms / 1000)
+    async def _within(
+        deadline_ms: int, answer: Awaitable[Message], left: float | None = None
+    ) -> Message:
+        """``answer`` within ``left`` seconds (default ``deadline_ms``);
+        ``DeadlineExceededError`` once they pass."""
+        deadline = deadlines.within(deadline_ms / 1000 if left is None else left)
         try:
             with deadline:
                 return await answer

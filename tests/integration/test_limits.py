@@ -82,6 +82,46 @@ async def test_a_flooding_client_hits_its_cap_while_another_still_acquires(
     await eventually(lambda: metrics("fencing_lease_waiters") == 0, "waiters gone")
 
 
+async def test_waiting_acquires_on_a_lease_stream_hold_the_same_cap(
+    capped: LeaseServer,
+) -> None:
+    """On a Session stream an Acquire's first attempt is a step of its message, and one
+    with ``wait_ms`` holds a waiter slot from admission to answer, as the unary call
+    does: past the cap it is refused at once (a free resource's too, as unary), the
+    others wait."""
+    metrics = capped.metrics.registry.get_sample_value
+    async with (
+        grpc.aio.insecure_channel(capped.address, OWN_CONNECTION) as holder_ch,
+        grpc.aio.insecure_channel(capped.address, OWN_CONNECTION) as flood_ch,
+    ):
+        await lease_pb2_grpc.LeaseServiceStub(holder_ch).Acquire(acquire("hot", "holder"))
+        session = lease_pb2_grpc.LeaseServiceStub(flood_ch).Session()
+        calls = [
+            lease_pb2.SessionCall(id=i + 1, acquire=acquire("hot", "flooder", wait_ms=120_000))
+            for i in range(5)
+        ]
+        calls.append(lease_pb2.SessionCall(id=99, acquire=acquire("free", "flooder", 120_000)))
+        await session.write(lease_pb2.SessionRequest(calls=calls))
+        replies: dict[int, lease_pb2.SessionReply] = {}
+        while len(replies) < 3:  # the calls past the first three
+            response = await asyncio.wait_for(session.read(), HANG_GUARD)
+            assert isinstance(response, lease_pb2.SessionResponse)
+            replies.update({r.id: r for r in response.replies})
+        assert sorted(replies) == [4, 5, 99]
+        refused = [_status.from_status(r.error) for r in replies.values()]
+        assert all(isinstance(e, ResourceExhaustedError) for e in refused), refused
+        assert {e.limit for e in refused if isinstance(e, ResourceExhaustedError)} == {"waiters"}
+        await eventually(lambda: metrics("fencing_lease_waiters") == 3, "3 queued waiters")
+        session.cancel()
+        await eventually(lambda: metrics("fencing_lease_waiters") == 0, "waiters gone")
+        # Their slots went with them: the same client waits three times again.
+        again = lease_pb2_grpc.LeaseServiceStub(flood_ch).Session()
+        await again.write(lease_pb2.SessionRequest(calls=calls[:3]))
+        await eventually(lambda: metrics("fencing_lease_waiters") == 3, "3 queued again")
+        again.cancel()
+    await eventually(lambda: metrics("fencing_lease_waiters") == 0, "waiters gone")
+
+
 async def _outcome(call: Any) -> Any:
     try:
         return await call
