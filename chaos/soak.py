@@ -44,7 +44,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -145,6 +145,8 @@ class SoakConfig:
     """False: the control, the guard's fencing off (judged in ``fence_mode``)."""
     leak: str = ""
     """A :mod:`chaos.leaky` kind: the control of the health check. Never in a real run."""
+    fault_kinds: tuple[str, ...] = ()
+    """The nemesis's faults by name (:meth:`Nemesis.actions`); empty: all it can do."""
     drain: bool = True
     """False: the end does not do the jobs the workers left (the control of rule 9, which
     must then flag them). Never in a real run."""
@@ -282,8 +284,10 @@ class Nemesis:
         rng: random.Random,
         deadline: float,
         crash_until: float,
+        kinds: Sequence[str] = (),
     ) -> None:
         self.crash_until = crash_until
+        self.kinds = tuple(kinds)
         self.cluster = cluster
         self.log = log
         self.rng = rng
@@ -395,7 +399,11 @@ class Nemesis:
 
     def _run(self) -> None:
         acts = self.actions()
-        names = sorted(acts)
+        unknown = set(self.kinds) - set(acts)
+        if unknown:
+            self.errors.append(f"unknown fault kinds {sorted(unknown)}; known: {sorted(acts)}")
+            return
+        names = sorted(self.kinds or acts)
         while not self.stop_event.is_set():
             self._sleep(self.rng.uniform(*NEMESIS_GAP_S))
             if self.stop_event.is_set() or self.deadline - time.monotonic() < FAULT_LEAD_S:
@@ -403,6 +411,8 @@ class Nemesis:
             allowed = names
             if time.monotonic() >= self.crash_until:
                 allowed = [n for n in names if n not in SERVER_CRASHES]
+            if not allowed:
+                continue
             name = self.rng.choice(allowed)
             try:
                 acts[name]()
@@ -584,6 +594,7 @@ def run_soak(
                 random.Random(f"{config.seed}:soak:nemesis"),
                 deadline,
                 t0 + CRASH_UNTIL * config.duration,
+                config.fault_kinds,
             )
             sampler.start()
             observer.start()

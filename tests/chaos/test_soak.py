@@ -111,7 +111,10 @@ def test_a_short_soak_with_two_lease_servers_is_valid_and_flat(
 
 
 def test_the_same_soak_with_fencing_off_shows_violations(tmp_path: Path) -> None:
-    result = soak(tmp_path, fencing=False)
+    # Its faults the pauses alone: whether a paused holder's late write lands is
+    # timing, and 30 s of every kind of fault held one client pause, so a loaded machine
+    # could run the control without a violation to show.
+    result = soak(tmp_path, fencing=False, fault_kinds=("pause-client", "pause-lease-server"))
     assert result.errors == []
     assert not result.result.valid
     assert result.result.kinds() & {"stale-write-accepted", "lost-update"}
