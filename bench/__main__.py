@@ -68,7 +68,7 @@ class Report:
 class Options:
     clients: list[int]
     duration: float
-    session_hold: float = 60.0
+    session_hold: float = 120.0
     scale_size: int = 1_000_000
     #: A git ref whose servers the ``cpu`` section measures beside this tree's.
     old: str = ""
@@ -404,7 +404,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every section, and write bench/RESULTS.md")
     p.add_argument("--results", type=Path, default=RESULTS_MD, help="where --all writes")
     p.add_argument(
-        "--session-hold", type=float, default=60.0, help="seconds the sessions section holds"
+        "--session-hold", type=float, default=120.0, help="seconds the sessions section holds"
     )
     p.add_argument(
         "--scale-size",

@@ -1,9 +1,9 @@
-"""One client holding 10,000 leases: how many calls, and how much of the server, does it take?
+"""One client holding 100,000 leases: how many calls, and how much of the server, does it take?
 
 For each backend (SQLite, PostgreSQL; Redis when asked), a lease server runs in its own
-process and this process is the one client: a ``LeaseClient`` takes 10,000 leases
+process and this process is the one client: a ``LeaseClient`` takes 100,000 leases
 (ttl 10 s) in blocks of 1,000 (``AcquireMany``), hands them to its session as
-``hold_many`` does, and holds them for 60 s while the session renews them all with
+``hold_many`` does, and holds them for 120 s while the session renews them all with
 ``RenewMany``; then it releases them (``ReleaseMany``). Measured:
 
 * **calls per second**: every RPC the client makes, counted by a client interceptor,
@@ -36,9 +36,9 @@ from bench.harness import Server, progress, server
 from fencing import LeaseClient
 from fencing.client.lease import Lease
 
-LEASES = 10_000
+LEASES = 100_000
 TTL = 10.0
-HOLD = 60.0
+HOLD = 120.0
 BLOCK = 1000  # resources per AcquireMany
 
 
