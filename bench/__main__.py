@@ -372,7 +372,7 @@ SECTIONS: dict[str, tuple[str, Section]] = {
     ),
     "price": ("The price of fencing: a guarded write against the same write done directly", _price),
     "scale": ("State at scale: 1,000 against 1,000,000 resources", _scale),
-    "sessions": ("Sessions: one client holding 10,000 leases", _sessions),
+    "sessions": ("Sessions: one client holding 100,000 leases", _sessions),
     "peers": ("Peers: etcd, PostgreSQL advisory locks and redis-py Lock next to ours", _peers),
     "queue": (
         "Queue: the QueueService next to hand-written SQL and procrastinate",
