@@ -99,21 +99,16 @@ class _Clock:
 
 
 _clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Clock] = weakref.WeakKeyDictionary()
-_last: _Clock | None = None
 
 
 def within(seconds: float) -> Deadline:
     """A block bounded by ``seconds`` from now, as ``async with asyncio.timeout(seconds)``
     but entered with ``with``: the task is cancelled when they pass, and the block
     raises ``TimeoutError`` (``expired()`` tells it from one of the block's own)."""
-    global _last
     loop = asyncio.get_running_loop()
-    clock = _last
-    if clock is None or clock.loop is not loop:
-        clock = _clocks.get(loop)
-        if clock is None:
-            clock = _clocks[loop] = _Clock(loop)
-        _last = clock
+    clock = _clocks.get(loop)
+    if clock is None:
+        clock = _clocks[loop] = _Clock(loop)
     return Deadline(clock, loop.time() + seconds)
 
 

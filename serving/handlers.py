@@ -88,6 +88,23 @@ def _layers_of(handler: Handler) -> _Layers:
     return _Layers(handler, (), (), handler.request_deserializer)
 
 
+def _responses(result: Any) -> AsyncIterator[Any]:
+    """A streaming behavior's responses as an async iterator: an async generator as it
+    is (no generator of ours in between), a plain iterator or a coroutine that writes
+    with ``context.write`` wrapped."""
+    if hasattr(result, "__aiter__"):
+        return result  # type: ignore[no-any-return]
+    return _wrapped_responses(result)
+
+
+async def _wrapped_responses(result: Any) -> AsyncIterator[Any]:
+    if hasattr(result, "__iter__"):
+        for item in result:
+            yield item
+    else:  # it writes with context.write
+        await result
+
+
 async def _answer(result: Any) -> Any:
     """A unary behavior's answer, whether it was a coroutine or a plain function."""
     return await result if inspect.isawaitable(result) else result
@@ -160,15 +177,8 @@ def _build(layers: _Layers) -> Handler:
 
         async def unary_stream(request: Any, context: Context) -> AsyncIterator[Any]:
             async with entered(request, context):
-                result = us(request, context)
-                if hasattr(result, "__aiter__"):
-                    async for item in result:
-                        yield item
-                elif hasattr(result, "__iter__"):
-                    for item in result:
-                        yield item
-                else:  # it writes with context.write
-                    await result
+                async for item in _responses(us(request, context)):
+                    yield item
 
         return grpc.unary_stream_rpc_method_handler(unary_stream, **common)
     if base.stream_unary is not None:
@@ -184,15 +194,8 @@ def _build(layers: _Layers) -> Handler:
 
     async def stream_stream(incoming: Any, context: Context) -> AsyncIterator[Any]:
         async with entered(None, context):
-            result = ss(stream_of(incoming, context), context)
-            if hasattr(result, "__aiter__"):
-                async for item in result:
-                    yield item
-            elif hasattr(result, "__iter__"):
-                for item in result:
-                    yield item
-            else:  # it writes with context.write
-                await result
+            async for item in _responses(ss(stream_of(incoming, context), context)):
+                yield item
 
     return grpc.stream_stream_rpc_method_handler(stream_stream, **common)
 
