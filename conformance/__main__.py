@@ -8,8 +8,9 @@ Starts a lease server, a guard and a guard with fencing off (the controls' guard
 and as its control, the same steps with the rule broken (``unfenced``: writes go to the
 guard with fencing off; ``no_renew``: ``hold`` acquires without renewals; ``no_release``:
 ``hold`` does not release on exit; and the others in conformance/README.md), which must
-fail: a control that passes means the
-scenario would not catch the violation. The TypeScript driver needs the SDK built
+fail (a control run that passes is run once more: some violations are races the broken
+rule only usually loses): a control that passes twice means the scenario would not catch
+the violation. The TypeScript driver needs the SDK built
 (``npm run build`` in clients/typescript). Exit status 1 unless every cell is PASS with
 its control flagged.
 """
@@ -81,6 +82,16 @@ def run_one(driver: str, scenario: Path, knob: str, env: dict[str, str]) -> tupl
         )
 
 
+def run_control(driver: str, scenario: Path, knob: str, env: dict[str, str]) -> tuple[bool, str]:
+    """The scenario's control: a run that passes is run once more. Some violations are
+    races the broken rule loses only most of the time (a polling acquire may still ask
+    in the instant the resource is free): the control is flagged if either run shows it."""
+    passed, why = run_one(driver, scenario, knob, env)
+    if passed:
+        passed, why = run_one(driver, scenario, knob, env)
+    return passed, why
+
+
 def _run(driver: str, scenario: Path, knob: str, run_env: dict[str, str]) -> tuple[bool, str]:
     cmd = [*DRIVERS[driver], str(scenario), *([knob] if knob else [])]
     try:
@@ -128,7 +139,7 @@ def main() -> int:
                             scenario,
                             driver,
                             pool.submit(run_one, driver, scenario, "", env),
-                            pool.submit(run_one, driver, scenario, knob, env),
+                            pool.submit(run_control, driver, scenario, knob, env),
                         )
                     )
             results = {(s, d): (r.result(), c.result()) for s, d, r, c in jobs}

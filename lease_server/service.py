@@ -498,6 +498,7 @@ class LeaseService(lease_pb2_grpc.LeaseServiceServicer):
                     if left <= 0 or not await self.waiters.wait_turn(ticket, left):
                         return self._unless_closing(outcome)
                     waited.attempt()
+                    self.waiters.asking(ticket)
                     outcome = await attempt()
                     if isinstance(outcome, Held) and outcome.resource == held:
                         left = deadline - loop.time()

@@ -80,11 +80,17 @@ class WaitQueues:
                 return self.is_head(ticket) and not self.closed
         return not self.closed
 
+    def asking(self, ticket: Ticket) -> None:
+        """The head asks the backend now: a release nudged from here on cuts its next
+        :meth:`nap` short. (Cleared as the nap began, a release landing while the
+        attempt was in flight was lost: the head slept on with the resource free.)"""
+        ticket.wake.clear()
+
     async def nap(self, ticket: Ticket, seconds: float) -> None:
-        """Head's sleep before asking the backend again: a release nudge cuts it short."""
+        """Head's sleep before asking the backend again: a release nudged since
+        :meth:`asking` cuts it short, or ends it at once."""
         if self.closed:
             return
-        ticket.wake.clear()
         with suppress(TimeoutError), deadlines.within(max(0.0, min(seconds, self.poll_interval))):
             await ticket.wake.wait()
 
