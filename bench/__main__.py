@@ -19,7 +19,7 @@ echo, our empty call, our stream's ping; ``--old REF`` measures that ref's serve
 beside, in alternating rounds), ``price`` (the price of
 fencing per store: guard Write and WriteStream against the same upsert done directly),
 ``scale`` (latency with
-1,000 against 1,000,000 resources), ``sessions`` (one client holding 10,000 leases),
+1,000 against 1,000,000 resources), ``sessions`` (one client holding 100,000 leases),
 ``peers`` (etcd, PostgreSQL advisory locks and redis-py Lock next to ours), ``pglog``
 (PostgreSQL's lease path against SQLite's, gRPC and in process, two servers, release to
 waiter and watch delays; ``FENCING_BENCH_BEFORE=<commit>`` adds that commit's servers;
