@@ -10,12 +10,21 @@ stays the standard loop, which every platform has.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, TypeVar
 
 from serving.extras import needs_extra
 
 T = TypeVar("T")
+
+#: The youngest generation's collection threshold in a server process (CPython's default
+#: is 700 container allocations). A lease call allocates a few dozen containers and a
+#: RenewMany of 10,000 leases a few hundred thousand that live until its answer, so at
+#: the default the collector runs every few calls, and its older generations walk every
+#: live object (a server holding 100,000 leases tracks that many): about a tenth of
+#: such a server's CPU. Cycles are still collected, a few hundred calls later.
+GC_THRESHOLD: Final = (50_000, 10, 10)
 
 #: The loops ``--event-loop`` accepts.
 EVENT_LOOPS: Final = ("asyncio", "uvloop")
@@ -41,8 +50,18 @@ def run(main: Coroutine[Any, Any, T], event_loop: str = "asyncio") -> T:
     except BaseException:
         main.close()
         raise
+    tune_gc()
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)
 
 
-__all__ = ["EVENT_LOOPS", "loop_factory", "run"]
+def tune_gc() -> None:
+    """A server process's collector: what is loaded by now (modules, the configuration)
+    lives as long as the process, so it moves out of the collector's walks
+    (``gc.freeze``), and young collections come every :data:`GC_THRESHOLD` allocations."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
+
+
+__all__ = ["EVENT_LOOPS", "GC_THRESHOLD", "loop_factory", "run", "tune_gc"]
