@@ -5,6 +5,10 @@ uvloop (libuv under asyncio's API) is an opt-in extra (``pip install
 gRPC's asyncio server runs on it unchanged and spends less CPU per call in the loop
 itself (``python -m bench --only cpu`` measures both loops side by side). The default
 stays the standard loop, which every platform has.
+
+Either way :func:`run` first tunes the process's garbage collector for a server
+(:func:`tune_gc`): a server's heap is mostly what it loaded at start, and its calls
+allocate in bursts.
 """
 
 from __future__ import annotations
